@@ -1,0 +1,554 @@
+"""The experience buffer: columnar storage + a selector + a rate limiter, thread-safe.
+
+This is the synchronous core every control point drives. It owns the ring:
+
+    seq  (global insertion number, 0, 1, 2, ...)  ->  slot = seq % capacity
+
+so the write cursor, the FIFO head and "was this slot overwritten since it was
+selected?" are all plain integer arithmetic. Per-slot metadata (seq, policy version,
+source, episode successor) lives in host arrays beside the columns and is what
+n-step returns and sequences follow, so both respect episode boundaries even when
+several sources' rollouts interleave in the ring.
+
+All public methods take the buffer's lock; waits (rate limits, FIFO space) have a
+timeout and end in a clear error, never a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .batch import Batch
+from .errors import (CapacityError, ConfigError, ExperienceTimeout, RateLimitError, RateLimitTimeout,
+                     SemanticError, SpecError, StateError)
+from .rate_limiter import RateLimiter
+from .selectors import Fifo, Prioritized, Selector, Uniform, selector_from_config
+from .spec import ExperienceSpec
+from .storage import ColumnarStorage, ShardSpec
+from .tiers import Tier
+
+SCHEMA_VERSION = 1
+_META = ("seq", "version", "source", "next_seq")
+
+
+class OutputPool:
+    """Reused host output arrays: a delivered batch stays valid for ``depth`` more
+    deliveries of the same shape. Avoids first-touch page faults on large gathers."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self._rings: dict[tuple, list[np.ndarray]] = {}
+        self._next: dict[tuple, int] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        key = (name, shape, dtype)
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = [np.empty(shape, dtype=dtype) for _ in range(self.depth)]
+            self._next[key] = 0
+        i = self._next[key]
+        self._next[key] = (i + 1) % self.depth
+        return ring[i]
+
+
+class ExperienceBuffer:
+    """Columnar replay/queue storage of one experience spec.
+
+    Keyword-only. ``selector``: Uniform() (default), Prioritized(...) or Fifo().
+    ``shards`` places slot ranges on tiers (default: one shard on ``tier``).
+    ``reuse_outputs``: keep this many output buffers per shape and reuse them (0 =
+    fresh memory per delivery, always safe). ``seed`` seeds the selection RNG.
+    """
+
+    def __init__(self, *, spec: ExperienceSpec, capacity: int, selector: Selector | None = None,
+                 shards: Sequence[ShardSpec] | None = None, tier: Tier | str = Tier.PAGEABLE,
+                 rate_limiter: RateLimiter | None = None, seed: int = 0, reuse_outputs: int = 0,
+                 done_fields: tuple[str, ...] = ("terminated", "truncated")):
+        if not isinstance(spec, ExperienceSpec):
+            raise ConfigError("spec", "an ExperienceSpec", type(spec).__name__,
+                              "build one with ExperienceSpec.transition(...) or ExperienceSpec([FieldSpec...])")
+        if int(capacity) < 1:
+            raise ConfigError("capacity", "a positive number of transitions", capacity, "use e.g. capacity=100_000")
+        self.spec = spec
+        self.capacity = int(capacity)
+        shards = list(shards) if shards else [ShardSpec(Tier.parse(tier), self.capacity)]
+        if sum(s.capacity for s in shards) != self.capacity:
+            raise ConfigError("shards", f"capacities summing to capacity={self.capacity}",
+                              sum(s.capacity for s in shards), "make the shard capacities add up to capacity")
+        self.selector = selector if selector is not None else Uniform()
+        if not isinstance(self.selector, Selector):
+            raise ConfigError("selector", "a Selector (Uniform(), Prioritized(...), Fifo())",
+                              type(self.selector).__name__, "pass one of the selectors in conduit_core")
+        self.selector.bind(self.capacity)
+        self.rate_limiter = rate_limiter or RateLimiter()
+        self.done_fields = tuple(f for f in done_fields if f in spec)
+        self.storage = ColumnarStorage(spec=spec, shards=shards)
+        host_shared = any(s.tier is Tier.SHARED for s in shards)
+        self._meta_segments = []
+        self.meta: dict[str, np.ndarray] = {}
+        for name in _META:
+            if host_shared:
+                from .tiers import SharedSegment
+                seg = SharedSegment((self.capacity,), torch.int64)
+                self._meta_segments.append(seg)
+                arr = seg.tensor.numpy()
+            else:
+                arr = np.empty(self.capacity, dtype=np.int64)
+            arr.fill(-1)
+            self.meta[name] = arr
+        self.rng = np.random.default_rng(seed)
+        self._seed = seed
+        self._inserted = 0        # items ever inserted (== next seq)
+        self._sampled = 0         # items ever delivered by sample()/take()
+        self._head = 0            # FIFO: seq of the oldest unconsumed item
+        self._dropped_stale = 0   # FIFO: items dropped for being from an older policy version
+        self._open_tail: dict[int, int] = {}  # source -> seq of its last item if the episode goes on
+        self._cond = threading.Condition(threading.RLock())
+        self._closed = False
+        self._out = OutputPool(reuse_outputs) if reuse_outputs > 0 else None
+
+    # ------------------------------------------------------------ properties
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def size(self) -> int:
+        """Items currently stored (for FIFO: not yet consumed)."""
+        if self.selector.consumes:
+            return self._inserted - self._head
+        return min(self._inserted, self.capacity)
+
+    @property
+    def inserted(self) -> int:
+        return self._inserted
+
+    @property
+    def sampled(self) -> int:
+        return self._sampled
+
+    @property
+    def dropped_stale(self) -> int:
+        return self._dropped_stale
+
+    @property
+    def lock(self) -> threading.Condition:
+        return self._cond
+
+    # ---------------------------------------------------------------- insert
+    def encode(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor]]:
+        """Validate and encode a batch; pure with respect to the buffer (stores nothing)."""
+        n, cols = self.spec.validate(batch)
+        if n > self.capacity:
+            raise CapacityError(f"batch: expected at most capacity={self.capacity} transitions, got {n}. "
+                                "Fix: raise the buffer capacity or ingest the rollout in smaller pieces.")
+        return n, {name: self.spec[name].codec.encode(name, c) for name, c in cols.items()}
+
+    def add(self, batch: Mapping[str, Any], *, source: int = 0, policy_version: int = 0,
+            timeout: float | None = None) -> int:
+        """Store a batch of transitions (one source's, in time order). Returns the first seq.
+
+        Validation and encoding happen before anything is written: a rejected batch
+        leaves the buffer untouched."""
+        n, enc = self.encode(batch)
+        return self.add_encoded(enc, n, source=source, policy_version=policy_version, timeout=timeout)
+
+    def add_encoded(self, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0, policy_version: int = 0,
+                    timeout: float | None = None) -> int:
+        if n == 0:
+            return self._inserted
+        with self._cond:
+            self._check_open()
+            self._wait_for_insert(n, timeout)
+            first = self._inserted
+            start = first % self.capacity
+            self.storage.write(start, enc, n)
+            self._write_meta(first, n, enc, int(source), int(policy_version))
+            self._inserted += n
+            self.selector.on_insert(start, n, min(self._inserted, self.capacity))
+            self._cond.notify_all()
+            return first
+
+    def _write_meta(self, first: int, n: int, enc: Mapping[str, torch.Tensor], source: int, version: int) -> None:
+        seqs = np.arange(first, first + n, dtype=np.int64)
+        slots = seqs % self.capacity
+        self.meta["seq"][slots] = seqs
+        self.meta["version"][slots] = version
+        self.meta["source"][slots] = source
+        done = np.zeros(n, dtype=bool)
+        for f in self.done_fields:
+            done |= enc[f].reshape(n).cpu().numpy().astype(bool)
+        nxt = seqs + 1
+        nxt[done] = -1
+        nxt[-1] = -1  # the successor of the chunk's last item is not known yet
+        self.meta["next_seq"][slots] = nxt
+        prev = self._open_tail.pop(source, None)
+        if prev is not None and self.meta["seq"][prev % self.capacity] == prev:
+            self.meta["next_seq"][prev % self.capacity] = first
+        if not done[-1]:
+            self._open_tail[source] = first + n - 1
+
+    def _wait_for_insert(self, n: int, timeout: float | None) -> None:
+        rl = self.rate_limiter
+
+        def fifo_full() -> bool:
+            return self.selector.consumes and (self._inserted + n - self._head) > self.capacity
+
+        def allowed() -> bool:
+            return not fifo_full() and rl.can_insert(inserts=self._inserted, samples=self._sampled,
+                                                     n=n, size=self.size)
+        if allowed():
+            return
+        if fifo_full():
+            why = (f"the FIFO queue holds {self._inserted - self._head} unconsumed items of "
+                   f"capacity {self.capacity}; overwriting them would lose on-policy data")
+        else:
+            why = rl.why_not_insert(inserts=self._inserted, samples=self._sampled, n=n)
+        self._wait(allowed, timeout, why, kind="insert")
+
+    def _wait(self, predicate, timeout: float | None, why: str, *, kind: str) -> None:
+        rl = self.rate_limiter
+        if rl.on_limit == "raise":
+            raise RateLimitError(f"{kind} refused: {why}. Fix: deliver/consume first, or use "
+                                 "RateLimiter(on_limit='block') with a background worker.")
+        limit = rl.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while not predicate():
+            self._check_open()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RateLimitTimeout(f"{kind} waited {limit:.3g} s: {why}. Fix: make sure the other "
+                                       "side (actors or learner) is running, or relax the RateLimiter.")
+            self._cond.wait(min(left, 0.05))
+
+    # ---------------------------------------------------------------- select
+    def sample(self, batch_size: int, *, device: torch.device | str | None = None,
+               n_step: int | tuple[int, int] | None = None, gamma: float = 0.99,
+               beta: float | None = None, timeout: float | None = None,
+               fields: Sequence[str] | None = None) -> Batch:
+        """Select ``batch_size`` items (uniform or prioritized) and gather them, decoded,
+        on ``device``. With ``n_step`` (an int, or ``(lo, hi)`` drawn per item from
+        ``[lo, hi)`` as RLlib does), ``reward`` is the discounted n-step return within the
+        episode and ``next_obs``/done fields come from the last step; ``n_step`` is added."""
+        if self.selector.consumes:
+            raise ConfigError("selector", "uniform or prioritized for sample()", "fifo",
+                              "use take() to consume FIFO (on-policy) data")
+        self._check_batch_size(batch_size)
+        with self._cond:
+            self._check_open()
+            self._wait_for_sample(batch_size, timeout)
+            size = min(self._inserted, self.capacity)
+            if isinstance(self.selector, Prioritized):
+                slots, weights = self.selector.select(batch_size, size, self.rng, beta=beta)
+            else:
+                slots, weights = self.selector.select(batch_size, size, self.rng)
+            if n_step is None:
+                data = self._gather(slots, device, fields)
+            else:
+                data = self._gather_n_step(slots, n_step, gamma, device)
+            self._sampled += batch_size
+            self._cond.notify_all()
+            return Batch(data, slots=slots, seqs=self.meta["seq"][slots], versions=self.meta["version"][slots],
+                         weights=None if weights is None else torch.from_numpy(weights).to(device or "cpu"),
+                         inserted_at_selection=self._inserted)
+
+    def _check_batch_size(self, batch_size: int) -> None:
+        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ConfigError("batch_size", "a positive int", repr(batch_size), "pass e.g. batch_size=32")
+
+    def _wait_for_sample(self, n: int, timeout: float | None) -> None:
+        rl = self.rate_limiter
+
+        def allowed() -> bool:
+            return rl.can_sample(size=self.size, inserts=self._inserted, samples=self._sampled, n=n)
+        if not allowed():
+            self._wait(allowed, timeout, rl.why_not_sample(size=self.size, inserts=self._inserted,
+                                                           samples=self._sampled, n=n), kind="sample")
+
+    def _gather(self, slots: np.ndarray, device, fields=None) -> dict[str, torch.Tensor]:
+        out = None
+        if self._out is not None:
+            out = {f.name: self._out.get(f.name, (*slots.shape, *f.stored_shape),
+                                         torch.empty((), dtype=f.stored_dtype).numpy().dtype)
+                   for f in self.spec if f.stored_dtype != torch.bfloat16}
+        return self.storage.gather(slots, device=None if device is None else torch.device(device),
+                                   out=out, fields=fields)
+
+    def _successors(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Slot of each item's successor in its episode, and whether it exists (is stored
+        and was not overwritten)."""
+        nseq = self.meta["next_seq"][slots]
+        nslot = np.where(nseq >= 0, nseq, 0) % self.capacity
+        ok = (nseq >= 0) & (self.meta["seq"][nslot] == nseq)
+        return nslot, ok
+
+    def _gather_n_step(self, slots, n_step, gamma, device) -> dict[str, torch.Tensor]:
+        for need in ("reward", "next_obs"):
+            if need not in self.spec:
+                raise SpecError(need, "a field of the spec for n-step returns", "missing",
+                                "declare it, or sample without n_step")
+        b = slots.shape[0]
+        if isinstance(n_step, tuple):
+            lo, hi = n_step
+            n = self.rng.integers(lo, hi, b) if hi > lo else np.full(b, lo)
+        else:
+            n = np.full(b, int(n_step))
+        if (n < 1).any():
+            raise ConfigError("n_step", ">= 1", int(n.min()), "use n_step=1 for one-step returns")
+        rew = self.storage.gather(slots, fields=["reward"])["reward"].numpy().astype(np.float64)
+        ret = rew.copy()
+        cur = slots.copy()
+        steps = np.ones(b, dtype=np.int64)
+        alive = np.ones(b, dtype=bool)
+        for f in self.done_fields:
+            alive &= ~self.storage.gather(cur, fields=[f])[f].numpy().astype(bool)
+        for k in range(1, int(n.max())):
+            want = alive & (k < n)
+            if not want.any():
+                break
+            nxt, ok = self._successors(cur)
+            go = want & ok
+            if not go.any():
+                break
+            r = self.storage.gather(nxt, fields=["reward"])["reward"].numpy()
+            ret += np.where(go, (gamma ** k) * r, 0.0)
+            cur = np.where(go, nxt, cur)
+            steps += go
+            alive = go
+            for f in self.done_fields:
+                alive &= ~self.storage.gather(cur, fields=[f])[f].numpy().astype(bool)
+        last_fields = ["next_obs", *self.done_fields]
+        first_fields = [f for f in self.spec.names if f not in last_fields and f != "reward"]
+        data = self._gather(slots, device, first_fields)
+        data.update(self._gather(cur, device, last_fields))
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        data["reward"] = torch.from_numpy(ret.astype(np.float32)).to(dev)
+        data["n_step"] = torch.from_numpy(steps).to(dev)
+        return {name: data[name] for name in [*self.spec.names, "n_step"]}
+
+    def sample_sequences(self, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:
+        """``batch_size`` sequences of ``length`` consecutive steps of one episode each,
+        shaped ``[B, T, ...]``, with a boolean ``mask`` [B, T] that is False after the
+        episode ends (those steps repeat the last real step and must be ignored).
+        Starts are chosen by the selector."""
+        if length < 1:
+            raise ConfigError("length", ">= 1", length, "use e.g. length=20")
+        if self.selector.consumes:
+            raise ConfigError("selector", "uniform or prioritized for sample_sequences()", "fifo",
+                              "use take() for FIFO data")
+        self._check_batch_size(batch_size)
+        with self._cond:
+            self._check_open()
+            self._wait_for_sample(batch_size, timeout)
+            size = min(self._inserted, self.capacity)
+            starts, weights = self.selector.select(batch_size, size, self.rng)
+            grid = np.empty((batch_size, length), dtype=np.int64)
+            mask = np.zeros((batch_size, length), dtype=bool)
+            cur = starts.copy()
+            alive = np.ones(batch_size, dtype=bool)
+            for t in range(length):
+                grid[:, t] = cur
+                mask[:, t] = alive
+                nxt, ok = self._successors(cur)
+                alive = alive & ok
+                cur = np.where(alive, nxt, cur)
+            data = self._gather(grid, device)
+            dev = torch.device(device) if device is not None else torch.device("cpu")
+            data["mask"] = torch.from_numpy(mask).to(dev)
+            self._sampled += batch_size
+            self._cond.notify_all()
+            return Batch(data, slots=starts, seqs=self.meta["seq"][starts], versions=self.meta["version"][starts],
+                         weights=None if weights is None else torch.from_numpy(weights),
+                         inserted_at_selection=self._inserted)
+
+    # ------------------------------------------------------------- FIFO take
+    def take(self, batch_size: int | None = None, *, policy_version: int | None = None,
+             device=None, timeout: float | None = None, wait: bool = True) -> Batch:
+        """Consume the oldest unconsumed items, each exactly once (FIFO selector only).
+
+        With ``policy_version``, items from older versions are dropped (counted in
+        ``dropped_stale``), never delivered; an item from a *newer* version is a caller
+        error. ``batch_size=None`` takes everything available now."""
+        if not self.selector.consumes:
+            raise ConfigError("selector", "Fifo() for take()", self.selector.name,
+                              "build the buffer with selector=Fifo() for on-policy data")
+        with self._cond:
+            self._check_open()
+            if batch_size is not None:
+                self._check_batch_size(batch_size)
+                if batch_size > self.capacity:
+                    raise CapacityError(f"batch_size: expected at most capacity={self.capacity}, got "
+                                        f"{batch_size}. Fix: raise capacity or take smaller batches.")
+
+                def enough() -> bool:
+                    self._drop_stale(policy_version)
+                    return self._available(policy_version) >= batch_size
+                if not enough():
+                    if not wait:
+                        raise ExperienceTimeout(
+                            f"take: expected {batch_size} items of policy version {policy_version}, "
+                            f"{self._available(policy_version)} are available. Fix: flush the "
+                            "producers first, or take batch_size=None for what is there.")
+                    self._wait(enough, timeout, f"{self._available(policy_version)} of {batch_size} "
+                               f"items of version {policy_version} available", kind="take")
+            else:
+                self._drop_stale(policy_version)
+            avail = self._available(policy_version)
+            k = avail if batch_size is None else batch_size
+            seqs = np.arange(self._head, self._head + k, dtype=np.int64)
+            slots = seqs % self.capacity
+            data = self._gather(slots, device) if k else {f.name: torch.empty((0, *f.shape), dtype=f.dtype)
+                                                           for f in self.spec}
+            versions = self.meta["version"][slots].copy()
+            self._head += k
+            self._sampled += k
+            self._cond.notify_all()
+            return Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=self._inserted)
+
+    def _drop_stale(self, policy_version: int | None) -> None:
+        if policy_version is None or self._head == self._inserted:
+            return
+        seqs = np.arange(self._head, self._inserted, dtype=np.int64)
+        vers = self.meta["version"][seqs % self.capacity]
+        newer = vers > policy_version
+        if newer.any():
+            raise SemanticError(
+                f"policy_version: expected data of version <= {policy_version} in the queue, found "
+                f"version {int(vers[newer][0])}. Fix: deliver with the learner's current policy version.")
+        stale = vers < policy_version
+        # Drop only the stale *prefix*: dropping from the middle would reorder what stays.
+        nstale = int(stale.shape[0]) if stale.all() else int(np.argmin(stale))
+        if nstale:
+            self._head += nstale
+            self._dropped_stale += nstale
+
+    def _available(self, policy_version: int | None) -> int:
+        if policy_version is None:
+            return self._inserted - self._head
+        seqs = np.arange(self._head, self._inserted, dtype=np.int64)
+        vers = self.meta["version"][seqs % self.capacity]
+        bad = np.flatnonzero(vers != policy_version)
+        return int(bad[0]) if bad.size else int(seqs.shape[0])
+
+    # ------------------------------------------------------------ priorities
+    def update_priorities(self, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None) -> int:
+        """Set new priorities for delivered items. With ``seqs`` (from the Batch), items
+        overwritten since they were delivered are skipped. Returns how many were updated."""
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        pr = priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
+        pr = pr.reshape(-1)
+        if pr.shape[0] != slots.shape[0]:
+            raise SpecError("priorities", f"{slots.shape[0]} values (one per delivered item)", pr.shape[0],
+                            "pass one priority per row of the batch")
+        with self._cond:
+            self._check_open()
+            if seqs is not None:
+                keep = self.meta["seq"][slots] == np.asarray(seqs).reshape(-1)
+                slots, pr = slots[keep], pr[keep]
+            self.selector.update_priorities(slots, pr)
+            return int(slots.shape[0])
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly: data, metadata, selector, counters, RNG.
+        Values are numpy arrays, numbers, strings, lists and dicts (no pickle needed)."""
+        with self._cond:
+            self._check_open()
+            stored = min(self._inserted, self.capacity)
+            data = {k: v.cpu().numpy() if v.dtype != torch.bfloat16 else v.view(torch.int16).numpy()
+                    for k, v in self.storage.read_rows(0, stored).items()}
+            return {
+                "schema_version": SCHEMA_VERSION,
+                "spec": self.spec.to_config(),
+                "capacity": self.capacity,
+                "selector": self.selector.to_config(),
+                "selector_state": self.selector.state_dict(),
+                "counters": {"inserted": self._inserted, "sampled": self._sampled, "head": self._head,
+                             "dropped_stale": self._dropped_stale},
+                "open_tail": [[int(k), int(v)] for k, v in self._open_tail.items()],
+                "rng": self.rng.bit_generator.state,
+                "data": data,
+                "meta": {k: v[:stored].copy() for k, v in self.meta.items()},
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state from ``state_dict`` (exact round trip). The spec, capacity and
+        selector kind must match; a mismatch raises StateError before anything changes."""
+        if state.get("schema_version") != SCHEMA_VERSION:
+            raise StateError(f"schema_version: expected {SCHEMA_VERSION}, got {state.get('schema_version')!r}. "
+                             "Fix: load with the Conduit version that wrote the state.")
+        if ExperienceSpec.from_config(state["spec"]) != self.spec:
+            raise StateError(f"spec: expected {self.spec}, got {ExperienceSpec.from_config(state['spec'])}. "
+                             "Fix: build the buffer with the spec the state was saved with.")
+        if int(state["capacity"]) != self.capacity:
+            raise StateError(f"capacity: expected {self.capacity}, got {state['capacity']}. "
+                             "Fix: build the buffer with the capacity the state was saved with.")
+        if state["selector"]["name"] != self.selector.name:
+            raise StateError(f"selector: expected {self.selector.name}, got {state['selector']['name']}. "
+                             "Fix: build the buffer with the same selector.")
+        with self._cond:
+            self._check_open()
+            c = state["counters"]
+            stored = min(int(c["inserted"]), self.capacity)
+            enc = {}
+            for f in self.spec:
+                arr = np.asarray(state["data"][f.name])
+                if arr.shape != (stored, *f.stored_shape):
+                    raise StateError(f"data.{f.name}: expected shape {(stored, *f.stored_shape)}, got "
+                                     f"{arr.shape}. Fix: the state is corrupt or from another buffer.")
+                t = torch.from_numpy(np.ascontiguousarray(arr))
+                enc[f.name] = t.view(torch.bfloat16) if f.stored_dtype == torch.bfloat16 else t
+            if stored:
+                self.storage.write(0, enc, stored)
+            for k in _META:
+                self.meta[k].fill(-1)
+                self.meta[k][:stored] = state["meta"][k]
+            self._inserted, self._sampled = int(c["inserted"]), int(c["sampled"])
+            self._head, self._dropped_stale = int(c["head"]), int(c["dropped_stale"])
+            self._open_tail = {int(k): int(v) for k, v in state["open_tail"]}
+            self.rng.bit_generator.state = state["rng"]
+            self.selector.load_state_dict(state["selector_state"])
+            self._cond.notify_all()
+
+    # ----------------------------------------------------------------- close
+    def _check_open(self) -> None:
+        if self._closed:
+            from .errors import ClosedError
+            raise ClosedError("the buffer is closed. Fix: build a new one; state_dict() before close() keeps the data.")
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self.storage.close()
+            self.meta = {}
+            for seg in self._meta_segments:
+                seg.close()
+            self._meta_segments = []
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def replay(*, spec: ExperienceSpec, capacity: int, seed: int = 0, **kw) -> ExperienceBuffer:
+    """Preset: uniform replay (RLlib's EpisodeReplayBuffer semantics)."""
+    return ExperienceBuffer(spec=spec, capacity=capacity, selector=Uniform(), seed=seed, **kw)
+
+
+def prioritized_replay(*, spec: ExperienceSpec, capacity: int, alpha: float = 0.6, beta: float = 0.4,
+                       seed: int = 0, **kw) -> ExperienceBuffer:
+    """Preset: proportional prioritized replay (RLlib's PrioritizedEpisodeReplayBuffer semantics)."""
+    return ExperienceBuffer(spec=spec, capacity=capacity, selector=Prioritized(alpha=alpha, beta=beta),
+                            seed=seed, **kw)
+
+
+def queue(*, spec: ExperienceSpec, capacity: int, **kw) -> ExperienceBuffer:
+    """Preset: FIFO consume-once queue for on-policy data."""
+    return ExperienceBuffer(spec=spec, capacity=capacity, selector=Fifo(), **kw)

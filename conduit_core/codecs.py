@@ -1,0 +1,184 @@
+"""Lossless per-field codecs: capacity is part of placement.
+
+A codec changes how a field is *stored*, never what is *delivered*: every encode is
+checked by decoding and comparing bit for bit, and a value the codec cannot represent
+exactly is rejected with :class:`CodecError` (so a lossy store can never happen
+silently). Decoding runs after the gather, on the learner's device when there is one,
+so the bytes that cross a link are the small stored ones.
+
+Example: Atari observations that a framework normalises to float32 ``k / 255`` take
+4 bytes per pixel; ``AffineCodec.divide(255)`` stores the same information in 1 byte.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch
+
+from .errors import CodecError, SpecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .spec import FieldSpec
+
+_INT_RANGES = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.int16: (-32768, 32767)}
+
+
+class Codec(ABC):
+    """Stored representation of one field. Encode is verified exact; decode is pure."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]: ...
+
+    @abstractmethod
+    def stored_dtype(self, dtype: torch.dtype) -> torch.dtype: ...
+
+    @abstractmethod
+    def encode(self, field: str, x: torch.Tensor) -> torch.Tensor:
+        """Return the stored form of ``x``; raise CodecError if it is not exactly representable."""
+
+    @abstractmethod
+    def decode(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: ...
+
+    @abstractmethod
+    def to_config(self) -> dict: ...
+
+    def check_compatible(self, field: "FieldSpec") -> None:
+        """Raise SpecError when the codec cannot apply to ``field`` (called by FieldSpec)."""
+
+    @property
+    def is_identity(self) -> bool:
+        return False
+
+
+class IdentityCodec(Codec):
+    name = "identity"
+
+    def stored_shape(self, shape):
+        return shape
+
+    def stored_dtype(self, dtype):
+        return dtype
+
+    def encode(self, field, x):
+        return x
+
+    def decode(self, stored, dtype):
+        return stored
+
+    def to_config(self):
+        return {"name": self.name}
+
+    @property
+    def is_identity(self) -> bool:
+        return True
+
+    def __eq__(self, other):
+        return isinstance(other, IdentityCodec)
+
+    def __hash__(self):
+        return hash(self.name)
+
+
+class AffineCodec(Codec):
+    """Floats that are an affine image of small integers: ``x = q * scale + offset`` or,
+    with ``divisor``, ``x = q / divisor + offset`` (the exact float op matters for
+    bit-exactness: ``q / 255`` and ``q * (1/255)`` differ in the last bit).
+
+    Stored as ``stored`` (uint8 by default). Every encode is verified by decoding.
+    """
+
+    name = "affine"
+
+    def __init__(self, *, scale: float = 1.0, offset: float = 0.0, divisor: float | None = None,
+                 stored: torch.dtype = torch.uint8, verify: bool = True):
+        if stored not in _INT_RANGES:
+            raise SpecError("AffineCodec.stored", f"one of {list(_INT_RANGES)}", stored,
+                            "store as torch.uint8, torch.int8 or torch.int16")
+        if divisor is not None and divisor == 0:
+            raise SpecError("AffineCodec.divisor", "non-zero", divisor, "use e.g. divisor=255")
+        if divisor is None and scale == 0:
+            raise SpecError("AffineCodec.scale", "non-zero", scale, "use e.g. scale=1/255")
+        self.scale, self.offset, self.divisor = float(scale), float(offset), divisor
+        self.stored, self.verify = stored, verify
+
+    @classmethod
+    def divide(cls, divisor: float, *, offset: float = 0.0, stored: torch.dtype = torch.uint8) -> "AffineCodec":
+        """The codec for frameworks that normalise pixels as ``x / divisor``."""
+        return cls(divisor=float(divisor), offset=offset, stored=stored)
+
+    def check_compatible(self, field):
+        if not field.dtype.is_floating_point:
+            raise SpecError(f"{field.name}.codec", "a floating-point field for AffineCodec",
+                            field.dtype, "drop the codec; integer fields can be declared uint8 directly")
+
+    def stored_shape(self, shape):
+        return shape
+
+    def stored_dtype(self, dtype):
+        return self.stored
+
+    def encode(self, field, x):
+        xf = x.to(torch.float32) if x.dtype != torch.float64 else x
+        if self.divisor is not None:
+            q = torch.round((xf - self.offset) * self.divisor)
+        else:
+            q = torch.round((xf - self.offset) / self.scale)
+        lo, hi = _INT_RANGES[self.stored]
+        q = q.clamp_(lo, hi).to(self.stored)
+        if self.verify:
+            back = self.decode(q, x.dtype)
+            if not torch.equal(back, x):
+                bad = (back != x).nonzero()[0].tolist()
+                raise CodecError(
+                    f"{field}: the affine codec ({self._formula()}) cannot represent value "
+                    f"{x[tuple(bad)].item()!r} at index {bad} exactly (it would decode to "
+                    f"{back[tuple(bad)].item()!r}); the batch was rejected and nothing was stored. "
+                    "Fix: remove obs_codec / the field's codec, or choose the scale/divisor that "
+                    "produced the data.")
+        return q
+
+    def decode(self, stored, dtype):
+        y = stored.to(dtype)
+        if self.divisor is not None:
+            y = y / self.divisor
+        elif self.scale != 1.0:
+            y = y * self.scale
+        if self.offset:
+            y = y + self.offset
+        return y
+
+    def _formula(self) -> str:
+        core = f"q / {self.divisor:g}" if self.divisor is not None else f"q * {self.scale:g}"
+        return f"x = {core} + {self.offset:g}, q in {dtype_str(self.stored)}"
+
+    def to_config(self):
+        return {"name": self.name, "scale": self.scale, "offset": self.offset,
+                "divisor": self.divisor, "stored": dtype_str(self.stored), "verify": self.verify}
+
+    def __eq__(self, other):
+        return isinstance(other, AffineCodec) and self.to_config() == other.to_config()
+
+    def __hash__(self):
+        return hash(tuple(sorted(self.to_config().items())))
+
+
+def dtype_str(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+_STORED = {"uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16}
+
+
+def codec_from_config(cfg: Mapping[str, Any]) -> Codec:
+    name = cfg.get("name")
+    if name == "identity":
+        return IdentityCodec()
+    if name == "affine":
+        return AffineCodec(scale=cfg["scale"], offset=cfg["offset"], divisor=cfg["divisor"],
+                           stored=_STORED[cfg["stored"]], verify=cfg.get("verify", True))
+    raise SpecError("codec.name", "'identity' or 'affine'", repr(name),
+                    "use a codec this version of Conduit knows")

@@ -1,0 +1,73 @@
+"""One error hierarchy for Conduit.
+
+Every error raised on bad input says which field (or argument) is wrong, what was
+expected, what was received, and how to fix it. Callers can catch ``ConduitError``
+for everything, or a precise subclass. Subclasses also derive from the matching
+builtin (``ValueError``, ``TimeoutError``, ...) so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+
+class ConduitError(Exception):
+    """Base class of every error Conduit raises on purpose."""
+
+
+def describe(field: str, expected: object, actual: object, fix: str) -> str:
+    """The one message format for input errors: field, expected, actual, fix."""
+    return f"{field}: expected {expected}, got {actual}. Fix: {fix}"
+
+
+class SpecError(ConduitError, ValueError):
+    """Data or configuration does not match the experience spec (shape, dtype, names)."""
+
+    def __init__(self, field: str, expected: object, actual: object, fix: str):
+        self.field = field
+        self.expected = expected
+        self.actual = actual
+        self.fix = fix
+        super().__init__(describe(field, expected, actual, fix))
+
+
+class ConfigError(ConduitError, ValueError):
+    """A constructor or option argument is invalid."""
+
+    def __init__(self, argument: str, expected: object, actual: object, fix: str):
+        self.argument = argument
+        super().__init__(describe(argument, expected, actual, fix))
+
+
+class CapacityError(ConduitError, ValueError):
+    """A batch or a placement does not fit the capacity it was given."""
+
+
+class CodecError(ConduitError, ValueError):
+    """A lossless codec could not represent a value exactly; the value was rejected."""
+
+
+class RateLimitError(ConduitError):
+    """The samples-per-insert ratio (or minimum size) forbids the call right now."""
+
+
+class RateLimitTimeout(RateLimitError, TimeoutError):
+    """A rate-limited call waited for its whole timeout without being allowed to run."""
+
+
+class ExperienceTimeout(ConduitError, TimeoutError):
+    """A wait (flush, delivery, queue space) exceeded its timeout."""
+
+
+class WorkerError(ConduitError, RuntimeError):
+    """A background operator raised; the original exception is chained as ``__cause__``."""
+
+
+class ClosedError(ConduitError, RuntimeError):
+    """The data plane was closed; no further calls are accepted."""
+
+
+class StateError(ConduitError, ValueError):
+    """A state dict does not match this buffer (schema version, spec, capacity)."""
+
+
+class SemanticError(ConduitError, RuntimeError):
+    """A call would break an RL semantic guard (policy-version isolation, consume-once)."""

@@ -1,0 +1,140 @@
+"""Selectors decide *which* slots a delivery reads; the storage turns slots into data.
+
+Every selector is a small object with explicit state (numpy arrays and counters)
+and a ``state_dict``. They are driven by the buffer, which holds the lock:
+
+    on_insert(start, n)        n new items were written at ring slots start.. (wrapping)
+    select(batch_size, rng)    -> (slots, weights or None)
+    update_priorities(slots, priorities)          (prioritized only)
+
+Presets over the same primitive (cf. Reverb's ``Table.queue``) live in ``buffer.py``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from .errors import ConfigError, SpecError
+from .sumtree import PriorityIndex
+
+
+class Selector(ABC):
+    """Chooses slots among the ``size`` valid ones of a ring of ``capacity`` slots."""
+
+    name: str = "abstract"
+    consumes: bool = False  # FIFO consume-once selectors remove what they deliver
+
+    def bind(self, capacity: int) -> None:
+        self.capacity = capacity
+
+    def on_insert(self, start: int, n: int, size: int) -> None:
+        """Items were written at slots ``start .. start+n`` (mod capacity); ``size`` valid now."""
+
+    @abstractmethod
+    def select(self, batch_size: int, size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+        ...
+
+    def update_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        raise ConfigError("selector", "a prioritized selector for update_priorities", self.name,
+                          "build the buffer with selector=Prioritized(...) or stop updating priorities")
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def to_config(self) -> dict:
+        return {"name": self.name}
+
+
+class Uniform(Selector):
+    """Uniform over every stored item, with replacement (RLlib's and Reverb's default)."""
+
+    name = "uniform"
+
+    def select(self, batch_size, size, rng):
+        return rng.integers(0, size, batch_size, dtype=np.int64), None
+
+
+class Prioritized(Selector):
+    """Proportional prioritized replay (Schaul et al. 2016), as RLlib implements it:
+    P(i) = p_i^alpha / sum_j p_j^alpha; new items get the running max priority;
+    weights w_i = (N P(i))^-beta / max_j (N P(j))^-beta (normalised by the global minimum)."""
+
+    name = "prioritized"
+
+    def __init__(self, *, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6):
+        if alpha < 0:
+            raise ConfigError("Prioritized.alpha", ">= 0", alpha, "use e.g. alpha=0.6 (0 = uniform)")
+        if beta < 0:
+            raise ConfigError("Prioritized.beta", ">= 0", beta, "use e.g. beta=0.4 (0 = no correction)")
+        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
+        self.max_priority = 1.0
+
+    def bind(self, capacity):
+        super().bind(capacity)
+        self.index = PriorityIndex(capacity)
+
+    def on_insert(self, start, n, size):
+        self.index.set_range(start, n, self.max_priority ** self.alpha)
+
+    def select(self, batch_size, size, rng, *, beta: float | None = None):
+        beta = self.beta if beta is None else beta
+        total = self.index.total
+        slots = self.index.find_prefixsum(rng.random(batch_size) * total)
+        if beta == 0.0:
+            return slots, np.ones(batch_size, dtype=np.float32)
+        p = self.index.get(slots) / total
+        p_min = self.index.min / total
+        weights = (p / p_min) ** (-beta)  # == (N p)^-beta / (N p_min)^-beta
+        return slots, weights.astype(np.float32)
+
+    def update_priorities(self, slots, priorities):
+        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if pr.shape[0] != np.asarray(slots).reshape(-1).shape[0]:
+            raise SpecError("priorities", f"{np.asarray(slots).size} values (one per slot)", pr.shape[0],
+                            "pass one priority per delivered item")
+        if not np.all(np.isfinite(pr)) or (pr < 0).any():
+            bad = pr[~np.isfinite(pr) | (pr < 0)][0]
+            raise SpecError("priorities", "finite values >= 0", bad,
+                            "pass |TD error| (add eps); NaN usually means the loss diverged")
+        pr = pr + self.eps
+        self.max_priority = max(self.max_priority, float(pr.max()))
+        self.index.set(np.asarray(slots, dtype=np.int64).reshape(-1), pr ** self.alpha)
+
+    def state_dict(self):
+        return {"leaves": self.index.leaves().copy(), "max_priority": self.max_priority}
+
+    def load_state_dict(self, state):
+        self.index.rebuild(np.asarray(state["leaves"], dtype=np.float64))
+        self.max_priority = float(state["max_priority"])
+
+    def to_config(self):
+        return {"name": self.name, "alpha": self.alpha, "beta": self.beta, "eps": self.eps}
+
+
+class Fifo(Selector):
+    """First in, first out, each item delivered exactly once (on-policy data).
+
+    The buffer never overwrites an unconsumed FIFO item: a full queue makes inserts
+    wait (or raise), so data already accepted is never lost."""
+
+    name = "fifo"
+    consumes = True
+
+    def select(self, batch_size, size, rng):  # pragma: no cover - the buffer drives FIFO itself
+        raise NotImplementedError("FIFO selection is positional; the buffer handles it")
+
+
+def selector_from_config(cfg: dict) -> Selector:
+    name = cfg.get("name")
+    if name == "uniform":
+        return Uniform()
+    if name == "prioritized":
+        return Prioritized(alpha=cfg["alpha"], beta=cfg["beta"], eps=cfg["eps"])
+    if name == "fifo":
+        return Fifo()
+    raise ConfigError("selector", "'uniform', 'prioritized' or 'fifo'", repr(name), "use a known selector")

@@ -1,0 +1,224 @@
+"""The experience spec: which fields a transition has, with their shape, dtype and codec.
+
+A spec is the contract between an adapter and the buffer. Everything that enters the
+buffer is checked against it once, at the ingestion boundary, so that the hot paths
+behind it (write, gather, decode) never check again.
+
+    spec = ExperienceSpec.transition(obs_shape=(4,), action_dtype=torch.int64,
+                                     extras={"logp": ((), torch.float32)})
+    spec.bytes_per_transition          # logical bytes, as the framework would hold them
+    spec.stored_bytes_per_transition   # bytes after lossless codecs
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import torch
+
+from .codecs import Codec, IdentityCodec, codec_from_config
+from .errors import SpecError
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
+    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def as_torch_dtype(dtype: Any, *, field_name: str = "dtype") -> torch.dtype:
+    """Accept a torch dtype, a numpy dtype or a name ('float32') and return the torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    except TypeError:
+        name = str(dtype)
+    if name in _DTYPES:
+        return _DTYPES[name]
+    raise SpecError(field_name, f"one of {sorted(_DTYPES)}", repr(dtype),
+                    "pass a torch dtype such as torch.float32")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One named field of a transition: per-transition ``shape`` (without the batch dim),
+    logical ``dtype`` and the lossless ``codec`` used to store it."""
+
+    name: str
+    shape: tuple[int, ...] = ()
+    dtype: torch.dtype = torch.float32
+    codec: Codec = field(default_factory=IdentityCodec)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.isidentifier() or self.name.startswith("_"):
+            raise SpecError("field name", "a Python identifier not starting with '_'",
+                            repr(self.name), "rename the field (names starting with '_' are reserved)")
+        shape = tuple(int(s) for s in self.shape)
+        if any(s <= 0 for s in shape):
+            raise SpecError(f"{self.name}.shape", "positive dimensions", shape, "fix the shape")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", as_torch_dtype(self.dtype, field_name=f"{self.name}.dtype"))
+        self.codec.check_compatible(self)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def bytes(self) -> int:
+        """Logical bytes per transition (as the framework holds the field)."""
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        return self.codec.stored_shape(self.shape)
+
+    @property
+    def stored_dtype(self) -> torch.dtype:
+        return self.codec.stored_dtype(self.dtype)
+
+    @property
+    def stored_bytes(self) -> int:
+        return math.prod(self.stored_shape) * torch.empty((), dtype=self.stored_dtype).element_size()
+
+    def to_config(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": dtype_name(self.dtype),
+                "codec": self.codec.to_config()}
+
+    @staticmethod
+    def from_config(cfg: Mapping[str, Any]) -> "FieldSpec":
+        return FieldSpec(cfg["name"], tuple(cfg["shape"]), _DTYPES[cfg["dtype"]],
+                         codec_from_config(cfg["codec"]))
+
+
+class ExperienceSpec:
+    """An ordered set of :class:`FieldSpec`; validates batches at the ingestion boundary."""
+
+    def __init__(self, fields: Iterable[FieldSpec]):
+        self.fields: dict[str, FieldSpec] = {}
+        for f in fields:
+            if not isinstance(f, FieldSpec):
+                raise SpecError("fields", "FieldSpec instances", type(f).__name__,
+                                "build each field with FieldSpec(name, shape, dtype)")
+            if f.name in self.fields:
+                raise SpecError("fields", "unique names", f"{f.name!r} twice", "remove the duplicate")
+            self.fields[f.name] = f
+        if not self.fields:
+            raise SpecError("fields", "at least one field", "none", "declare the fields of a transition")
+
+    # ----------------------------------------------------------------- presets
+    @classmethod
+    def transition(cls, *, obs_shape: tuple[int, ...], obs_dtype: Any = torch.float32,
+                   action_shape: tuple[int, ...] = (), action_dtype: Any = torch.int64,
+                   next_obs: bool = True, obs_codec: Codec | None = None,
+                   extras: Mapping[str, tuple[tuple[int, ...], Any]] | None = None) -> "ExperienceSpec":
+        """The usual (obs, action, reward, next_obs, terminated, truncated) transition."""
+        codec = obs_codec or IdentityCodec()
+        fields = [FieldSpec("obs", obs_shape, obs_dtype, codec),
+                  FieldSpec("action", action_shape, action_dtype),
+                  FieldSpec("reward", (), torch.float32)]
+        if next_obs:
+            fields.append(FieldSpec("next_obs", obs_shape, obs_dtype, codec))
+        fields += [FieldSpec("terminated", (), torch.bool), FieldSpec("truncated", (), torch.bool)]
+        for name, (shape, dtype) in (extras or {}).items():
+            fields.append(FieldSpec(name, shape, dtype))
+        return cls(fields)
+
+    # ------------------------------------------------------------- properties
+    def __iter__(self):
+        return iter(self.fields.values())
+
+    def __getitem__(self, name: str) -> FieldSpec:
+        return self.fields[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.fields
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ExperienceSpec) and self.to_config() == other.to_config()
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{f.name}{list(f.shape)}:{dtype_name(f.dtype)}" for f in self)
+        return f"ExperienceSpec({inner})"
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.fields)
+
+    @property
+    def bytes_per_transition(self) -> int:
+        """Logical bytes per transition, i.e. without codecs."""
+        return sum(f.bytes for f in self)
+
+    @property
+    def stored_bytes_per_transition(self) -> int:
+        """Bytes per transition as stored, after the lossless codecs."""
+        return sum(f.stored_bytes for f in self)
+
+    def to_config(self) -> list[dict]:
+        return [f.to_config() for f in self]
+
+    @classmethod
+    def from_config(cls, cfg: Iterable[Mapping[str, Any]]) -> "ExperienceSpec":
+        return cls(FieldSpec.from_config(c) for c in cfg)
+
+    # ------------------------------------------------------------- validation
+    def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor]]:
+        """Check a batch of transitions (dict of arrays with a leading batch dim).
+
+        Returns ``(n, columns)`` with every column a torch tensor (numpy inputs are
+        wrapped without a copy). Raises :class:`SpecError` naming the field, the
+        expected and actual value and the fix. Nothing is stored by this call.
+        """
+        if not isinstance(batch, Mapping):
+            raise SpecError("batch", "a mapping of field name -> array", type(batch).__name__,
+                            "pass a dict such as {'obs': obs, 'action': action, ...}")
+        missing = [n for n in self.fields if n not in batch]
+        if missing:
+            raise SpecError(missing[0], "present in the batch", "missing",
+                            f"add the field(s) {missing} or remove them from the ExperienceSpec")
+        unknown = [k for k in batch if k not in self.fields]
+        if unknown:
+            raise SpecError(str(unknown[0]), f"one of the spec's fields {self.names}", "an unknown field",
+                            "declare it in the ExperienceSpec (e.g. as an extra) or drop it from the batch")
+        columns: dict[str, torch.Tensor] = {}
+        n = None
+        for name, f in self.fields.items():
+            col = _as_tensor(batch[name], name)
+            if col.dim() != len(f.shape) + 1 or tuple(col.shape[1:]) != f.shape:
+                raise SpecError(name, f"shape [N, {', '.join(map(str, f.shape))}]".replace(", ]", "]"),
+                                list(col.shape),
+                                "give every field a leading batch dimension N and the per-transition "
+                                f"shape {list(f.shape)} declared in the spec")
+            if col.dtype != f.dtype:
+                raise SpecError(name, f"dtype {dtype_name(f.dtype)}", dtype_name(col.dtype),
+                                f"cast it, e.g. x.astype(np.{dtype_name(f.dtype)}) or "
+                                f"x.to(torch.{dtype_name(f.dtype)}), or declare dtype "
+                                f"{dtype_name(col.dtype)} in the spec")
+            if n is None:
+                n = col.shape[0]
+            elif col.shape[0] != n:
+                raise SpecError(name, f"batch size {n} (as the first field)", col.shape[0],
+                                "give every field the same number of transitions")
+            columns[name] = col
+        return int(n or 0), columns
+
+
+def _as_tensor(x: Any, name: str) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        if x.dtype == np.bool_ or x.dtype.name in _DTYPES:
+            return torch.from_numpy(x if x.flags.writeable else x.copy())
+        raise SpecError(name, f"a numeric array of one of {sorted(_DTYPES)}", f"numpy dtype {x.dtype}",
+                        "convert the field to a numeric dtype")
+    raise SpecError(name, "a numpy array or torch tensor", type(x).__name__,
+                    "convert it with np.asarray(...) first; Python lists are not accepted on the hot path")

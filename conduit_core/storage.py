@@ -1,0 +1,169 @@
+"""Columnar storage: one preallocated tensor per field per shard, addressed by ring slot.
+
+    slot:     0 ........................................ capacity-1
+    shards:   [ shard 0: tier A ][ shard 1: tier B ][ shard 2 ... ]
+    columns:  obs      [c0, *obs.stored_shape]   [c1, ...]
+              action   [c0]                      [c1]
+              ...
+
+The storage knows nothing about rings, selectors or semantics: it writes contiguous
+runs of slots and gathers arbitrary slots, vectorized, decoding on the target device.
+Host shards are gathered with ``np.take(..., out=...)`` into reused output buffers
+(the fastest random gather on CPU); device shards with ``torch.index_select``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .errors import CapacityError, ConfigError
+from .spec import ExperienceSpec
+from .tiers import SharedSegment, Tier, allocate, numpy_view
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """A contiguous range of ``capacity`` slots placed on ``tier`` (``device`` for DEVICE)."""
+
+    tier: Tier
+    capacity: int
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tier", Tier.parse(self.tier, argument="ShardSpec.tier"))
+        if int(self.capacity) <= 0:
+            raise ConfigError("ShardSpec.capacity", "a positive number of slots", self.capacity,
+                              "give every shard at least one slot")
+
+    def to_config(self) -> dict:
+        return {"tier": self.tier.value, "capacity": int(self.capacity), "device": self.device}
+
+
+def even_shards(capacity: int, tiers: Sequence[Tier | str], device: str | None = None) -> list[ShardSpec]:
+    """Split ``capacity`` into one shard per tier, as evenly as possible."""
+    k = len(tiers)
+    base, extra = divmod(capacity, k)
+    return [ShardSpec(Tier.parse(t), base + (i < extra), device) for i, t in enumerate(tiers)]
+
+
+class ColumnarStorage:
+    """Per-field, per-shard tensors. Not thread-safe by itself: the buffer serialises access."""
+
+    def __init__(self, *, spec: ExperienceSpec, shards: Sequence[ShardSpec]):
+        if not shards:
+            raise ConfigError("shards", "at least one ShardSpec", "none", "pass shards=[ShardSpec('pageable', n)]")
+        self.spec = spec
+        self.shards = list(shards)
+        self.capacity = sum(s.capacity for s in self.shards)
+        self.bounds = np.cumsum([0] + [s.capacity for s in self.shards])  # shard i = [b_i, b_{i+1})
+        self._segments: list[SharedSegment] = []
+        self.columns: dict[str, list[torch.Tensor]] = {}
+        self._np: dict[str, list[np.ndarray | None]] = {}
+        for f in spec:
+            cols, views = [], []
+            for sh in self.shards:
+                t, seg = allocate(sh.tier, (sh.capacity, *f.stored_shape), f.stored_dtype, device=sh.device)
+                if seg is not None:
+                    self._segments.append(seg)
+                cols.append(t)
+                views.append(numpy_view(t))
+            self.columns[f.name] = cols
+            self._np[f.name] = views
+        self._single_host = len(self.shards) == 1 and self.shards[0].tier is not Tier.DEVICE
+
+    # ----------------------------------------------------------------- info
+    @property
+    def nbytes_reserved(self) -> int:
+        return self.capacity * self.spec.stored_bytes_per_transition
+
+    def shared_segment_names(self) -> dict[str, list[str]]:
+        """Names of the shared segments, per field, for another process to attach (SHARED only)."""
+        names: dict[str, list[str]] = {}
+        it = iter(self._segments)
+        for f in self.spec:
+            names[f.name] = [next(it).name if sh.tier is Tier.SHARED else "" for sh in self.shards]
+        return names
+
+    def shard_of(self, slots: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.bounds, slots, side="right") - 1
+
+    # ---------------------------------------------------------------- write
+    def write(self, start: int, columns: Mapping[str, torch.Tensor], n: int) -> None:
+        """Write ``n`` encoded rows at ring slots ``start, start+1, ...`` (wrapping)."""
+        if n > self.capacity:
+            raise CapacityError(f"batch of {n} transitions is larger than the buffer capacity "
+                                f"{self.capacity}. Fix: raise capacity or split the batch.")
+        done = 0
+        slot = start % self.capacity
+        while done < n:
+            shard = int(np.searchsorted(self.bounds, slot, side="right") - 1)
+            lo, hi = int(self.bounds[shard]), int(self.bounds[shard + 1])
+            run = min(n - done, hi - slot)
+            for name, src in columns.items():
+                self.columns[name][shard][slot - lo: slot - lo + run].copy_(src[done: done + run], non_blocking=False)
+            done += run
+            slot = (slot + run) % self.capacity
+
+    def read_rows(self, start: int, n: int) -> dict[str, torch.Tensor]:
+        """Stored (encoded) rows ``start .. start+n`` (no wrap) on the host: for state dicts."""
+        return {name: self._gather_stored(name, np.arange(start, start + n, dtype=np.int64), None, torch.device("cpu"))
+                for name in self.columns}
+
+    # --------------------------------------------------------------- gather
+    def gather(self, slots: np.ndarray, *, device: torch.device | None = None,
+               out: Mapping[str, np.ndarray] | None = None,
+               fields: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """Decoded rows at ``slots`` (int64 array of any shape), on ``device`` (host if None).
+
+        ``out`` optionally gives reused host output arrays of the stored shape, which
+        avoids first-touch page faults on large batches (the caller owns their lifetime).
+        """
+        target = device if device is not None else torch.device("cpu")
+        result: dict[str, torch.Tensor] = {}
+        for name in (fields if fields is not None else self.columns):
+            f = self.spec[name]
+            stored = self._gather_stored(name, slots, None if out is None else out.get(name), target)
+            if stored.device != target:
+                stored = stored.to(target, non_blocking=stored.is_pinned())
+            result[name] = stored if f.codec.is_identity else f.codec.decode(stored, f.dtype)
+        return result
+
+    def _gather_stored(self, name: str, slots: np.ndarray, out: np.ndarray | None,
+                       target: torch.device) -> torch.Tensor:
+        flat = slots.reshape(-1)
+        lead = slots.shape
+        if self._single_host:
+            view = self._np[name][0]
+            if view is not None:
+                if out is None:
+                    res = np.take(view, flat, axis=0)
+                else:
+                    res = np.take(view, flat, axis=0, out=out.reshape((-1, *view.shape[1:])))
+                return torch.from_numpy(res).view(*lead, *view.shape[1:])
+            col = self.columns[name][0]
+            return torch.index_select(col, 0, torch.from_numpy(flat)).view(*lead, *col.shape[1:])
+        # Several shards (or a device shard): gather each shard's part where it lives,
+        # then assemble on the target device, moving only the stored (encoded) bytes.
+        f = self.spec[name]
+        res_t = torch.empty((flat.shape[0], *f.stored_shape), dtype=f.stored_dtype, device=target)
+        shard_ids = self.shard_of(flat)
+        for s in np.unique(shard_ids):
+            pos = np.nonzero(shard_ids == s)[0]
+            local = flat[pos] - self.bounds[s]
+            col = self.columns[name][s]
+            idx = torch.from_numpy(local).to(col.device)
+            part = torch.index_select(col, 0, idx)
+            res_t[torch.from_numpy(pos).to(target)] = part.to(target, non_blocking=part.is_pinned())
+        return res_t.view(*lead, *f.stored_shape)
+
+    # ---------------------------------------------------------------- close
+    def close(self) -> None:
+        self.columns = {}
+        self._np = {}
+        for seg in self._segments:
+            seg.close()
+        self._segments = []

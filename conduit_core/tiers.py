@@ -1,0 +1,121 @@
+"""Memory tiers: where a shard of the buffer lives, and how its memory is allocated.
+
+    PAGEABLE  ordinary host memory (what Reverb and RLlib use)
+    SHARED    host memory in a POSIX shared-memory segment, attachable by another process
+    PINNED    page-locked host memory: fast, asynchronous host->device copies (needs CUDA)
+    DEVICE    accelerator memory on one GPU (needs CUDA)
+
+Allocation is lazy wherever the OS allows it (``torch.empty`` and ``/dev/shm``
+segments commit pages on first touch), so a 1M-transition buffer costs only what
+has been written.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from enum import Enum
+from multiprocessing import shared_memory
+
+import numpy as np
+import torch
+
+from .errors import ConfigError
+
+
+class Tier(str, Enum):
+    PAGEABLE = "pageable"
+    SHARED = "shared"
+    PINNED = "pinned"
+    DEVICE = "device"
+
+    @classmethod
+    def parse(cls, value: "Tier | str", *, argument: str = "tier") -> "Tier":
+        if isinstance(value, Tier):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise ConfigError(argument, f"one of {[t.value for t in cls]}", repr(value),
+                              "pick a tier name such as 'pageable'") from None
+
+    @property
+    def needs_cuda(self) -> bool:
+        return self in (Tier.PINNED, Tier.DEVICE)
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def require_tier_available(tier: Tier) -> None:
+    if tier.needs_cuda and not cuda_available():
+        raise ConfigError("tier", "a tier this machine has (pageable or shared without CUDA)",
+                          repr(tier.value), "use tier='pageable' or 'shared' on a machine without CUDA")
+
+
+class SharedSegment:
+    """A named POSIX shared-memory segment viewed as one tensor; ``close()`` unlinks it.
+
+    The owner creates it; another process attaches by ``name`` (see ``attach``). The
+    tensor is a view: drop it (and any numpy view) before ``close()``.
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, *, name: str | None = None,
+                 create: bool = True):
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = max(1, math.prod(shape) * itemsize)
+        self.shape, self.dtype, self.owner = tuple(shape), dtype, create
+        self._shm = shared_memory.SharedMemory(
+            name=name or f"conduit_{secrets.token_hex(6)}", create=create, size=nbytes if create else 0)
+        if not create:
+            # The attaching process must not unlink the segment at exit: only the owner does.
+            try:
+                from multiprocessing import resource_tracker
+                resource_tracker.unregister(self._shm._name, "shared_memory")  # type: ignore[attr-defined]
+            except Exception:  # pragma: no cover - tracker layout differs across versions
+                pass
+        flat = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=nbytes)
+        self.tensor = flat.view(dtype)[: math.prod(shape)].view(shape) if shape else flat.view(dtype)[:1]
+
+    @property
+    def name(self) -> str:
+        return self._shm.name
+
+    def close(self) -> None:
+        self.tensor = None  # type: ignore[assignment]
+        try:
+            self._shm.close()
+        except BufferError:
+            # A view escaped; the mapping is released when the last view dies.
+            pass
+        if self.owner:
+            try:
+                self._shm.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def allocate(tier: Tier, shape: tuple[int, ...], dtype: torch.dtype, *,
+             device: torch.device | str | None = None) -> tuple[torch.Tensor, SharedSegment | None]:
+    """Allocate one column of a shard on ``tier``. Returns the tensor and, for SHARED,
+    the segment that owns its memory (the caller closes it)."""
+    require_tier_available(tier)
+    if tier is Tier.PAGEABLE:
+        return torch.empty(shape, dtype=dtype), None
+    if tier is Tier.SHARED:
+        seg = SharedSegment(shape, dtype)
+        return seg.tensor, seg
+    if tier is Tier.PINNED:
+        return torch.empty(shape, dtype=dtype, pin_memory=True), None
+    dev = torch.device(device if device is not None else "cuda")
+    if dev.type == "cpu":
+        raise ConfigError("device", "a CUDA device for tier 'device'", str(dev), "pass device='cuda:0'")
+    return torch.empty(shape, dtype=dtype, device=dev), None
+
+
+def numpy_view(t: torch.Tensor) -> np.ndarray | None:
+    """A zero-copy numpy view of a host tensor (numpy gathers are the fastest on CPU), else None."""
+    if t.device.type != "cpu" or t.dtype == torch.bfloat16:
+        return None
+    return t.numpy()
