@@ -434,6 +434,22 @@ class ExperienceBuffer:
         bad = np.flatnonzero(vers != policy_version)
         return int(bad[0]) if bad.size else int(seqs.shape[0])
 
+    # ------------------------------------------------------------- rollback
+    def selection_token(self) -> tuple:
+        """The selection-side state (RNG, counters) before a speculative delivery."""
+        with self._cond:
+            return (self.rng.bit_generator.state, self._sampled, self._head, self._dropped_stale)
+
+    def rollback_selection(self, token: tuple, *, items: int, restore_rng: bool) -> None:
+        """Undo a speculative delivery that was never handed out: its items count as not
+        sampled (so rate limits stay exact) and, if asked, the RNG continues as if the
+        selection never happened (so overlapped runs draw what sequential runs draw)."""
+        with self._cond:
+            if restore_rng:
+                self.rng.bit_generator.state = token[0]
+            self._sampled -= items
+            self._cond.notify_all()
+
     # ------------------------------------------------------------ priorities
     def update_priorities(self, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None) -> int:
         """Set new priorities for delivered items. With ``seqs`` (from the Batch), items

@@ -1,0 +1,30 @@
+"""Conduit core: the framework-agnostic Experience Data Plane.
+
+Imports no RL framework; needs torch and numpy only.
+"""
+
+from .batch import Batch
+from .buffer import ExperienceBuffer, prioritized_replay, queue, replay
+from .codecs import AffineCodec, Codec, IdentityCodec
+from .edp import DeliveryRequest, ExperienceDataPlane
+from .errors import (CapacityError, ClosedError, CodecError, ConduitError, ConfigError, ExperienceTimeout,
+                     RateLimitError, RateLimitTimeout, SemanticError, SpecError, StateError, WorkerError)
+from .hooks import Rollout
+from .metrics import ControlPointMetrics, MetricsSnapshot
+from .rate_limiter import RateLimiter
+from .schedule import Schedule
+from .selectors import Fifo, Prioritized, Selector, Uniform
+from .spec import ExperienceSpec, FieldSpec
+from .storage import ShardSpec, even_shards
+from .tiers import Tier, cuda_available
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AffineCodec", "Batch", "CapacityError", "ClosedError", "Codec", "CodecError", "ConduitError", "ConfigError",
+    "ControlPointMetrics", "DeliveryRequest", "ExperienceBuffer", "ExperienceDataPlane", "ExperienceSpec",
+    "ExperienceTimeout", "FieldSpec", "Fifo", "IdentityCodec", "MetricsSnapshot", "Prioritized", "RateLimitError",
+    "RateLimitTimeout", "RateLimiter", "Rollout", "Schedule", "SemanticError", "Selector", "ShardSpec",
+    "SpecError", "StateError", "Tier", "Uniform", "WorkerError", "cuda_available", "even_shards",
+    "prioritized_replay", "queue", "replay", "__version__",
+]

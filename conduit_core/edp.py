@@ -1,0 +1,505 @@
+"""The Experience Data Plane: one facade over the three control points.
+
+    actors --ingest()--> [ ingestion: hooks -> validate -> encode -> write once ]
+                                          |
+                                   ExperienceBuffer (placed on tiers)
+                                          |
+    learner <--deliver()-- [ delivery: select -> gather -> hooks -> to device ]
+
+Sequential schedule: each call runs its operator inline (exactly the framework's
+semantics, minus the framework's per-item Python). Overlapped schedule: ``ingest``
+enqueues into a bounded queue and returns; one background thread (the worker)
+commits rollouts in acceptance order (running the transform inline or in a child
+process) and, when idle, prepares up to ``depth`` deliveries ahead. Prepared batches
+are checked at hand-out against the guards and discarded (with their RNG draws and
+rate-limit counts rolled back) when they would break them, so with ``staleness=0``
+an overlapped run delivers exactly what a sequential run delivers.
+
+Guards, always on: every accepted rollout is written exactly once and in acceptance
+order; an off-policy delivery misses at most ``staleness`` accepted rows; FIFO data
+goes only to its policy version, once; ``flush()`` makes everything accepted visible.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+from .batch import Batch
+from .buffer import ExperienceBuffer
+from .errors import ClosedError, ConfigError, ExperienceTimeout, SpecError, WorkerError
+from .hooks import Rollout
+from .metrics import MetricsRecorder, MetricsSnapshot
+from .schedule import Schedule
+from .selectors import Prioritized
+from .workers import Encoded, InlineTransformer, as_numpy_rows, make_transformer
+
+EDP_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DeliveryRequest:
+    """What the learner asked for; prepared batches are reused only for an equal request."""
+
+    kind: str                      # "sample" | "sequences" | "take"
+    batch_size: int | None
+    n_step: int | tuple | None = None
+    gamma: float = 0.99
+    beta: float | None = None
+    length: int | None = None
+    policy_version: int | None = None
+    device: str | None = None
+
+
+@dataclass
+class _Prepared:
+    batch: Batch
+    request: DeliveryRequest
+    rows_committed: int        # committed input rows when the batch was selected
+    priority_version: int
+    token: tuple | None        # buffer selection token, if this batch began an operator call
+    items: int
+
+
+class ExperienceDataPlane:
+    """The facade adapters drive. Keyword-only; see the module docstring."""
+
+    def __init__(self, *, buffer: ExperienceBuffer, schedule: Schedule | None = None,
+                 device: torch.device | str | None = None, ingest_hooks: list[Callable] | None = None,
+                 delivery_hooks: list[Callable] | None = None):
+        if not isinstance(buffer, ExperienceBuffer):
+            raise ConfigError("buffer", "an ExperienceBuffer", type(buffer).__name__,
+                              "build one with conduit_core.ExperienceBuffer(spec=..., capacity=...)")
+        self.buffer = buffer
+        self.schedule = schedule or Schedule()
+        if not isinstance(self.schedule, Schedule):
+            raise ConfigError("schedule", "a Schedule", type(self.schedule).__name__,
+                              "use Schedule.sequential() or Schedule.overlapped(...)")
+        self.device = None if device is None else str(torch.device(device))
+        self._ingest_hooks: list[Callable] = list(ingest_hooks or [])
+        self._delivery_hooks: list[Callable] = list(delivery_hooks or [])
+        self._metrics = MetricsRecorder()
+        self._cond = threading.Condition()
+        # Held by whoever runs the delivery operator (caller inline, or worker prefetch), so
+        # selections never interleave and the RNG sequence equals the sequential one.
+        self._op_lock = threading.Lock()
+        self._pending: deque[Rollout] = deque()
+        self._prepared: deque[_Prepared] = deque()
+        self._request: DeliveryRequest | None = None
+        self._accepted_rows = 0
+        self._committed_rows = 0
+        self._ticket = 0
+        self._priority_version = 0
+        self._error: BaseException | None = None
+        self._busy = False
+        self._closed = False
+        self._stop = False
+        self._transformer = None
+        self._thread: threading.Thread | None = None
+        if self.schedule.is_overlapped:
+            self._start_worker()
+
+    # ---------------------------------------------------------------- hooks
+    def add_ingest_hook(self, hook: Callable[[list[Rollout]], list[Rollout]]) -> None:
+        self._require_no_worker("add_ingest_hook")
+        self._ingest_hooks.append(hook)
+
+    def add_delivery_hook(self, hook: Callable[[Batch], Batch]) -> None:
+        self._require_no_worker("add_delivery_hook")
+        self._delivery_hooks.append(hook)
+
+    def _require_no_worker(self, what: str) -> None:
+        if self._thread is not None:
+            raise ConfigError(what, "hooks registered before the worker starts", "a running overlapped worker",
+                              "pass ingest_hooks=/delivery_hooks= to the constructor")
+
+    # ------------------------------------------------------------- ingestion
+    def ingest(self, data: Mapping[str, Any], *, source: int = 0, policy_version: int = 0,
+               timeout: float | None = None) -> int:
+        """Accept one rollout (a time-ordered batch of one source's transitions).
+
+        Sequential: stored before returning. Overlapped: queued (bounded) and stored in
+        acceptance order by the worker; a failure is raised on a later call. Returns
+        the rollout's ticket (its acceptance number)."""
+        with self._metrics.blocked("ingest"):
+            self._check_usable()
+            rows = as_numpy_rows(data) if isinstance(data, Mapping) else 0
+            if not isinstance(data, Mapping):
+                raise SpecError("data", "a mapping of field name -> array", type(data).__name__,
+                                "pass a dict such as {'obs': obs, 'action': action, ...}")
+            if not self._ingest_hooks:
+                # Nothing will transform it: reject bad input now, in the caller's frame.
+                self.buffer.spec.validate(data)
+            with self._cond:
+                ticket = self._ticket
+                self._ticket += 1
+            rollout = Rollout(data=data, source=int(source), policy_version=int(policy_version),
+                              ticket=ticket, rows=rows)
+            if not self.schedule.is_overlapped:
+                t0 = time.perf_counter()
+                self._accepted_rows += rows
+                try:
+                    enc = InlineTransformer(self.buffer.spec, self._ingest_hooks).transform([rollout])
+                    self._commit(enc, timeout)
+                except BaseException:
+                    self._accepted_rows -= rows  # rejected, not accepted
+                    raise
+                finally:
+                    self._committed_rows = self._accepted_rows
+                self._metrics.add_busy("ingest", time.perf_counter() - t0, items_in=rows,
+                                       items_out=sum(e.n for e in enc))
+                return ticket
+            limit = self.schedule.timeout if timeout is None else timeout
+            deadline = time.monotonic() + limit
+            with self._cond:
+                while len(self._pending) >= self.schedule.queue_size:
+                    self._raise_error_locked()
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ExperienceTimeout(
+                            f"ingest: the ingestion queue stayed full ({self.schedule.queue_size} rollouts) for "
+                            f"{limit:g} s. Fix: the learner must deliver (rate limits / FIFO space), or raise "
+                            "Schedule.queue_size.")
+                    self._cond.wait(min(left, 0.05))
+                self._pending.append(rollout)
+                self._accepted_rows += rows
+                self._metrics.set_queue("ingest", len(self._pending))
+                self._cond.notify_all()
+            return ticket
+
+    def _commit(self, encoded: list[Encoded], timeout: float | None) -> None:
+        for e in encoded:
+            self.buffer.add_encoded(e.columns, e.n, source=e.source, policy_version=e.policy_version,
+                                    timeout=timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every accepted rollout is stored (visible to delivery)."""
+        self._check_usable()
+        self._wait_rows(0, timeout, "flush")
+
+    def _wait_rows(self, allowed_missing: int, timeout: float | None, what: str) -> None:
+        if not self.schedule.is_overlapped:
+            return
+        limit = self.schedule.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with self._cond:
+            while True:
+                self._raise_error_locked()
+                if self._accepted_rows - self._committed_rows <= allowed_missing and \
+                        (allowed_missing > 0 or not self._pending and not self._busy_ingesting):
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ExperienceTimeout(
+                        f"{what}: {self._accepted_rows - self._committed_rows} accepted rows were still not stored "
+                        f"after {limit:g} s. Fix: check rate limits / FIFO space, or raise Schedule.timeout.")
+                self._cond.wait(min(left, 0.05))
+
+    # --------------------------------------------------------------- delivery
+    def deliver(self, batch_size: int | None = None, *, policy_version: int | None = None,
+                n_step: int | tuple[int, int] | None = None, gamma: float = 0.99, beta: float | None = None,
+                sequence_length: int | None = None, timeout: float | None = None) -> Batch:
+        """A training-ready batch on the learner's device.
+
+        Replay (uniform/prioritized): ``batch_size`` items, optionally as n-step returns or
+        as sequences of ``sequence_length``. FIFO: the next ``batch_size`` items of
+        ``policy_version`` (``None``: everything of that version accepted so far)."""
+        with self._metrics.blocked("deliver"):
+            self._check_usable()
+            kind = "take" if self.buffer.selector.consumes else ("sequences" if sequence_length else "sample")
+            if kind != "take" and batch_size is None:
+                raise ConfigError("batch_size", "a positive int for replay delivery", None,
+                                  "pass batch_size=...; only FIFO delivery may take everything")
+            req = DeliveryRequest(kind, batch_size, n_step if isinstance(n_step, (int, type(None))) else tuple(n_step),
+                                  gamma, beta, sequence_length, policy_version, self.device)
+            if kind == "take":
+                if batch_size is None:
+                    self._wait_rows(0, timeout, "deliver")
+                self._raise_error()
+                t0 = time.perf_counter()
+                batch = self.buffer.take(batch_size, policy_version=policy_version, device=self.device,
+                                         timeout=timeout)
+                batch = self._run_delivery_hooks(batch)
+                self._metrics.add_busy("deliver", time.perf_counter() - t0, items_out=batch.size)
+                return batch
+            self._wait_rows(self.schedule.staleness, timeout, "deliver")
+            with self._op_lock:
+                with self._cond:
+                    batch = self._take_prepared_locked(req)
+                    self._request = req
+                if batch is None:
+                    t0 = time.perf_counter()
+                    prepared = self._run_delivery_operator(req, timeout)
+                    self._metrics.add_busy("deliver", time.perf_counter() - t0,
+                                           items_out=sum(p.items for p in prepared))
+                    batch = prepared[0].batch
+                    with self._cond:
+                        self._prepared.extend(prepared[1:])
+                else:
+                    self._metrics.count("prefetch_hits")
+            with self._cond:
+                self._cond.notify_all()
+            return batch
+
+    def _run_delivery_operator(self, req: DeliveryRequest, timeout: float | None) -> list[_Prepared]:
+        """Select and gather ``g_del`` batches in one call (one selection, split)."""
+        g = self.schedule.delivery_granularity
+        with self._cond:
+            rows_committed = self._committed_rows
+            pv = self._priority_version
+        token = self.buffer.selection_token()
+        total = req.batch_size * g
+        if req.kind == "sequences":
+            big = self.buffer.sample_sequences(total, req.length, device=req.device, timeout=timeout)
+        else:
+            big = self.buffer.sample(total, device=req.device, n_step=req.n_step, gamma=req.gamma,
+                                     beta=req.beta, timeout=timeout)
+        batches = _split(big, req.batch_size) if g > 1 else [big]
+        out = []
+        for i, b in enumerate(batches):
+            b = self._run_delivery_hooks(b)
+            out.append(_Prepared(b, req, rows_committed, pv, token if i == 0 else None, req.batch_size))
+        return out
+
+    def _run_delivery_hooks(self, batch: Batch) -> Batch:
+        for hook in self._delivery_hooks:
+            batch = hook(batch)
+            if not isinstance(batch, Batch):
+                raise SpecError(f"delivery hook {getattr(hook, '__name__', type(hook).__name__)}",
+                                "a conduit_core.Batch", type(batch).__name__,
+                                "return the (modified) Batch; add columns with batch['name'] = tensor")
+        return batch
+
+    def _valid_locked(self, p: _Prepared, req: DeliveryRequest) -> bool:
+        if p.request != req:
+            return False
+        if self._accepted_rows - p.rows_committed > self.schedule.staleness:
+            return False
+        if isinstance(self.buffer.selector, Prioritized) and self.schedule.staleness == 0 \
+                and p.priority_version != self._priority_version:
+            return False
+        return True
+
+    def _take_prepared_locked(self, req: DeliveryRequest) -> Batch | None:
+        while self._prepared:
+            p = self._prepared[0]
+            if self._valid_locked(p, req):
+                self._prepared.popleft()
+                return p.batch
+            self._discard_prepared_locked()
+        return None
+
+    def _discard_prepared_locked(self) -> None:
+        """Drop every prepared batch, undoing their selection as if never made."""
+        if not self._prepared:
+            return
+        first = self._prepared[0]
+        items = sum(p.items for p in self._prepared)
+        token = first.token
+        self.buffer.rollback_selection(token or self.buffer.selection_token(), items=items,
+                                       restore_rng=token is not None)
+        self._metrics.count("prefetch_discards", len(self._prepared))
+        self._prepared.clear()
+
+    # ------------------------------------------------------------- priorities
+    def update_priorities(self, batch: Batch, priorities: Any) -> int:
+        """New priorities for a delivered batch's rows (skips rows overwritten since)."""
+        with self._metrics.blocked("priorities"):
+            self._check_usable()
+            t0 = time.perf_counter()
+            with self._cond:
+                n = self.buffer.update_priorities(batch.slots, priorities, seqs=batch.seqs)
+                self._priority_version += 1
+            self._metrics.add_busy("priorities", time.perf_counter() - t0, items_in=n)
+            return n
+
+    # ----------------------------------------------------------------- worker
+    @property
+    def _busy_ingesting(self) -> bool:
+        return self._busy
+
+    def _start_worker(self) -> None:
+        self._transformer = make_transformer(self.schedule.worker, self.buffer.spec, self._ingest_hooks,
+                                             timeout=self.schedule.timeout)
+        self._thread = threading.Thread(target=self._worker_loop, name="conduit-edp-worker", daemon=True)
+        self._thread.start()
+
+    def _want_prefetch_locked(self) -> bool:
+        req = self._request
+        if req is None or req.kind == "take" or self._error is not None or self._pending:
+            return False
+        if len(self._prepared) >= self.schedule.depth:
+            return False
+        b = self.buffer
+        n = (req.batch_size or 0) * self.schedule.delivery_granularity
+        return b.rate_limiter.can_sample(size=b.size, inserts=b.inserted, samples=b.sampled, n=n)
+
+    def _worker_loop(self) -> None:
+        g = self.schedule.ingest_granularity
+        while True:
+            with self._cond:
+                while not self._stop and not self._pending and not self._want_prefetch_locked():
+                    self._cond.wait(0.05)
+                if self._stop and not self._pending:
+                    return
+                group = [self._pending.popleft() for _ in range(min(g, len(self._pending)))]
+                self._busy = bool(group)
+                self._metrics.set_queue("ingest", len(self._pending))
+                req = self._request
+            if group:
+                t0 = time.perf_counter()
+                out_items = 0
+                try:
+                    enc = self._transformer.transform(group)
+                    self._commit(enc, None)
+                    out_items = sum(e.n for e in enc)
+                except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                    tickets = [r.ticket for r in group]
+                    with self._cond:
+                        if self._error is None:
+                            err = WorkerError(f"ingestion of rollouts {tickets} failed in the background: "
+                                              f"{type(exc).__name__}: {exc}")
+                            err.__cause__ = exc
+                            err.rejected_tickets = tickets  # type: ignore[attr-defined]
+                            self._error = err
+                finally:
+                    with self._cond:
+                        self._committed_rows += sum(r.rows for r in group)
+                        self._busy = False
+                        self._cond.notify_all()
+                self._metrics.add_busy("ingest", time.perf_counter() - t0,
+                                       items_in=sum(r.rows for r in group), items_out=out_items)
+                continue
+            if req is None or self._stop:
+                continue
+            try:
+                with self._op_lock:
+                    with self._cond:
+                        if not self._want_prefetch_locked() or self._stop:
+                            continue
+                    t0 = time.perf_counter()
+                    prepared = self._run_delivery_operator(req, 0.001)
+                    with self._cond:
+                        # Validity is checked when handed out (guards), not here.
+                        self._prepared.extend(prepared)
+                        self._cond.notify_all()
+                self._metrics.add_busy("deliver", time.perf_counter() - t0,
+                                       items_out=sum(p.items for p in prepared))
+            except Exception as exc:  # noqa: BLE001
+                from .errors import RateLimitError
+                if isinstance(exc, RateLimitError):
+                    continue  # not allowed yet; the caller's own deliver will wait or raise
+                with self._cond:
+                    if self._error is None:
+                        err = WorkerError(f"delivery prefetch failed in the background: {type(exc).__name__}: {exc}")
+                        err.__cause__ = exc
+                        self._error = err
+                    self._cond.notify_all()
+
+    # ------------------------------------------------------------ errors/state
+    def _raise_error_locked(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def _raise_error(self) -> None:
+        with self._cond:
+            self._raise_error_locked()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("the data plane is closed. Fix: build a new ExperienceDataPlane.")
+        if self._thread is not None and not self._thread.is_alive() and not self._stop:
+            raise WorkerError("the background worker is gone. Fix: close() and build a new data plane.")
+        self._raise_error()
+
+    def metrics(self) -> MetricsSnapshot:
+        b = self.buffer
+        return self._metrics.snapshot(dropped_stale=b.dropped_stale, buffer_size=b.size, inserted=b.inserted)
+
+    def reset_metrics(self) -> None:
+        self._metrics.reset()
+
+    def state_dict(self) -> dict:
+        """Flush, drop prepared batches (undoing their draws), then the buffer's state plus
+        the data plane's counters."""
+        self.flush()
+        with self._cond:
+            self._discard_prepared_locked()
+            self._request = None
+            return {"edp_version": EDP_STATE_VERSION, "buffer": self.buffer.state_dict(),
+                    "ticket": self._ticket, "rows": self._accepted_rows,
+                    "priority_version": self._priority_version}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        from .errors import StateError
+        if state.get("edp_version") != EDP_STATE_VERSION:
+            raise StateError(f"edp_version: expected {EDP_STATE_VERSION}, got {state.get('edp_version')!r}. "
+                             "Fix: load with the Conduit version that wrote the state.")
+        self.flush()
+        with self._cond:
+            self._discard_prepared_locked()
+            self._request = None
+            self.buffer.load_state_dict(state["buffer"])
+            self._ticket = int(state["ticket"])
+            self._accepted_rows = self._committed_rows = int(state["rows"])
+            self._priority_version = int(state["priority_version"])
+
+    # ------------------------------------------------------------------ close
+    def close(self, *, flush: bool = True, timeout: float | None = None) -> None:
+        """Store what was accepted (``flush``), stop and join the worker (and its process),
+        then free the buffer's memory, shared segments included. Idempotent."""
+        if self._closed:
+            return
+        first_error: BaseException | None = None
+        if flush and self._thread is not None:
+            try:
+                self.flush(timeout)
+            except BaseException as exc:  # noqa: BLE001 - still shut down, then report
+                first_error = exc
+        with self._cond:
+            self._stop = True
+            if not flush:
+                self._pending.clear()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=self.schedule.timeout)
+            if self._thread.is_alive():  # pragma: no cover - defensive
+                first_error = first_error or WorkerError("the worker thread did not stop in time")
+        if self._transformer is not None:
+            self._transformer.close()
+        self._closed = True
+        self._prepared.clear()
+        self.buffer.close()
+        if first_error is None:
+            with self._cond:
+                first_error, self._error = self._error, None
+        if first_error is not None:
+            raise first_error
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "ExperienceDataPlane":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(flush=exc[0] is None)
+
+
+def _split(batch: Batch, size: int) -> list[Batch]:
+    n = batch.size
+    out = []
+    for s in range(0, n, size):
+        e = s + size
+        data = {k: v[s:e] for k, v in batch.items()}
+        out.append(Batch(data, slots=batch.slots[s:e], seqs=batch.seqs[s:e], versions=batch.versions[s:e],
+                         weights=None if batch.weights is None else batch.weights[s:e],
+                         inserted_at_selection=batch.inserted_at_selection))
+    return out

@@ -1,0 +1,102 @@
+"""Metrics as data: what each control point cost, and who waited for it.
+
+``blocked_s`` is the time the *caller* spent inside the control point's API (the
+exposed experience-path latency); ``busy_s`` is the time its operator worked,
+wherever it ran (inline or in a background worker). Overlap shows up as
+``busy_s > blocked_s``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class ControlPointMetrics:
+    calls: int = 0
+    items_in: int = 0
+    items_out: int = 0
+    blocked_s: float = 0.0
+    busy_s: float = 0.0
+    queue_depth: int = 0
+    max_queue_depth: int = 0
+
+    def copy(self) -> "ControlPointMetrics":
+        return ControlPointMetrics(**asdict(self))
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """A consistent copy of every counter at one instant."""
+
+    ingest: ControlPointMetrics
+    deliver: ControlPointMetrics
+    priorities: ControlPointMetrics
+    prefetch_hits: int = 0
+    prefetch_discards: int = 0
+    dropped_stale: int = 0
+    buffer_size: int = 0
+    inserted: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def exposed_s(self) -> float:
+        """Total caller-visible experience-path time: ingestion + delivery + priority updates."""
+        return self.ingest.blocked_s + self.deliver.blocked_s + self.priorities.blocked_s
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"exposed_s": self.exposed_s}
+
+
+class MetricsRecorder:
+    """Thread-safe counters behind ``ExperienceDataPlane.metrics()``."""
+
+    POINTS = ("ingest", "deliver", "priorities")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._points = {p: ControlPointMetrics() for p in self.POINTS}
+            self.prefetch_hits = 0
+            self.prefetch_discards = 0
+
+    @contextmanager
+    def blocked(self, point: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t0
+            with self._lock:
+                m = self._points[point]
+                m.blocked_s += dt
+                m.calls += 1
+
+    def add_busy(self, point: str, seconds: float, *, items_in: int = 0, items_out: int = 0) -> None:
+        with self._lock:
+            m = self._points[point]
+            m.busy_s += seconds
+            m.items_in += items_in
+            m.items_out += items_out
+
+    def set_queue(self, point: str, depth: int) -> None:
+        with self._lock:
+            m = self._points[point]
+            m.queue_depth = depth
+            m.max_queue_depth = max(m.max_queue_depth, depth)
+
+    def count(self, name: str, k: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + k)
+
+    def snapshot(self, **kw) -> MetricsSnapshot:
+        with self._lock:
+            return MetricsSnapshot(ingest=self._points["ingest"].copy(), deliver=self._points["deliver"].copy(),
+                                   priorities=self._points["priorities"].copy(), prefetch_hits=self.prefetch_hits,
+                                   prefetch_discards=self.prefetch_discards, **kw)

@@ -1,0 +1,178 @@
+"""Where the ingestion transform runs: in the calling process or in a child process.
+
+The data plane's background thread drives both the same way::
+
+    encoded = transformer.transform(rollouts)   # hooks -> validate -> encode
+    buffer.add_encoded(...)                     # memcpy into the ring (main process)
+
+``InlineTransformer`` runs the hooks in the current process (used inline by the
+sequential schedule and in the background thread by the overlapped one).
+``ProcessTransformer`` ships rollouts to a spawned child process, which runs the
+hooks and codecs outside this interpreter's GIL and sends back encoded columns. The
+buffer and all its state stay in the main process, so selection, priorities and
+state dicts never cross a process boundary.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue as queue_mod
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .errors import ConfigError, WorkerError
+from .hooks import Rollout, run_ingest_hooks
+from .spec import ExperienceSpec
+
+
+@dataclass
+class Encoded:
+    """A rollout after its hooks, validated and encoded, ready for ``add_encoded``."""
+
+    ticket: int
+    source: int
+    policy_version: int
+    rows: int            # input rows (as accepted), for the staleness accounting
+    n: int               # rows to store (after hooks)
+    columns: dict
+
+
+def encode_rollouts(spec: ExperienceSpec, hooks: list[Callable], rollouts: list[Rollout]) -> list[Encoded]:
+    out = run_ingest_hooks(hooks, rollouts)
+    result = []
+    for r in out:
+        n, cols = spec.validate(r.data)
+        enc = {name: spec[name].codec.encode(name, c) for name, c in cols.items()}
+        result.append(Encoded(r.ticket, r.source, r.policy_version, r.rows, n, enc))
+    return result
+
+
+class InlineTransformer:
+    kind = "thread"
+
+    def __init__(self, spec: ExperienceSpec, hooks: list[Callable]):
+        self.spec, self.hooks = spec, hooks
+
+    def transform(self, rollouts: list[Rollout]) -> list[Encoded]:
+        return encode_rollouts(self.spec, self.hooks, rollouts)
+
+    def close(self) -> None:
+        pass
+
+
+def _to_numpy(data) -> dict:
+    return {k: (v.numpy() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v) for k, v in data.items()}
+
+
+def _child_main(spec_config: list, hooks_blob: bytes, inq, outq) -> None:  # pragma: no cover - runs in a child
+    torch.set_num_threads(1)
+    spec = ExperienceSpec.from_config(spec_config)
+    hooks = pickle.loads(hooks_blob)
+    while True:
+        msg = inq.get()
+        if msg is None:
+            break
+        tag, rollouts = msg
+        try:
+            enc = encode_rollouts(spec, hooks, rollouts)
+            for e in enc:
+                e.columns = {k: v.numpy() for k, v in e.columns.items()}
+            outq.put((tag, "ok", enc))
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
+            try:
+                blob = pickle.dumps(exc)
+            except Exception:
+                blob = pickle.dumps(RuntimeError(repr(exc)))
+            outq.put((tag, "error", (blob, traceback.format_exc())))
+
+
+class ProcessTransformer:
+    """Runs hooks and codecs in a spawned child process (one at a time, in order)."""
+
+    kind = "process"
+
+    def __init__(self, spec: ExperienceSpec, hooks: list[Callable], *, timeout: float = 60.0):
+        try:
+            blob = pickle.dumps(hooks)
+        except Exception as exc:
+            raise ConfigError("ingest hooks", "picklable callables for worker='process'",
+                              f"unpicklable ({exc})", "define hooks at module level, or use worker='thread'") from exc
+        ctx = mp.get_context("spawn")
+        self._inq, self._outq = ctx.Queue(), ctx.Queue()
+        env_threads = os.environ.get("OMP_NUM_THREADS")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        try:
+            self._proc = ctx.Process(target=_child_main, args=(spec.to_config(), blob, self._inq, self._outq),
+                                     name="conduit-ingest", daemon=True)
+            self._proc.start()
+        finally:
+            if env_threads is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+        self.timeout = timeout
+        self._tag = 0
+
+    def transform(self, rollouts: list[Rollout]) -> list[Encoded]:
+        self._tag += 1
+        sendable = [Rollout(_to_numpy(r.data), r.source, r.policy_version, r.ticket, r.rows, r.info) for r in rollouts]
+        self._inq.put((self._tag, sendable))
+        waited = 0.0
+        while True:
+            try:
+                tag, status, payload = self._outq.get(timeout=0.5)
+                break
+            except queue_mod.Empty:
+                waited += 0.5
+                if not self._proc.is_alive():
+                    raise WorkerError(f"the ingestion process died (exit code {self._proc.exitcode}). "
+                                      "Fix: check memory limits and that hooks do not call os._exit.")
+                if waited >= self.timeout:
+                    raise WorkerError(f"the ingestion process did not answer within {self.timeout:g} s. "
+                                      "Fix: make hooks faster or raise Schedule.timeout.")
+        assert tag == self._tag
+        if status == "error":
+            blob, tb = payload
+            exc = pickle.loads(blob)
+            exc.remote_traceback = tb  # type: ignore[attr-defined]
+            raise exc
+        for e in payload:
+            e.columns = {k: torch.from_numpy(v) for k, v in e.columns.items()}
+        return payload
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._inq.put(None)
+            self._proc.join(timeout=10)
+        finally:
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(timeout=5)
+            self._inq.close()
+            self._outq.close()
+            self._inq.join_thread()
+            self._outq.join_thread()
+            self._proc = None
+
+
+def make_transformer(kind: str, spec: ExperienceSpec, hooks: list[Callable], *, timeout: float):
+    if kind == "process":
+        return ProcessTransformer(spec, hooks, timeout=timeout)
+    return InlineTransformer(spec, hooks)
+
+
+def as_numpy_rows(data) -> int:
+    """Rows of a rollout: the leading dim of its first array."""
+    for v in data.values():
+        return int(v.shape[0]) if hasattr(v, "shape") and len(v.shape) else 0
+    return 0
+
+
+__all__ = ["Encoded", "InlineTransformer", "ProcessTransformer", "make_transformer", "encode_rollouts",
+           "as_numpy_rows", "np"]
