@@ -17,6 +17,7 @@ from .selectors import Fifo, Prioritized, Selector, Uniform
 from .spec import ExperienceSpec, FieldSpec
 from .storage import ShardSpec, even_shards
 from .tiers import Tier, cuda_available
+from . import state_io
 
 __version__ = "0.1.0"
 

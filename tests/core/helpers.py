@@ -1,0 +1,22 @@
+"""Shared builders for the core tests."""
+
+import numpy as np
+
+from conduit_core import ExperienceSpec
+
+SPEC = ExperienceSpec.transition(obs_shape=(4,))
+
+
+def rollout(n: int, start: int = 0, *, done_at: int | None = None, source_tag: float = 0.0) -> dict:
+    """n transitions whose obs[:, 0] is their index (start, start+1, ...), obs[:, 1] a tag."""
+    idx = np.arange(start, start + n, dtype=np.float32)
+    obs = np.zeros((n, 4), np.float32)
+    obs[:, 0] = idx
+    obs[:, 1] = source_tag
+    nxt = obs.copy()
+    nxt[:, 0] += 1
+    term = np.zeros(n, bool)
+    if done_at is not None:
+        term[done_at] = True
+    return {"obs": obs, "action": (idx % 2).astype(np.int64), "reward": np.ones(n, np.float32),
+            "next_obs": nxt, "terminated": term, "truncated": np.zeros(n, bool)}

@@ -1,0 +1,95 @@
+import numpy as np
+import pytest
+import torch
+
+from conduit_core import AffineCodec, CodecError, ExperienceBuffer, ExperienceSpec, FieldSpec, SpecError
+from conduit_core.spec import ExperienceSpec as _ES
+
+from .helpers import SPEC, rollout
+
+
+def test_transition_preset_fields_and_bytes():
+    spec = ExperienceSpec.transition(obs_shape=(4,), extras={"logp": ((), torch.float32)})
+    assert spec.names == ["obs", "action", "reward", "next_obs", "terminated", "truncated", "logp"]
+    assert spec.bytes_per_transition == 16 + 8 + 4 + 16 + 1 + 1 + 4
+
+
+@pytest.mark.parametrize("mutate, field, words", [
+    (lambda b: b.update(obs=np.zeros((3, 5), np.float32)), "obs", ["shape", "[N, 4]", "[3, 5]"]),
+    (lambda b: b.update(reward=np.zeros(3, np.float64)), "reward", ["float32", "float64", "cast"]),
+    (lambda b: b.pop("action"), "action", ["missing"]),
+    (lambda b: b.update(bogus=np.zeros(3)), "bogus", ["unknown", "declare"]),
+    (lambda b: b.update(reward=np.zeros(4, np.float32)), "reward", ["batch size 3", "4"]),
+    (lambda b: b.update(obs=[[0.0] * 4] * 3), "obs", ["numpy array or torch tensor", "list"]),
+])
+def test_bad_input_is_rejected_naming_field_expected_actual_fix(mutate, field, words):
+    b = rollout(3)
+    mutate(b)
+    with pytest.raises(SpecError) as info:
+        SPEC.validate(b)
+    msg = str(info.value)
+    assert msg.startswith(field) and "Fix:" in msg
+    for w in words:
+        assert w in msg
+    assert info.value.field == field
+
+
+def test_rejected_batch_leaves_buffer_untouched():
+    buf = ExperienceBuffer(spec=SPEC, capacity=10)
+    buf.add(rollout(4))
+    before = buf.state_dict()
+    bad = rollout(3)
+    bad["obs"] = bad["obs"][:, :2]
+    with pytest.raises(SpecError):
+        buf.add(bad)
+    after = buf.state_dict()
+    assert before["counters"] == after["counters"]
+    np.testing.assert_array_equal(before["data"]["obs"], after["data"]["obs"])
+
+
+def test_spec_config_round_trip_with_codec():
+    spec = ExperienceSpec([FieldSpec("obs", (2, 3), torch.float32, AffineCodec.divide(255)),
+                           FieldSpec("a", (), torch.int64)])
+    assert _ES.from_config(spec.to_config()) == spec
+    assert spec.stored_bytes_per_transition == 6 + 8
+    assert spec.bytes_per_transition == 24 + 8
+
+
+def test_reserved_and_bad_names():
+    with pytest.raises(SpecError, match="reserved"):
+        FieldSpec("_seq")
+    with pytest.raises(SpecError, match="positive"):
+        FieldSpec("x", (0,))
+
+
+def test_affine_codec_is_bit_exact_for_pixels_divided_by_255():
+    pixels = torch.randint(0, 256, (64, 84, 84), dtype=torch.uint8)
+    x = pixels.to(torch.float32) / 255.0
+    codec = AffineCodec.divide(255)
+    q = codec.encode("obs", x)
+    assert q.dtype == torch.uint8
+    assert torch.equal(codec.decode(q, torch.float32), x)
+    assert torch.equal(q, pixels)
+
+
+def test_affine_codec_rejects_values_it_cannot_represent():
+    codec = AffineCodec.divide(255)
+    x = torch.tensor([0.0, 0.5, 1.0])  # 0.5 is not k/255
+    with pytest.raises(CodecError, match="obs.*cannot represent.*Fix"):
+        codec.encode("obs", x)
+
+
+def test_buffer_with_codec_delivers_identical_floats_and_stores_less():
+    spec = ExperienceSpec.transition(obs_shape=(4, 8, 8), obs_codec=AffineCodec.divide(255))
+    buf = ExperienceBuffer(spec=spec, capacity=100)
+    n = 20
+    obs = torch.randint(0, 256, (n, 4, 8, 8), dtype=torch.uint8).float() / 255
+    nxt = torch.randint(0, 256, (n, 4, 8, 8), dtype=torch.uint8).float() / 255
+    buf.add({"obs": obs, "next_obs": nxt, "action": torch.zeros(n, dtype=torch.int64),
+             "reward": torch.zeros(n), "terminated": torch.zeros(n, dtype=torch.bool),
+             "truncated": torch.zeros(n, dtype=torch.bool)})
+    b = buf.sample(16)
+    seqs = torch.from_numpy(b.seqs)
+    assert b["obs"].dtype == torch.float32
+    assert torch.equal(b["obs"], obs[seqs]) and torch.equal(b["next_obs"], nxt[seqs])
+    assert spec.stored_bytes_per_transition * 3.5 < spec.bytes_per_transition
