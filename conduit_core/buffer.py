@@ -40,19 +40,19 @@ class OutputPool:
     """Reused host output arrays: a delivered batch stays valid for ``depth`` more
     deliveries of the same shape. Avoids first-touch page faults on large gathers."""
 
-    def __init__(self, depth: int):
-        self.depth = depth
-        self._rings: dict[tuple, list[np.ndarray]] = {}
+    def __init__(self, depth: int, layout: dict[str, tuple[tuple[int, ...], np.dtype]]):
+        self.depth, self.layout = depth, layout
+        self._rings: dict[tuple, list[dict[str, np.ndarray]]] = {}
         self._next: dict[tuple, int] = {}
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        key = (name, shape, dtype)
-        ring = self._rings.get(key)
+    def get(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+        ring = self._rings.get(lead)
         if ring is None:
-            ring = self._rings[key] = [np.empty(shape, dtype=dtype) for _ in range(self.depth)]
-            self._next[key] = 0
-        i = self._next[key]
-        self._next[key] = (i + 1) % self.depth
+            ring = self._rings[lead] = [{name: np.empty((*lead, *shape), dtype=dt)
+                                         for name, (shape, dt) in self.layout.items()} for _ in range(self.depth)]
+            self._next[lead] = 0
+        i = self._next[lead]
+        self._next[lead] = (i + 1) % self.depth
         return ring[i]
 
 
@@ -110,7 +110,7 @@ class ExperienceBuffer:
         self._open_tail: dict[int, int] = {}  # source -> seq of its last item if the episode goes on
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
-        self._out = OutputPool(reuse_outputs) if reuse_outputs > 0 else None
+        self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
 
     # ------------------------------------------------------------ properties
     def __len__(self) -> int:
@@ -146,7 +146,8 @@ class ExperienceBuffer:
         if n > self.capacity:
             raise CapacityError(f"batch: expected at most capacity={self.capacity} transitions, got {n}. "
                                 "Fix: raise the buffer capacity or ingest the rollout in smaller pieces.")
-        return n, {name: self.spec[name].codec.encode(name, c) for name, c in cols.items()}
+        return n, {name: (c if self.spec[name].codec.is_identity else self.spec[name].codec.encode(name, c))
+                   for name, c in cols.items()}
 
     def add(self, batch: Mapping[str, Any], *, source: int = 0, policy_version: int = 0,
             timeout: float | None = None) -> int:
@@ -173,23 +174,31 @@ class ExperienceBuffer:
             self._cond.notify_all()
             return first
 
-    def _write_meta(self, first: int, n: int, enc: Mapping[str, torch.Tensor], source: int, version: int) -> None:
+    def _write_meta(self, first: int, n: int, enc: Mapping[str, Any], source: int, version: int) -> None:
+        cap = self.capacity
+        start = first % cap
         seqs = np.arange(first, first + n, dtype=np.int64)
-        slots = seqs % self.capacity
-        self.meta["seq"][slots] = seqs
-        self.meta["version"][slots] = version
-        self.meta["source"][slots] = source
-        done = np.zeros(n, dtype=bool)
+        done = None
         for f in self.done_fields:
-            done |= enc[f].reshape(n).cpu().numpy().astype(bool)
+            d = np.asarray(enc[f].cpu() if isinstance(enc[f], torch.Tensor) else enc[f]).reshape(n)
+            done = d.astype(bool) if done is None else (done | d.astype(bool))
         nxt = seqs + 1
-        nxt[done] = -1
+        if done is not None:
+            nxt[done] = -1
         nxt[-1] = -1  # the successor of the chunk's last item is not known yet
-        self.meta["next_seq"][slots] = nxt
+        head = min(n, cap - start)  # the run before the ring wraps
+        for name, values in (("seq", seqs), ("next_seq", nxt)):
+            arr = self.meta[name]
+            arr[start:start + head] = values[:head]
+            arr[:n - head] = values[head:]
+        for name, value in (("version", version), ("source", source)):
+            arr = self.meta[name]
+            arr[start:start + head] = value
+            arr[:n - head] = value
         prev = self._open_tail.pop(source, None)
-        if prev is not None and self.meta["seq"][prev % self.capacity] == prev:
-            self.meta["next_seq"][prev % self.capacity] = first
-        if not done[-1]:
+        if prev is not None and self.meta["seq"][prev % cap] == prev:
+            self.meta["next_seq"][prev % cap] = first
+        if done is None or not done[-1]:
             self._open_tail[source] = first + n - 1
 
     def _wait_for_insert(self, n: int, timeout: float | None) -> None:
@@ -270,11 +279,7 @@ class ExperienceBuffer:
                                                            samples=self._sampled, n=n), kind="sample")
 
     def _gather(self, slots: np.ndarray, device, fields=None) -> dict[str, torch.Tensor]:
-        out = None
-        if self._out is not None:
-            out = {f.name: self._out.get(f.name, (*slots.shape, *f.stored_shape),
-                                         torch.empty((), dtype=f.stored_dtype).numpy().dtype)
-                   for f in self.spec if f.stored_dtype != torch.bfloat16}
+        out = None if self._out is None or fields is not None else self._out.get(slots.shape)
         return self.storage.gather(slots, device=None if device is None else torch.device(device),
                                    out=out, fields=fields)
 

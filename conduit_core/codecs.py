@@ -122,6 +122,8 @@ class AffineCodec(Codec):
         return self.stored
 
     def encode(self, field, x):
+        if not isinstance(x, torch.Tensor):
+            x = torch.from_numpy(x if x.flags.writeable else x.copy())
         xf = x.to(torch.float32) if x.dtype != torch.float64 else x
         if self.divisor is not None:
             q = torch.round((xf - self.offset) * self.divisor)

@@ -97,13 +97,15 @@ class Prioritized(Selector):
         if pr.shape[0] != np.asarray(slots).reshape(-1).shape[0]:
             raise SpecError("priorities", f"{np.asarray(slots).size} values (one per slot)", pr.shape[0],
                             "pass one priority per delivered item")
-        if not np.all(np.isfinite(pr)) or (pr < 0).any():
+        if pr.size and not (np.isfinite(pr).all() and pr.min() >= 0):
             bad = pr[~np.isfinite(pr) | (pr < 0)][0]
             raise SpecError("priorities", "finite values >= 0", bad,
                             "pass |TD error| (add eps); NaN usually means the loss diverged")
+        if pr.size == 0:
+            return
         pr = pr + self.eps
         self.max_priority = max(self.max_priority, float(pr.max()))
-        self.index.set(np.asarray(slots, dtype=np.int64).reshape(-1), pr ** self.alpha)
+        self.index.set(slots, pr ** self.alpha if self.alpha != 1.0 else pr)
 
     def state_dict(self):
         return {"leaves": self.index.leaves().copy(), "max_priority": self.max_priority}

@@ -29,6 +29,9 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 
+_NP_DTYPES: dict[torch.dtype, np.dtype] = {t: np.dtype(n) for n, t in _DTYPES.items() if n != "bfloat16"}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -76,6 +79,11 @@ class FieldSpec:
     def bytes(self) -> int:
         """Logical bytes per transition (as the framework holds the field)."""
         return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def np_dtype(self) -> np.dtype | None:
+        """The numpy dtype of the logical dtype (None for bfloat16, which numpy lacks)."""
+        return _NP_DTYPES.get(self.dtype)
 
     @property
     def stored_shape(self) -> tuple[int, ...]:
@@ -174,8 +182,8 @@ class ExperienceSpec:
     def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor]]:
         """Check a batch of transitions (dict of arrays with a leading batch dim).
 
-        Returns ``(n, columns)`` with every column a torch tensor (numpy inputs are
-        wrapped without a copy). Raises :class:`SpecError` naming the field, the
+        Returns ``(n, columns)``; columns stay what they were (numpy array or torch
+        tensor), so nothing is copied or converted on the hot path. Raises :class:`SpecError` naming the field, the
         expected and actual value and the fix. Nothing is stored by this call.
         """
         if not isinstance(batch, Mapping):
@@ -189,20 +197,29 @@ class ExperienceSpec:
         if unknown:
             raise SpecError(str(unknown[0]), f"one of the spec's fields {self.names}", "an unknown field",
                             "declare it in the ExperienceSpec (e.g. as an extra) or drop it from the batch")
-        columns: dict[str, torch.Tensor] = {}
+        columns: dict[str, Any] = {}
         n = None
         for name, f in self.fields.items():
-            col = _as_tensor(batch[name], name)
-            if col.dim() != len(f.shape) + 1 or tuple(col.shape[1:]) != f.shape:
+            col = batch[name]
+            if isinstance(col, np.ndarray):
+                dtype_ok = col.dtype == f.np_dtype
+                actual_dtype = str(col.dtype)
+            elif isinstance(col, torch.Tensor):
+                dtype_ok = col.dtype == f.dtype
+                actual_dtype = dtype_name(col.dtype)
+            else:
+                raise SpecError(name, "a numpy array or torch tensor", type(col).__name__,
+                                "convert it with np.asarray(...) first; Python lists are not accepted on the hot path")
+            if col.ndim != len(f.shape) + 1 or tuple(col.shape[1:]) != f.shape:
                 raise SpecError(name, f"shape [N, {', '.join(map(str, f.shape))}]".replace(", ]", "]"),
                                 list(col.shape),
                                 "give every field a leading batch dimension N and the per-transition "
                                 f"shape {list(f.shape)} declared in the spec")
-            if col.dtype != f.dtype:
-                raise SpecError(name, f"dtype {dtype_name(f.dtype)}", dtype_name(col.dtype),
+            if not dtype_ok:
+                raise SpecError(name, f"dtype {dtype_name(f.dtype)}", actual_dtype,
                                 f"cast it, e.g. x.astype(np.{dtype_name(f.dtype)}) or "
                                 f"x.to(torch.{dtype_name(f.dtype)}), or declare dtype "
-                                f"{dtype_name(col.dtype)} in the spec")
+                                f"{actual_dtype} in the spec")
             if n is None:
                 n = col.shape[0]
             elif col.shape[0] != n:
@@ -212,13 +229,8 @@ class ExperienceSpec:
         return int(n or 0), columns
 
 
-def _as_tensor(x: Any, name: str) -> torch.Tensor:
+def as_tensor(x: Any) -> torch.Tensor:
+    """A torch view of a validated column (numpy arrays are wrapped without a copy)."""
     if isinstance(x, torch.Tensor):
         return x
-    if isinstance(x, np.ndarray):
-        if x.dtype == np.bool_ or x.dtype.name in _DTYPES:
-            return torch.from_numpy(x if x.flags.writeable else x.copy())
-        raise SpecError(name, f"a numeric array of one of {sorted(_DTYPES)}", f"numpy dtype {x.dtype}",
-                        "convert the field to a numeric dtype")
-    raise SpecError(name, "a numpy array or torch tensor", type(x).__name__,
-                    "convert it with np.asarray(...) first; Python lists are not accepted on the hot path")
+    return torch.from_numpy(x if x.flags.writeable else x.copy())

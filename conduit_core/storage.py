@@ -21,8 +21,11 @@ import numpy as np
 import torch
 
 from .errors import CapacityError, ConfigError
-from .spec import ExperienceSpec
+from .spec import ExperienceSpec, as_tensor
 from .tiers import SharedSegment, Tier, allocate, numpy_view
+
+
+_CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class ColumnarStorage:
         self.shards = list(shards)
         self.capacity = sum(s.capacity for s in self.shards)
         self.bounds = np.cumsum([0] + [s.capacity for s in self.shards])  # shard i = [b_i, b_{i+1})
-        self._segments: list[SharedSegment] = []
+        self._segments: list = []  # owners of shared / lazily mapped memory
         self.columns: dict[str, list[torch.Tensor]] = {}
         self._np: dict[str, list[np.ndarray | None]] = {}
         for f in spec:
@@ -74,6 +77,14 @@ class ColumnarStorage:
             self.columns[f.name] = cols
             self._np[f.name] = views
         self._single_host = len(self.shards) == 1 and self.shards[0].tier is not Tier.DEVICE
+        # The hot path's plan, computed once: (name, numpy view or None, codec or None, dtype)
+        self._plan = [(f.name, self._np[f.name][0], None if f.codec.is_identity else f.codec, f.dtype)
+                      for f in spec]
+
+    def stored_numpy_dtypes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """(stored row shape, numpy dtype) per field, for callers that pre-allocate outputs."""
+        return {f.name: (f.stored_shape, np.dtype(str(f.stored_dtype).replace("torch.", "")))
+                for f in self.spec if f.stored_dtype != torch.bfloat16}
 
     # ----------------------------------------------------------------- info
     @property
@@ -82,11 +93,9 @@ class ColumnarStorage:
 
     def shared_segment_names(self) -> dict[str, list[str]]:
         """Names of the shared segments, per field, for another process to attach (SHARED only)."""
-        names: dict[str, list[str]] = {}
-        it = iter(self._segments)
-        for f in self.spec:
-            names[f.name] = [next(it).name if sh.tier is Tier.SHARED else "" for sh in self.shards]
-        return names
+        shared = iter(s for s in self._segments if isinstance(s, SharedSegment))
+        return {f.name: [next(shared).name if sh.tier is Tier.SHARED else "" for sh in self.shards]
+                for f in self.spec}
 
     def shard_of(self, slots: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.bounds, slots, side="right") - 1
@@ -104,7 +113,11 @@ class ColumnarStorage:
             lo, hi = int(self.bounds[shard]), int(self.bounds[shard + 1])
             run = min(n - done, hi - slot)
             for name, src in columns.items():
-                self.columns[name][shard][slot - lo: slot - lo + run].copy_(src[done: done + run], non_blocking=False)
+                dst = self._np[name][shard]
+                if dst is not None and isinstance(src, np.ndarray):
+                    dst[slot - lo: slot - lo + run] = src[done: done + run]
+                else:
+                    self.columns[name][shard][slot - lo: slot - lo + run].copy_(as_tensor(src)[done: done + run])
             done += run
             slot = (slot + run) % self.capacity
 
@@ -122,7 +135,9 @@ class ColumnarStorage:
         ``out`` optionally gives reused host output arrays of the stored shape, which
         avoids first-touch page faults on large batches (the caller owns their lifetime).
         """
-        target = device if device is not None else torch.device("cpu")
+        target = device if device is not None else _CPU
+        if self._single_host and fields is None and slots.ndim == 1:
+            return self._gather_fast(slots, target, out)
         result: dict[str, torch.Tensor] = {}
         for name in (fields if fields is not None else self.columns):
             f = self.spec[name]
@@ -130,6 +145,20 @@ class ColumnarStorage:
             if stored.device != target:
                 stored = stored.to(target, non_blocking=stored.is_pinned())
             result[name] = stored if f.codec.is_identity else f.codec.decode(stored, f.dtype)
+        return result
+
+    def _gather_fast(self, slots: np.ndarray, target: torch.device, out) -> dict[str, torch.Tensor]:
+        """One host shard, 1-D slots: one ``ndarray.take`` per field, nothing else."""
+        result = {}
+        on_host = target.type == "cpu"
+        for name, view, codec, dtype in self._plan:
+            if view is not None:
+                t = torch.from_numpy(view.take(slots, axis=0) if out is None else view.take(slots, axis=0, out=out[name], mode="clip"))
+            else:
+                t = torch.index_select(self.columns[name][0], 0, torch.from_numpy(slots))
+            if not on_host:
+                t = t.to(target, non_blocking=t.is_pinned())
+            result[name] = t if codec is None else codec.decode(t, dtype)
         return result
 
     def _gather_stored(self, name: str, slots: np.ndarray, out: np.ndarray | None,

@@ -1,132 +1,110 @@
-"""A two-level prefix index over priorities: prioritized sampling in O(log N) numpy calls.
+"""The prioritized-replay index: a binary sum tree and min tree over priorities.
 
-A binary sum tree needs ~20 levels for 1M items, so a vectorized descent costs ~20
-rounds of numpy calls per batch (~80 us for B=32 here). Instead the leaves are cut
-into blocks of ``S`` slots and two monotone arrays are kept:
+    node 1 = root; node i has children 2i, 2i+1; leaves at [size, 2*size)
 
-    block totals   T[b]                      (cumsum taken per sample call, nb = N/S)
-    keys           K[i] = 2*b + cs_b(i)/T[b]  (cs_b: inclusive prefix sum inside block b)
-
-``K`` is globally non-decreasing, so one ``np.searchsorted`` over all N keys finds
-every sample's leaf at once; a zero-priority leaf repeats its left neighbour's key and
-can never be found. An update rewrites the blocks it touches (B x S values).
+The arrays are numpy (state dicts, tests and the fallback see them); the walks run in
+a small C helper (``conduit_core._sumtree``) with the GIL released: a batch of B
+samples or updates costs B * log2(capacity) steps and no Python per item. Without a
+compiler at install time the same walks run vectorized in numpy (one round of numpy
+calls per tree level: correct, ~5x slower).
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+try:  # pragma: no cover - which branch runs depends on the build
+    from . import _sumtree as _c
+except ImportError:  # pragma: no cover
+    _c = None
 
-def _block_size(capacity: int) -> int:
-    return int(1 << max(4, min(12, round(math.log2(max(16.0, math.sqrt(capacity / 16)))))))
+HAVE_C = _c is not None
 
 
 class PriorityIndex:
     """Sums, minimum and prefix-sum search over ``capacity`` non-negative priorities."""
 
-    def __init__(self, capacity: int, *, block: int | None = None):
+    def __init__(self, capacity: int, *, use_c: bool | None = None):
         self.capacity = int(capacity)
-        self.block = int(block or _block_size(capacity))
-        self.n_blocks = -(-self.capacity // self.block)
-        size = self.n_blocks * self.block
-        self._p = np.zeros(size, dtype=np.float64)
-        self._keys = 2.0 * np.repeat(np.arange(self.n_blocks, dtype=np.float64), self.block)
-        self._tot = np.zeros(self.n_blocks, dtype=np.float64)
-        self._min = np.full(self.n_blocks, np.inf, dtype=np.float64)
-        self._cum = np.zeros(self.n_blocks, dtype=np.float64)
-        self._cum_valid = True
-        self._last = -1  # last block with a non-zero total
+        self.size = 1 << max(1, (self.capacity - 1).bit_length())
+        self._sum = np.zeros(2 * self.size, dtype=np.float64)
+        self._min = np.full(2 * self.size, np.inf, dtype=np.float64)
+        self.use_c = HAVE_C if use_c is None else (use_c and HAVE_C)
 
     # --------------------------------------------------------------- queries
     @property
     def total(self) -> float:
-        return float(self._cum[-1]) if self._cum_fresh() else 0.0
+        return float(self._sum[1])
 
     @property
     def min(self) -> float:
-        return float(self._min.min())
+        return float(self._min[1])
 
     def leaves(self) -> np.ndarray:
-        return self._p[: self.capacity]
+        return self._sum[self.size: self.size + self.capacity]
 
     def get(self, idx: np.ndarray) -> np.ndarray:
-        return self._p[idx]
-
-    def _cum_fresh(self) -> bool:
-        if not self._cum_valid:
-            np.cumsum(self._tot, out=self._cum)
-            self._cum_valid = True
-        return True
+        return self._sum[self.size + idx]
 
     # --------------------------------------------------------------- updates
-    def set(self, idx: np.ndarray, values: np.ndarray) -> None:
-        """Set priorities of ``idx`` (0 means 'not sampleable') and refresh the touched blocks."""
-        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+    def set(self, idx: np.ndarray, values) -> None:
+        """Set priorities of ``idx`` (0 = not sampleable); later duplicates win."""
+        idx = np.ascontiguousarray(idx, dtype=np.int64).reshape(-1)
         if idx.size == 0:
             return
-        self._p[idx] = np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape)
-        blocks = np.unique(idx // self.block)
-        self._refresh(blocks)
+        vals = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape))
+        if self.use_c:
+            _c.update(self._sum, self._min, self.size, idx, vals)
+            return
+        if (idx < 0).any() or (idx >= self.size).any():
+            raise IndexError("priority index out of range")
+        node = idx + self.size
+        self._sum[node] = vals  # numpy: the last duplicate wins, as in C
+        self._min[node] = np.where(self._sum[node] > 0, self._sum[node], np.inf)
+        node = np.unique(node >> 1)
+        while node[0] >= 1:
+            self._sum[node] = self._sum[2 * node] + self._sum[2 * node + 1]
+            self._min[node] = np.minimum(self._min[2 * node], self._min[2 * node + 1])
+            if node[0] == 1:
+                break
+            node = np.unique(node >> 1)
 
     def set_range(self, start: int, n: int, value: float) -> None:
         """Set a run of slots (wrapping) to one value: insertion at max priority."""
-        if n <= 0:
-            return
-        start %= self.capacity
-        first = min(n, self.capacity - start)
-        self._p[start:start + first] = value
-        if n > first:
-            self._p[: n - first] = value
-        blocks = np.arange(start // self.block, (start + first - 1) // self.block + 1)
-        if n > first:
-            blocks = np.concatenate([np.arange(0, (n - first - 1) // self.block + 1), blocks])
-        self._refresh(np.unique(blocks))
-
-    def _refresh(self, blocks: np.ndarray) -> None:
-        S = self.block
-        p = self._p.reshape(-1, S)[blocks]
-        cs = np.cumsum(p, axis=1)
-        tot = cs[:, -1]
-        safe = np.where(tot > 0, tot, 1.0)
-        self._keys.reshape(-1, S)[blocks] = (2.0 * blocks)[:, None] + cs / safe[:, None]
-        self._tot[blocks] = tot
-        self._min[blocks] = np.where(p > 0, p, np.inf).min(axis=1)
-        self._cum_valid = False
-        top = int(blocks[-1])
-        if top > self._last and tot[-1] > 0:
-            self._last = top
-        elif self._last in blocks and self._tot[self._last] <= 0:
-            nz = np.flatnonzero(self._tot)
-            self._last = int(nz[-1]) if nz.size else -1
+        if n > 0:
+            self.set((start + np.arange(n, dtype=np.int64)) % self.capacity, np.full(n, value))
 
     # -------------------------------------------------------------- sampling
     def find_prefixsum(self, values: np.ndarray) -> np.ndarray:
         """For each ``v`` in ``[0, total)``, the slot i with ``sum(p[:i]) <= v < sum(p[:i+1])``;
         never a zero-priority slot."""
-        self._cum_fresh()
-        cum = self._cum
-        v = np.asarray(values, dtype=np.float64)
-        b = np.searchsorted(cum, v, side="right")
-        # Rounding may put v at/after the last non-empty block: clamp to it.
-        b = np.minimum(b, self._last)
-        empty = self._tot[b] <= 0
-        if empty.any():  # v landed exactly on a boundary before an empty block
-            nz = np.flatnonzero(self._tot)
-            b[empty] = nz[np.minimum(np.searchsorted(nz, b[empty]), nz.size - 1)]
-        tot = self._tot[b]
-        r = v - (cum[b] - tot)
-        frac = np.clip(r / tot, 0.0, 1.0)
-        x = np.minimum(2.0 * b + frac, np.nextafter(2.0 * b + 1.0, 0.0))
-        leaf = np.searchsorted(self._keys, x, side="right")
-        return np.minimum(leaf, self.capacity - 1)
+        v = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)
+        out = np.empty(v.shape[0], dtype=np.int64)
+        if self.use_c:
+            _c.find(self._sum, self.size, v, out)
+            return out
+        v = v.copy()
+        node = np.ones(v.shape[0], dtype=np.int64)
+        while node[0] < self.size if node.size else False:
+            left = self._sum[2 * node]
+            right = self._sum[2 * node + 1]
+            go_left = ((v < left) & (left > 0)) | (right <= 0)
+            v = np.where(go_left, v, v - left)
+            node = np.where(go_left, 2 * node, 2 * node + 1)
+        out[:] = node - self.size
+        return out
 
     # ------------------------------------------------------------------ state
     def rebuild(self, leaves: np.ndarray) -> None:
-        """Set every priority at once (state restore)."""
-        self._p[:] = 0
-        self._p[: leaves.shape[0]] = leaves
-        self._refresh(np.arange(self.n_blocks))
-        nz = np.flatnonzero(self._tot)
-        self._last = int(nz[-1]) if nz.size else -1
+        """Set every priority at once (state restore), bottom-up in log2(size) numpy passes."""
+        self._sum[:] = 0
+        self._sum[self.size: self.size + leaves.shape[0]] = leaves
+        lv = self._sum[self.size:]
+        self._min[:] = np.inf
+        self._min[self.size:] = np.where(lv > 0, lv, np.inf)
+        n = self.size
+        while n > 1:
+            half = n // 2
+            self._sum[half:n] = self._sum[n:2 * n:2] + self._sum[n + 1:2 * n:2]
+            self._min[half:n] = np.minimum(self._min[n:2 * n:2], self._min[n + 1:2 * n:2])
+            n = half

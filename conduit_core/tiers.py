@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import sys
 from enum import Enum
 from multiprocessing import shared_memory
 
@@ -96,12 +97,43 @@ class SharedSegment:
                 pass
 
 
+LAZY_THRESHOLD = 64 << 20
+
+
+class LazyHostSegment:
+    """Anonymous private memory mapped with MAP_NORESERVE: pages are committed on first
+    write, and a large reservation (a 1M-transition Atari ring) is not refused up front
+    by the kernel's overcommit heuristic. Capacity planning, not the allocator, keeps
+    what is written within physical memory."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype):
+        import mmap
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = max(1, math.prod(shape) * itemsize)
+        # Python < 3.13 lacks the constant; 0x4000 is MAP_NORESERVE on Linux.
+        noreserve = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | noreserve
+        self._mm = mmap.mmap(-1, nbytes, flags=flags)
+        self.tensor = torch.frombuffer(self._mm, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
+
+    def close(self) -> None:
+        self.tensor = None  # type: ignore[assignment]
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a view escaped; the mapping goes when the last view dies
+
+
 def allocate(tier: Tier, shape: tuple[int, ...], dtype: torch.dtype, *,
-             device: torch.device | str | None = None) -> tuple[torch.Tensor, SharedSegment | None]:
+             device: torch.device | str | None = None) -> tuple[torch.Tensor, "SharedSegment | LazyHostSegment | None"]:
     """Allocate one column of a shard on ``tier``. Returns the tensor and, for SHARED,
     the segment that owns its memory (the caller closes it)."""
     require_tier_available(tier)
     if tier is Tier.PAGEABLE:
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if nbytes >= LAZY_THRESHOLD:
+            seg = LazyHostSegment(shape, dtype)
+            return seg.tensor, seg
         return torch.empty(shape, dtype=dtype), None
     if tier is Tier.SHARED:
         seg = SharedSegment(shape, dtype)

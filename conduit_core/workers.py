@@ -48,7 +48,8 @@ def encode_rollouts(spec: ExperienceSpec, hooks: list[Callable], rollouts: list[
     result = []
     for r in out:
         n, cols = spec.validate(r.data)
-        enc = {name: spec[name].codec.encode(name, c) for name, c in cols.items()}
+        enc = {name: c if spec[name].codec.is_identity else spec[name].codec.encode(name, c)
+               for name, c in cols.items()}
         result.append(Encoded(r.ticket, r.source, r.policy_version, r.rows, n, enc))
     return result
 
@@ -82,7 +83,7 @@ def _child_main(spec_config: list, hooks_blob: bytes, inq, outq) -> None:  # pra
         try:
             enc = encode_rollouts(spec, hooks, rollouts)
             for e in enc:
-                e.columns = {k: v.numpy() for k, v in e.columns.items()}
+                e.columns = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in e.columns.items()}
             outq.put((tag, "ok", enc))
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
             try:
@@ -140,8 +141,6 @@ class ProcessTransformer:
             exc = pickle.loads(blob)
             exc.remote_traceback = tb  # type: ignore[attr-defined]
             raise exc
-        for e in payload:
-            e.columns = {k: torch.from_numpy(v) for k, v in e.columns.items()}
         return payload
 
     def close(self) -> None:

@@ -1,0 +1,227 @@
+"""Buffer benchmark: Conduit's buffer vs RLlib's episode replay buffers, in one run.
+
+For CartPole-sized transitions (4 float32 obs) and Atari-sized ones (84x84x4 uint8 obs
+with next obs), at capacity 1M, measured side by side:
+
+- insert throughput (transitions/s), rollouts of ``--episode-len`` steps
+- sample latency for B in {32, 256}: selection plus a columnar batch
+  (RLlib: ``sample(..., sample_episodes=True)`` as DQN calls it, then the episodes'
+  fields stacked into columns, the least any learner connector must do)
+- uniform and prioritized (with a priority update per step, as DQN does)
+- the gather bandwidth of Atari-sized batches against the machine's plain memory-copy
+  bandwidth (the physical limit)
+
+Every figure is a median over ``--reps`` repetitions; ratios pair repetitions.
+Run: ``python -m benchmarks.bench_buffer`` (or ``conduit bench buffer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+import torch
+
+from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized, Uniform
+
+from .common import fmt_table, machine, median, memcpy_bandwidth, ratio_stats, time_per_call, write_json
+
+SHAPES = {"cartpole": ((4,), np.float32), "atari": ((84, 84, 4), np.uint8)}
+
+
+def make_rollouts(kind: str, n: int, ep_len: int, seed: int = 0) -> list[dict]:
+    shape, dtype = SHAPES[kind]
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in range(0, n, ep_len):
+        L = min(ep_len, n - s)
+        if dtype == np.uint8:
+            obs = rng.integers(0, 256, (L + 1, *shape), dtype=np.uint8)
+        else:
+            obs = rng.standard_normal((L + 1, *shape)).astype(dtype)
+        out.append({"obs_all": obs, "action": rng.integers(0, 2, L).astype(np.int64),
+                    "reward": np.ones(L, np.float32), "terminated": np.r_[np.zeros(L - 1, bool), [True]]})
+    return out
+
+
+# ----------------------------------------------------------------------------- Conduit
+def conduit_buffer(kind: str, capacity: int, prioritized: bool, reuse: int) -> ExperienceBuffer:
+    shape, dtype = SHAPES[kind]
+    spec = ExperienceSpec.transition(obs_shape=shape, obs_dtype=dtype)
+    sel = Prioritized(alpha=0.6, beta=0.4) if prioritized else Uniform()
+    return ExperienceBuffer(spec=spec, capacity=capacity, selector=sel, reuse_outputs=reuse)
+
+
+def conduit_columns(r: dict) -> dict:
+    L = r["action"].shape[0]
+    return {"obs": r["obs_all"][:-1], "next_obs": r["obs_all"][1:], "action": r["action"], "reward": r["reward"],
+            "terminated": r["terminated"], "truncated": np.zeros(L, bool)}
+
+
+# ----------------------------------------------------------------------------- RLlib
+def rllib_buffer(capacity: int, prioritized: bool):
+    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+    from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
+    if prioritized:
+        return PrioritizedEpisodeReplayBuffer(capacity=capacity, alpha=0.6)
+    return EpisodeReplayBuffer(capacity=capacity)
+
+
+def rllib_episode(r: dict):
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+    L = r["action"].shape[0]
+    ep = SingleAgentEpisode(observations=list(r["obs_all"]), actions=list(r["action"]), rewards=list(r["reward"]),
+                            terminated=bool(r["terminated"][-1]), len_lookback_buffer=0)
+    return ep.to_numpy()
+
+
+def rllib_columns(episodes) -> dict:
+    """The least work that turns RLlib's sampled 1-step episodes into a columnar batch."""
+    return {
+        "obs": np.stack([e.get_observations(0) for e in episodes]),
+        "next_obs": np.stack([e.get_observations(-1) for e in episodes]),
+        "action": np.array([e.get_actions(0) for e in episodes]),
+        "reward": np.array([e.get_rewards(0) for e in episodes], dtype=np.float32),
+        "terminated": np.array([e.is_terminated for e in episodes]),
+        "n_step": np.array([e.get_extra_model_outputs("n_step", 0) for e in episodes]),
+    }
+
+
+# ----------------------------------------------------------------------------- runs
+def _insert_rate(buf: ExperienceBuffer, cols: list[dict], rows: int) -> float:
+    t0 = time.perf_counter()
+    for c in cols:
+        buf.add(c)
+    return rows / (time.perf_counter() - t0)
+
+
+def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_len: int, batch_sizes: list[int],
+                   reps: int, calls: int, rllib: bool) -> dict:
+    """Conduit's ring is filled to ``fill`` (== capacity for CartPole: inserts are measured
+    in the steady state of a full ring). RLlib's buffer gets ``rllib_fill`` transitions
+    (it does not evict below capacity, which favours RLlib)."""
+    rollouts = make_rollouts(kind, fill, ep_len)
+    cols = [conduit_columns(r) for r in rollouts]
+    result: dict = {"kind": kind, "fill": fill, "capacity": capacity, "rllib_fill": rllib_fill}
+    for prioritized in (False, True):
+        tag = "prioritized" if prioritized else "uniform"
+        res = result[tag] = {}
+        # ---- inserts: the first fill pays first-touch page faults; later passes overwrite
+        cb = conduit_buffer(kind, capacity, prioritized, reuse=4)
+        first = _insert_rate(cb, cols, fill)
+        if fill >= capacity:
+            steady = [_insert_rate(cb, cols, fill) for _ in range(reps)]
+        else:  # a ring of `fill` slots, wrapped once: the steady state without page faults
+            ring = conduit_buffer(kind, fill, prioritized, reuse=0)
+            _insert_rate(ring, cols, fill)
+            steady = [_insert_rate(ring, cols, fill) for _ in range(reps)]
+            ring.close()
+        res["insert_per_s"] = {"conduit": median(steady), "conduit_first_fill": first, "conduit_reps": steady}
+        rb = None
+        if rllib:
+            episodes = [rllib_episode(r) for r in make_rollouts(kind, rllib_fill, ep_len, seed=1)]
+            rb = rllib_buffer(capacity, prioritized)
+            ins_r = []
+            chunk = max(1, len(episodes) // reps)
+            for i in range(reps):
+                part = episodes[i * chunk:(i + 1) * chunk]
+                steps = sum(len(e) for e in part)
+                t0 = time.perf_counter()
+                rb.add(part)
+                ins_r.append(steps / (time.perf_counter() - t0))
+            res["insert_per_s"] |= {"rllib": median(ins_r), "rllib_reps": ins_r,
+                                    "speedup": median(steady) / median(ins_r)}
+        # ---- samples: selection + columnar batch (+ a priority update, as DQN does)
+        cf = conduit_buffer(kind, capacity, prioritized, reuse=0)  # fresh output memory per batch
+        for c in cols:
+            cf.add(c)
+        for B in batch_sizes:
+            def c_step(buf=cb):
+                b = buf.sample(B)
+                if prioritized:
+                    buf.update_priorities(b.slots, np.random.random(B), seqs=b.seqs)
+                return b
+            t_c = time_per_call(c_step, calls=calls, reps=reps)
+            t_cf = time_per_call(lambda: c_step(cf), calls=calls, reps=reps)
+            entry = {"conduit_s": median(t_c), "conduit_fresh_s": median(t_cf)}
+            if rb is not None:
+                def r_step():
+                    eps = rb.sample(num_items=B, n_step=1, gamma=0.99, beta=0.4 if prioritized else None,
+                                    sample_episodes=True)
+                    cols_ = rllib_columns(eps)
+                    if prioritized:
+                        rb.update_priorities(np.random.random(B))
+                    return cols_
+                t_r = time_per_call(r_step, calls=max(3, calls // 50), reps=reps)
+                entry |= {"rllib_s": median(t_r), "speedup": ratio_stats(t_r, t_c),
+                          "speedup_fresh": ratio_stats(t_r, t_cf)}
+            if kind == "atari":
+                nbytes = B * 2 * int(np.prod(SHAPES[kind][0]))
+                entry["gather_GBps"] = nbytes / median(t_c) / 1e9
+                entry["gather_fresh_GBps"] = nbytes / median(t_cf) / 1e9
+            res[f"B{B}"] = entry
+        cf.close()
+        cb.close()
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="conduit bench buffer", description=__doc__.split("\n")[0])
+    p.add_argument("--capacity", type=int, default=1_000_000)
+    p.add_argument("--fill-cartpole", type=int, default=None, help="default: capacity (a full ring)")
+    p.add_argument("--fill-atari", type=int, default=20_000)
+    p.add_argument("--rllib-fill", type=int, default=100_000, help="transitions given to RLlib's buffers")
+    p.add_argument("--episode-len", type=int, default=200)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--no-rllib", action="store_true", help="skip RLlib (when ray[rllib] is not installed)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run for tests")
+    p.add_argument("--json", default="out/bench_buffer.json")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.capacity, a.fill_cartpole, a.fill_atari, a.rllib_fill, a.reps, a.calls = 20_000, 2_000, 400, 400, 2, 5
+    if a.fill_cartpole is None:
+        a.fill_cartpole = a.capacity
+    rllib = not a.no_rllib
+    if rllib:
+        try:
+            import ray.rllib  # noqa: F401
+        except ImportError:
+            print("ray[rllib] not installed: measuring Conduit only (pip install '.[rllib]')", file=sys.stderr)
+            rllib = False
+    bw = memcpy_bandwidth(64 << 20 if a.quick else 256 << 20)
+    report = {"machine": machine(), "memcpy_GBps": bw, "args": vars(a), "workloads": {}}
+    for kind, fill in (("cartpole", a.fill_cartpole), ("atari", a.fill_atari)):
+        rfill = min(a.rllib_fill, fill if kind == "atari" else a.rllib_fill)
+        report["workloads"][kind] = bench_workload(kind, capacity=a.capacity, fill=fill, rllib_fill=rfill,
+                                                   ep_len=a.episode_len,
+                                                   batch_sizes=[32, 256], reps=a.reps, calls=a.calls, rllib=rllib)
+    print(render(report))
+    write_json(a.json, report)
+    print(f"\nJSON: {a.json}")
+    return report
+
+
+def render(report: dict) -> str:
+    rows = []
+    for kind, w in report["workloads"].items():
+        for tag in ("uniform", "prioritized"):
+            r = w[tag]
+            ins = r["insert_per_s"]
+            rows.append([kind, tag, "insert/s", f"{ins['conduit']:.3g}", f"{ins.get('rllib', float('nan')):.3g}",
+                         f"{ins.get('speedup', float('nan')):.0f}x", ""])
+            for B in (32, 256):
+                e = r[f"B{B}"]
+                sp = e.get("speedup", {}).get("median", float("nan"))
+                extra = f"{e['gather_GBps']:.1f} GB/s ({e['gather_GBps'] / report['memcpy_GBps']:.0%} of memcpy)" \
+                    if "gather_GBps" in e else ""
+                rows.append([kind, tag, f"sample B={B}", f"{e['conduit_s'] * 1e6:.1f} us",
+                             f"{e.get('rllib_s', float('nan')) * 1e6:.0f} us", f"{sp:.0f}x", extra])
+    head = f"memcpy bandwidth (256 MiB copy): {report['memcpy_GBps']:.1f} GB/s; medians over {report['args']['reps']} reps\n"
+    return head + fmt_table(rows, ["workload", "selector", "op", "conduit", "rllib", "speedup", "gather"])
+
+
+if __name__ == "__main__":
+    main()

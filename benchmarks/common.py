@@ -1,0 +1,65 @@
+"""Shared helpers for the benchmarks: repeated timing, medians, ratios, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+
+def time_per_call(fn: Callable[[], object], *, calls: int, reps: int) -> list[float]:
+    """Seconds per call, one value per repetition (each repetition = ``calls`` calls)."""
+    fn()  # warm-up
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t0) / calls)
+    return out
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def ratio_stats(num: list[float], den: list[float]) -> dict:
+    """min/median/max of the per-repetition ratios num/den (same repetitions paired)."""
+    r = [a / b for a, b in zip(num, den)]
+    return {"min": min(r), "median": statistics.median(r), "max": max(r)}
+
+
+def memcpy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
+    """The machine's plain large-copy bandwidth (GB/s) into a pre-touched buffer."""
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        ts.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(ts) / 1e9
+
+
+def machine() -> dict:
+    import torch
+    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "torch": torch.__version__, "numpy": np.__version__, "cuda": torch.cuda.is_available()}
+
+
+def write_json(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(payload, fh, indent=2, default=float)
+
+
+def fmt_table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda r: "  ".join(str(x).rjust(w) for x, w in zip(r, widths))
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
