@@ -1,0 +1,35 @@
+"""Conduit for RLlib 2.60 (new API stack), without changing RLlib's execution logic.
+
+One call opts an algorithm config in::
+
+    import conduit_rllib
+    config = conduit_rllib.enable(DQNConfig().environment("CartPole-v1"), schedule="sequential")
+    algo = config.build_algo()
+
+Stage map (RLlib stage -> Conduit control point):
+
+    env runners' episodes ---------> ingestion   (episodes -> columns, once; codecs; links)
+    local_replay_buffer.sample() --> delivery    (select, n-step, gather, weights)
+    learner connector pipeline ----> delivery    (columns -> the learner's tensors, device move)
+    update_priorities(td_error) ---> delivery    (priority update of the delivered rows)
+    Algorithm.save_to_path --------> state       (the buffer saved beside the checkpoint)
+
+Everything is reached through RLlib's own extension points: the dotted-string
+``replay_buffer_config["type"]``, ``.learners(learner_class=...)`` and the config's
+``algo_class`` (a subclass that only adds buffer checkpointing). RLlib is imported
+lazily: importing this package costs nothing until ``enable`` is called.
+"""
+
+from __future__ import annotations
+
+from .options import ConduitOptions
+
+__all__ = ["ConduitOptions", "enable"]
+
+
+def enable(config, **options):
+    """Opt an RLlib ``AlgorithmConfig`` (DQN or PPO) into Conduit; returns the config.
+
+    Options (all keyword, validated now): see :class:`ConduitOptions`."""
+    from .enable import enable as _enable
+    return _enable(config, **options)

@@ -1,0 +1,56 @@
+"""Delivery's last step on the learner: a DeliveredBatch becomes the learner's tensors.
+
+``ConduitDQNTorchLearner`` is RLlib's ``DQNTorchLearner`` with one change made in
+``build()``: its learner connector pipeline is wrapped by ``ConduitLearnerConnector``,
+which turns a ``DeliveredBatch`` into ``{module_id: {column: tensor}}`` on the
+learner's device (a rename and, on GPU, one non-blocking copy per column) instead of
+re-batching B one-step episodes. Anything else (real episodes) still goes through
+RLlib's own pipeline, unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
+from ray.rllib.connectors.connector_v2 import ConnectorV2
+from ray.rllib.core import DEFAULT_MODULE_ID
+
+from .columns import RLLIB_COLUMNS
+from .replay_buffer import DeliveredBatch
+
+
+class ConduitLearnerConnector(ConnectorV2):
+    def __init__(self, *, inner: ConnectorV2, device, module_id: str = DEFAULT_MODULE_ID):
+        super().__init__()
+        self.inner = inner
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.module_id = module_id
+
+    def __call__(self, *, rl_module, batch, episodes, explore=None, shared_data=None, metrics=None, **kwargs):
+        if episodes and isinstance(episodes[0], DeliveredBatch):
+            if len(episodes) != 1:
+                raise ValueError("ConduitLearnerConnector: expected one DeliveredBatch per update, got "
+                                 f"{len(episodes)}. Fix: num_learners must be 0 with conduit_rllib for now.")
+            delivered = episodes[0].batch
+            dev = self.device
+            cols = {RLLIB_COLUMNS.get(k, k): (v if v.device == dev else v.to(dev, non_blocking=True))
+                    for k, v in delivered.items()}
+            if delivered.weights is not None:
+                cols["weights"] = delivered.weights.to(dev, non_blocking=True)
+            else:
+                cols["weights"] = torch.ones(delivered.size, dtype=torch.float32, device=dev)
+            return {self.module_id: cols}
+        return self.inner(rl_module=rl_module, batch=batch, episodes=episodes, explore=explore,
+                          shared_data=shared_data, metrics=metrics, **kwargs)
+
+    def get_state(self, *args, **kwargs):
+        return self.inner.get_state(*args, **kwargs)
+
+    def set_state(self, state):
+        return self.inner.set_state(state)
+
+
+class ConduitDQNTorchLearner(DQNTorchLearner):
+    def build(self) -> None:
+        super().build()
+        self._learner_connector = ConduitLearnerConnector(inner=self._learner_connector, device=self._device)

@@ -1,0 +1,58 @@
+"""The adapter's options: one frozen, validated value (no ``**kwargs`` passthrough)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from conduit_core.errors import ConfigError
+from conduit_core.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class ConduitOptions:
+    """``schedule``: 'sequential' (inline, RLlib's exact semantics) or 'overlapped'
+    (a background worker ingests and prepares the next batch). ``worker``: 'thread' or
+    'process' for the overlapped schedule. ``staleness``: inserts an off-policy batch
+    may miss (0 = RLlib's semantics). ``obs_codec``: 'auto' stores float observations
+    that are k/255 as uint8 (verified exactly on every insert), None keeps them as they
+    are. ``tier``: where the buffer lives. ``reuse_outputs``: reuse this many delivered
+    batch buffers (the learner consumes each batch before the next is drawn).
+    ``seed``: the selection RNG's seed (None: the config's seed)."""
+
+    schedule: str = "sequential"
+    worker: str = "thread"
+    staleness: int = 0
+    depth: int = 2
+    obs_codec: str | None = "auto"
+    tier: str = "pageable"
+    reuse_outputs: int = 2
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.obs_codec not in ("auto", None):
+            raise ConfigError("obs_codec", "'auto' or None", repr(self.obs_codec),
+                              "use 'auto' (lossless uint8 for k/255 pixels) or None")
+        if not isinstance(self.reuse_outputs, int) or self.reuse_outputs < 0:
+            raise ConfigError("reuse_outputs", "an int >= 0", repr(self.reuse_outputs), "use 2, or 0 for fresh memory")
+        self.to_schedule()  # validates schedule/worker/staleness/depth
+
+    @classmethod
+    def from_kwargs(cls, options: dict[str, Any]) -> "ConduitOptions":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"conduit_rllib.enable({unknown[0]}=...)", f"one of {sorted(known)}",
+                              repr(unknown[0]), "check the spelling; see conduit_rllib.ConduitOptions")
+        return cls(**options)
+
+    def to_schedule(self) -> Schedule:
+        if self.schedule == "sequential":
+            return Schedule.sequential(staleness=self.staleness, depth=self.depth)
+        if self.schedule == "overlapped":
+            return Schedule.overlapped(worker=self.worker, staleness=self.staleness, depth=self.depth)
+        raise ConfigError("schedule", "'sequential' or 'overlapped'", repr(self.schedule),
+                          "pick one of the two schedules")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

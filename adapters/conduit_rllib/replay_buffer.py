@@ -1,0 +1,178 @@
+"""The replay buffer RLlib builds from ``replay_buffer_config={"type": "conduit_rllib...."}``.
+
+It subclasses RLlib's ``PrioritizedEpisodeReplayBuffer`` only so that DQN's
+``update_priorities_in_episode_replay_buffer`` (an ``isinstance`` check) hands it the
+TD errors; none of the parent's storage is built or used. ``sample()`` returns one
+``DeliveredBatch`` (a columnar batch, already selected and gathered) instead of B
+one-step episodes; ``ConduitDQNTorchLearner``'s connector turns it into the learner's
+tensors directly, skipping the episode re-batching.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
+
+from conduit_core import (Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, Uniform)
+
+from .columns import episode_columns, spec_for
+from .options import ConduitOptions
+
+
+class DeliveredBatch:
+    """What ``sample()`` returns in place of episodes: a columnar batch and its size.
+
+    ``len()`` is the number of transitions, so RLlib's step accounting
+    (``sum(len(e) for e in episodes)``) counts the same as with B one-step episodes."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Batch):
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return self.batch.size
+
+
+class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
+    """Uniform or prioritized replay on the Conduit data plane (RLlib's semantics)."""
+
+    def __init__(self, capacity: int = 10000, *, prioritized: bool = False, alpha: float = 0.6,
+                 beta: float = 0.4, conduit: dict | None = None, batch_size_B: int = 16,
+                 batch_length_T: int = 1, metrics_num_episodes_for_smoothing: int = 100, seed: int | None = None,
+                 **unused):
+        # RLlib passes its own buffer kwargs; those that would change semantics are refused.
+        for key in unused:
+            if key not in ("type", "storage_unit", "replay_sequence_length", "replay_mode", "worker_side_prioritization"):
+                raise ConfigError(f"replay_buffer_config[{key!r}]", "a key Conduit's buffer understands",
+                                  repr(key), "remove it or add support in conduit_rllib.replay_buffer")
+        self.capacity = int(capacity)
+        self.prioritized = bool(prioritized)
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.options = ConduitOptions.from_kwargs(dict(conduit or {}))
+        self._seed = self.options.seed if self.options.seed is not None else (seed or 0)
+        self.batch_size_B = batch_size_B
+        self.edp: ExperienceDataPlane | None = None  # built on the first add (the spec comes from the data)
+        self._sources: dict[str, int] = {}
+        self._next_source = 0
+        self._last: Batch | None = None
+        self._added = 0
+        self._sampled = 0
+        self._pending_state: dict | None = None
+
+    # ------------------------------------------------------------------ build
+    def _build(self, first_cols: dict[str, np.ndarray]) -> None:
+        spec = spec_for(first_cols, obs_codec=self.options.obs_codec)
+        selector = Prioritized(alpha=self.alpha, beta=self.beta) if self.prioritized else Uniform()
+        buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, tier=self.options.tier,
+                               seed=self._seed, reuse_outputs=self.options.reuse_outputs)
+        self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())
+
+    # -------------------------------------------------------------- ingestion
+    def add(self, episodes, weight=None) -> None:
+        if not isinstance(episodes, (list, tuple)):
+            episodes = [episodes]
+        for ep in episodes:
+            n = len(ep)
+            if n == 0:
+                continue
+            cols = episode_columns(ep)
+            if self.edp is None:
+                self._build(cols)
+            src = self._sources.get(ep.id_)
+            if src is None:
+                src = self._sources[ep.id_] = self._next_source
+                self._next_source += 1
+            self.edp.ingest(cols, source=src)
+            if ep.is_done:
+                self._sources.pop(ep.id_, None)  # the episode is over: its id will not come back
+            self._added += n
+
+    # --------------------------------------------------------------- delivery
+    def sample(self, num_items: int | None = None, *, batch_size_B: int | None = None,
+               batch_length_T: int | None = None, n_step: int | tuple | None = None, beta: float | None = None,
+               gamma: float = 0.99, include_infos: bool = False, include_extra_model_outputs: bool = False,
+               sample_episodes: bool = True, to_numpy: bool = False, lookback: int = 0,
+               min_batch_length_T: int = 0, **kwargs) -> list[DeliveredBatch]:
+        if batch_length_T:
+            raise ConfigError("batch_length_T", "0 (stateless modules)", batch_length_T,
+                              "Conduit's RLlib adapter does not deliver sequences for stateful modules yet; "
+                              "disable conduit_rllib for this config")
+        if include_infos or include_extra_model_outputs:
+            raise ConfigError("include_infos/include_extra_model_outputs", "False", True,
+                              "Conduit stores the columns DQN trains on; drop these flags")
+        if self.edp is None:
+            raise ConfigError("sample()", "at least one add() before sampling", "an empty buffer",
+                              "sample after the env runners produced data (num_steps_sampled_before_learning_starts)")
+        B = num_items or batch_size_B or self.batch_size_B
+        b = self.edp.deliver(int(B), n_step=n_step if n_step is not None else 1, gamma=gamma,
+                             beta=self.beta if beta is None else beta)
+        self._last = b
+        self._sampled += b.size
+        return [DeliveredBatch(b)]
+
+    def update_priorities(self, priorities, module_id=None) -> None:
+        if not self.prioritized or self._last is None:
+            return
+        self.edp.update_priorities(self._last, np.abs(np.asarray(priorities, dtype=np.float64)))
+
+    # ---------------------------------------------------------------- metrics
+    def get_metrics(self) -> dict:
+        return {}
+
+    def conduit_metrics(self):
+        """The data plane's metrics snapshot (per control point: blocked and busy time)."""
+        return None if self.edp is None else self.edp.metrics()
+
+    def __len__(self) -> int:
+        return 0 if self.edp is None else len(self.edp.buffer)
+
+    def get_num_timesteps(self, module_id=None) -> int:
+        return len(self)
+
+    def get_added_timesteps(self, module_id=None) -> int:
+        return self._added
+
+    def get_sampled_timesteps(self, module_id=None) -> int:
+        return self._sampled
+
+    def get_num_episodes(self, module_id=None) -> int:
+        return len(self._sources)
+
+    # ------------------------------------------------------------------ state
+    def get_state(self) -> dict[str, Any]:
+        """Everything to continue exactly; numpy arrays and plain values (no pickle needed)."""
+        return {"conduit_rllib": 1, "edp": None if self.edp is None else self.edp.state_dict(),
+                "spec": None if self.edp is None else self.edp.buffer.spec.to_config(),
+                "sources": [[k, v] for k, v in self._sources.items()], "next_source": self._next_source,
+                "added": self._added, "sampled": self._sampled}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        from conduit_core import ExperienceSpec, StateError
+        if state.get("conduit_rllib") != 1:
+            raise StateError("replay buffer state: expected a conduit_rllib state (version 1). "
+                             "Fix: restore a checkpoint written with conduit_rllib enabled.")
+        if state["edp"] is not None:
+            if self.edp is None:
+                spec = ExperienceSpec.from_config(state["spec"])
+                selector = Prioritized(alpha=self.alpha, beta=self.beta) if self.prioritized else Uniform()
+                buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, tier=self.options.tier,
+                                       seed=self._seed, reuse_outputs=self.options.reuse_outputs)
+                self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())
+            self.edp.load_state_dict(state["edp"])
+        self._sources = {k: int(v) for k, v in state["sources"]}
+        self._next_source = int(state["next_source"])
+        self._added, self._sampled = int(state["added"]), int(state["sampled"])
+
+    def close(self) -> None:
+        if self.edp is not None:
+            self.edp.close()
+
+    def __del__(self):  # the worker thread is a daemon; still, free shared memory promptly
+        try:
+            self.close()
+        except Exception:
+            pass
