@@ -101,7 +101,81 @@ static PyObject *find(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A C-contiguous buffer with 1-byte (bool/uint8) or 4-byte float items. */
+static int get_any(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0) return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "expected %zd-byte items, got %zd", itemsize, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * nstep(seq, next_seq, reward:f32, term:u8, trunc:u8, capacity, slots, n, gamma,
+ *       out_return:f64, out_last:i64, out_steps:i64)
+ * For each start slot, follow the episode links up to n steps (stopping at a done step,
+ * a missing successor, or one overwritten since: seq[next] != next_seq[cur]) and sum
+ * gamma^k * r. Mirrors ExperienceBuffer._n_step_numpy exactly.
+ */
+static PyObject *nstep(PyObject *self, PyObject *args) {
+    PyObject *o_seq, *o_next, *o_rew, *o_term, *o_trunc, *o_slots, *o_n, *o_ret, *o_last, *o_steps;
+    Py_ssize_t cap;
+    double gamma;
+    if (!PyArg_ParseTuple(args, "OOOOOnOOdOOO", &o_seq, &o_next, &o_rew, &o_term, &o_trunc, &cap, &o_slots,
+                          &o_n, &gamma, &o_ret, &o_last, &o_steps)) return NULL;
+    Py_buffer bseq, bnext, brew, bterm, btrunc, bslots, bn, bret, blast, bsteps;
+    Py_buffer *all[10] = {&bseq, &bnext, &brew, &bterm, &btrunc, &bslots, &bn, &bret, &blast, &bsteps};
+    int got = 0;
+    if (get_buf(o_seq, &bseq, "ql", 0)) goto fail; got++;
+    if (get_buf(o_next, &bnext, "ql", 0)) goto fail; got++;
+    if (get_any(o_rew, &brew, 4, 0)) goto fail; got++;
+    if (get_any(o_term, &bterm, 1, 0)) goto fail; got++;
+    if (get_any(o_trunc, &btrunc, 1, 0)) goto fail; got++;
+    if (get_buf(o_slots, &bslots, "ql", 0)) goto fail; got++;
+    if (get_buf(o_n, &bn, "ql", 0)) goto fail; got++;
+    if (get_buf(o_ret, &bret, "d", 1)) goto fail; got++;
+    if (get_buf(o_last, &blast, "ql", 1)) goto fail; got++;
+    if (get_buf(o_steps, &bsteps, "ql", 1)) goto fail; got++;
+    {
+        const long long *seq = bseq.buf, *next = bnext.buf, *slots = bslots.buf, *nn = bn.buf;
+        const float *rew = brew.buf;
+        const unsigned char *term = bterm.buf, *trunc = btrunc.buf;
+        double *ret = bret.buf;
+        long long *last = blast.buf, *steps = bsteps.buf;
+        Py_ssize_t b = bslots.len / 8;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < b; i++) {
+            long long cur = slots[i];
+            if (cur < 0 || cur >= cap) { bad = 1; break; }
+            double r = rew[cur];
+            long long k = 1;
+            while (k < nn[i] && !term[cur] && !trunc[cur]) {
+                long long ns = next[cur];
+                if (ns < 0) break;
+                long long nslot = ns % cap;
+                if (seq[nslot] != ns) break;
+                r += pow(gamma, (double)k) * (double)rew[nslot];
+                cur = nslot;
+                k++;
+            }
+            ret[i] = r; last[i] = cur; steps[i] = k;
+        }
+        Py_END_ALLOW_THREADS
+        for (int j = 0; j < got; j++) PyBuffer_Release(all[j]);
+        if (bad) { PyErr_SetString(PyExc_IndexError, "slot out of range"); return NULL; }
+        Py_RETURN_NONE;
+    }
+fail:
+    for (int j = 0; j < got; j++) PyBuffer_Release(all[j]);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"nstep", nstep, METH_VARARGS, "n-step returns following episode links"},
     {"update", update, METH_VARARGS, "update(sums, mins, size, idx, values): set leaves and fix ancestors"},
     {"find", find, METH_VARARGS, "find(sums, size, values, out): prefix-sum search"},
     {NULL, NULL, 0, NULL},

@@ -32,6 +32,11 @@ from .spec import ExperienceSpec
 from .storage import ColumnarStorage, ShardSpec
 from .tiers import Tier
 
+try:  # the C helper's n-step walk (same results as the numpy path)
+    from ._sumtree import nstep as _c_nstep
+except ImportError:  # pragma: no cover
+    _c_nstep = None
+
 SCHEMA_VERSION = 1
 _META = ("seq", "version", "source", "next_seq")
 
@@ -304,28 +309,7 @@ class ExperienceBuffer:
             n = np.full(b, int(n_step))
         if (n < 1).any():
             raise ConfigError("n_step", ">= 1", int(n.min()), "use n_step=1 for one-step returns")
-        rew = self.storage.gather(slots, fields=["reward"])["reward"].numpy().astype(np.float64)
-        ret = rew.copy()
-        cur = slots.copy()
-        steps = np.ones(b, dtype=np.int64)
-        alive = np.ones(b, dtype=bool)
-        for f in self.done_fields:
-            alive &= ~self.storage.gather(cur, fields=[f])[f].numpy().astype(bool)
-        for k in range(1, int(n.max())):
-            want = alive & (k < n)
-            if not want.any():
-                break
-            nxt, ok = self._successors(cur)
-            go = want & ok
-            if not go.any():
-                break
-            r = self.storage.gather(nxt, fields=["reward"])["reward"].numpy()
-            ret += np.where(go, (gamma ** k) * r, 0.0)
-            cur = np.where(go, nxt, cur)
-            steps += go
-            alive = go
-            for f in self.done_fields:
-                alive &= ~self.storage.gather(cur, fields=[f])[f].numpy().astype(bool)
+        ret, cur, steps = self._n_step_returns(slots, n, gamma)
         last_fields = ["next_obs", *self.done_fields]
         first_fields = [f for f in self.spec.names if f not in last_fields and f != "reward"]
         data = self._gather(slots, device, first_fields)
@@ -334,6 +318,47 @@ class ExperienceBuffer:
         data["reward"] = torch.from_numpy(ret.astype(np.float32)).to(dev)
         data["n_step"] = torch.from_numpy(steps).to(dev)
         return {name: data[name] for name in [*self.spec.names, "n_step"]}
+
+    def _n_step_returns(self, slots: np.ndarray, n: np.ndarray, gamma: float):
+        """(discounted return, last slot, steps taken) per start slot, following episode links."""
+        rew = self.storage.host_view("reward")
+        done = [self.storage.host_view(f) for f in self.done_fields]
+        if _c_nstep is not None and rew is not None and rew.dtype == np.float32 and len(done) == 2 \
+                and all(d is not None and d.dtype == np.bool_ for d in done):
+            b = slots.shape[0]
+            ret = np.empty(b, dtype=np.float64)
+            last = np.empty(b, dtype=np.int64)
+            steps = np.empty(b, dtype=np.int64)
+            _c_nstep(self.meta["seq"], self.meta["next_seq"], rew, done[0].view(np.uint8), done[1].view(np.uint8),
+                     self.capacity, np.ascontiguousarray(slots, dtype=np.int64),
+                     np.ascontiguousarray(n, dtype=np.int64), float(gamma), ret, last, steps)
+            return ret, last, steps
+        return self._n_step_returns_numpy(slots, n, gamma)
+
+    def _n_step_returns_numpy(self, slots: np.ndarray, n: np.ndarray, gamma: float):
+        get = lambda name, idx: self.storage.gather(idx, fields=[name])[name].numpy()
+        b = slots.shape[0]
+        ret = get("reward", slots).astype(np.float64)
+        cur = slots.copy()
+        steps = np.ones(b, dtype=np.int64)
+        alive = np.ones(b, dtype=bool)
+        for f in self.done_fields:
+            alive &= ~get(f, cur).astype(bool)
+        for k in range(1, int(n.max())):
+            want = alive & (k < n)
+            if not want.any():
+                break
+            nxt, ok = self._successors(cur)
+            go = want & ok
+            if not go.any():
+                break
+            ret += np.where(go, (gamma ** k) * get("reward", nxt).astype(np.float64), 0.0)
+            cur = np.where(go, nxt, cur)
+            steps += go
+            alive = go
+            for f in self.done_fields:
+                alive &= ~get(f, cur).astype(bool)
+        return ret, cur, steps
 
     def sample_sequences(self, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:
         """``batch_size`` sequences of ``length`` consecutive steps of one episode each,

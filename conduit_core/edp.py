@@ -132,9 +132,10 @@ class ExperienceDataPlane:
             if not isinstance(data, Mapping):
                 raise SpecError("data", "a mapping of field name -> array", type(data).__name__,
                                 "pass a dict such as {'obs': obs, 'action': action, ...}")
+            validated = None
             if not self._ingest_hooks:
                 # Nothing will transform it: reject bad input now, in the caller's frame.
-                self.buffer.spec.validate(data)
+                validated = self.buffer.spec.validate(data)
             with self._cond:
                 ticket = self._ticket
                 self._ticket += 1
@@ -144,7 +145,14 @@ class ExperienceDataPlane:
                 t0 = time.perf_counter()
                 self._accepted_rows += rows
                 try:
-                    enc = InlineTransformer(self.buffer.spec, self._ingest_hooks).transform([rollout])
+                    if validated is not None:  # no hooks: encode what was validated, once
+                        n, cols = validated
+                        spec = self.buffer.spec
+                        enc = [Encoded(ticket, rollout.source, rollout.policy_version, rows, n,
+                                       {k: c if spec[k].codec.is_identity else spec[k].codec.encode(k, c)
+                                        for k, c in cols.items()})]
+                    else:
+                        enc = InlineTransformer(self.buffer.spec, self._ingest_hooks).transform([rollout])
                     self._commit(enc, timeout)
                 except BaseException:
                     self._accepted_rows -= rows  # rejected, not accepted
@@ -252,7 +260,9 @@ class ExperienceDataPlane:
         with self._cond:
             rows_committed = self._committed_rows
             pv = self._priority_version
-        token = self.buffer.selection_token()
+        # The token lets a prepared batch be undone; a batch handed out at once needs none.
+        speculative = self.schedule.is_overlapped or g > 1
+        token = self.buffer.selection_token() if speculative else None
         total = req.batch_size * g
         if req.kind == "sequences":
             big = self.buffer.sample_sequences(total, req.length, device=req.device, timeout=timeout)

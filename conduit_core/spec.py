@@ -69,6 +69,7 @@ class FieldSpec:
             raise SpecError(f"{self.name}.shape", "positive dimensions", shape, "fix the shape")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", as_torch_dtype(self.dtype, field_name=f"{self.name}.dtype"))
+        object.__setattr__(self, "_np_dtype", _NP_DTYPES.get(self.dtype))
         self.codec.check_compatible(self)
 
     @property
@@ -83,7 +84,7 @@ class FieldSpec:
     @property
     def np_dtype(self) -> np.dtype | None:
         """The numpy dtype of the logical dtype (None for bfloat16, which numpy lacks)."""
-        return _NP_DTYPES.get(self.dtype)
+        return self._np_dtype
 
     @property
     def stored_shape(self) -> tuple[int, ...]:
@@ -202,11 +203,9 @@ class ExperienceSpec:
         for name, f in self.fields.items():
             col = batch[name]
             if isinstance(col, np.ndarray):
-                dtype_ok = col.dtype == f.np_dtype
-                actual_dtype = str(col.dtype)
+                dtype_ok = col.dtype == f._np_dtype
             elif isinstance(col, torch.Tensor):
                 dtype_ok = col.dtype == f.dtype
-                actual_dtype = dtype_name(col.dtype)
             else:
                 raise SpecError(name, "a numpy array or torch tensor", type(col).__name__,
                                 "convert it with np.asarray(...) first; Python lists are not accepted on the hot path")
@@ -216,6 +215,7 @@ class ExperienceSpec:
                                 "give every field a leading batch dimension N and the per-transition "
                                 f"shape {list(f.shape)} declared in the spec")
             if not dtype_ok:
+                actual_dtype = str(col.dtype) if isinstance(col, np.ndarray) else dtype_name(col.dtype)
                 raise SpecError(name, f"dtype {dtype_name(f.dtype)}", actual_dtype,
                                 f"cast it, e.g. x.astype(np.{dtype_name(f.dtype)}) or "
                                 f"x.to(torch.{dtype_name(f.dtype)}), or declare dtype "

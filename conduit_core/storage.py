@@ -97,6 +97,10 @@ class ColumnarStorage:
         return {f.name: [next(shared).name if sh.tier is Tier.SHARED else "" for sh in self.shards]
                 for f in self.spec}
 
+    def host_view(self, name: str) -> np.ndarray | None:
+        """The stored column as one numpy array when it is one host shard, else None."""
+        return self._np[name][0] if self._single_host else None
+
     def shard_of(self, slots: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.bounds, slots, side="right") - 1
 
@@ -136,8 +140,8 @@ class ColumnarStorage:
         avoids first-touch page faults on large batches (the caller owns their lifetime).
         """
         target = device if device is not None else _CPU
-        if self._single_host and fields is None and slots.ndim == 1:
-            return self._gather_fast(slots, target, out)
+        if self._single_host and slots.ndim == 1:
+            return self._gather_fast(slots, target, out, fields)
         result: dict[str, torch.Tensor] = {}
         for name in (fields if fields is not None else self.columns):
             f = self.spec[name]
@@ -147,11 +151,13 @@ class ColumnarStorage:
             result[name] = stored if f.codec.is_identity else f.codec.decode(stored, f.dtype)
         return result
 
-    def _gather_fast(self, slots: np.ndarray, target: torch.device, out) -> dict[str, torch.Tensor]:
+    def _gather_fast(self, slots: np.ndarray, target: torch.device, out, fields=None) -> dict[str, torch.Tensor]:
         """One host shard, 1-D slots: one ``ndarray.take`` per field, nothing else."""
         result = {}
         on_host = target.type == "cpu"
         for name, view, codec, dtype in self._plan:
+            if fields is not None and name not in fields:
+                continue
             if view is not None:
                 t = torch.from_numpy(view.take(slots, axis=0) if out is None else view.take(slots, axis=0, out=out[name], mode="clip"))
             else:

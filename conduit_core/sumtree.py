@@ -52,7 +52,10 @@ class PriorityIndex:
         idx = np.ascontiguousarray(idx, dtype=np.int64).reshape(-1)
         if idx.size == 0:
             return
-        vals = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape))
+        if isinstance(values, np.ndarray) and values.dtype == np.float64 and values.shape == idx.shape:
+            vals = np.ascontiguousarray(values)
+        else:
+            vals = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape))
         if self.use_c:
             _c.update(self._sum, self._min, self.size, idx, vals)
             return

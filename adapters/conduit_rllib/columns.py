@@ -18,10 +18,26 @@ RLLIB_COLUMNS = {"obs": "obs", "next_obs": "new_obs", "action": "actions", "rewa
                  "terminated": "terminateds", "truncated": "truncateds"}
 
 
+def _steps(buf, n: int):
+    """The chunk's own items of an InfiniteLookbackBuffer, skipping its lookback, without
+    RLlib's per-call getter machinery (numpy'd episodes hold one array per column)."""
+    data = getattr(buf, "data", None)
+    if isinstance(data, np.ndarray):
+        lb = buf.lookback
+        return data[lb:lb + n]
+    return None
+
+
 def episode_columns(ep) -> dict[str, np.ndarray]:
     """One episode chunk as columns (length = number of steps in the chunk)."""
     n = len(ep)
-    obs = np.asarray(ep.get_observations(slice(0, n + 1)))
+    obs = _steps(ep.observations, n + 1)
+    act = _steps(ep.actions, n)
+    rew = _steps(ep.rewards, n)
+    if obs is None or act is None or rew is None or obs.shape[0] != n + 1:
+        obs = np.asarray(ep.get_observations(slice(0, n + 1)))
+        act = np.asarray(ep.get_actions(slice(0, n)))
+        rew = np.asarray(ep.get_rewards(slice(0, n)))
     if obs.dtype == object:
         raise SpecError("observations", "a Box observation space (one array per step)", "a nested/Dict space",
                         "flatten the observations (e.g. a FlattenObservations connector) before Conduit")
@@ -30,8 +46,8 @@ def episode_columns(ep) -> dict[str, np.ndarray]:
     if n:
         term[-1] = ep.is_terminated
         trunc[-1] = ep.is_truncated
-    return {"obs": obs[:-1], "next_obs": obs[1:], "action": np.asarray(ep.get_actions(slice(0, n))),
-            "reward": np.asarray(ep.get_rewards(slice(0, n)), dtype=np.float32),
+    return {"obs": obs[:-1], "next_obs": obs[1:], "action": act,
+            "reward": rew.astype(np.float32, copy=False),
             "terminated": term, "truncated": trunc}
 
 

@@ -262,3 +262,22 @@ def test_close_frees_shared_memory_and_rejects_calls():
     assert not any(glob.glob(f"/dev/shm/{n}") for n in names)
     with pytest.raises(ClosedError):
         buf.add(rollout(1))
+
+
+def test_n_step_c_walk_equals_numpy_walk():
+    import conduit_core.buffer as bm
+    if bm._c_nstep is None:
+        pytest.skip("C helper not built")
+    buf = replay(spec=SPEC, capacity=64, seed=0)
+    rng = np.random.default_rng(0)
+    for i in range(30):  # interleaved sources, random episode ends, ring overwrites
+        r = rollout(int(rng.integers(1, 6)), 10 * i, done_at=None)
+        r["reward"] = rng.standard_normal(r["reward"].shape).astype(np.float32)
+        r["terminated"] = rng.random(r["terminated"].shape) < 0.2
+        buf.add(r, source=int(rng.integers(0, 3)))
+    slots = rng.integers(0, 64, 500)
+    n = rng.integers(1, 6, 500)
+    a = buf._n_step_returns(slots, n, 0.9)
+    b = buf._n_step_returns_numpy(slots, n, 0.9)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)

@@ -1,0 +1,185 @@
+"""``conduit bench rllib-dqn | rllib-ppo | rllib-dqn-atari``: unmodified RLlib vs RLlib
+with Conduit, same config and seeds, alternating blocks of iterations in one run.
+
+Per workload it prints the exposed experience-path latency per training step (see
+``timing.py``: the same wrappers around both), the end-to-end iteration time, their
+ratios (min/median/max over paired blocks) and the episode returns; writes a JSON
+report and a PNG of the latency breakdown per control point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from .timing import PathTimer
+
+SYSTEMS = ("rllib", "conduit")
+
+
+def _init_ray() -> None:
+    import ray
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        ray.init(num_cpus=max(2, os.cpu_count() or 2), object_store_memory=256 << 20, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+
+
+def _build(workload: str, system: str, args) -> object:
+    import conduit_rllib
+    from . import workloads
+    if workload == "dqn":
+        cfg = workloads.dqn_cartpole(seed=args.seed)
+    elif workload == "ppo":
+        cfg = workloads.ppo_cartpole(seed=args.seed)
+    elif workload == "dqn-atari":
+        from .atari import dqn_atari
+        cfg = dqn_atari(seed=args.seed, game=args.game)
+    else:  # pragma: no cover
+        raise ValueError(workload)
+    if system == "conduit":
+        conduit_rllib.enable(cfg, schedule=args.schedule, worker=args.worker, staleness=args.staleness)
+    algo = cfg.build_algo()
+    timer = PathTimer()
+    timer.instrument(algo)
+    algo._conduit_bench_timer = timer  # type: ignore[attr-defined]
+    return algo
+
+
+def _ratio(a: list[float], b: list[float]) -> dict:
+    r = [x / y for x, y in zip(a, b) if y > 0]
+    return {"min": min(r), "median": statistics.median(r), "max": max(r)} if r else {}
+
+
+def run(workload: str, argv: list[str] | None) -> dict:
+    p = argparse.ArgumentParser(prog=f"conduit bench rllib-{workload}", description=__doc__.split("\n\n")[0])
+    p.add_argument("--blocks", type=int, default=5, help="alternating blocks per system (paired for ratios)")
+    p.add_argument("--block-iters", type=int, default=1, help="training iterations per block")
+    p.add_argument("--warmup", type=int, default=2, help="iterations per system before measuring")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--schedule", default="sequential", choices=["sequential", "overlapped"])
+    p.add_argument("--worker", default="thread", choices=["thread", "process"])
+    p.add_argument("--staleness", type=int, default=0)
+    p.add_argument("--game", default="ale_py:ALE/Qbert-v5", help="Atari game (dqn-atari)")
+    p.add_argument("--out", default=f"out/bench_rllib_{workload}")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _init_ray()
+    from tqdm import tqdm
+    algos = {s: _build(workload, s, a) for s in SYSTEMS}
+    total = len(SYSTEMS) * (a.warmup + a.blocks * a.block_iters)
+    bar = tqdm(total=total, desc=f"rllib-{workload}", disable=a.no_progress, file=sys.stderr)
+    rec = {s: {"iter_s": [], "exposed_ms": [], "breakdown": [], "returns": [], "steps": []} for s in SYSTEMS}
+    for s, algo in algos.items():
+        for _ in range(a.warmup):
+            algo.train()
+            bar.update(1)
+    for block in range(a.blocks):
+        order = SYSTEMS if block % 2 == 0 else SYSTEMS[::-1]  # alternate who goes first
+        for s in order:
+            algo = algos[s]
+            timer: PathTimer = algo._conduit_bench_timer
+            timer.reset()
+            t0 = time.perf_counter()
+            ret = None
+            for _ in range(a.block_iters):
+                r = algo.train()
+                ret = r.get("env_runners", {}).get("episode_return_mean", ret)
+                bar.update(1)
+            dt = (time.perf_counter() - t0) / a.block_iters
+            br = timer.per_step_ms()
+            rec[s]["iter_s"].append(dt)
+            rec[s]["exposed_ms"].append(br.get("exposed", 0.0))
+            rec[s]["breakdown"].append(br)
+            rec[s]["returns"].append(ret)
+            rec[s]["steps"].append(timer.steps)
+    bar.close()
+    for algo in algos.values():
+        algo.stop()
+    report = {
+        "workload": f"rllib-{workload}", "args": vars(a), "systems": rec,
+        "exposed_ratio": _ratio(rec["conduit"]["exposed_ms"], rec["rllib"]["exposed_ms"]),
+        "iteration_ratio": _ratio(rec["conduit"]["iter_s"], rec["rllib"]["iter_s"]),
+        "versions": _versions(),
+    }
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "report.json"), "w") as fh:
+        json.dump(report, fh, indent=2, default=float)
+    png = _plot(report, os.path.join(a.out, "latency_breakdown.png"))
+    print(render(report))
+    print(f"\nreport: {os.path.join(a.out, 'report.json')}" + (f"\nplot:   {png}" if png else ""))
+    return report
+
+
+def _versions() -> dict:
+    import ray
+    import torch
+
+    import conduit_core
+    return {"conduit": conduit_core.__version__, "ray": ray.__version__, "torch": torch.__version__}
+
+
+def _median_breakdown(rows: list[dict]) -> dict:
+    keys = sorted({k for r in rows for k in r})
+    return {k: statistics.median([r.get(k, 0.0) for r in rows]) for k in keys}
+
+
+def render(report: dict) -> str:
+    rec = report["systems"]
+    lines = [f"{report['workload']}: {len(rec['rllib']['iter_s'])} paired blocks, medians "
+             f"(schedule={report['args']['schedule']})"]
+    for s in SYSTEMS:
+        br = _median_breakdown(rec[s]["breakdown"])
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in br.items() if k != "exposed")
+        rets = [r for r in rec[s]["returns"] if r is not None]
+        lines.append(f"  {s:8s} exposed {statistics.median(rec[s]['exposed_ms']):7.3f} ms/step ({parts})  "
+                     f"iteration {statistics.median(rec[s]['iter_s']):6.2f} s  "
+                     f"return {rets[-1] if rets else float('nan'):.1f}")
+    e, it = report["exposed_ratio"], report["iteration_ratio"]
+    if e:
+        lines.append(f"  exposed experience-path latency, conduit/rllib: {e['median']:.3f}x "
+                     f"(min {e['min']:.3f}, max {e['max']:.3f})")
+    if it:
+        lines.append(f"  end-to-end iteration time,      conduit/rllib: {it['median']:.3f}x "
+                     f"(min {it['min']:.3f}, max {it['max']:.3f})")
+    return "\n".join(lines)
+
+
+def _plot(report: dict, path: str) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    cats = ["ingestion", "delivery", "priorities", "metrics"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bottoms = [0.0, 0.0]
+    for c in cats:
+        vals = [_median_breakdown(report["systems"][s]["breakdown"]).get(c, 0.0) for s in SYSTEMS]
+        ax.bar(SYSTEMS, vals, bottom=bottoms, label=c)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.set_ylabel("ms per training step (median)")
+    ax.set_title(f"{report['workload']}: exposed experience-path latency")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main_dqn(argv=None):
+    return run("dqn", argv)
+
+
+def main_ppo(argv=None):
+    return run("ppo", argv)
+
+
+def main_dqn_atari(argv=None):
+    return run("dqn-atari", argv)

@@ -1,0 +1,81 @@
+"""Measuring the experience path the same way for unmodified RLlib and RLlib with Conduit.
+
+The same instance-level wrappers go around both algorithms' replay buffer methods and
+learner connector, so 'exposed experience-path latency' means one thing for both:
+the caller-blocked time of
+
+    ingestion   buffer.add(episodes)
+    delivery    buffer.sample(...) + the learner connector (episodes/batch -> tensors on device)
+    priorities  buffer.update_priorities(td_errors)
+    metrics     buffer.get_metrics()
+
+per training step (a step = one ``sample()`` call). Instance attributes shadow the
+class methods, so ``isinstance`` checks inside RLlib see the same objects as before.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+CATEGORIES = {"add": "ingestion", "sample": "delivery", "learner_connector": "delivery",
+              "update_priorities": "priorities", "get_metrics": "metrics"}
+
+
+class PathTimer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+    def _timed(self, name: str, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - t0
+                self.calls[name] += 1
+        wrapper.__wrapped__ = fn
+        return wrapper
+
+    def instrument(self, algo) -> None:
+        buf = getattr(algo, "local_replay_buffer", None)
+        if buf is not None:
+            for name in ("add", "sample", "update_priorities", "get_metrics"):
+                setattr(buf, name, self._timed(name, getattr(buf, name)))
+        learner = algo.learner_group._learner
+        if learner is None:
+            raise RuntimeError("PathTimer needs a local learner (num_learners=0)")
+        learner._learner_connector = _TimedConnector(learner._learner_connector, self._timed("learner_connector",
+                                                                                             learner._learner_connector))
+
+    @property
+    def steps(self) -> int:
+        return self.calls.get("sample", 0)
+
+    def per_step_ms(self) -> dict[str, float]:
+        """Milliseconds per training step, per category, plus 'exposed' (their sum)."""
+        n = max(1, self.steps)
+        out: dict[str, float] = defaultdict(float)
+        for name, s in self.seconds.items():
+            out[CATEGORIES[name]] += s / n * 1e3
+        out["exposed"] = sum(v for k, v in out.items())
+        return dict(out)
+
+
+class _TimedConnector:
+    """Calls go through the timer; every other attribute is the wrapped pipeline's."""
+
+    def __init__(self, inner, timed_call):
+        self._inner = inner
+        self._timed_call = timed_call
+
+    def __call__(self, *args, **kwargs):
+        return self._timed_call(*args, **kwargs)
+
+    def __getattr__(self, item):
+        return getattr(self._inner, item)

@@ -1,0 +1,39 @@
+"""The reference RLlib configs Conduit is measured and tested on (one place, reused by the
+integrations, the benchmark and the tests)."""
+
+from __future__ import annotations
+
+
+def dqn_cartpole(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 50_000):
+    """RLlib 2.60's tuned DQN CartPole example (prioritized, n-step (2,5), double, dueling)."""
+    from ray.rllib.algorithms.dqn import DQNConfig
+    return (
+        DQNConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=num_env_runners)
+        .training(lr=5e-4, train_batch_size_per_learner=32, n_step=(2, 5), double_q=True, dueling=True,
+                  num_atoms=1, noisy=False,
+                  replay_buffer_config={"type": "PrioritizedEpisodeReplayBuffer", "capacity": capacity,
+                                        "alpha": 0.6, "beta": 0.4})
+        .rl_module(model_config={
+            "fcnet_hiddens": [256], "fcnet_activation": "tanh", "epsilon": [(0, 1.0), (10000, 0.02)],
+            "fcnet_bias_initializer": "zeros_", "head_fcnet_bias_initializer": "zeros_",
+            "head_fcnet_hiddens": [256]})
+        .reporting(min_sample_timesteps_per_iteration=1000)
+        .debugging(seed=seed)
+    )
+
+
+def ppo_cartpole(*, seed: int = 0, num_env_runners: int = 0):
+    """RLlib 2.60's tuned PPO CartPole example."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    return (
+        PPOConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=num_env_runners)
+        .training(lr=3e-4, num_epochs=6, vf_loss_coeff=0.01)
+        .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[32], fcnet_activation="linear",
+                                                   vf_share_layers=True))
+        .debugging(seed=seed)
+    )
