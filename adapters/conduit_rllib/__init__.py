@@ -31,5 +31,5 @@ def enable(config, **options):
     """Opt an RLlib ``AlgorithmConfig`` (DQN or PPO) into Conduit; returns the config.
 
     Options (all keyword, validated now): see :class:`ConduitOptions`."""
-    from .enable import enable as _enable
+    from .opt_in import enable as _enable
     return _enable(config, **options)

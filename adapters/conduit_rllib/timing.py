@@ -19,7 +19,9 @@ import time
 from collections import defaultdict
 
 CATEGORIES = {"add": "ingestion", "sample": "delivery", "learner_connector": "delivery",
-              "update_priorities": "priorities", "get_metrics": "metrics"}
+              "update_priorities": "priorities", "get_metrics": "metrics",
+              # PPO: the learner connector (GAE...) is ingestion; minibatching is delivery
+              "ppo_connector": "ingestion", "minibatching": "delivery"}
 
 
 class PathTimer:
@@ -43,6 +45,9 @@ class PathTimer:
         return wrapper
 
     def instrument(self, algo) -> None:
+        from ray.rllib.algorithms.ppo import PPO
+        if isinstance(algo, PPO):
+            return self._instrument_ppo(algo)
         buf = getattr(algo, "local_replay_buffer", None)
         if buf is not None:
             for name in ("add", "sample", "update_priorities", "get_metrics"):
@@ -53,9 +58,30 @@ class PathTimer:
         learner._learner_connector = _TimedConnector(learner._learner_connector, self._timed("learner_connector",
                                                                                              learner._learner_connector))
 
+    def _instrument_ppo(self, algo) -> None:
+        """PPO: one step = one learner update. Ingestion = the learner connector pipeline;
+        delivery = building the minibatch iterator (minus the connector) plus every
+        minibatch it yields."""
+        learner = algo.learner_group._learner
+        inner_conn = learner._learner_connector
+        timed_conn = self._timed("ppo_connector", inner_conn)
+        learner._learner_connector = _TimedConnector(inner_conn, timed_conn)
+        create = learner._create_iterator_if_necessary
+        timer = self
+
+        def create_timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            before = timer.seconds["ppo_connector"]
+            it = create(*args, **kwargs)
+            spent = time.perf_counter() - t0 - (timer.seconds["ppo_connector"] - before)
+            timer.seconds["minibatching"] += spent
+            timer.calls["update"] += 1
+            return _TimedIterable(it, timer)
+        learner._create_iterator_if_necessary = create_timed
+
     @property
     def steps(self) -> int:
-        return self.calls.get("sample", 0)
+        return self.calls.get("sample", 0) or self.calls.get("update", 0)
 
     def per_step_ms(self) -> dict[str, float]:
         """Milliseconds per training step, per category, plus 'exposed' (their sum)."""
@@ -76,6 +102,26 @@ class _TimedConnector:
 
     def __call__(self, *args, **kwargs):
         return self._timed_call(*args, **kwargs)
+
+    def __getattr__(self, item):
+        return getattr(self._inner, item)
+
+
+class _TimedIterable:
+    def __init__(self, inner, timer: PathTimer):
+        self._inner, self._timer = inner, timer
+
+    def __iter__(self):
+        it = iter(self._inner)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                self._timer.seconds["minibatching"] += time.perf_counter() - t0
+                return
+            self._timer.seconds["minibatching"] += time.perf_counter() - t0
+            yield item
 
     def __getattr__(self, item):
         return getattr(self._inner, item)

@@ -1,0 +1,141 @@
+"""PPO through Conduit: the learner connector's output is ingested once, tagged with the
+policy version, and delivered as minibatches.
+
+Stage map for PPO (per ``learner_group.update``):
+
+    RLlib learner connector (AddOneTs..., GAE with the value forward pass)  -> ingestion transform
+    write the train batch's columns once, policy_version = weights seq no   -> ingestion
+    take exactly that version's rows, once                                  -> delivery (isolation)
+    epochs x minibatches: one permutation per epoch, index_select per column -> delivery
+
+RLlib's ``MiniBatchCyclicIterator`` slices and concatenates ``SampleBatch`` objects per
+minibatch; here each minibatch is one ``index_select`` per column on tensors that
+already live on the learner's device. The order follows RLlib's: the first epoch in
+batch order, each later epoch a fresh permutation, minibatches running across epoch
+boundaries until every row was seen ``num_epochs`` times.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+from conduit_core import ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Fifo, Schedule
+
+from .options import ConduitOptions
+
+
+def minibatch_order(n: int, *, num_epochs: int, minibatch_size: int, shuffle: bool,
+                    rng: np.random.Generator) -> np.ndarray:
+    """The row index of every minibatch slot, RLlib's cyclic order (see module docstring)."""
+    k = math.ceil(num_epochs * n / minibatch_size)
+    total = k * minibatch_size
+    epochs = math.ceil(total / n)
+    order = [np.arange(n)]
+    for _ in range(1, epochs):
+        order.append(rng.permutation(n) if shuffle else np.arange(n))
+    return np.concatenate(order)[:total].reshape(k, minibatch_size)
+
+
+class ConduitMinibatches:
+    """Iterates the learner's minibatches from a delivered Batch (tensors on device)."""
+
+    def __init__(self, columns: dict[str, torch.Tensor], order: np.ndarray, *, module_id: str, env_steps: int):
+        self.columns, self.order, self.module_id, self.env_steps = columns, order, module_id, env_steps
+
+    def __len__(self) -> int:
+        return self.order.shape[0]
+
+    def __iter__(self):
+        device = next(iter(self.columns.values())).device
+        idx_all = torch.from_numpy(self.order).to(device)
+        for i in range(self.order.shape[0]):
+            idx = idx_all[i]
+            mb = SampleBatch({k: torch.index_select(v, 0, idx) for k, v in self.columns.items()})
+            yield MultiAgentBatch({self.module_id: mb}, self.env_steps)
+
+
+def _spec_of(columns: dict[str, torch.Tensor]) -> ExperienceSpec:
+    bad = [k for k in columns if not k.isidentifier() or k.startswith("_")]
+    if bad:
+        raise ConfigError("train batch column", "a Python identifier not starting with '_'", repr(bad[0]),
+                          "rename the column in your connector piece")
+    return ExperienceSpec([FieldSpec(k, tuple(v.shape[1:]), v.dtype) for k, v in columns.items()])
+
+
+class ConduitPPOTorchLearner(PPOTorchLearner):
+    """RLlib's PPOTorchLearner; only the train-batch -> minibatch path goes through Conduit."""
+
+    def build(self) -> None:
+        super().build()
+        opts = ConduitOptions.from_kwargs(dict(self.config.learner_config_dict.get("conduit", {})))
+        self._conduit_opts = opts
+        self._conduit_edp: ExperienceDataPlane | None = None
+        seed = opts.seed if opts.seed is not None else (self.config.seed or 0)
+        self._conduit_rng = np.random.default_rng(seed)
+
+    def _conduit_plane(self, columns: dict[str, torch.Tensor], n: int) -> ExperienceDataPlane:
+        spec = _spec_of(columns)
+        edp = self._conduit_edp
+        if edp is None or edp.buffer.spec != spec or edp.buffer.capacity < n:
+            if edp is not None:
+                edp.close()
+            # On-policy data is consumed each update: room for two updates' batches suffices.
+            buf = ExperienceBuffer(spec=spec, capacity=max(2 * n, 1024), selector=Fifo(), tier=self._conduit_opts.tier)
+            edp = self._conduit_edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential(),
+                                                          device=self._device)
+        return edp
+
+    def _create_iterator_if_necessary(self, *, training_data, num_total_minibatches: int = 0, num_epochs: int = 1,
+                                      minibatch_size=None, shuffle_batch_per_epoch: bool = False, **kwargs):
+        if (training_data.episodes is None or num_total_minibatches or training_data.data_iterators
+                or not minibatch_size):
+            return super()._create_iterator_if_necessary(
+                training_data=training_data, num_total_minibatches=num_total_minibatches, num_epochs=num_epochs,
+                minibatch_size=minibatch_size, shuffle_batch_per_epoch=shuffle_batch_per_epoch, **kwargs)
+        # Ingestion transform: RLlib's own learner connector (GAE etc.), unchanged.
+        batch = self._make_batch_if_necessary(training_data=training_data)
+        for mid in list(batch.policy_batches):
+            if not self.should_module_be_updated(mid, batch):
+                del batch.policy_batches[mid]
+        if set(batch.policy_batches) != {DEFAULT_MODULE_ID}:
+            raise ConfigError("modules", f"one module ({DEFAULT_MODULE_ID!r})", sorted(batch.policy_batches),
+                              "conduit_rllib's PPO path is single-agent for now; disable it for multi-agent")
+        mb = batch.policy_batches[DEFAULT_MODULE_ID]
+        n = len(mb)
+        columns = {k: v for k, v in mb.items() if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n}
+        skipped = sorted(set(mb.keys()) - set(columns))
+        if skipped:
+            raise ConfigError("train batch columns", "tensors with one row per timestep", skipped,
+                              "conduit_rllib's PPO path needs flat, non-recurrent batches")
+        # Ingestion: written once, tagged with the policy version that produced the data.
+        version = int(self._weights_seq_no)
+        edp = self._conduit_plane(columns, n)
+        edp.ingest(columns, policy_version=version)
+        # Delivery: exactly this version's rows, consumed once, on the learner's device.
+        delivered = edp.deliver(None, policy_version=version)
+        if delivered.size != n:
+            raise RuntimeError(f"conduit: delivered {delivered.size} rows of version {version}, ingested {n}")
+        cols = dict(delivered)
+        order = minibatch_order(n, num_epochs=num_epochs, minibatch_size=int(minibatch_size),
+                                shuffle=shuffle_batch_per_epoch and num_epochs > 1, rng=self._conduit_rng)
+        return ConduitMinibatches(cols, order, module_id=DEFAULT_MODULE_ID, env_steps=batch.env_steps())
+
+
+def enable_ppo(config, opts: ConduitOptions):
+    from .algorithms import ConduitPPO
+    if config.framework_str != "torch":
+        raise ConfigError("framework", "'torch'", repr(config.framework_str), "call config.framework('torch')")
+    if config.num_learners > 0:
+        raise ConfigError("num_learners", "0 (a local learner)", config.num_learners,
+                          "set config.learners(num_learners=0); remote learners are not supported yet")
+    lcd = dict(config.learner_config_dict or {})
+    lcd["conduit"] = opts.to_dict()
+    config.learners(learner_class=ConduitPPOTorchLearner, learner_config_dict=lcd)
+    config.algo_class = ConduitPPO
+    return config
