@@ -1,0 +1,283 @@
+"""Semantic checks: exactly once, order, rejection of bad input, sampling distributions,
+on-policy isolation, staleness, state, and equivalence with the native path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from .harness import Harness, Session, SyntheticRollout
+from .registry import CheckSkipped, check, ensure
+
+P_MIN = 1e-4  # chi-square tests: seeded, so deterministic; this only guards against a wrong distribution
+
+
+@dataclass
+class Ctx:
+    harness: Harness
+    seed: int
+
+    def session(self, **kw) -> Session:
+        return self.harness.session(seed=self.seed, **kw)
+
+    def rollouts(self, *, n_rollouts: int = 12, sources: int = 3, version: int = 0, start: int = 0,
+                 max_len: int = 9) -> list[SyntheticRollout]:
+        rng = np.random.default_rng(self.seed)
+        out, nxt = [], start
+        for i in range(n_rollouts):
+            n = int(rng.integers(1, max_len + 1))
+            out.append(SyntheticRollout(np.arange(nxt, nxt + n), source=i % sources, policy_version=version,
+                                        terminated=bool(rng.random() < 0.3)))
+            nxt += n
+        return out
+
+    def default_session(self, **kw) -> Session:
+        caps = self.harness.capabilities
+        if "replay" in caps:
+            return self.session(**kw)
+        if "onpolicy" in caps:
+            return self.session(onpolicy=True, **kw)
+        raise CheckSkipped("the adapter declares neither 'replay' nor 'onpolicy'")
+
+
+def _ids(rollouts) -> np.ndarray:
+    return np.concatenate([r.ids for r in rollouts])
+
+
+def _closing(session):
+    class _C:
+        def __enter__(self):
+            return session
+
+        def __exit__(self, *exc):
+            session.close()
+    return _C()
+
+
+@check("ingest/exactly_once")
+def exactly_once(ctx: Ctx) -> None:
+    """Every ingested transition is stored exactly once: nothing lost, nothing doubled."""
+    rolls = ctx.rollouts()
+    with _closing(ctx.default_session()) as s:
+        for r in rolls:
+            s.ingest(r)
+        s.flush()
+        got = np.sort(np.asarray(s.stored_ids()).astype(np.int64))
+    want = np.sort(_ids(rolls))
+    missing = np.setdiff1d(want, got)
+    uniq, counts = np.unique(got, return_counts=True)
+    ensure(missing.size == 0, f"{missing.size} ingested transitions were not stored (ids {missing[:8].tolist()})")
+    ensure((counts == 1).all(), f"transitions stored more than once: ids {uniq[counts > 1][:8].tolist()}")
+    ensure(got.size == want.size, f"stored {got.size} transitions, ingested {want.size}")
+
+
+@check("ingest/source_order")
+def source_order(ctx: Ctx) -> None:
+    """Each source's transitions are stored in the order that source produced them."""
+    rolls = ctx.rollouts()
+    src_of = {int(i): r.source for r in rolls for i in r.ids}
+    with _closing(ctx.default_session()) as s:
+        for r in rolls:
+            s.ingest(r)
+        s.flush()
+        stored = [int(i) for i in s.stored_ids()]
+    for src in sorted(set(src_of.values())):
+        want = [int(i) for r in rolls if r.source == src for i in r.ids]
+        got = [i for i in stored if src_of.get(i) == src]
+        ensure(got == want, f"source {src}: stored order {got[:10]}... differs from produced order {want[:10]}...")
+
+
+@check("ingest/rejects_bad_input")
+def rejects_bad_input(ctx: Ctx) -> None:
+    """A malformed rollout raises a clear error and leaves what was stored intact."""
+    good = ctx.rollouts(n_rollouts=3)
+    with _closing(ctx.default_session()) as s:
+        for r in good:
+            s.ingest(r)
+        s.flush()
+        before = np.asarray(s.stored_ids()).copy()
+        bad = SyntheticRollout(np.arange(10_000, 10_004)).columns()
+        bad["obs"] = bad["obs"][:, :2]  # wrong shape
+        try:
+            s.ingest_raw(bad)
+            s.flush()
+        except NotImplementedError:
+            raise CheckSkipped("the adapter's session cannot push raw columns (ingest_raw)") from None
+        except Exception as exc:  # noqa: BLE001 - any clear error is acceptable
+            ensure(len(str(exc)) > 20, f"the error for bad input is not descriptive: {exc!r}")
+        else:
+            raise AssertionError("a rollout with obs of the wrong shape was accepted without an error")
+        after = np.asarray(s.stored_ids())
+        ensure(np.array_equal(before, after), "data stored before the bad rollout changed after it was rejected")
+        s.ingest(SyntheticRollout(np.arange(20_000, 20_003)))
+        s.flush()
+        ensure(len(s.stored_ids()) == len(before) + 3, "ingestion did not keep working after a rejected rollout")
+
+
+@check("deliver/uniform_distribution", needs=("replay",))
+def uniform_distribution(ctx: Ctx) -> None:
+    """Uniform replay delivers every stored transition equally often (chi-square)."""
+    with _closing(ctx.session()) as s:
+        s.ingest(SyntheticRollout(np.arange(40)))
+        s.flush()
+        counts = np.zeros(40)
+        for _ in range(150):
+            d = s.deliver(64)
+            counts += np.bincount(np.asarray(d.ids).astype(np.int64), minlength=40)[:40]
+    p = stats.chisquare(counts).pvalue
+    ensure(p > P_MIN, f"delivered frequencies are not uniform (chi-square p={p:.2e}); counts {counts.astype(int)}")
+
+
+@check("deliver/prioritized_distribution", needs=("prioritized",))
+def prioritized_distribution(ctx: Ctx) -> None:
+    """Prioritized replay delivers in proportion to priority^alpha (chi-square)."""
+    alpha = 0.6
+    prio = lambda ids: 1.0 + (np.asarray(ids).astype(np.int64) % 5)
+    with _closing(ctx.session(prioritized=True, alpha=alpha)) as s:
+        s.ingest(SyntheticRollout(np.arange(30)))
+        s.flush()
+        seen = set()
+        for _ in range(200):  # give every item its priority
+            d = s.deliver(32)
+            s.update_priorities(d, prio(d.ids))
+            seen |= set(np.asarray(d.ids).astype(int).tolist())
+            if len(seen) == 30:
+                break
+        ensure(len(seen) == 30, f"only {len(seen)} of 30 items were ever delivered")
+        counts = np.zeros(30)
+        for _ in range(200):
+            d = s.deliver(64)
+            counts += np.bincount(np.asarray(d.ids).astype(np.int64), minlength=30)[:30]
+            s.update_priorities(d, prio(d.ids))
+    p = prio(np.arange(30)) ** alpha
+    expected = p / p.sum() * counts.sum()
+    pv = stats.chisquare(counts, expected).pvalue
+    ensure(pv > P_MIN, f"delivered frequencies do not follow priority^alpha (chi-square p={pv:.2e})")
+
+
+@check("onpolicy/version_isolation", needs=("onpolicy",))
+def version_isolation(ctx: Ctx) -> None:
+    """On-policy data reaches only the policy version that produced it."""
+    old = ctx.rollouts(n_rollouts=4, version=0)
+    new = ctx.rollouts(n_rollouts=4, version=1, start=1000)
+    with _closing(ctx.session(onpolicy=True)) as s:
+        for r in old + new:
+            s.ingest(r)
+        s.flush()
+        d = s.deliver(None, policy_version=1)
+    got = set(np.asarray(d.ids).astype(int).tolist())
+    leaked = got & set(_ids(old).tolist())
+    ensure(not leaked, f"data of policy version 0 was delivered to version 1 (ids {sorted(leaked)[:8]})")
+    ensure(got == set(_ids(new).tolist()), "not all of version 1's data was delivered to version 1")
+    if d.versions is not None:
+        ensure(set(np.asarray(d.versions).tolist()) <= {1}, "delivered rows carry another policy version")
+
+
+@check("onpolicy/consume_once", needs=("onpolicy",))
+def consume_once(ctx: Ctx) -> None:
+    """On-policy data is consumed exactly once, in order."""
+    rolls = ctx.rollouts(n_rollouts=6)
+    with _closing(ctx.session(onpolicy=True)) as s:
+        for r in rolls[:3]:
+            s.ingest(r)
+        s.flush()
+        first = np.asarray(s.deliver(None, policy_version=0).ids).astype(int).tolist()
+        for r in rolls[3:]:
+            s.ingest(r)
+        s.flush()
+        second = np.asarray(s.deliver(None, policy_version=0).ids).astype(int).tolist()
+        third = np.asarray(s.deliver(None, policy_version=0).ids).astype(int).tolist()
+    allids = first + second + third
+    ensure(len(allids) == len(set(allids)), "an on-policy transition was delivered twice")
+    ensure(sorted(allids) == sorted(_ids(rolls).tolist()), "not every on-policy transition was delivered")
+    ensure(third == [], f"a third delivery returned {len(third)} already-consumed rows")
+
+
+@check("offpolicy/staleness_bound", needs=("replay", "overlap"))
+def staleness_bound(ctx: Ctx) -> None:
+    """With overlap on, an off-policy batch misses at most `staleness` accepted inserts."""
+    for staleness in (0, 7):
+        with _closing(ctx.session(schedule="overlapped", staleness=staleness)) as s:
+            accepted = 0
+            for r in ctx.rollouts(n_rollouts=30, max_len=4):
+                s.ingest(r)
+                accepted += len(r.ids)
+                d = s.deliver(8)
+                if d.inserted_at_selection is None:
+                    raise CheckSkipped("the adapter's deliveries do not report inserted_at_selection")
+                missed = accepted - d.inserted_at_selection
+                ensure(0 <= missed <= staleness,
+                       f"a batch missed {missed} accepted inserts with staleness={staleness}")
+                ensure(int(np.max(d.ids)) < accepted, "a batch delivered an id that was never accepted")
+
+
+@check("state/round_trip", needs=("state",))
+def state_round_trip(ctx: Ctx) -> None:
+    """A state round trip is exact: same stored data, and the same deliveries afterwards."""
+    replay = "replay" in ctx.harness.capabilities
+    kw = {} if replay else {"onpolicy": True}
+    a = ctx.session(**kw)
+    b = ctx.session(**kw)
+    try:
+        for r in ctx.rollouts():
+            a.ingest(r)
+        a.flush()
+        if replay:
+            a.deliver(16)
+        b.load_state(a.state())
+        ensure(np.array_equal(np.asarray(a.stored_ids()), np.asarray(b.stored_ids())),
+               "stored transitions differ after the round trip")
+        for _ in range(5):
+            x = a.deliver(16) if replay else a.deliver(None, policy_version=0)
+            y = b.deliver(16) if replay else b.deliver(None, policy_version=0)
+            ensure(np.array_equal(np.asarray(x.ids), np.asarray(y.ids)),
+                   "deliveries after the round trip differ (data, cursors or RNG were not restored)")
+    finally:
+        a.close()
+        b.close()
+
+
+@check("equivalence/sequential_matches_native", needs=("native", "replay"))
+def sequential_matches_native(ctx: Ctx) -> None:
+    """Sequential mode stores what the native path stores and samples from the same distribution."""
+    rolls = ctx.rollouts(n_rollouts=10)
+    nat = ctx.harness.native_session(seed=ctx.seed)
+    if nat is None:
+        raise CheckSkipped("the harness has no native path")
+    with _closing(ctx.session()) as s, _closing(nat):
+        for r in rolls:
+            s.ingest(r)
+            nat.ingest(r)
+        s.flush()
+        ensure(np.array_equal(np.sort(np.asarray(s.stored_ids())), np.sort(np.asarray(nat.stored_ids()))),
+               "the adapter stores a different set of transitions than the native path")
+        n = len(_ids(rolls))
+        ca, cb = np.zeros(n), np.zeros(n)
+        for _ in range(120):
+            ca += np.bincount(np.asarray(s.deliver(64).ids).astype(np.int64), minlength=n)[:n]
+            cb += np.bincount(np.asarray(nat.deliver(64).ids).astype(np.int64), minlength=n)[:n]
+    table = np.vstack([ca, cb])
+    table = table[:, table.sum(axis=0) > 0]
+    p = stats.chi2_contingency(table).pvalue
+    ensure(p > P_MIN, f"delivered frequencies differ from the native path's (chi-square p={p:.2e})")
+
+
+@check("equivalence/overlap_same_multiset", needs=("overlap",))
+def overlap_same_multiset(ctx: Ctx) -> None:
+    """With overlap on, the same multiset of transitions is ingested, per-source order kept."""
+    rolls = ctx.rollouts(n_rollouts=20)
+    kw = {} if "replay" in ctx.harness.capabilities else {"onpolicy": True}
+    with _closing(ctx.session(**kw)) as seq, _closing(ctx.session(schedule="overlapped", **kw)) as ovl:
+        for r in rolls:
+            seq.ingest(r)
+            ovl.ingest(r)
+        seq.flush()
+        ovl.flush()
+        a, b = np.asarray(seq.stored_ids()), np.asarray(ovl.stored_ids())
+    ensure(np.array_equal(np.sort(a), np.sort(b)), "overlapped ingestion stored a different multiset")
+    src_of = {int(i): r.source for r in rolls for i in r.ids}
+    for src in set(src_of.values()):
+        ensure([i for i in a.tolist() if src_of[int(i)] == src] == [i for i in b.tolist() if src_of[int(i)] == src],
+               f"overlapped ingestion changed source {src}'s order")

@@ -1,0 +1,35 @@
+"""``conduit conformance <adapter> [--level semantic|convergence] [--xfails FILE] [--report out.json] [-k PATTERN]``"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .runner import KNOWN_ADAPTERS, check_adapter, load_harness, load_xfails
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="conduit conformance",
+                                description="Run the Conduit conformance suite on an adapter and print the table.")
+    p.add_argument("adapter", help=f"one of {sorted(KNOWN_ADAPTERS)} or 'module:factory'")
+    p.add_argument("--level", default="semantic", choices=["semantic", "convergence"])
+    p.add_argument("--xfails", default=None, help="file of 'check/id: reason' lines (expected failures)")
+    p.add_argument("--report", default=None, help="write the report as JSON here")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-k", dest="select", action="append", default=None, help="only checks matching (repeatable)")
+    a = p.parse_args(argv)
+    try:
+        harness = load_harness(a.adapter)
+    except (ImportError, ValueError, TypeError) as exc:
+        print(f"conduit conformance: cannot load adapter {a.adapter!r}: {exc}", file=sys.stderr)
+        return 2
+    report = check_adapter(harness, level=a.level, seed=a.seed, xfails=load_xfails(a.xfails), select=a.select)
+    print(report.table())
+    if a.report:
+        with open(a.report, "w") as fh:
+            fh.write(report.to_json())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Session helpers for adapters built on conduit_core's ExperienceDataPlane.
+
+``EDPReader`` reads back what a data plane stored and delivered (ids are ``obs[:, 0]``),
+so an adapter's Session only has to implement its own ingestion and delivery calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conduit_core import Batch, ExperienceDataPlane
+
+from .harness import Delivered
+
+
+def stored_ids(edp: ExperienceDataPlane, id_field: str = "obs") -> np.ndarray:
+    """Ids of what the buffer holds now, in insertion order (FIFO: the unconsumed part)."""
+    edp.flush()
+    state = edp.buffer.state_dict()
+    seq = state["meta"]["seq"]
+    order = np.argsort(seq)
+    ids = np.asarray(state["data"][id_field])[order]
+    ids = ids.reshape(ids.shape[0], -1)[:, 0]
+    seq = seq[order]
+    if edp.buffer.selector.consumes:
+        ids = ids[seq >= state["counters"]["head"]]
+    return ids.astype(np.int64)
+
+
+def delivered(batch: Batch, id_field: str = "obs") -> Delivered:
+    col = batch[id_field]
+    ids = col.reshape(batch.size, -1)[:, 0] if batch.size else col.new_zeros(0)
+    ids = ids.cpu().numpy().astype(np.int64)
+    return Delivered(ids=ids, versions=batch.versions, weights=None if batch.weights is None else
+                     batch.weights.cpu().numpy(), inserted_at_selection=batch.inserted_at_selection, handle=batch)

@@ -1,0 +1,102 @@
+"""The adapter's conformance harness: the suite drives ConduitReplayMemory and
+ConduitRolloutStore with synthetic rollouts, and minirl's own classes as the oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conformance import Delivered, Harness, Session, SyntheticRollout
+from conformance.edp_session import delivered, stored_ids
+
+# STAGE MAP: your framework and its version.
+from conformance.examples import minirl as fw
+
+from .memory import ConduitReplayMemory, ConduitRolloutStore
+
+OBS_SHAPE = (4,)
+
+
+def to_transitions(r: SyntheticRollout) -> list:
+    """STAGE MAP: a synthetic rollout in your framework's own format."""
+    c = r.columns()
+    return [fw.Transition(c["obs"][i], int(c["action"][i]), float(c["reward"][i]), c["next_obs"][i],
+                                 bool(c["terminated"][i]), bool(c["truncated"][i])) for i in range(len(r.ids))]
+
+
+class AdapterSession(Session):
+    def __init__(self, store):
+        self.store = store
+
+    def ingest(self, rollout: SyntheticRollout) -> None:
+        if isinstance(self.store, ConduitRolloutStore):
+            self.store.push(to_transitions(rollout), policy_version=rollout.policy_version, source=rollout.source)
+        else:
+            self.store.push(to_transitions(rollout), source=rollout.source)
+
+    def ingest_raw(self, columns, *, source: int = 0) -> None:
+        if isinstance(self.store, ConduitRolloutStore):
+            self.store.push_columns(columns, policy_version=0, source=source)
+        else:
+            self.store.push_columns(columns, source=source)
+
+    def flush(self) -> None:
+        self.store.edp.flush()
+
+    def deliver(self, batch_size, *, policy_version=None) -> Delivered:
+        if isinstance(self.store, ConduitRolloutStore):
+            return delivered(self.store.drain(policy_version or 0))
+        return delivered(self.store.sample(batch_size))
+
+    def update_priorities(self, d: Delivered, priorities) -> None:
+        self.store.update_priorities(d.handle, priorities)
+
+    def stored_ids(self):
+        return stored_ids(self.store.edp)
+
+    def state(self):
+        return self.store.edp.state_dict()
+
+    def load_state(self, state) -> None:
+        self.store.edp.load_state_dict(state)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class NativeSession(Session):
+    """The framework's own ReplayMemory: the oracle for equivalence checks."""
+
+    def __init__(self, capacity: int, seed: int):
+        self.mem = fw.ReplayMemory(capacity, seed=seed)
+
+    def ingest(self, rollout: SyntheticRollout) -> None:
+        self.mem.push(to_transitions(rollout))
+
+    def deliver(self, batch_size, *, policy_version=None) -> Delivered:
+        cols = fw.collate(self.mem.sample(batch_size))
+        return Delivered(ids=cols["obs"][:, 0].astype(np.int64))
+
+    def stored_ids(self):
+        return np.array([int(t.obs[0]) for t in self.mem.items], dtype=np.int64)
+
+
+class AdapterHarness(Harness):
+    name = "conduit_minirl"
+    version = "0.1"
+    framework = "minirl"
+    framework_version = fw.__version__
+    capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap"})
+
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+                schedule="sequential", staleness=0) -> Session:
+        if onpolicy:
+            return AdapterSession(ConduitRolloutStore(capacity, obs_shape=OBS_SHAPE, schedule=schedule))
+        return AdapterSession(ConduitReplayMemory(capacity, obs_shape=OBS_SHAPE, seed=seed, prioritized=prioritized,
+                                                  alpha=alpha, schedule=schedule, staleness=staleness))
+
+    def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False):
+        return None if (prioritized or onpolicy) else NativeSession(capacity, seed)
+
+
+def harness() -> AdapterHarness:
+    return AdapterHarness()

@@ -1,0 +1,10 @@
+"""The adapter's conformance tests: every registered check, one test each."""
+
+from conformance import ConformanceTests
+
+from ..conformance import harness
+
+
+class TestAdapterConformance(ConformanceTests):
+    def make_harness(self):
+        return harness()

@@ -1,0 +1,128 @@
+"""What an adapter provides to the suite: a Harness that builds Sessions.
+
+A Session is the adapter's real data path, driven with synthetic rollouts whose
+observations carry a unique id (``obs[:, 0]``), so the suite can tell exactly which
+transitions were stored and delivered. The adapter converts a SyntheticRollout into
+its framework's own format (episodes, sample batches, ...) and pushes it through its
+ingestion path; ``deliver`` returns the ids (and provenance) of what its delivery path
+would hand the learner.
+
+Capabilities a harness declares (checks needing a missing one are skipped, with why):
+
+    replay       off-policy replay (uniform)          prioritized  prioritized replay
+    onpolicy     FIFO, versioned, consume-once        state        state round trip
+    native       the framework's own path as oracle   overlap      an overlapped schedule
+    convergence  reference workloads to train
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+CAPABILITIES = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence"})
+OBS_DIM = 4
+
+
+@dataclass
+class SyntheticRollout:
+    """``ids``: one unique integer per transition, in time order. The adapter must keep
+    the id readable in what it delivers (it is ``obs[:, 0]``; ``next_obs[:, 0] = id + 0.5``)."""
+
+    ids: np.ndarray
+    source: int = 0
+    policy_version: int = 0
+    terminated: bool = False
+
+    def columns(self) -> dict[str, np.ndarray]:
+        n = len(self.ids)
+        obs = np.zeros((n, OBS_DIM), np.float32)
+        obs[:, 0] = self.ids
+        obs[:, 1] = self.source
+        nxt = obs.copy()
+        nxt[:, 0] += 0.5
+        term = np.zeros(n, bool)
+        if n and self.terminated:
+            term[-1] = True
+        return {"obs": obs, "next_obs": nxt, "action": (self.ids % 2).astype(np.int64),
+                "reward": np.ones(n, np.float32), "terminated": term, "truncated": np.zeros(n, bool)}
+
+
+@dataclass
+class Delivered:
+    """What the learner would get: transition ids in row order, plus provenance when known."""
+
+    ids: np.ndarray
+    versions: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    inserted_at_selection: int | None = None   # for the staleness bound
+    handle: Any = None                          # the adapter's own batch, for priority updates
+
+
+@dataclass
+class ConvergenceResult:
+    reached: bool
+    env_steps: int
+    returns: list[float] = field(default_factory=list)
+
+
+class Session(ABC):
+    """One instance of the adapter's data path (or of the framework's native path)."""
+
+    @abstractmethod
+    def ingest(self, rollout: SyntheticRollout) -> None: ...
+
+    def ingest_raw(self, columns: dict[str, Any], *, source: int = 0) -> None:
+        """Push arbitrary (possibly malformed) columns through ingestion; used to check
+        that bad input is rejected. Adapters whose ingestion cannot receive malformed
+        framework data may raise NotImplementedError (the check is then skipped)."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        pass
+
+    @abstractmethod
+    def deliver(self, batch_size: int | None, *, policy_version: int | None = None) -> Delivered: ...
+
+    def update_priorities(self, delivered: Delivered, priorities: np.ndarray) -> None:
+        raise NotImplementedError
+
+    @abstractmethod
+    def stored_ids(self) -> np.ndarray:
+        """Ids of every stored (not yet consumed / not evicted) transition, in insertion order."""
+
+    def state(self) -> Any:
+        raise NotImplementedError
+
+    def load_state(self, state: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class Harness(ABC):
+    """An adapter under test. Subclass it in the adapter's package."""
+
+    name: str = "adapter"
+    version: str = "0"
+    framework: str = "framework"
+    framework_version: str = "unknown"
+    capabilities: frozenset[str] = frozenset()
+
+    @abstractmethod
+    def session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False, alpha: float = 0.6,
+                onpolicy: bool = False, schedule: str = "sequential", staleness: int = 0) -> Session:
+        """A fresh session of the adapter's path."""
+
+    def native_session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False,
+                       alpha: float = 0.6, onpolicy: bool = False) -> Session | None:
+        """The framework's own path (the oracle), or None."""
+        return None
+
+    def convergence_workloads(self) -> dict[str, Callable[[str, int], ConvergenceResult]]:
+        """name -> run(path, seed) where path is 'native' or 'conduit'."""
+        return {}

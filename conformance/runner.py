@@ -1,0 +1,111 @@
+"""``check_adapter``: run the registry against a harness and collect every result."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import time
+from typing import Iterable
+
+from .harness import Harness
+from .registry import REGISTRY, CheckFailed, CheckSkipped
+from .report import CheckResult, Report
+
+KNOWN_ADAPTERS = {
+    "rllib": "conduit_rllib.conformance:harness",
+    "example": "conformance.examples.conduit_minirl.conformance:harness",
+}
+
+
+def load_harness(spec: str) -> Harness:
+    """'rllib', 'example', or 'package.module:factory' (a Harness instance or a callable returning one)."""
+    target = KNOWN_ADAPTERS.get(spec, spec)
+    if ":" not in target:
+        raise ValueError(f"adapter: expected one of {sorted(KNOWN_ADAPTERS)} or 'module:factory', got {spec!r}. "
+                         "Fix: pass e.g. conduit_myfw.conformance:harness")
+    mod_name, attr = target.split(":", 1)
+    obj = getattr(importlib.import_module(mod_name), attr)
+    harness = obj() if callable(obj) and not isinstance(obj, Harness) else obj
+    if not isinstance(harness, Harness):
+        raise TypeError(f"adapter: {target} gave {type(harness).__name__}, expected a conformance.Harness")
+    return harness
+
+
+def load_xfails(path: str | None) -> dict[str, str]:
+    """An xfails file: one 'check/id: reason' per line ('#' comments). A reason is required."""
+    if not path:
+        return {}
+    out = {}
+    with open(path) as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            cid, sep, reason = line.partition(":")
+            if not sep or not reason.strip():
+                raise ValueError(f"{path}:{n}: expected 'check/id: reason', got {line!r}. Fix: give every "
+                                 "expected failure a reason")
+            out[cid.strip()] = reason.strip()
+    return out
+
+
+def expand(harness: Harness, level: str) -> list[tuple[str, object, tuple]]:
+    """(result id, check, extra args) for every check at or below ``level``."""
+    levels = ("semantic",) if level == "semantic" else ("semantic", "convergence")
+    out = []
+    for cid, chk in REGISTRY.items():
+        if chk.level not in levels:
+            continue
+        if cid.endswith("/*"):
+            for name, run in sorted(harness.convergence_workloads().items()):
+                out.append((cid[:-1] + name, chk, (name, run)))
+            if not harness.convergence_workloads():
+                out.append((cid[:-1] + "none", chk, ("none", None)))
+        else:
+            out.append((cid, chk, ()))
+    return out
+
+
+def run_one(harness: Harness, chk, args: tuple, *, seed: int) -> tuple[str, str]:
+    from .checks_semantic import Ctx
+    missing = sorted(chk.needs - set(harness.capabilities))
+    if missing:
+        return "skip", f"needs capability {', '.join(missing)}"
+    if args and args[1] is None:
+        return "skip", "the harness offers no convergence workload"
+    try:
+        chk.fn(Ctx(harness, seed), *args)
+    except CheckSkipped as exc:
+        return "skip", str(exc)
+    except (CheckFailed, AssertionError) as exc:
+        return "fail", str(exc) or type(exc).__name__
+    except Exception as exc:  # noqa: BLE001 - an adapter crash is a failure of that check
+        return "fail", f"{type(exc).__name__}: {exc}"
+    return "pass", ""
+
+
+def check_adapter(harness: Harness, *, level: str = "semantic", seed: int = 0, xfails: dict[str, str] | None = None,
+                  select: Iterable[str] | None = None) -> Report:
+    """Run every applicable check; every failure is collected, not only the first."""
+    import conduit_core
+    xfails = dict(xfails or {})
+    header = {"conduit": conduit_core.__version__, "adapter": harness.name, "adapter_version": harness.version,
+              "framework": harness.framework, "framework_version": harness.framework_version, "level": level,
+              "seed": seed, "capabilities": sorted(harness.capabilities)}
+    report = Report(header)
+    patterns = list(select or [])
+    for rid, chk, args in expand(harness, level):
+        if patterns and not any(fnmatch.fnmatch(rid, p) or p in rid for p in patterns):
+            continue
+        t0 = time.perf_counter()
+        status, detail = run_one(harness, chk, args, seed=seed)
+        if rid in xfails:
+            reason = xfails.pop(rid)
+            if status == "fail":
+                status, detail = "xfail", f"expected: {reason} ({detail})"
+            elif status == "pass":
+                status, detail = "xpass", f"expected to fail ({reason}) but passed: remove it from the xfails file"
+        report.results.append(CheckResult(rid, status, detail, time.perf_counter() - t0))
+    for rid, reason in xfails.items():
+        report.results.append(CheckResult(rid, "error", f"xfails names an unknown or unselected check ({reason})"))
+    return report
