@@ -3,6 +3,8 @@
     conduit info                       what this machine offers (tiers, C helper, versions)
     conduit bench buffer [...]         the buffer benchmark (Conduit vs RLlib's buffers)
     conduit bench rllib-dqn [...]      unmodified RLlib vs RLlib with Conduit (adapter)
+    conduit conformance ADAPTER        the conformance suite's table for an adapter
+    conduit new-adapter NAME           scaffold an adapter package that passes the suite
 
 Subcommands that need a framework import it lazily and say how to install it.
 """
@@ -65,14 +67,20 @@ def _cmd_conformance(args: list[str]) -> int:
     return conformance_main(args)
 
 
-COMMANDS = {"info": _cmd_info, "bench": _cmd_bench, "conformance": _cmd_conformance}
+def _cmd_new_adapter(args: list[str]) -> int:
+    from conformance.scaffold import main as scaffold_main
+    return scaffold_main(args)
+
+
+COMMANDS = {"info": _cmd_info, "bench": _cmd_bench, "conformance": _cmd_conformance,
+            "new-adapter": _cmd_new_adapter}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="conduit", description="Conduit: the Experience Data Plane for distributed RL.",
-        epilog="commands: info | bench WORKLOAD | conformance ADAPTER  (each takes --help)")
+        epilog="commands: info | bench WORKLOAD | conformance ADAPTER | new-adapter NAME  (each takes --help)")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("command", nargs="?", choices=sorted(COMMANDS))
     parser.add_argument("args", nargs=argparse.REMAINDER)

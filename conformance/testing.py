@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import pytest
 
+from . import checks_convergence as _convergence  # noqa: F401  (fills the registry)
+from . import checks_semantic as _semantic  # noqa: F401
 from .registry import REGISTRY
 from .runner import expand, run_one
 
@@ -33,8 +35,9 @@ class ConformanceTests:
         raise NotImplementedError("override make_harness() to return your adapter's conformance.Harness")
 
     @pytest.fixture(scope="class")
-    def conduit_harness(self):
-        return self.make_harness()
+    @classmethod
+    def conduit_harness(cls):
+        return cls().make_harness()
 
     @pytest.mark.parametrize("check_id", _ids("convergence"))
     def test_check(self, conduit_harness, check_id):

@@ -70,3 +70,37 @@ def collate(transitions: list[Transition]) -> dict[str, np.ndarray]:
             "next_obs": np.stack([t.next_obs for t in transitions]).astype(np.float32),
             "terminated": np.array([t.terminated for t in transitions], dtype=bool),
             "truncated": np.array([t.truncated for t in transitions], dtype=bool)}
+
+
+def train_bandit(memory, *, steps: int = 1500, seed: int = 0, batch_size: int = 32, threshold: float = 0.7,
+                 push=None, sample=None) -> tuple[bool, int, list[float]]:
+    """minirl's reference workload: epsilon-greedy on a 2-armed Bernoulli bandit
+    (p = 0.2, 0.8), Q-values learned from replayed transitions. 'Return' is the mean
+    reward of the last 100 steps; it is reached when it exceeds ``threshold``.
+    ``push(transitions)`` / ``sample(B) -> columns`` default to the memory's own calls."""
+    rng = np.random.default_rng(seed)
+    push = push or memory.push
+    sample = sample or (lambda b: collate(memory.sample(b)))
+    q = np.zeros(2)
+    rewards: list[float] = []
+    returns: list[float] = []
+    obs = np.zeros(4, np.float32)
+    for step in range(steps):
+        eps = max(0.05, 1.0 - step / 500)
+        a = int(rng.integers(2)) if rng.random() < eps else int(np.argmax(q))
+        r = float(rng.random() < (0.2, 0.8)[a])
+        o = obs.copy()
+        o[0] = step
+        push([Transition(o, a, r, o, True)])
+        rewards.append(r)
+        if step >= batch_size:
+            cols = sample(batch_size)
+            for arm in (0, 1):
+                m = cols["action"] == arm
+                if m.any():
+                    q[arm] += 0.1 * (float(np.mean(cols["reward"][m])) - q[arm])
+        if step >= 100 and step % 50 == 0:
+            returns.append(float(np.mean(rewards[-100:])))
+            if returns[-1] > threshold:
+                return True, step + 1, returns
+    return False, steps, returns

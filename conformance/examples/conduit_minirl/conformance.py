@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance import Delivered, Harness, Session, SyntheticRollout
+from conformance import ConvergenceResult, Delivered, Harness, Session, SyntheticRollout
 from conformance.edp_session import delivered, stored_ids
 
 # STAGE MAP: your framework and its version.
@@ -85,7 +85,7 @@ class AdapterHarness(Harness):
     version = "0.1"
     framework = "minirl"
     framework_version = fw.__version__
-    capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap"})
+    capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence"})
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
                 schedule="sequential", staleness=0) -> Session:
@@ -96,6 +96,24 @@ class AdapterHarness(Harness):
 
     def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False):
         return None if (prioritized or onpolicy) else NativeSession(capacity, seed)
+
+
+    def convergence_workloads(self):
+        return {"bandit": run_bandit}
+
+
+def run_bandit(path: str, seed: int) -> ConvergenceResult:
+    """minirl's reference workload, natively or with its memory replaced by Conduit's."""
+    if path == "native":
+        reached, steps, returns = fw.train_bandit(fw.ReplayMemory(10_000, seed=seed), seed=seed)
+        return ConvergenceResult(reached, steps, returns)
+    mem = ConduitReplayMemory(10_000, obs_shape=OBS_SHAPE, seed=seed)
+    try:
+        sample = lambda b: {k: v.numpy() for k, v in mem.sample(b).items()}
+        reached, steps, returns = fw.train_bandit(mem, seed=seed, sample=sample)
+    finally:
+        mem.close()
+    return ConvergenceResult(reached, steps, returns)
 
 
 def harness() -> AdapterHarness:
