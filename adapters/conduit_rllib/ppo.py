@@ -68,6 +68,42 @@ def _spec_of(columns: dict[str, torch.Tensor]) -> ExperienceSpec:
     return ExperienceSpec([FieldSpec(k, tuple(v.shape[1:]), v.dtype) for k, v in columns.items()])
 
 
+class OnPolicyPath:
+    """Ingestion and delivery of on-policy train batches through a FIFO data plane.
+
+    ``ingest(columns, version)`` writes a train batch once, tagged with the policy
+    version; ``deliver(version)`` takes exactly that version's rows, once. The plane is
+    (re)built when the batch's columns change or outgrow it (it is empty between updates).
+    """
+
+    def __init__(self, *, tier: str = "pageable", device=None, schedule: Schedule | None = None):
+        self.tier, self.device = tier, device
+        self.schedule = schedule or Schedule.sequential()
+        self.edp: ExperienceDataPlane | None = None
+
+    def _plane(self, spec: ExperienceSpec, n: int) -> ExperienceDataPlane:
+        edp = self.edp
+        if edp is None or edp.buffer.spec != spec or edp.buffer.capacity < n:
+            if edp is not None:
+                edp.close()
+            buf = ExperienceBuffer(spec=spec, capacity=max(2 * n, 1024), selector=Fifo(), tier=self.tier)
+            edp = self.edp = ExperienceDataPlane(buffer=buf, schedule=self.schedule, device=self.device)
+        return edp
+
+    def ingest(self, columns: dict, *, policy_version: int, source: int = 0) -> None:
+        n = next(iter(columns.values())).shape[0]
+        self._plane(_spec_of(columns), n).ingest(columns, policy_version=policy_version, source=source)
+
+    def deliver(self, *, policy_version: int):
+        if self.edp is None:
+            raise ConfigError("deliver()", "an ingest() first", "no data", "ingest the train batch before delivering")
+        return self.edp.deliver(None, policy_version=policy_version)
+
+    def close(self) -> None:
+        if self.edp is not None:
+            self.edp.close()
+
+
 class ConduitPPOTorchLearner(PPOTorchLearner):
     """RLlib's PPOTorchLearner; only the train-batch -> minibatch path goes through Conduit."""
 
@@ -75,21 +111,9 @@ class ConduitPPOTorchLearner(PPOTorchLearner):
         super().build()
         opts = ConduitOptions.from_kwargs(dict(self.config.learner_config_dict.get("conduit", {})))
         self._conduit_opts = opts
-        self._conduit_edp: ExperienceDataPlane | None = None
+        self._conduit_path = OnPolicyPath(tier=opts.tier, device=self._device)
         seed = opts.seed if opts.seed is not None else (self.config.seed or 0)
         self._conduit_rng = np.random.default_rng(seed)
-
-    def _conduit_plane(self, columns: dict[str, torch.Tensor], n: int) -> ExperienceDataPlane:
-        spec = _spec_of(columns)
-        edp = self._conduit_edp
-        if edp is None or edp.buffer.spec != spec or edp.buffer.capacity < n:
-            if edp is not None:
-                edp.close()
-            # On-policy data is consumed each update: room for two updates' batches suffices.
-            buf = ExperienceBuffer(spec=spec, capacity=max(2 * n, 1024), selector=Fifo(), tier=self._conduit_opts.tier)
-            edp = self._conduit_edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential(),
-                                                          device=self._device)
-        return edp
 
     def _create_iterator_if_necessary(self, *, training_data, num_total_minibatches: int = 0, num_epochs: int = 1,
                                       minibatch_size=None, shuffle_batch_per_epoch: bool = False, **kwargs):
@@ -115,10 +139,9 @@ class ConduitPPOTorchLearner(PPOTorchLearner):
                               "conduit_rllib's PPO path needs flat, non-recurrent batches")
         # Ingestion: written once, tagged with the policy version that produced the data.
         version = int(self._weights_seq_no)
-        edp = self._conduit_plane(columns, n)
-        edp.ingest(columns, policy_version=version)
+        self._conduit_path.ingest(columns, policy_version=version)
         # Delivery: exactly this version's rows, consumed once, on the learner's device.
-        delivered = edp.deliver(None, policy_version=version)
+        delivered = self._conduit_path.deliver(policy_version=version)
         if delivered.size != n:
             raise RuntimeError(f"conduit: delivered {delivered.size} rows of version {version}, ingested {n}")
         cols = dict(delivered)

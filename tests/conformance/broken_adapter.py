@@ -1,0 +1,133 @@
+"""A deliberately broken adapter: the example adapter with one fault switched on.
+
+Each fault breaks one promise; the suite must fail exactly the checks that guard it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conformance import ConvergenceResult, Delivered
+from conformance.examples import minirl as fw
+from conformance.examples.conduit_minirl import conformance as example
+from conformance.examples.conduit_minirl.memory import ConduitReplayMemory, ConduitRolloutStore
+
+FAULTS = {
+    # fault: the checks it must fail (and no others)
+    # losing or doubling accepted data also breaks the staleness bound (inserts missed for ever)
+    "drop": {"ingest/exactly_once", "equivalence/sequential_matches_native", "onpolicy/consume_once",
+             "offpolicy/staleness_bound"},
+    "duplicate": {"ingest/exactly_once", "equivalence/sequential_matches_native", "onpolicy/consume_once",
+                  "offpolicy/staleness_bound"},
+    "reorder": {"ingest/source_order"},
+    "leak_versions": {"onpolicy/version_isolation"},
+    "redeliver": {"onpolicy/consume_once"},
+    "lose_state": {"state/round_trip"},
+    "stale_prefetch": {"offpolicy/staleness_bound"},
+    "skew": {"deliver/uniform_distribution", "deliver/prioritized_distribution",
+             "equivalence/sequential_matches_native"},
+    "overlap_reorder": {"equivalence/overlap_same_multiset"},
+    "ignore_priorities": {"deliver/prioritized_distribution"},
+    "accept_bad_input": {"ingest/rejects_bad_input"},
+    "corrupt_rewards": {"convergence/bandit"},
+}
+
+
+class BrokenSession(example.AdapterSession):
+    def __init__(self, store, fault: str, schedule: str = "sequential"):
+        super().__init__(store)
+        self.fault = fault
+        self.schedule = schedule
+        self.n_ingested = 0
+
+    def ingest(self, rollout):
+        self.n_ingested += 1
+        if self.fault == "drop" and self.n_ingested % 3 == 0 and len(rollout.ids) > 0:
+            rollout = type(rollout)(rollout.ids[:-1], rollout.source, rollout.policy_version, rollout.terminated)
+            if len(rollout.ids) == 0:
+                return
+        if self.fault == "reorder" or (self.fault == "overlap_reorder" and self.schedule == "overlapped"):
+            rollout = type(rollout)(rollout.ids[::-1], rollout.source, rollout.policy_version, rollout.terminated)
+        super().ingest(rollout)
+        if self.fault == "duplicate" and self.n_ingested == 2:
+            super().ingest(rollout)
+
+    def ingest_raw(self, columns, *, source=0):
+        if self.fault == "accept_bad_input":  # 'fixes' the shape silently instead of refusing
+            columns = dict(columns)
+            obs = columns["obs"]
+            columns["obs"] = np.pad(obs, ((0, 0), (0, 4 - obs.shape[1])))
+        super().ingest_raw(columns, source=source)
+
+    def deliver(self, batch_size, *, policy_version=None):
+        if isinstance(self.store, ConduitRolloutStore):
+            if self.fault == "leak_versions":
+                return self._drain_all()
+            if self.fault == "redeliver":
+                d = super().deliver(batch_size, policy_version=policy_version)
+                self._replay = getattr(self, "_replay", []) + [d.ids]
+                return Delivered(ids=np.concatenate(self._replay))
+            return super().deliver(batch_size, policy_version=policy_version)
+        d = super().deliver(batch_size)
+        if self.fault == "skew":
+            d.ids = np.minimum(d.ids, np.max(d.ids) // 2)
+        return d
+
+    def _drain_all(self):
+        b = self.store.edp.buffer.take(None)  # every version, not only the learner's
+        return Delivered(ids=b["obs"][:, 0].numpy().astype(np.int64) if b.size else np.zeros(0, np.int64))
+
+    def update_priorities(self, d, priorities):
+        if self.fault != "ignore_priorities":
+            super().update_priorities(d, priorities)
+
+    def load_state(self, state):
+        super().load_state(state)
+        if self.fault == "lose_state":
+            self.store.edp.buffer.rng = np.random.default_rng(12345)  # the RNG was not restored
+
+
+class BrokenHarness(example.AdapterHarness):
+    name = "broken"
+
+    def __init__(self, fault: str):
+        assert fault in FAULTS, fault
+        self.fault = fault
+
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+                schedule="sequential", staleness=0):
+        if onpolicy:
+            store = ConduitRolloutStore(capacity, obs_shape=example.OBS_SHAPE, schedule=schedule)
+            return BrokenSession(store, self.fault, schedule)
+        else:
+            if self.fault == "stale_prefetch" and schedule == "overlapped":
+                staleness = 10 ** 9  # claims the bound it was asked for, enforces none
+            store = ConduitReplayMemory(capacity, obs_shape=example.OBS_SHAPE, seed=seed, prioritized=prioritized,
+                                        alpha=alpha, schedule=schedule, staleness=staleness)
+            if self.fault == "stale_prefetch" and schedule == "overlapped":
+                import time
+                orig = store.edp._commit
+                def slow_commit(enc, timeout, _orig=orig):  # a slow ingestion operator
+                    time.sleep(0.002)
+                    return _orig(enc, timeout)
+                store.edp._commit = slow_commit
+        return BrokenSession(store, self.fault, schedule)
+
+    def convergence_workloads(self):
+        if self.fault != "corrupt_rewards":
+            return super().convergence_workloads()
+
+        def run(path, seed):
+            if path == "native":
+                return example.run_bandit(path, seed)
+            mem = ConduitReplayMemory(10_000, obs_shape=example.OBS_SHAPE, seed=seed)
+            try:
+                def sample(b):
+                    cols = {k: v.numpy() for k, v in mem.sample(b).items()}
+                    cols["reward"] = np.zeros_like(cols["reward"])  # delivery corrupts rewards
+                    return cols
+                reached, steps, returns = fw.train_bandit(mem, seed=seed, sample=sample)
+            finally:
+                mem.close()
+            return ConvergenceResult(reached, steps, returns)
+        return {"bandit": run}

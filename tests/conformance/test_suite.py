@@ -1,0 +1,100 @@
+"""The conformance suite itself: it passes a correct adapter, fails exactly the right
+checks on a broken one (each check is shown able to fail), handles expected failures,
+and is reachable from Python, pytest and the CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conformance import REGISTRY, ConformanceTests, check_adapter, load_harness
+from conformance.examples.conduit_minirl.conformance import harness as example_harness
+
+from .broken_adapter import FAULTS, BrokenHarness
+
+
+def failed(report):
+    return {r.id for r in report.results if r.status == "fail"}
+
+
+def test_correct_adapter_passes_every_check():
+    report = check_adapter(example_harness(), level="convergence")
+    assert report.ok, report.table()
+    assert {r.status for r in report.results} == {"pass"}
+    assert len(report.results) == len(REGISTRY)  # every check ran
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_broken_adapter_fails_exactly_the_checks_guarding_the_broken_promise(fault):
+    report = check_adapter(BrokenHarness(fault), level="convergence")
+    assert failed(report) == FAULTS[fault], report.table()
+
+
+def test_every_check_is_shown_able_to_fail():
+    caught = set().union(*FAULTS.values())
+    expected = {cid for cid in REGISTRY if not cid.endswith("/*")} | {"convergence/bandit"}
+    assert expected <= caught, f"checks no fault exercises: {sorted(expected - caught)}"
+
+
+def test_every_failure_is_collected_not_only_the_first():
+    report = check_adapter(BrokenHarness("drop"))
+    assert len(failed(report)) >= 2 and len(report.results) >= 11
+
+
+def test_expected_failures_need_a_reason_and_fail_when_they_pass(tmp_path):
+    from conformance.runner import load_xfails
+    bad = tmp_path / "x.txt"
+    bad.write_text("ingest/exactly_once\n")
+    with pytest.raises(ValueError, match="reason"):
+        load_xfails(str(bad))
+    good = tmp_path / "y.txt"
+    good.write_text("# known\ningest/source_order: reorders by design\ningest/exactly_once: should pass\n")
+    report = check_adapter(BrokenHarness("reorder"), xfails=load_xfails(str(good)))
+    st = {r.id: r.status for r in report.results}
+    assert st["ingest/source_order"] == "xfail"
+    assert st["ingest/exactly_once"] == "xpass" and not report.ok
+
+
+def test_report_header_names_versions_and_seed():
+    report = check_adapter(example_harness(), seed=3, select=["ingest/*"])
+    h = report.header
+    assert h["conduit"] and h["adapter"] == "conduit_minirl" and h["framework"] == "minirl" and h["seed"] == 3
+    assert "framework minirl 0.1" in report.table() and "seed 3" in report.table()
+    assert all(r.id.startswith("ingest/") for r in report.results)
+
+
+def test_cli_prints_table_writes_report_and_sets_exit_code(tmp_path):
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "conduit_core.cli", "conformance", "example", "--report", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ingest/exactly_once" in r.stdout and "PASS" in r.stdout
+    assert json.loads(out.read_text())["ok"] is True
+    r = subprocess.run([sys.executable, "-m", "conduit_core.cli", "conformance",
+                        "tests.conformance.broken_adapter:BrokenHarness"], capture_output=True, text=True)
+    assert r.returncode != 0
+
+
+def test_load_harness_errors_are_clear():
+    with pytest.raises(ValueError, match="module:factory"):
+        load_harness("nope")
+
+
+def test_scaffolded_adapter_passes_the_suite_out_of_the_box(tmp_path):
+    from conformance.scaffold import scaffold
+    scaffold("toyfw", tmp_path)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "conduit_toyfw/tests"],
+                       cwd=tmp_path, capture_output=True, text=True, env={**__import__("os").environ,
+                                                                          "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "11 passed" in r.stdout
+
+
+class TestExampleAdapterThroughTheBaseClass(ConformanceTests):
+    """The base class an adapter author subclasses, used on the in-repo example adapter."""
+
+    level = "convergence"
+
+    def make_harness(self):
+        return example_harness()
