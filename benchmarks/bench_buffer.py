@@ -121,17 +121,23 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
         res["insert_per_s"] = {"conduit": median(steady), "conduit_first_fill": first, "conduit_reps": steady}
         rb = None
         if rllib:
-            episodes = [rllib_episode(r) for r in make_rollouts(kind, rllib_fill, ep_len, seed=1)]
-            rb = rllib_buffer(capacity, prioritized)
+            # RLlib's buffer is filled to its capacity first (untimed), then timed while it
+            # evicts: the steady state of a full buffer, as for Conduit's ring.
+            rcap = rllib_fill
+            chunk = max(ep_len, rcap // 20)
+            episodes = [rllib_episode(r) for r in make_rollouts(kind, rcap + reps * chunk, ep_len, seed=1)]
+            rb = rllib_buffer(rcap, prioritized)
+            per_chunk = max(1, chunk // ep_len)
+            first = rcap // ep_len
+            rb.add(episodes[:first])
             ins_r = []
-            chunk = max(1, len(episodes) // reps)
             for i in range(reps):
-                part = episodes[i * chunk:(i + 1) * chunk]
+                part = episodes[first + i * per_chunk: first + (i + 1) * per_chunk]
                 steps = sum(len(e) for e in part)
                 t0 = time.perf_counter()
                 rb.add(part)
                 ins_r.append(steps / (time.perf_counter() - t0))
-            res["insert_per_s"] |= {"rllib": median(ins_r), "rllib_reps": ins_r,
+            res["insert_per_s"] |= {"rllib": median(ins_r), "rllib_reps": ins_r, "rllib_capacity": rcap,
                                     "speedup": median(steady) / median(ins_r)}
         # ---- samples: selection + columnar batch (+ a priority update, as DQN does)
         cf = conduit_buffer(kind, capacity, prioritized, reuse=0)  # fresh output memory per batch
@@ -172,7 +178,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--capacity", type=int, default=1_000_000)
     p.add_argument("--fill-cartpole", type=int, default=None, help="default: capacity (a full ring)")
     p.add_argument("--fill-atari", type=int, default=20_000)
-    p.add_argument("--rllib-fill", type=int, default=100_000, help="transitions given to RLlib's buffers")
+    p.add_argument("--rllib-fill", type=int, default=None,
+                   help="RLlib's buffer capacity, filled before timing (default: --capacity for CartPole, "
+                        "--fill-atari for Atari)")
     p.add_argument("--episode-len", type=int, default=200)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--calls", type=int, default=200)
@@ -181,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", default="out/bench_buffer.json")
     a = p.parse_args(argv)
     if a.quick:
-        a.capacity, a.fill_cartpole, a.fill_atari, a.rllib_fill, a.reps, a.calls = 20_000, 2_000, 400, 400, 2, 5
+        a.capacity, a.fill_cartpole, a.fill_atari, a.rllib_fill, a.reps, a.calls = 20_000, 2_000, 400, 2_000, 2, 5
     if a.fill_cartpole is None:
         a.fill_cartpole = a.capacity
     rllib = not a.no_rllib
@@ -194,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     bw = memcpy_bandwidth(64 << 20 if a.quick else 256 << 20)
     report = {"machine": machine(), "memcpy_GBps": bw, "args": vars(a), "workloads": {}}
     for kind, fill in (("cartpole", a.fill_cartpole), ("atari", a.fill_atari)):
-        rfill = min(a.rllib_fill, fill if kind == "atari" else a.rllib_fill)
+        rfill = a.rllib_fill or (fill if kind == "atari" else a.capacity)
         report["workloads"][kind] = bench_workload(kind, capacity=a.capacity, fill=fill, rllib_fill=rfill,
                                                    ep_len=a.episode_len,
                                                    batch_sizes=[32, 256], reps=a.reps, calls=a.calls, rllib=rllib)
