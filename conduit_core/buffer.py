@@ -112,6 +112,8 @@ class ExperienceBuffer:
         self._sampled = 0         # items ever delivered by sample()/take()
         self._head = 0            # FIFO: seq of the oldest unconsumed item
         self._dropped_stale = 0   # FIFO: items dropped for being from an older policy version
+        self._floor = 0           # rows with seq < floor were evicted early (frame pool full)
+        self._evicted_early = 0
         self._open_tail: dict[int, int] = {}  # source -> seq of its last item if the episode goes on
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
@@ -126,7 +128,16 @@ class ExperienceBuffer:
         """Items currently stored (for FIFO: not yet consumed)."""
         if self.selector.consumes:
             return self._inserted - self._head
-        return min(self._inserted, self.capacity)
+        return self._inserted - self._lo()
+
+    def _lo(self) -> int:
+        """Seq of the oldest row still stored (ring eviction or early eviction)."""
+        return max(self._inserted - self.capacity, self._floor, 0)
+
+    @property
+    def evicted_early(self) -> int:
+        """Rows evicted before the ring wrapped because the frame pool needed their frames."""
+        return self._evicted_early
 
     @property
     def inserted(self) -> int:
@@ -172,6 +183,11 @@ class ExperienceBuffer:
             self._wait_for_insert(n, timeout)
             first = self._inserted
             start = first % self.capacity
+            if self.storage.pools:
+                enc = dict(enc)
+                pending = self.storage.plan_frames(enc, n)
+                self._evict_for_frames(pending, n)
+                self.storage.commit_frames(pending)
             self.storage.write(start, enc, n)
             self._write_meta(first, n, enc, int(source), int(policy_version))
             self._inserted += n
@@ -205,6 +221,40 @@ class ExperienceBuffer:
             self.meta["next_seq"][prev % cap] = first
         if done is None or not done[-1]:
             self._open_tail[source] = first + n - 1
+
+    def _evict_for_frames(self, pending: list, n: int) -> None:
+        """Evict (oldest first) the rows whose frames the pending frame writes overwrite."""
+        cap = self.capacity
+        a = max(self._lo(), self._inserted + n - cap)  # rows that survive the ring
+        b = self._inserted
+        new_floor = a
+        for pool, _stacks, _sel, count, last in pending:
+            keep_from = pool.cursor + count - pool.capacity  # smallest frame id that survives
+            if last.size and int(last.min()) - pool.k + 1 < keep_from:
+                raise CapacityError(f"rollout: its {count} new frames exceed the frame pool ({pool.capacity} "
+                                    "frames). Fix: ingest shorter rollouts or raise FrameStackCodec.frame_budget.")
+            ids = self.storage.host_view(pool.fields[0])
+            lo_s, hi_s = a, b  # first seq in [a, b) whose first frame survives
+            while lo_s < hi_s:
+                mid = (lo_s + hi_s) // 2
+                if int(ids[mid % cap]) - pool.k + 1 >= keep_from:
+                    hi_s = mid
+                else:
+                    lo_s = mid + 1
+            new_floor = max(new_floor, lo_s)
+        if new_floor <= a:
+            return
+        if self.selector.consumes and new_floor > self._head:
+            raise CapacityError(f"frame pool full: storing this rollout would evict {new_floor - self._head} "
+                                "unconsumed on-policy rows. Fix: consume first or raise frame_budget.")
+        seqs = np.arange(a, new_floor, dtype=np.int64)
+        slots = seqs % cap
+        self.meta["seq"][slots] = -1
+        self.meta["next_seq"][slots] = -1
+        if isinstance(self.selector, Prioritized):
+            self.selector.index.set(slots, np.zeros(slots.shape[0]))
+        self._evicted_early += new_floor - a
+        self._floor = new_floor
 
     def _wait_for_insert(self, n: int, timeout: float | None) -> None:
         rl = self.rate_limiter
@@ -255,11 +305,7 @@ class ExperienceBuffer:
         with self._cond:
             self._check_open()
             self._wait_for_sample(batch_size, timeout)
-            size = min(self._inserted, self.capacity)
-            if isinstance(self.selector, Prioritized):
-                slots, weights = self.selector.select(batch_size, size, self.rng, beta=beta)
-            else:
-                slots, weights = self.selector.select(batch_size, size, self.rng)
+            slots, weights = self._select(batch_size, beta)
             if n_step is None:
                 data = self._gather(slots, device, fields)
             else:
@@ -269,6 +315,15 @@ class ExperienceBuffer:
             return Batch(data, slots=slots, seqs=self.meta["seq"][slots], versions=self.meta["version"][slots],
                          weights=None if weights is None else torch.from_numpy(weights).to(device or "cpu"),
                          inserted_at_selection=self._inserted)
+
+    def _select(self, batch_size: int, beta: float | None):
+        if isinstance(self.selector, Prioritized):
+            return self.selector.select(batch_size, self.size, self.rng, beta=beta)
+        lo = self._lo()
+        off, weights = self.selector.select(batch_size, self._inserted - lo, self.rng)
+        if self._floor > max(self._inserted - self.capacity, 0):  # early eviction: a shifted window
+            return (lo + off) % self.capacity, weights
+        return off, weights
 
     def _check_batch_size(self, batch_size: int) -> None:
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -374,8 +429,7 @@ class ExperienceBuffer:
         with self._cond:
             self._check_open()
             self._wait_for_sample(batch_size, timeout)
-            size = min(self._inserted, self.capacity)
-            starts, weights = self.selector.select(batch_size, size, self.rng)
+            starts, weights = self._select(batch_size, None)
             grid = np.empty((batch_size, length), dtype=np.int64)
             mask = np.zeros((batch_size, length), dtype=bool)
             cur = starts.copy()
@@ -514,7 +568,9 @@ class ExperienceBuffer:
                 "selector": self.selector.to_config(),
                 "selector_state": self.selector.state_dict(),
                 "counters": {"inserted": self._inserted, "sampled": self._sampled, "head": self._head,
-                             "dropped_stale": self._dropped_stale},
+                             "dropped_stale": self._dropped_stale, "floor": self._floor,
+                             "evicted_early": self._evicted_early},
+                "pools": {name: pool.state() for name, pool in self.storage.pools.items()},
                 "open_tail": [[int(k), int(v)] for k, v in self._open_tail.items()],
                 "rng": self.rng.bit_generator.state,
                 "data": data,
@@ -555,6 +611,9 @@ class ExperienceBuffer:
                 self.meta[k][:stored] = state["meta"][k]
             self._inserted, self._sampled = int(c["inserted"]), int(c["sampled"])
             self._head, self._dropped_stale = int(c["head"]), int(c["dropped_stale"])
+            self._floor, self._evicted_early = int(c.get("floor", 0)), int(c.get("evicted_early", 0))
+            for name, pstate in state.get("pools", {}).items():
+                self.storage.pools[name].load(pstate)
             self._open_tail = {int(k): int(v) for k, v in state["open_tail"]}
             self.rng.bit_generator.state = state["rng"]
             self.selector.load_state_dict(state["selector_state"])

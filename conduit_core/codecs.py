@@ -179,6 +179,9 @@ def codec_from_config(cfg: Mapping[str, Any]) -> Codec:
     name = cfg.get("name")
     if name == "identity":
         return IdentityCodec()
+    if name == "framestack":
+        from .framestack import framestack_from_config
+        return framestack_from_config(cfg)
     if name == "affine":
         return AffineCodec(scale=cfg["scale"], offset=cfg["offset"], divisor=cfg["divisor"],
                            stored=_STORED[cfg["stored"]], verify=cfg.get("verify", True))

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .errors import CapacityError, ConfigError
+from .framestack import FramePool, FrameStackCodec, PooledDecoder, frames_of, pool_frames
 from .spec import ExperienceSpec, as_tensor
 from .tiers import SharedSegment, Tier, allocate, numpy_view
 
@@ -77,9 +78,59 @@ class ColumnarStorage:
             self.columns[f.name] = cols
             self._np[f.name] = views
         self._single_host = len(self.shards) == 1 and self.shards[0].tier is not Tier.DEVICE
-        # The hot path's plan, computed once: (name, numpy view or None, codec or None, dtype)
-        self._plan = [(f.name, self._np[f.name][0], None if f.codec.is_identity else f.codec, f.dtype)
-                      for f in spec]
+        self.pools = self._make_pools()
+        # Decoders per field: None (identity), the field's codec, or a frame-pool reader.
+        self.decoders = {}
+        for f in spec:
+            if isinstance(f.codec, FrameStackCodec):
+                self.decoders[f.name] = PooledDecoder(self.pools[f.codec.pool], f.codec)
+            else:
+                self.decoders[f.name] = None if f.codec.is_identity else f.codec
+        # The hot path's plan, computed once: (name, numpy view or None, decoder or None, dtype)
+        self._plan = [(f.name, self._np[f.name][0], self.decoders[f.name], f.dtype) for f in spec]
+
+    def _make_pools(self) -> dict[str, FramePool]:
+        groups: dict[str, list] = {}
+        for f in self.spec:
+            if isinstance(f.codec, FrameStackCodec):
+                groups.setdefault(f.codec.pool, []).append(f)
+        pools = {}
+        for name, fields in groups.items():
+            c0 = fields[0].codec
+            shape0, dt0 = c0.frame_shape(fields[0].shape), c0.frame_dtype(fields[0].dtype)
+            for f in fields[1:]:
+                if f.codec.k != c0.k or f.codec.frame_shape(f.shape) != shape0 or f.codec.frame_dtype(f.dtype) != dt0:
+                    raise ConfigError(f"{f.name}.codec", f"the frame shape/dtype/k of pool {name!r}",
+                                      f"{f.codec.frame_shape(f.shape)}", "give fields sharing a pool equal frames")
+            host_tier = Tier.SHARED if any(s.tier is Tier.SHARED for s in self.shards) else Tier.PAGEABLE
+            pools[name] = FramePool(name=name, frames=pool_frames(self.capacity, c0, len(fields)), frame_shape=shape0,
+                                    dtype=dt0, k=c0.k, tier=host_tier)
+            pools[name].fields = [f.name for f in fields]
+        return pools
+
+    def plan_frames(self, enc: dict, n: int) -> list:
+        """Intern stacked fields' frames: replaces each pooled column in ``enc`` by its
+        last-frame ids and returns the pending pool writes (committed by ``commit_frames``
+        once the buffer has evicted what the new frames overwrite)."""
+        pending = []
+        for pool in self.pools.values():
+            codecs = [self.spec[f].codec for f in pool.fields]
+            stacks = np.stack([frames_of(c, enc[f]) for c, f in zip(codecs, pool.fields)], axis=1)
+            stacks = stacks.reshape(n * len(pool.fields), *stacks.shape[2:])  # row-major: r0f0, r0f1, r1f0...
+            last, sel, count = pool.plan(stacks)
+            ids = last.reshape(n, len(pool.fields))
+            for j, f in enumerate(pool.fields):
+                enc[f] = ids[:, j].copy()
+            pending.append((pool, stacks, sel, count, last))
+        return pending
+
+    @staticmethod
+    def commit_frames(pending: list) -> None:
+        for pool, stacks, sel, count, last in pending:
+            pool.write(stacks, sel, count, last)
+
+    def pool_bytes(self) -> int:
+        return sum(p.capacity * int(np.prod(p.frame_shape)) * p.tensor.element_size() for p in self.pools.values())
 
     def stored_numpy_dtypes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """(stored row shape, numpy dtype) per field, for callers that pre-allocate outputs."""
@@ -148,7 +199,8 @@ class ColumnarStorage:
             stored = self._gather_stored(name, slots, None if out is None else out.get(name), target)
             if stored.device != target:
                 stored = stored.to(target, non_blocking=stored.is_pinned())
-            result[name] = stored if f.codec.is_identity else f.codec.decode(stored, f.dtype)
+            dec = self.decoders[name]
+            result[name] = stored if dec is None else dec.decode(stored, f.dtype)
         return result
 
     def _gather_fast(self, slots: np.ndarray, target: torch.device, out, fields=None) -> dict[str, torch.Tensor]:
@@ -199,6 +251,9 @@ class ColumnarStorage:
     def close(self) -> None:
         self.columns = {}
         self._np = {}
+        self._plan = []
+        for pool in self.pools.values():
+            pool.close()
         for seg in self._segments:
             seg.close()
         self._segments = []

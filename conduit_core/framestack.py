@@ -1,0 +1,209 @@
+"""Frame stacks stored once per frame: the capacity codec for pixel observations.
+
+Atari pipelines deliver each observation as a stack of the last k frames, and ``obs``
+and ``next_obs`` overlap in k-1 of them, so a transition carries 2k frames of which
+~1 is new. A ``FrameStackCodec`` field stores only the id of its stack's *last* frame;
+the frames live once in a ring-shaped ``FramePool`` shared by the fields of one pool
+(e.g. obs and next_obs):
+
+    rows (seq order):   obs[t]   next_obs[t]   obs[t+1]   next_obs[t+1] ...
+    frame ids:          L        L+1           L+1        L+2           (k consecutive ids per stack)
+    pool (ring):        [ f_{L-3} f_{L-2} f_{L-1} f_L f_{L+1} f_{L+2} ... ]
+
+When written, each stack is compared bit for bit with the previous one: equal ->
+same id; shifted by one frame -> one new frame; otherwise k new frames. Either way
+decoding returns exactly the stack that was written (lossless by construction), and
+the frame ids of every stack are consecutive, so a stack is one slice of the ring.
+
+The pool holds ``frame_budget * capacity`` frames. Very short episodes need more than
+one frame per transition; when the pool is about to overwrite frames that live rows
+still use, the buffer evicts the oldest rows early (counted as ``evicted_early``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from .codecs import Codec, IdentityCodec, codec_from_config
+from .errors import SpecError
+from .tiers import Tier, allocate
+
+
+class FrameStackCodec(Codec):
+    """Store a stacked observation as one frame id; frames go to the pool ``pool``.
+
+    ``k``: frames per stack; ``axis``: the stacking axis of the field's shape (e.g. -1
+    for HxWxk, 0 for kxHxW); ``inner``: a per-frame codec (e.g. ``AffineCodec`` for
+    normalised floats); ``frame_budget``: pool frames per buffer slot."""
+
+    name = "framestack"
+
+    def __init__(self, *, k: int, axis: int = -1, inner: Codec | None = None, pool: str = "frames",
+                 frame_budget: float = 1.125):
+        if k < 1:
+            raise SpecError("FrameStackCodec.k", ">= 1", k, "use the framework's frame-stack depth, e.g. 4")
+        if frame_budget < 1.0:
+            raise SpecError("FrameStackCodec.frame_budget", ">= 1.0", frame_budget,
+                            "each transition needs at least one new frame; use e.g. 1.125")
+        self.k, self.axis, self.pool = int(k), int(axis), str(pool)
+        self.inner = inner or IdentityCodec()
+        self.frame_budget = float(frame_budget)
+
+    def check_compatible(self, field) -> None:
+        if not field.shape:
+            raise SpecError(f"{field.name}.codec", "a field with a stacking axis", "a scalar field",
+                            "FrameStackCodec applies to stacked observations such as (84, 84, 4)")
+        if field.shape[self.axis] != self.k:
+            raise SpecError(f"{field.name}.shape[{self.axis}]", f"k={self.k} stacked frames",
+                            field.shape[self.axis], "set axis to the stacking axis and k to its size")
+        self.inner.check_compatible(field)
+
+    def frame_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        s = list(shape)
+        del s[self.axis]
+        return tuple(s)
+
+    def stored_shape(self, shape):
+        return ()
+
+    def stored_dtype(self, dtype):
+        return torch.int64
+
+    def frame_dtype(self, dtype):
+        return self.inner.stored_dtype(dtype)
+
+    def encode(self, field, x):
+        # Per-frame encoding only; the pool interns frames when the rows are written.
+        return self.inner.encode(field, x) if not self.inner.is_identity else x
+
+    def decode(self, stored, dtype):  # pragma: no cover - the storage's PooledDecoder decodes
+        raise RuntimeError("a FrameStackCodec field is decoded by its storage's frame pool")
+
+    def to_config(self) -> dict:
+        return {"name": self.name, "k": self.k, "axis": self.axis, "inner": self.inner.to_config(),
+                "pool": self.pool, "frame_budget": self.frame_budget}
+
+    def __eq__(self, other):
+        return isinstance(other, FrameStackCodec) and self.to_config() == other.to_config()
+
+    def __hash__(self):
+        return hash((self.name, self.k, self.axis, self.pool))
+
+
+def framestack_from_config(cfg) -> FrameStackCodec:
+    return FrameStackCodec(k=cfg["k"], axis=cfg["axis"], inner=codec_from_config(cfg["inner"]), pool=cfg["pool"],
+                           frame_budget=cfg["frame_budget"])
+
+
+class FramePool:
+    """A ring of frames addressed by monotonically growing frame ids."""
+
+    def __init__(self, *, name: str, frames: int, frame_shape: tuple[int, ...], dtype: torch.dtype, k: int,
+                 tier: Tier = Tier.PAGEABLE):
+        self.name, self.capacity, self.k = name, int(frames), k
+        self.frame_shape = tuple(frame_shape)
+        self.tensor, self._segment = allocate(tier if tier is not Tier.DEVICE else Tier.PAGEABLE,
+                                              (self.capacity, *self.frame_shape), dtype)
+        self.frames = self.tensor.numpy()
+        self.cursor = 0          # id of the next frame to write
+        self.last_id = -1        # last frame id of the last stack written (-1: none)
+
+    # -------------------------------------------------------------- write
+    def plan(self, stacks: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """Dedup ``stacks`` [m, k, *frame] against each other and the last stack written.
+        Returns (last frame id per stack, indices (stack, frame) of new frames, count)."""
+        m, k = stacks.shape[0], self.k
+        flat = stacks.reshape(m, k, -1)
+        same = np.zeros(m, dtype=bool)
+        shift = np.zeros(m, dtype=bool)
+        if m > 1:
+            same[1:] = (flat[1:] == flat[:-1]).all(axis=(1, 2))
+            if k > 1:
+                shift[1:] = (flat[1:, :-1] == flat[:-1, 1:]).all(axis=(1, 2))
+            else:
+                shift[1:] = True
+        if self.last_id >= 0 and self.last_id - k + 1 > self.cursor - self.capacity - 1:
+            prev = self.read_stack(self.last_id).reshape(k, -1)
+            same[0] = bool((flat[0] == prev).all())
+            shift[0] = bool((flat[0, :-1] == prev[1:]).all()) if k > 1 else True
+        shift &= ~same
+        n_new = np.where(same, 0, np.where(shift, 1, k))
+        # Invariant: the last stack written always ends at frame cursor-1, so ids follow.
+        last = self.cursor - 1 + np.cumsum(n_new)
+        # new frames in write order: the last frame of 'shift' stacks, all k of fresh ones
+        sel_stack = np.repeat(np.arange(m), n_new)
+        first_new = np.cumsum(n_new) - n_new
+        sel_frame = np.arange(int(n_new.sum())) - np.repeat(first_new, n_new) + np.repeat(k - n_new, n_new)
+        return last.astype(np.int64), np.stack([sel_stack, sel_frame]), int(n_new.sum())
+
+    def write(self, stacks: np.ndarray, sel: np.ndarray, count: int, last: np.ndarray) -> None:
+        if count:
+            ids = self.cursor + np.arange(count)
+            self.frames[ids % self.capacity] = stacks[sel[0], sel[1]]
+            self.cursor += count
+        if last.size:
+            self.last_id = int(last[-1])
+
+    # --------------------------------------------------------------- read
+    def read_stack(self, last_id: int) -> np.ndarray:
+        ids = (last_id - self.k + 1 + np.arange(self.k)) % self.capacity
+        return self.frames[ids]
+
+    def gather(self, last_ids: np.ndarray) -> np.ndarray:
+        """[B, k, *frame] stacks for the given last-frame ids."""
+        ids = (last_ids.reshape(-1, 1) - self.k + 1 + np.arange(self.k)) % self.capacity
+        return self.frames.take(ids.reshape(-1), axis=0).reshape(last_ids.shape[0], self.k, *self.frame_shape)
+
+    def live_floor(self, cursor_after: int) -> int:
+        """Smallest frame id still stored once the cursor reaches ``cursor_after``."""
+        return cursor_after - self.capacity
+
+    def state(self) -> dict:
+        n = min(self.cursor, self.capacity)
+        ids = (self.cursor - n + np.arange(n)) % self.capacity
+        return {"cursor": self.cursor, "last_id": self.last_id, "frames": self.frames[ids].copy()}
+
+    def load(self, state: dict) -> None:
+        self.cursor, self.last_id = int(state["cursor"]), int(state["last_id"])
+        fr = np.asarray(state["frames"])
+        n = fr.shape[0]
+        ids = (self.cursor - n + np.arange(n)) % self.capacity
+        self.frames[ids] = fr
+
+    def close(self) -> None:
+        self.frames = None
+        self.tensor = None
+        if self._segment is not None:
+            self._segment.close()
+
+
+class PooledDecoder:
+    """Decodes a FrameStackCodec field's stored ids back into stacks (on the target device)."""
+
+    def __init__(self, pool: FramePool, codec: FrameStackCodec):
+        self.pool, self.codec = pool, codec
+
+    def decode(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ids = stored.cpu().numpy().reshape(-1)
+        stacks = torch.from_numpy(self.pool.gather(ids))          # [B, k, *frame]
+        nd = len(self.pool.frame_shape) + 1
+        axis = self.codec.axis % nd
+        x = torch.movedim(stacks, 1, 1 + axis).contiguous()      # back to the field's layout
+        x = x.to(stored.device) if stored.device.type != "cpu" else x
+        x = self.codec.inner.decode(x, dtype) if not self.codec.inner.is_identity else x
+        return x.view(*stored.shape, *x.shape[1:])
+
+
+def frames_of(codec: FrameStackCodec, x: Any) -> np.ndarray:
+    """[n, k, *frame] view of encoded stacks (the stacking axis moved next to the batch axis)."""
+    arr = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    nd = arr.ndim - 1
+    return np.moveaxis(arr, 1 + (codec.axis % nd), 1)
+
+
+def pool_frames(capacity: int, codec: FrameStackCodec, fields_in_pool: int) -> int:
+    return int(math.ceil(capacity * codec.frame_budget)) + codec.k * 4 * max(1, fields_in_pool)
