@@ -173,6 +173,53 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
     return result
 
 
+def capacity_report(*, capacity: int = 20_000, episode_len: int = 400, seed: int = 0) -> dict:
+    """Bytes per stored transition for RLlib-style Atari observations (float32 84x84x4 stacks
+    normalised as q/128 - 1, obs and next obs) with the lossless codecs, and a bit-exactness
+    check of delivered batches. RLlib's episodes hold one such float32 stack per step."""
+    from conduit_core import AffineCodec
+    from conduit_core.framestack import FrameStackCodec
+    rng = np.random.default_rng(seed)
+    codec = FrameStackCodec(k=4, axis=-1, inner=AffineCodec.divide(128, offset=-1.0))
+    spec = ExperienceSpec.transition(obs_shape=(84, 84, 4), obs_codec=codec)
+    buf = ExperienceBuffer(spec=spec, capacity=capacity, seed=seed)
+    episodes: list[tuple[int, np.ndarray]] = []  # (first id, uint8 frames): ground truth, 7 KB per step
+
+    def stacks_of(frames: np.ndarray, t: np.ndarray) -> np.ndarray:
+        idx = np.maximum(t[:, None] - 3 + np.arange(4)[None, :], 0)  # reset repeats frame 0, as RLlib's FrameStack
+        return (np.moveaxis(frames[idx], 1, -1).astype(np.float32) / 128.0) - 1.0
+
+    gid = 0
+    while gid < capacity:
+        T = min(episode_len, capacity - gid)
+        frames = rng.integers(0, 256, (T + 1, 84, 84), dtype=np.uint8)
+        episodes.append((gid, frames))
+        stacks = stacks_of(frames, np.arange(T + 1))
+        for s0 in range(0, T, 50):
+            n = min(50, T - s0)
+            term = np.zeros(n, bool)
+            term[-1] = s0 + n == T
+            ids = np.arange(gid, gid + n)
+            buf.add({"obs": stacks[s0:s0 + n], "next_obs": stacks[s0 + 1:s0 + n + 1], "action": ids,
+                     "reward": np.zeros(n, np.float32), "terminated": term, "truncated": np.zeros(n, bool)})
+            gid += n
+    b = buf.sample(512)
+    starts = np.array([e[0] for e in episodes])
+    checked = exact = 0
+    for i in range(b.size):
+        key = int(b["action"][i])
+        e = int(np.searchsorted(starts, key, side="right") - 1)
+        t = key - starts[e]
+        want = stacks_of(episodes[e][1], np.array([t, t + 1]))
+        checked += 1
+        exact += np.array_equal(b["obs"][i].numpy(), want[0]) and np.array_equal(b["next_obs"][i].numpy(), want[1])
+    per = (buf.storage.pool_bytes() + capacity * spec.stored_bytes_per_transition) / capacity
+    rllib_obs = 84 * 84 * 4 * 4
+    buf.close()
+    return {"bytes_per_transition": per, "rllib_obs_bytes": rllib_obs, "ratio_vs_rllib": per / rllib_obs,
+            "bytes_at_1M_GB": per * 1e6 / 1e9, "checked": checked, "bit_exact": checked == exact}
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit bench buffer", description=__doc__.split("\n")[0])
     p.add_argument("--capacity", type=int, default=1_000_000)
@@ -206,7 +253,12 @@ def main(argv: list[str] | None = None) -> dict:
         report["workloads"][kind] = bench_workload(kind, capacity=a.capacity, fill=fill, rllib_fill=rfill,
                                                    ep_len=a.episode_len,
                                                    batch_sizes=[32, 256], reps=a.reps, calls=a.calls, rllib=rllib)
+    report["capacity"] = cap = capacity_report(capacity=2_000 if a.quick else 20_000)
     print(render(report))
+    print(f"\nAtari capacity with lossless codecs: {cap['bytes_per_transition'] / 1e3:.1f} KB per transition "
+          f"(obs + next obs, pool reserve included) = {cap['ratio_vs_rllib']:.3f}x RLlib's "
+          f"{cap['rllib_obs_bytes'] / 1e3:.0f} KB float32 stack; 1M transitions = {cap['bytes_at_1M_GB']:.1f} GB; "
+          f"delivered batches bit-exact: {cap['bit_exact']} ({cap['checked']} rows checked)")
     write_json(a.json, report)
     print(f"\nJSON: {a.json}")
     return report
