@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from conduit_core import AffineCodec, ExperienceSpec, FieldSpec, SpecError
+from conduit_core.spec import as_torch_dtype
 
 # Conduit field -> RLlib column (ray.rllib.core.columns.Columns)
 RLLIB_COLUMNS = {"obs": "obs", "next_obs": "new_obs", "action": "actions", "reward": "rewards",
@@ -51,24 +52,59 @@ def episode_columns(ep) -> dict[str, np.ndarray]:
             "terminated": term, "truncated": trunc}
 
 
-def looks_like_pixels_over_255(x: np.ndarray) -> bool:
-    """True when float observations are exactly k/255 (k in 0..255): the AffineCodec applies."""
+# Affine normalisations frameworks apply to uint8 pixels, tried in order: x = q / d + offset.
+PIXEL_NORMALISATIONS = ((255.0, 0.0), (128.0, -1.0), (256.0, 0.0), (127.5, -1.0))
+
+
+def pixel_codec(x: np.ndarray) -> AffineCodec | None:
+    """The AffineCodec that represents every value of ``x`` exactly, if one of the usual
+    pixel normalisations does (checked bit for bit on this sample; every later insert is
+    verified again by the codec itself)."""
     if x.dtype != np.float32 or x.size == 0:
-        return False
-    q = np.round(x * 255.0)
-    return bool(((q >= 0) & (q <= 255)).all() and np.array_equal((q.astype(np.float32) / np.float32(255)), x))
+        return None
+    for d, off in PIXEL_NORMALISATIONS:
+        q = np.round((x - np.float32(off)) * np.float32(d))
+        if ((q >= 0) & (q <= 255)).all() and np.array_equal(q.astype(np.float32) / np.float32(d) + np.float32(off), x):
+            return AffineCodec.divide(d, offset=off)
+    return None
+
+
+def stacked_axis(obs: np.ndarray, next_obs: np.ndarray) -> int | None:
+    """The axis along which consecutive observations are a sliding frame stack (k frames,
+    shifted by one per step), or None. Decided on the first chunk: most steps must shift."""
+    if obs.ndim != 4 or obs.shape[0] < 1:
+        return None
+    for axis in (-1, 1):
+        k = obs.shape[axis]
+        if not 2 <= k <= 8:
+            continue
+        a = np.moveaxis(next_obs, axis, 1)
+        b = np.moveaxis(obs, axis, 1)
+        shifted = (a[:, :-1] == b[:, 1:]).reshape(a.shape[0], -1).all(axis=1)
+        if shifted.mean() >= 0.5:
+            return axis if axis == -1 else 0
+    return None
 
 
 def spec_for(cols: dict[str, np.ndarray], *, obs_codec: str | None) -> ExperienceSpec:
-    """The experience spec implied by the first chunk RLlib hands us."""
+    """The experience spec implied by the first chunk RLlib hands us. With obs_codec='auto',
+    pixel observations get lossless codecs: uint8 storage for normalised floats and, for
+    frame stacks, each frame stored once (obs and next_obs share one frame pool)."""
+    from conduit_core.framestack import FrameStackCodec
     obs = cols["obs"]
     codec = None
-    if obs_codec == "auto" and obs.ndim >= 3 and looks_like_pixels_over_255(obs):
-        codec = AffineCodec.divide(255)
-    obs_dtype = torch.from_numpy(obs[:0]).dtype
-    fields = [FieldSpec("obs", obs.shape[1:], obs_dtype, *(codec and [codec] or [])),
-              FieldSpec("action", cols["action"].shape[1:], torch.from_numpy(cols["action"][:0]).dtype),
+    if obs_codec == "auto" and obs.ndim >= 3:
+        inner = pixel_codec(obs)
+        axis = stacked_axis(obs, cols["next_obs"])
+        if axis is not None:
+            codec = FrameStackCodec(k=obs.shape[axis if axis == -1 else 1], axis=axis, inner=inner)
+        else:
+            codec = inner
+    obs_dtype = as_torch_dtype(obs.dtype)
+    extra = [codec] if codec is not None else []
+    fields = [FieldSpec("obs", obs.shape[1:], obs_dtype, *extra),
+              FieldSpec("action", cols["action"].shape[1:], as_torch_dtype(cols["action"].dtype)),
               FieldSpec("reward", (), torch.float32),
-              FieldSpec("next_obs", obs.shape[1:], obs_dtype, *(codec and [codec] or [])),
+              FieldSpec("next_obs", obs.shape[1:], obs_dtype, *extra),
               FieldSpec("terminated", (), torch.bool), FieldSpec("truncated", (), torch.bool)]
     return ExperienceSpec(fields)
