@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Mapping
 
+import numpy as np
 import torch
 
 from .errors import CodecError, SpecError
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .spec import FieldSpec
 
 _INT_RANGES = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.int16: (-32768, 32767)}
+_NP_STORED = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16}
 
 
 class Codec(ABC):
@@ -122,8 +124,28 @@ class AffineCodec(Codec):
         return self.stored
 
     def encode(self, field, x):
-        if not isinstance(x, torch.Tensor):
-            x = torch.from_numpy(x if x.flags.writeable else x.copy())
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            return self._encode_torch(field, x)
+        xn = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        xf = xn if xn.dtype in (np.float32, np.float64) else xn.astype(np.float32)
+        lo, hi = _INT_RANGES[self.stored]
+        if self.divisor is not None:
+            q = np.rint((xf - xf.dtype.type(self.offset)) * xf.dtype.type(self.divisor))
+        else:
+            q = np.rint((xf - xf.dtype.type(self.offset)) / xf.dtype.type(self.scale))
+        q = np.clip(q, lo, hi).astype(_NP_STORED[self.stored])
+        if self.verify:
+            back = self._decode_numpy(q, xn.dtype)
+            if not np.array_equal(back, xn):
+                bad = tuple(np.argwhere(back != xn)[0].tolist())
+                raise CodecError(
+                    f"{field}: the affine codec ({self._formula()}) cannot represent value "
+                    f"{xn[bad]!r} at index {list(bad)} exactly (it would decode to {back[bad]!r}); the batch "
+                    "was rejected and nothing was stored. Fix: remove obs_codec / the field's codec, or "
+                    "choose the scale/divisor that produced the data.")
+        return torch.from_numpy(q)
+
+    def _encode_torch(self, field, x):
         xf = x.to(torch.float32) if x.dtype != torch.float64 else x
         if self.divisor is not None:
             q = torch.round((xf - self.offset) * self.divisor)
@@ -131,19 +153,13 @@ class AffineCodec(Codec):
             q = torch.round((xf - self.offset) / self.scale)
         lo, hi = _INT_RANGES[self.stored]
         q = q.clamp_(lo, hi).to(self.stored)
-        if self.verify:
-            back = self.decode(q, x.dtype)
-            if not torch.equal(back, x):
-                bad = (back != x).nonzero()[0].tolist()
-                raise CodecError(
-                    f"{field}: the affine codec ({self._formula()}) cannot represent value "
-                    f"{x[tuple(bad)].item()!r} at index {bad} exactly (it would decode to "
-                    f"{back[tuple(bad)].item()!r}); the batch was rejected and nothing was stored. "
-                    "Fix: remove obs_codec / the field's codec, or choose the scale/divisor that "
-                    "produced the data.")
+        if self.verify and not torch.equal(self._decode_arith(q, x.dtype), x):
+            raise CodecError(f"{field}: the affine codec ({self._formula()}) cannot represent the batch exactly; "
+                             "it was rejected and nothing was stored. Fix: remove the field's codec.")
         return q
 
-    def decode(self, stored, dtype):
+    def _decode_arith(self, stored, dtype):
+        """The definition of decoding (the lookup table is built from it, value by value)."""
         y = stored.to(dtype)
         if self.divisor is not None:
             y = y / self.divisor
@@ -152,6 +168,40 @@ class AffineCodec(Codec):
         if self.offset:
             y = y + self.offset
         return y
+
+    def decode_into(self, out: torch.Tensor, stored_view: torch.Tensor) -> torch.Tensor:
+        """Decode a (possibly strided) stored view into ``out``: one cast-and-copy pass,
+        then the arithmetic in place (the same ops, so bit-identical to ``decode``)."""
+        out.copy_(stored_view)
+        if self.divisor is not None:
+            out.div_(self.divisor)
+        elif self.scale != 1.0:
+            out.mul_(self.scale)
+        if self.offset:
+            out.add_(self.offset)
+        return out
+
+    def _lut(self, dtype: torch.dtype) -> np.ndarray:
+        """decode(q) for every q of the stored type, indexed by q - min: one gather decodes
+        a batch in a single pass, bit-identical to the arithmetic (same ops per value)."""
+        luts = self.__dict__.setdefault("_luts", {})
+        lut = luts.get(dtype)
+        if lut is None:
+            lo, hi = _INT_RANGES[self.stored]
+            lut = luts[dtype] = self._decode_arith(torch.arange(lo, hi + 1).to(self.stored), dtype).numpy()
+        return lut
+
+    def _decode_numpy(self, q: np.ndarray, np_dtype) -> np.ndarray:
+        dtype = torch.from_numpy(np.zeros(0, dtype=np_dtype)).dtype
+        lut = self._lut(dtype)
+        if self.stored == torch.uint8:
+            return lut.take(q)
+        return lut.take(q.astype(np.int32) - _INT_RANGES[self.stored][0])
+
+    def decode(self, stored, dtype):
+        if stored.device.type == "cpu" and dtype in (torch.float32, torch.float64):
+            return torch.from_numpy(self._decode_numpy(stored.numpy(), torch.empty(0, dtype=dtype).numpy().dtype))
+        return self._decode_arith(stored, dtype)
 
     def _formula(self) -> str:
         core = f"q / {self.divisor:g}" if self.divisor is not None else f"q * {self.scale:g}"
@@ -163,6 +213,9 @@ class AffineCodec(Codec):
 
     def __eq__(self, other):
         return isinstance(other, AffineCodec) and self.to_config() == other.to_config()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_luts"}
 
     def __hash__(self):
         return hash(tuple(sorted(self.to_config().items())))

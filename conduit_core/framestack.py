@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .codecs import Codec, IdentityCodec, codec_from_config
+from .codecs import AffineCodec, Codec, IdentityCodec, codec_from_config
 from .errors import SpecError
 from .tiers import Tier, allocate
 
@@ -189,12 +189,16 @@ class PooledDecoder:
 
     def decode(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         ids = stored.cpu().numpy().reshape(-1)
-        stacks = torch.from_numpy(self.pool.gather(ids))          # [B, k, *frame]
+        stacks = self.pool.gather(ids)                            # [B, k, *frame], stored dtype
         nd = len(self.pool.frame_shape) + 1
-        axis = self.codec.axis % nd
-        x = torch.movedim(stacks, 1, 1 + axis).contiguous()      # back to the field's layout
-        x = x.to(stored.device) if stored.device.type != "cpu" else x
-        x = self.codec.inner.decode(x, dtype) if not self.codec.inner.is_identity else x
+        view = np.moveaxis(stacks, 1, 1 + self.codec.axis % nd)  # the field's layout (a view)
+        inner = self.codec.inner
+        if stored.device.type == "cpu" and isinstance(inner, AffineCodec):
+            # cast + re-layout in one copy, then the affine ops in place (bit-identical)
+            x = inner.decode_into(torch.empty(view.shape, dtype=dtype), torch.from_numpy(view))
+        else:
+            x = torch.from_numpy(np.ascontiguousarray(view)).to(stored.device)
+            x = inner.decode(x, dtype) if not inner.is_identity else x
         return x.view(*stored.shape, *x.shape[1:])
 
 

@@ -38,7 +38,8 @@ def _build(workload: str, system: str, args) -> object:
         cfg = workloads.ppo_cartpole(seed=args.seed)
     elif workload == "dqn-atari":
         from .atari import dqn_atari
-        cfg = dqn_atari(seed=args.seed, game=args.game)
+        cfg = dqn_atari(seed=args.seed, game=args.game, learning_starts=args.atari_learning_starts,
+                        iteration_steps=args.atari_iteration_steps)
     else:  # pragma: no cover
         raise ValueError(workload)
     if system == "conduit":
@@ -65,6 +66,9 @@ def run(workload: str, argv: list[str] | None) -> dict:
     p.add_argument("--worker", default="thread", choices=["thread", "process"])
     p.add_argument("--staleness", type=int, default=0)
     p.add_argument("--game", default="ale_py:ALE/Qbert-v5", help="Atari game (dqn-atari)")
+    p.add_argument("--atari-learning-starts", type=int, default=500)
+    p.add_argument("--atari-iteration-steps", type=int, default=100,
+                   help="env steps per iteration (dqn-atari; ~25 training steps of ~0.6 s each on CPU)")
     p.add_argument("--out", default=f"out/bench_rllib_{workload}")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
@@ -99,13 +103,14 @@ def run(workload: str, argv: list[str] | None) -> dict:
             rec[s]["returns"].append(ret)
             rec[s]["steps"].append(timer.steps)
     bar.close()
+    memory = {s: buffer_bytes_per_transition(algo) for s, algo in algos.items()}
     for algo in algos.values():
         algo.stop()
     report = {
         "workload": f"rllib-{workload}", "args": vars(a), "systems": rec,
         "exposed_ratio": _ratio(rec["conduit"]["exposed_ms"], rec["rllib"]["exposed_ms"]),
         "iteration_ratio": _ratio(rec["conduit"]["iter_s"], rec["rllib"]["iter_s"]),
-        "versions": _versions(),
+        "versions": _versions(), "buffer_bytes_per_transition": memory,
     }
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "report.json"), "w") as fh:
@@ -114,6 +119,28 @@ def run(workload: str, argv: list[str] | None) -> dict:
     print(render(report))
     print(f"\nreport: {os.path.join(a.out, 'report.json')}" + (f"\nplot:   {png}" if png else ""))
     return report
+
+
+def buffer_bytes_per_transition(algo) -> float | None:
+    """Replay memory per stored transition: RLlib's episodes (observations held per step,
+    lookback included) or Conduit's columns plus its frame pool, per buffer slot."""
+    buf = getattr(algo, "local_replay_buffer", None)
+    if buf is None:
+        return None
+    if hasattr(buf, "edp"):
+        if buf.edp is None:
+            return None
+        b = buf.edp.buffer
+        return (b.storage.pool_bytes() + b.capacity * b.spec.stored_bytes_per_transition) / b.capacity
+    steps = buf.get_num_timesteps()
+    if not steps:
+        return None
+    total = 0
+    for ep in buf.episodes:
+        for name in ("observations", "actions", "rewards"):
+            data = getattr(getattr(ep, name), "data", None)
+            total += getattr(data, "nbytes", 0)
+    return total / steps
 
 
 def _versions() -> dict:
@@ -140,6 +167,10 @@ def render(report: dict) -> str:
         lines.append(f"  {s:8s} exposed {statistics.median(rec[s]['exposed_ms']):7.3f} ms/step ({parts})  "
                      f"iteration {statistics.median(rec[s]['iter_s']):6.2f} s  "
                      f"return {rets[-1] if rets else float('nan'):.1f}")
+    mem = report.get("buffer_bytes_per_transition") or {}
+    if mem.get("rllib") and mem.get("conduit"):
+        lines.append(f"  replay memory per transition: rllib {mem['rllib'] / 1e3:.1f} KB, conduit "
+                     f"{mem['conduit'] / 1e3:.1f} KB -> {mem['conduit'] / mem['rllib']:.3f}x")
     e, it = report["exposed_ratio"], report["iteration_ratio"]
     if e:
         lines.append(f"  exposed experience-path latency, conduit/rllib: {e['median']:.3f}x "
