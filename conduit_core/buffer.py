@@ -61,6 +61,35 @@ class OutputPool:
         return ring[i]
 
 
+def write_meta_rows(meta: dict, cap: int, first: int, n: int, enc: Mapping[str, Any], done_fields, source: int,
+                    version: int, prev_tail: int | None) -> np.ndarray | None:
+    """Write the per-row metadata of seqs ``first .. first+n`` into ring ``meta`` of
+    ``cap`` slots, linking the source's previous open row ``prev_tail`` to ``first``.
+    Returns the rows' done flags (None without done fields)."""
+    start = first % cap
+    seqs = np.arange(first, first + n, dtype=np.int64)
+    done = None
+    for f in done_fields:
+        d = np.asarray(enc[f].cpu() if isinstance(enc[f], torch.Tensor) else enc[f]).reshape(n)
+        done = d.astype(bool) if done is None else (done | d.astype(bool))
+    nxt = seqs + 1
+    if done is not None:
+        nxt[done] = -1
+    nxt[-1] = -1  # the successor of the chunk's last item is not known yet
+    head = min(n, cap - start)  # the run before the ring wraps
+    for name, values in (("seq", seqs), ("next_seq", nxt)):
+        arr = meta[name]
+        arr[start:start + head] = values[:head]
+        arr[:n - head] = values[head:]
+    for name, value in (("version", version), ("source", source)):
+        arr = meta[name]
+        arr[start:start + head] = value
+        arr[:n - head] = value
+    if prev_tail is not None and meta["seq"][prev_tail % cap] == prev_tail:
+        meta["next_seq"][prev_tail % cap] = first
+    return done
+
+
 class ExperienceBuffer:
     """Columnar replay/queue storage of one experience spec.
 
@@ -112,7 +141,9 @@ class ExperienceBuffer:
         self._sampled = 0         # items ever delivered by sample()/take()
         self._head = 0            # FIFO: seq of the oldest unconsumed item
         self._dropped_stale = 0   # FIFO: items dropped for being from an older policy version
-        self._floor = 0           # rows with seq < floor were evicted early (frame pool full)
+        self._floor = 0           # rows with seq < floor were evicted early (frame pool full) or
+                                  # were not carried over by a capacity-growing migration
+        self._migration = None    # an active Migration (see migration.py) receives every insert
         self._evicted_early = 0
         self._open_tail: dict[int, int] = {}  # source -> seq of its last item if the episode goes on
         self._cond = threading.Condition(threading.RLock())
@@ -189,38 +220,24 @@ class ExperienceBuffer:
                 self._evict_for_frames(pending, n)
                 self.storage.commit_frames(pending)
             self.storage.write(start, enc, n)
+            prev_tail = self._open_tail.get(int(source))
             self._write_meta(first, n, enc, int(source), int(policy_version))
+            if self._migration is not None:  # dual write: the new layout gets every insert too
+                self._migration.on_insert(first, enc, n, int(source), int(policy_version), prev_tail)
             self._inserted += n
             self.selector.on_insert(start, n, min(self._inserted, self.capacity))
             self._cond.notify_all()
             return first
 
     def _write_meta(self, first: int, n: int, enc: Mapping[str, Any], source: int, version: int) -> None:
-        cap = self.capacity
-        start = first % cap
-        seqs = np.arange(first, first + n, dtype=np.int64)
-        done = None
-        for f in self.done_fields:
-            d = np.asarray(enc[f].cpu() if isinstance(enc[f], torch.Tensor) else enc[f]).reshape(n)
-            done = d.astype(bool) if done is None else (done | d.astype(bool))
-        nxt = seqs + 1
-        if done is not None:
-            nxt[done] = -1
-        nxt[-1] = -1  # the successor of the chunk's last item is not known yet
-        head = min(n, cap - start)  # the run before the ring wraps
-        for name, values in (("seq", seqs), ("next_seq", nxt)):
-            arr = self.meta[name]
-            arr[start:start + head] = values[:head]
-            arr[:n - head] = values[head:]
-        for name, value in (("version", version), ("source", source)):
-            arr = self.meta[name]
-            arr[start:start + head] = value
-            arr[:n - head] = value
         prev = self._open_tail.pop(source, None)
-        if prev is not None and self.meta["seq"][prev % cap] == prev:
-            self.meta["next_seq"][prev % cap] = first
+        done = write_meta_rows(self.meta, self.capacity, first, n, enc, self.done_fields, source, version, prev)
         if done is None or not done[-1]:
             self._open_tail[source] = first + n - 1
+
+    @property
+    def migrating(self) -> bool:
+        return self._migration is not None
 
     def _evict_for_frames(self, pending: list, n: int) -> None:
         """Evict (oldest first) the rows whose frames the pending frame writes overwrite."""

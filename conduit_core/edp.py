@@ -40,6 +40,7 @@ from .selectors import Prioritized
 from .workers import Encoded, InlineTransformer, as_numpy_rows, make_transformer
 
 EDP_STATE_VERSION = 1
+_TIER_KINDS = {"host": "pageable", "shm": "shared", "pinned": "pinned"}
 
 
 @dataclass(frozen=True)
@@ -327,6 +328,28 @@ class ExperienceDataPlane:
                 self._priority_version += 1
             self._metrics.add_busy("priorities", time.perf_counter() - t0, items_in=n)
             return n
+
+    # -------------------------------------------------------------- placement
+    def migrate(self, *, shards, capacity: int | None = None, background: bool = True):
+        """Move the buffer to ``shards`` (optionally growing ``capacity``) while ingestion and
+        delivery go on. Returns a handle whose ``wait()`` joins the copy (background), or
+        None after a blocking migration. Prepared deliveries are dropped (their rows may move)."""
+        from .migration import BackgroundMigration, begin_migration
+        self._check_usable()
+        with self._cond:
+            self._discard_prepared_locked()
+        m = begin_migration(self.buffer, shards=shards, capacity=capacity)
+        if background:
+            return BackgroundMigration(m)
+        m.finish()
+        return None
+
+    def replan(self, plan, *, background: bool = True, device_of=None):
+        """Carry out a placement ``Plan`` (see placement.plan): one shard per assigned tier."""
+        from .storage import ShardSpec
+        shards = [ShardSpec(_TIER_KINDS.get(a.tier, "pageable") if device_of is None else device_of(a.tier)[0],
+                            a.slots, None if device_of is None else device_of(a.tier)[1]) for a in plan.assignments]
+        return self.migrate(shards=shards, capacity=sum(a.slots for a in plan.assignments), background=background)
 
     # ----------------------------------------------------------------- worker
     @property

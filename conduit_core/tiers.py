@@ -76,6 +76,9 @@ class SharedSegment:
                 resource_tracker.unregister(self._shm._name, "shared_memory")  # type: ignore[attr-defined]
             except Exception:  # pragma: no cover - tracker layout differs across versions
                 pass
+        if create:  # unlink even if close() is never called (the process exits, the owner is dropped)
+            import weakref
+            self._finalizer = weakref.finalize(self, _unlink_quietly, self._shm.name)
         flat = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=nbytes)
         self.tensor = flat.view(dtype)[: math.prod(shape)].view(shape) if shape else flat.view(dtype)[:1]
 
@@ -95,6 +98,7 @@ class SharedSegment:
                 self._shm.unlink()
             except FileNotFoundError:
                 pass
+            self._finalizer.detach()
 
 
 LAZY_THRESHOLD = 64 << 20
@@ -122,6 +126,15 @@ class LazyHostSegment:
             self._mm.close()
         except BufferError:
             pass  # a view escaped; the mapping goes when the last view dies
+
+
+def _unlink_quietly(name: str) -> None:
+    try:
+        seg = shared_memory.SharedMemory(name=name)
+        seg.close()
+        seg.unlink()
+    except (FileNotFoundError, OSError):
+        pass
 
 
 def allocate(tier: Tier, shape: tuple[int, ...], dtype: torch.dtype, *,

@@ -1,0 +1,160 @@
+"""Online migration: move the buffer to new shards (and/or a larger capacity) while
+ingestion and delivery go on, losing and duplicating nothing.
+
+    begin ........ copy live rows chunk by chunk (each chunk under the buffer's lock) ..... swap
+      |                                                                                      |
+      +-- from here every insert is written to the old AND the new layout (dual write) ------+
+
+Each chunk copies rows by seq from ``seq % C_old`` to ``seq % C_new``. A row inserted after
+``begin`` is dual-written; a row copied before being overwritten is current when copied.
+So at the swap the new layout holds exactly the rows live in the old one. Deliveries read
+the old layout until the swap, which happens under the lock between two calls. With a
+larger capacity, rows the old ring evicted during the migration are not resurrected: the
+buffer's floor starts the new window at the oldest row live at the swap.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ConfigError, StateError
+from .selectors import Prioritized
+from .storage import ColumnarStorage, ShardSpec
+
+_META = ("seq", "version", "source", "next_seq")
+
+
+class Migration:
+    """Created by ``begin_migration``; drive it with ``step()`` or ``run()``, end with ``finish()``."""
+
+    def __init__(self, buffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,
+                 chunk_bytes: int = 64 << 20):
+        from .buffer import ExperienceBuffer
+        if not isinstance(buffer, ExperienceBuffer):
+            raise ConfigError("buffer", "an ExperienceBuffer", type(buffer).__name__, "migrate a buffer")
+        self.buffer = buffer
+        self.capacity = int(capacity or buffer.capacity)
+        if self.capacity < buffer.capacity:
+            raise ConfigError("capacity", f">= the current capacity {buffer.capacity}", self.capacity,
+                              "a migration can keep or grow the capacity; shrinking would drop accepted data")
+        if sum(s.capacity for s in shards) != self.capacity:
+            raise ConfigError("shards", f"capacities summing to {self.capacity}", sum(s.capacity for s in shards),
+                              "make the new shards add up to the (new) capacity")
+        if buffer.storage.pools:
+            raise ConfigError("migration", "a spec without frame pools", "FrameStackCodec fields",
+                              "frame pools stay on the host; migrate the buffer before enabling frame stacking")
+        self.rows_per_chunk = max(1, chunk_bytes // max(1, buffer.spec.stored_bytes_per_transition))
+        self.storage = ColumnarStorage(spec=buffer.spec, shards=list(shards))
+        self.meta = {k: np.full(self.capacity, -1, dtype=np.int64) for k in _META}
+        self.done = False
+        with buffer.lock:
+            if buffer._migration is not None:
+                self.storage.close()
+                raise ConfigError("migration", "one migration at a time", "another one running",
+                                  "finish() the running migration first")
+            buffer._check_open()
+            self.cursor = buffer._lo()      # next seq to copy
+            buffer._migration = self
+
+    # ------------------------------------------------------------ copying
+    def on_insert(self, first: int, enc, n: int, source: int, version: int, prev_tail: int | None) -> None:
+        """Dual write (called by the buffer under its lock)."""
+        from .buffer import write_meta_rows
+        self.storage.write(first % self.capacity, enc, n)
+        write_meta_rows(self.meta, self.capacity, first, n, enc, self.buffer.done_fields, source, version, prev_tail)
+
+    def step(self) -> bool:
+        """Copy one chunk of live rows; True when every live row has been copied."""
+        b = self.buffer
+        with b.lock:
+            b._check_open()
+            lo = max(self.cursor, b._lo())
+            end = min(b._inserted, lo + self.rows_per_chunk)
+            if lo < end:
+                seqs = np.arange(lo, end, dtype=np.int64)
+                old_slots = seqs % b.capacity
+                cols = {f.name: b.storage._gather_stored(f.name, old_slots, None, _cpu()) for f in b.spec}
+                self.storage.write(lo % self.capacity, cols, end - lo)
+                new_slots = seqs % self.capacity
+                for k in _META:
+                    self.meta[k][new_slots] = b.meta[k][old_slots]
+            self.cursor = max(end, lo)
+            return self.cursor >= b._inserted
+
+    def run(self) -> None:
+        while not self.step():
+            pass
+
+    def finish(self) -> None:
+        """Copy what is left and swap layouts, atomically with respect to inserts and deliveries."""
+        b = self.buffer
+        with b.lock:
+            while not self.step():
+                pass
+            old_storage, old_cap = b.storage, b.capacity
+            lo = b._lo()
+            if isinstance(b.selector, Prioritized):
+                seqs = np.arange(lo, b._inserted, dtype=np.int64)
+                prios = b.selector.index.get(seqs % old_cap).copy()
+                b.selector.bind(self.capacity)
+                b.selector.index.set(seqs % self.capacity, prios)
+            else:
+                b.selector.bind(self.capacity)
+            b.storage, b.meta, b.capacity = self.storage, self.meta, self.capacity
+            b._floor = max(b._floor, lo)  # the new window starts at the oldest row live now
+            for seg in b._meta_segments:
+                seg.close()
+            b._meta_segments = []
+            b._migration = None
+            self.done = True
+            b._cond.notify_all()
+        old_storage.close()
+
+    def abort(self) -> None:
+        with self.buffer.lock:
+            if self.buffer._migration is self:
+                self.buffer._migration = None
+        self.storage.close()
+
+
+def _cpu():
+    import torch
+    return torch.device("cpu")
+
+
+def begin_migration(buffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,
+                    chunk_bytes: int = 64 << 20) -> Migration:
+    return Migration(buffer, shards=shards, capacity=capacity, chunk_bytes=chunk_bytes)
+
+
+class BackgroundMigration:
+    """Runs a migration in its own thread; ``wait()`` joins it and re-raises its error."""
+
+    def __init__(self, migration: Migration):
+        self.migration = migration
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="conduit-migration", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.migration.step():
+                pass
+            self.migration.finish()
+        except BaseException as exc:  # noqa: BLE001 - reported by wait()
+            self.error = exc
+            try:
+                self.migration.abort()
+            except Exception:
+                pass
+
+    def wait(self, timeout: float | None = 60.0) -> None:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise StateError(f"migration still running after {timeout} s. Fix: wait longer; it copies "
+                             f"{self.migration.rows_per_chunk} rows per step")
+        if self.error is not None:
+            raise self.error

@@ -1,0 +1,223 @@
+"""Placement: which tier holds which part of the buffer. A pure decision.
+
+``plan(workload, topology)`` assigns the buffer's slots to tiers (one shard per tier used)
+to minimise the predicted per-step delivery plus ingestion time, never exceeding a tier's
+capacity, and says why. The model, per learner step:
+
+    delivery  = sum_i [ lat(i -> learner) + B * f_i * bytes / bw(i -> learner) ]   over tiers used
+    ingestion = sum_i [ lat(actors -> i) + I * f_i * bytes / bw(actors -> i) ]
+
+with f_i the fraction of slots on tier i (uniform selection reads, and the ring writes,
+each tier in proportion to its share), B the batch size, I the inserts per step and
+``bytes`` the stored bytes per transition. The per-slot cost of a tier is linear, so the
+optimum fills tiers cheapest-first; the latency terms make a tier worth using only if it
+takes a real share, which ``plan`` checks by trying every prefix of the ranking.
+
+Baselines are the fixed placements of existing systems (``fixed_plan``): pageable host
+(Reverb, RLlib), pinned host (SRL), pinned host read by the device (Gear), one GPU, all GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import CapacityError, ConfigError
+from .topology import Topology
+
+
+@dataclass(frozen=True)
+class Workload:
+    transition_bytes: int          # stored bytes per transition (after codecs)
+    capacity: int                  # transitions the buffer must hold
+    batch_size: int                # rows per delivery
+    inserts_per_step: float = 1.0  # transitions ingested per learner step
+    learner: str = "host"          # tier the learner reads from (its device), e.g. "gpu0"
+    actors: str = "host"           # tier the actors' rollouts arrive in
+    learners: tuple[str, ...] = () # data-parallel learners (all read B rows each); default (learner,)
+
+    def __post_init__(self) -> None:
+        for name in ("transition_bytes", "capacity", "batch_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"Workload.{name}", "> 0", getattr(self, name), f"give a positive {name}")
+
+    @property
+    def total_bytes(self) -> int:
+        return self.transition_bytes * self.capacity
+
+    @property
+    def readers(self) -> tuple[str, ...]:
+        return self.learners or (self.learner,)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    tier: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    assignments: tuple[Assignment, ...]
+    delivery_s: float
+    ingest_s: float
+    explanation: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total_s(self) -> float:
+        return self.delivery_s + self.ingest_s
+
+    def fractions(self) -> dict[str, float]:
+        n = sum(a.slots for a in self.assignments)
+        return {a.tier: a.slots / n for a in self.assignments}
+
+    def render(self) -> str:
+        lines = [f"plan {self.name}: predicted delivery {self.delivery_s * 1e3:.3f} ms + ingestion "
+                 f"{self.ingest_s * 1e3:.3f} ms = {self.total_s * 1e3:.3f} ms per step"]
+        for a in self.assignments:
+            lines.append(f"  {a.tier:8s} {a.slots:>12,d} slots")
+        lines += [f"  - {e}" for e in self.explanation]
+        return "\n".join(lines)
+
+
+def _costs(workload: Workload, topology: Topology, tiers: list[str], fractions: list[float]) -> tuple[float, float]:
+    b = workload.transition_bytes
+    deliver = ingest = 0.0
+    for t, f in zip(tiers, fractions):
+        if f <= 0:
+            continue
+        for reader in workload.readers:
+            deliver += topology.link(t, reader).seconds(workload.batch_size * f * b)
+        ingest += topology.link(workload.actors, t).seconds(workload.inserts_per_step * f * b)
+    return deliver, ingest
+
+
+def per_slot_cost(workload: Workload, topology: Topology, tier: str) -> float:
+    """Seconds per step that one unit of slot fraction on ``tier`` costs (bandwidth part)."""
+    b = workload.transition_bytes
+    c = sum(workload.batch_size * b / (topology.link(tier, r).bandwidth_GBps * 1e9) for r in workload.readers)
+    return c + workload.inserts_per_step * b / (topology.link(workload.actors, tier).bandwidth_GBps * 1e9)
+
+
+def usable(topology: Topology, workload: Workload) -> list[str]:
+    """Tiers that every reader and the actors can reach."""
+    out = []
+    for t in topology.tiers:
+        if all(topology.has_link(t.name, r) for r in workload.readers) and topology.has_link(workload.actors, t.name):
+            out.append(t.name)
+    return out
+
+
+def _fill(workload: Workload, topology: Topology, order: list[str]) -> list[tuple[str, int]] | None:
+    left = workload.capacity
+    out = []
+    for t in order:
+        if left <= 0:
+            break
+        cap_slots = topology.tier(t).capacity_bytes // workload.transition_bytes
+        take = min(left, cap_slots)
+        if take > 0:
+            out.append((t, int(take)))
+            left -= take
+    return out if left <= 0 else None
+
+
+def _plan_from(name: str, workload: Workload, topology: Topology, assign: list[tuple[str, int]],
+               why: list[str]) -> Plan:
+    n = sum(s for _, s in assign)
+    d, i = _costs(workload, topology, [t for t, _ in assign], [s / n for _, s in assign])
+    return Plan(name, tuple(Assignment(t, s) for t, s in assign), d, i, tuple(why))
+
+
+def _subsets(ranked: list[str], exhaustive_up_to: int = 12):
+    """Every non-empty subset (in rank order) for small topologies, else every prefix."""
+    n = len(ranked)
+    if n > exhaustive_up_to:
+        for k in range(1, n + 1):
+            yield ranked[:k]
+        return
+    for mask in range(1, 1 << n):
+        yield [ranked[i] for i in range(n) if mask >> i & 1]
+
+
+def plan(workload: Workload, topology: Topology) -> Plan:
+    """The capacity-constrained, bandwidth-aware placement with the lowest predicted cost."""
+    tiers = usable(topology, workload)
+    if not tiers:
+        raise ConfigError("topology", f"a tier reachable from {workload.readers} and {workload.actors}", "none",
+                          "add links between the learner's device and a memory tier")
+    ranked = sorted(tiers, key=lambda t: per_slot_cost(workload, topology, t))
+    best: Plan | None = None
+    for subset in _subsets(ranked):  # each subset filled cheapest-first; latency decides how many tiers
+        assign = _fill(workload, topology, subset)
+        if assign is None:
+            continue
+        cand = _plan_from("conduit", workload, topology, assign, [])
+        if best is None or cand.total_s < best.total_s - 1e-12:
+            best = cand
+    if best is None:
+        total = sum(topology.tier(t).capacity_bytes for t in tiers)
+        raise CapacityError(f"capacity: {workload.total_bytes / 1e9:.1f} GB wanted "
+                            f"({workload.capacity:,} x {workload.transition_bytes} B), the reachable tiers hold "
+                            f"{total / 1e9:.1f} GB. Fix: lower the capacity, add a tier, or use a codec.")
+    why = [f"tiers ranked by cost per slot share: " + ", ".join(
+        f"{t} {per_slot_cost(workload, topology, t) * 1e3:.3f} ms" for t in ranked)]
+    for a in best.assignments:
+        cap = topology.tier(a.tier).capacity_bytes
+        used = a.slots * workload.transition_bytes
+        why.append(f"{a.tier}: {used / 1e9:.2f} of {cap / 1e9:.2f} GB "
+                   f"({'full' if used + workload.transition_bytes > cap else 'room left'})")
+    return Plan("conduit", best.assignments, best.delivery_s, best.ingest_s, tuple(why))
+
+
+BASELINES = ("pageable", "pinned", "gear", "single-gpu", "all-gpus")
+
+
+def fixed_plan(kind: str, workload: Workload, topology: Topology) -> Plan:
+    """A fixed placement of an existing system (raises CapacityError when it cannot hold the buffer)."""
+    gpus = [t.name for t in topology.tiers if t.kind == "device"]
+    if kind == "pageable":        # Reverb, RLlib
+        order, why = ["host"], "pageable host memory (Reverb, RLlib)"
+    elif kind == "pinned":        # SRL
+        order, why = ["pinned"], "pinned host memory (SRL)"
+    elif kind == "gear":          # pinned host, read by the device directly
+        order, why = ["pinned"], "pinned host memory with device-side access (Gear)"
+    elif kind == "single-gpu":
+        order, why = [workload.learner if workload.learner in gpus else (gpus[:1] or ["-"])[0]], "one GPU's memory"
+    elif kind == "all-gpus":
+        order, why = gpus, "all GPUs' memory, evenly"
+    else:
+        raise ConfigError("baseline", f"one of {BASELINES}", repr(kind), "pick a known baseline")
+    for t in order:
+        if t not in [x.name for x in topology.tiers]:
+            raise CapacityError(f"baseline {kind}: this topology has no tier {t!r}")
+    if kind == "all-gpus":
+        per = -(-workload.capacity // len(order))
+        assign = [(t, min(per, workload.capacity - i * per)) for i, t in enumerate(order)]
+        if any(s * workload.transition_bytes > topology.tier(t).capacity_bytes for t, s in assign):
+            raise CapacityError(f"baseline all-gpus: {workload.total_bytes / 1e9:.1f} GB does not fit the GPUs")
+    else:
+        assign = _fill(workload, topology, order)
+        if assign is None:
+            raise CapacityError(f"baseline {kind}: {workload.total_bytes / 1e9:.1f} GB does not fit {order[0]} "
+                                f"({topology.tier(order[0]).capacity_bytes / 1e9:.1f} GB)")
+    if kind == "gear":  # the device reads pinned memory in place: the pinned->device link, no staging copy
+        pass
+    return _plan_from(kind, workload, topology, assign, [why])
+
+
+def greedy_plan(workload: Workload, topology: Topology) -> Plan:
+    """Greedy: the single fastest tier, and fail when it is full (no spill)."""
+    tiers = usable(topology, workload)
+    best = min(tiers, key=lambda t: per_slot_cost(workload, topology, t))
+    assign = _fill(workload, topology, [best])
+    if assign is None:
+        raise CapacityError(f"greedy: the fastest tier {best} holds "
+                            f"{topology.tier(best).capacity_bytes / 1e9:.1f} GB, {workload.total_bytes / 1e9:.1f} "
+                            "GB wanted")
+    return _plan_from("greedy", workload, topology, assign, [f"fastest tier only: {best}"])
+
+
+def conservative_plan(workload: Workload, topology: Topology) -> Plan:
+    """Conservative: always pageable host memory, which is the largest tier."""
+    return fixed_plan("pageable", workload, topology)
