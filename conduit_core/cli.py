@@ -5,6 +5,9 @@
     conduit bench rllib-dqn [...]      unmodified RLlib vs RLlib with Conduit (adapter)
     conduit conformance ADAPTER        the conformance suite's table for an adapter
     conduit new-adapter NAME           scaffold an adapter package that passes the suite
+    conduit probe                      measure this machine's memory tiers and links
+    conduit plan --transition-bytes B --capacity N [--topology a100x8]   the placement and its costs
+    conduit tune dqn-synthetic         cost model: predicted vs measured for every configuration
 
 Subcommands that need a framework import it lazily and say how to install it.
 """
@@ -67,20 +70,88 @@ def _cmd_conformance(args: list[str]) -> int:
     return conformance_main(args)
 
 
+def _cmd_probe(args: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="conduit probe", description="Measure this machine's tiers and links.")
+    p.add_argument("--out", default=None, help="write the topology as JSON here")
+    p.add_argument("--mib", type=int, default=256, help="copy size for the bandwidth measurements")
+    a = p.parse_args(args)
+    from .topology import probe
+    t = probe(nbytes=a.mib << 20)
+    for tier in t.tiers:
+        print(f"tier {tier.name:8s} {tier.kind:9s} {tier.capacity_bytes / 1e9:8.1f} GB")
+    for line in t.notes:
+        print(f"  {line}")
+    if a.out:
+        t.save(a.out)
+        print(f"topology written to {a.out}")
+    return 0
+
+
+def _cmd_plan(args: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="conduit plan",
+                                description="Print the placement Conduit would choose, with predicted costs and "
+                                            "the fixed placements of existing systems.")
+    p.add_argument("--topology", default="probe", help="'probe' (this machine), a preset (a100x8, mi250x8) or a JSON file")
+    p.add_argument("--transition-bytes", type=int, required=True)
+    p.add_argument("--capacity", type=int, required=True)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--inserts-per-step", type=float, default=1.0)
+    p.add_argument("--learner", default="host", help="the learner's tier, e.g. gpu0")
+    p.add_argument("--actors", default="host")
+    a = p.parse_args(args)
+    from .errors import ConduitError
+    from .placement import BASELINES, Workload, fixed_plan, plan
+    from .topology import PRESETS, Topology, probe
+    topo = probe(nbytes=32 << 20, reps=3) if a.topology == "probe" else (
+        PRESETS[a.topology]() if a.topology in PRESETS else Topology.load(a.topology))
+    w = Workload(transition_bytes=a.transition_bytes, capacity=a.capacity, batch_size=a.batch_size,
+                 inserts_per_step=a.inserts_per_step, learner=a.learner, actors=a.actors)
+    try:
+        best = plan(w, topo)
+    except ConduitError as exc:
+        print(f"conduit plan: {exc}", file=sys.stderr)
+        return 1
+    print(f"topology {topo.name} ({topo.source})")
+    print(best.render())
+    print("baselines (fixed placements):")
+    for b in BASELINES:
+        try:
+            q = fixed_plan(b, w, topo)
+            print(f"  {b:10s} {q.total_s * 1e3:9.3f} ms per step  ({q.total_s / best.total_s:.2f}x conduit's)")
+        except ConduitError as exc:
+            print(f"  {b:10s} cannot hold it: {str(exc)[:90]}")
+    return 0
+
+
+def _cmd_tune(args: list[str]) -> int:
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: conduit tune dqn-synthetic [--dims ...] [--steps N]\n\nProfiles briefly, predicts every "
+              "configuration (placement x overlap x granularity) with the cost model, measures them all and "
+              "prints predicted vs measured.")
+        return 0 if args else 2
+    if args[0] != "dqn-synthetic":
+        print(f"conduit tune: unknown workload {args[0]!r}; expected 'dqn-synthetic'", file=sys.stderr)
+        return 2
+    from benchmarks.bench_tune import main as tune_main
+    tune_main(args[1:])
+    return 0
+
+
 def _cmd_new_adapter(args: list[str]) -> int:
     from conformance.scaffold import main as scaffold_main
     return scaffold_main(args)
 
 
 COMMANDS = {"info": _cmd_info, "bench": _cmd_bench, "conformance": _cmd_conformance,
-            "new-adapter": _cmd_new_adapter}
+            "new-adapter": _cmd_new_adapter, "probe": _cmd_probe, "plan": _cmd_plan, "tune": _cmd_tune}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="conduit", description="Conduit: the Experience Data Plane for distributed RL.",
-        epilog="commands: info | bench WORKLOAD | conformance ADAPTER | new-adapter NAME  (each takes --help)")
+        epilog="commands: info | bench WORKLOAD | conformance ADAPTER | new-adapter NAME | probe | plan | tune "
+               "WORKLOAD  (each takes --help)")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("command", nargs="?", choices=sorted(COMMANDS))
     parser.add_argument("args", nargs=argparse.REMAINDER)

@@ -4,8 +4,10 @@
 to minimise the predicted per-step delivery plus ingestion time, never exceeding a tier's
 capacity, and says why. The model, per learner step:
 
-    delivery  = sum_i [ lat(i -> learner) + B * f_i * bytes / bw(i -> learner) ]   over tiers used
-    ingestion = sum_i [ lat(actors -> i) + I * f_i * bytes / bw(actors -> i) ]
+    delivery  = max_links sum_(i on link) [ lat(i -> learner) + B * f_i * bytes / bw(i -> learner) ]
+    ingestion = max_links sum_(i on link) [ lat(actors -> i) + I * f_i * bytes / bw(actors -> i) ]
+
+(shards are read concurrently over their own links; host-memory tiers share the host's link)
 
 with f_i the fraction of slots on tier i (uniform selection reads, and the ring writes,
 each tier in proportion to its share), B the batch size, I the inserts per step and
@@ -81,15 +83,32 @@ class Plan:
 
 
 def _costs(workload: Workload, topology: Topology, tiers: list[str], fractions: list[float]) -> tuple[float, float]:
+    """Shards are read (and written) concurrently, each over its own link, so a step waits
+    for the slowest shard; shards reached over the *same* link (e.g. host and shm to a GPU
+    both cross its PCIe link) share it and add up."""
     b = workload.transition_bytes
-    deliver = ingest = 0.0
+    deliver = 0.0
+    for reader in workload.readers:
+        per_link: dict[tuple, float] = {}
+        for t, f in zip(tiers, fractions):
+            if f > 0:
+                key = _link_group(topology, t, reader)
+                per_link[key] = per_link.get(key, 0.0) + topology.link(t, reader).seconds(workload.batch_size * f * b)
+        deliver += max(per_link.values(), default=0.0)
+    per_link = {}
     for t, f in zip(tiers, fractions):
-        if f <= 0:
-            continue
-        for reader in workload.readers:
-            deliver += topology.link(t, reader).seconds(workload.batch_size * f * b)
-        ingest += topology.link(workload.actors, t).seconds(workload.inserts_per_step * f * b)
-    return deliver, ingest
+        if f > 0:
+            key = _link_group(topology, workload.actors, t)
+            per_link[key] = per_link.get(key, 0.0) + topology.link(workload.actors, t).seconds(
+                workload.inserts_per_step * f * b)
+    return deliver, max(per_link.values(), default=0.0)
+
+
+def _link_group(topology: Topology, src: str, dst: str) -> tuple:
+    """Links that share hardware: every host-memory tier reaches a device over its one host link."""
+    host_kinds = ("pageable", "shared", "pinned")
+    s_kind, d_kind = topology.tier(src).kind, topology.tier(dst).kind
+    return ("host" if s_kind in host_kinds else src, "host" if d_kind in host_kinds else dst)
 
 
 def per_slot_cost(workload: Workload, topology: Topology, tier: str) -> float:

@@ -1,0 +1,152 @@
+"""The cost model: predicted step time for each point of placement x overlap x granularity.
+
+Pure functions of a measured ``Profile`` (per-operator costs, fixed + per item + per byte;
+the learner's and the rest of the step's time; how much of the ingestion hook holds the
+GIL) and the topology (bandwidths, latencies, core count). Overlap is a cost, not a free
+lunch: a background operator competes with the learner for cores and, in a thread, for
+the GIL.
+
+Per learner step, with I rows ingested in ``rollouts`` rollouts and B rows delivered:
+
+    ingest(g)  = ing.fixed * rollouts / g_ing + ing.item * I + ing.byte * I*b + link(actors -> tier)
+    deliver(g) = del.fixed / g_del + del.item * B + del.byte * B*b + link(tier -> learner)
+    sequential: exposed = ingest + deliver + priorities
+                step    = base + exposed
+    thread:     exposed = handoff + priorities          (the caller only enqueues and pops)
+                step    = max(base + exposed + interference * W, W)      W = ingest + deliver
+    process:    as thread, W also carries the serialisation to and from the child
+
+``interference`` is the share of the worker's time that still slows the caller (the GIL
+for a thread, the missing spare core for either); it and ``handoff`` are calibrated from
+one overlapped run per worker kind, the operator costs from two sequential runs at
+different granularities (``fit_operator``). Placement enters through the topology's links
+(the transfer part of each operator).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class OperatorCost:
+    fixed_s: float = 0.0
+    per_item_s: float = 0.0
+    per_byte_s: float = 0.0
+
+    def __call__(self, items: float, nbytes: float, calls: float = 1.0) -> float:
+        return self.fixed_s * calls + self.per_item_s * items + self.per_byte_s * nbytes
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a short profiling run measured for one workload (seconds per learner step unless
+    noted). ``base_s`` is everything outside the experience path (learner, env, syncs);
+    the overlap terms are calibrated from one overlapped run per worker kind."""
+
+    base_s: float
+    priorities_s: float              # caller time for priority updates (never overlapped)
+    ingest: OperatorCost             # per operator call (fixed), per row, per byte
+    deliver: OperatorCost
+    rows_per_step: float
+    rollouts_per_step: float
+    batch_size: int
+    transition_bytes: int
+    thread_handoff_s: float = 30e-6      # caller-blocked per step with the thread worker
+    thread_interference: float = 1.0     # share of the worker's time that slows the caller (GIL, cores)
+    process_handoff_s: float = 60e-6     # caller-blocked per step with the process worker
+    process_interference: float = 0.5
+    process_s_per_byte: float = 2e-10    # serialising rollouts to the child and back
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Config:
+    placement: str = "host"          # a tier name (or a plan's name)
+    schedule: str = "sequential"     # sequential | thread | process
+    g_ing: int = 1
+    g_del: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"{self.placement}/{self.schedule}/ing{self.g_ing}/del{self.g_del}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    config: Config
+    step_s: float
+    exposed_s: float
+    breakdown: dict = field(default_factory=dict)
+
+
+def _link_s(topology, src: str, dst: str, nbytes: float) -> float:
+    if topology is None:
+        return 0.0
+    return topology.link(src, dst).seconds(nbytes) - topology.link(src, dst).latency_us * 1e-6 * 0
+
+
+def operator_times(config: Config, p: Profile, *, topology=None, learner: str = "host",
+                   actors: str = "host") -> tuple[float, float]:
+    """Ingestion and delivery operator time per step for this placement and granularity."""
+    b = p.transition_bytes
+    ing = p.ingest(p.rows_per_step, p.rows_per_step * b, calls=p.rollouts_per_step / config.g_ing)
+    dlv = p.deliver(p.batch_size, p.batch_size * b, calls=1.0 / config.g_del)
+    if topology is not None and config.placement in [t.name for t in topology.tiers]:
+        host = "host" if any(t.name == "host" for t in topology.tiers) else config.placement
+        # moving to another tier than the profiled host tier changes only the transfer part
+        for src, dst, nb, sign in ((actors, config.placement, p.rows_per_step * b, 1),
+                                   (actors, host, p.rows_per_step * b, -1)):
+            ing += sign * topology.link(src, dst).seconds(nb) if topology.has_link(src, dst) else 0.0
+        for src, dst, nb, sign in ((config.placement, learner, p.batch_size * b, 1),
+                                   (host, learner, p.batch_size * b, -1)):
+            dlv += sign * topology.link(src, dst).seconds(nb) if topology.has_link(src, dst) else 0.0
+    return max(ing, 0.0), max(dlv, 0.0)
+
+
+def predict(config: Config, p: Profile, *, cores: int, topology=None, learner: str = "host",
+            actors: str = "host") -> Prediction:
+    ing, dlv = operator_times(config, p, topology=topology, learner=learner, actors=actors)
+    base = p.base_s
+    if config.schedule == "sequential":
+        exposed = ing + dlv + p.priorities_s
+        step = base + exposed
+    elif config.schedule in ("thread", "process"):
+        thread = config.schedule == "thread"
+        extra = 0.0 if thread else p.process_s_per_byte * p.rows_per_step * p.transition_bytes * 2
+        work = ing + dlv + extra
+        handoff = p.thread_handoff_s if thread else p.process_handoff_s
+        interference = p.thread_interference if thread else p.process_interference
+        if cores < 2:  # no spare core: the worker's time is the caller's
+            interference = 1.0
+        exposed = handoff + p.priorities_s
+        step = max(base + exposed + interference * work, work)
+    else:
+        raise ValueError(f"schedule: expected sequential/thread/process, got {config.schedule!r}")
+    return Prediction(config, step, exposed, {"ingest_s": ing, "deliver_s": dlv, "base_s": base})
+
+
+def enumerate_configs(*, placements=("host", "shm"), schedules=("sequential", "thread", "process"),
+                      g_ing=(1, 4), g_del=(1, 2, 4, 8)) -> list[Config]:
+    """The search space: placement x overlap x ingestion and delivery granularity (>= 32 points)."""
+    return [Config(pl, s, gi, gd) for pl, s, gi, gd in itertools.product(placements, schedules, g_ing, g_del)]
+
+
+def rank(configs: list[Config], p: Profile, **kw) -> list[Prediction]:
+    return sorted((predict(c, p, **kw) for c in configs), key=lambda x: x.step_s)
+
+
+def fit_operator(samples: list[tuple[float, float, float, float]]) -> OperatorCost:
+    """Least squares (non-negative by clipping) of seconds ~ fixed*calls + item*items + byte*bytes
+    from (calls, items, bytes, seconds) samples of one operator."""
+    import numpy as np
+    a = np.array([[c, i, nb] for c, i, nb, _ in samples], dtype=np.float64)
+    y = np.array([s for *_, s in samples], dtype=np.float64)
+    scale = a.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, *_ = np.linalg.lstsq(a / scale, y, rcond=None)
+    coef = np.clip(coef / scale, 0.0, None)
+    return OperatorCost(float(coef[0]), float(coef[1]), float(coef[2]))
