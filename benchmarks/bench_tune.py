@@ -26,6 +26,7 @@ from conduit_core.topology import probe
 from .common import fmt_table, machine, write_json
 
 ROLLOUT, BATCH = 4, 32
+STALENESS = 16  # inserts a delivery may miss: a workload property, the same for every configuration
 
 
 def scale_rewards(rollouts: list[Rollout]) -> list[Rollout]:
@@ -44,11 +45,11 @@ class Loop:
         spec = ExperienceSpec.transition(obs_shape=(dims,))
         tier = {"host": "pageable", "shm": "shared"}[config.placement]
         buf = ExperienceBuffer(spec=spec, capacity=100_000, selector=Prioritized(), tier=tier, seed=seed)
-        sched = {"sequential": Schedule.sequential(delivery_granularity=config.g_del, staleness=4 * config.g_ing),
+        sched = {"sequential": Schedule.sequential(delivery_granularity=config.g_del, staleness=STALENESS),
                  "thread": Schedule.overlapped(worker="thread", delivery_granularity=config.g_del,
-                                               ingest_granularity=config.g_ing, staleness=4 * config.g_ing),
+                                               ingest_granularity=config.g_ing, staleness=STALENESS),
                  "process": Schedule.overlapped(worker="process", delivery_granularity=config.g_del,
-                                                ingest_granularity=config.g_ing, staleness=4 * config.g_ing)}
+                                                ingest_granularity=config.g_ing, staleness=STALENESS)}
         self.edp = ExperienceDataPlane(buffer=buf, schedule=sched[config.schedule], ingest_hooks=[scale_rewards])
         rng = np.random.default_rng(seed)
         self.rollouts = [{"obs": rng.standard_normal((ROLLOUT, dims)).astype(np.float32),
@@ -123,7 +124,7 @@ def profile(dims: int, steps: int) -> Profile:
     ing = fit_operator(ing_samples)
     dlv = fit_operator(del_samples)
     p0 = Profile(base_s=statistics.median(base), priorities_s=statistics.median(prio), ingest=ing, deliver=dlv,
-                 rows_per_step=ROLLOUT, rollouts_per_step=1.0, batch_size=BATCH, transition_bytes=b)
+                 rows_per_step=ROLLOUT, rollouts_per_step=1.0, batch_size=BATCH, transition_bytes=b, staleness=STALENESS)
     calib = {}
     for kind in ("thread", "process"):
         cfg = Config("host", kind, 1, 1)
@@ -135,7 +136,7 @@ def profile(dims: int, steps: int) -> Profile:
         interference = (res["step_s"] - p0.base_s - handoff - p0.priorities_s) / work if work > 0 else 1.0
         calib[kind] = (handoff, float(np.clip(interference, 0.0, 3.0)))
     return Profile(base_s=p0.base_s, priorities_s=p0.priorities_s, ingest=ing, deliver=dlv, rows_per_step=ROLLOUT,
-                   rollouts_per_step=1.0, batch_size=BATCH, transition_bytes=b,
+                   rollouts_per_step=1.0, batch_size=BATCH, transition_bytes=b, staleness=STALENESS,
                    thread_handoff_s=calib["thread"][0], thread_interference=calib["thread"][1],
                    process_handoff_s=calib["process"][0], process_interference=calib["process"][1])
 

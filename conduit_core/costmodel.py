@@ -58,6 +58,7 @@ class Profile:
     process_handoff_s: float = 60e-6     # caller-blocked per step with the process worker
     process_interference: float = 0.5
     process_s_per_byte: float = 2e-10    # serialising rollouts to the child and back
+    staleness: int = 0                   # inserts a delivery may miss (bounds prepared batches' use)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,7 +95,10 @@ def operator_times(config: Config, p: Profile, *, topology=None, learner: str = 
     """Ingestion and delivery operator time per step for this placement and granularity."""
     b = p.transition_bytes
     ing = p.ingest(p.rows_per_step, p.rows_per_step * b, calls=p.rollouts_per_step / config.g_ing)
-    dlv = p.deliver(p.batch_size, p.batch_size * b, calls=1.0 / config.g_del)
+    # batches prepared ahead survive only while the inserts since their selection stay within
+    # the staleness bound; the others are discarded and their work is wasted
+    useful = max(1, min(config.g_del, 1 + int(p.staleness // max(p.rows_per_step, 1e-9))))
+    dlv = (p.deliver(p.batch_size * config.g_del, p.batch_size * config.g_del * b, calls=1.0)) / useful
     if topology is not None and config.placement in [t.name for t in topology.tiers]:
         host = "host" if any(t.name == "host" for t in topology.tiers) else config.placement
         # moving to another tier than the profiled host tier changes only the transfer part

@@ -357,6 +357,33 @@ class ExperienceDataPlane:
             self._metrics.add_busy("priorities", time.perf_counter() - t0, items_in=n)
             return n
 
+    def reschedule(self, schedule: Schedule) -> None:
+        """Switch to another schedule without losing anything: flush what was accepted, stop
+        and join the worker, drop prepared batches (undoing their draws), start the new one."""
+        if not isinstance(schedule, Schedule):
+            raise ConfigError("schedule", "a Schedule", type(schedule).__name__, "use Schedule.sequential() ...")
+        self._check_usable()
+        if schedule == self.schedule:
+            return
+        self.flush()
+        if self._thread is not None:
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            self._thread.join(timeout=self.schedule.timeout)
+            self._thread = None
+        if self._transformer is not None:
+            self._transformer.close()
+            self._transformer = None
+        with self._cond:
+            self._discard_prepared_locked()
+            self._request = None
+            self._stop = False
+            self.schedule = schedule
+        if schedule.is_overlapped:
+            self._start_worker()
+        self._raise_error()
+
     # -------------------------------------------------------------- placement
     def migrate(self, *, shards, capacity: int | None = None, background: bool = True):
         """Move the buffer to ``shards`` (optionally growing ``capacity``) while ingestion and

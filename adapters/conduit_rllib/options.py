@@ -11,8 +11,9 @@ from conduit_core.schedule import Schedule
 
 @dataclass(frozen=True)
 class ConduitOptions:
-    """``schedule``: 'sequential' (inline, RLlib's exact semantics) or 'overlapped'
-    (a background worker ingests and prepares the next batch). ``worker``: 'thread' or
+    """``schedule``: 'sequential' (inline, RLlib's exact semantics), 'overlapped' (a
+    background worker ingests and prepares the next batch) or 'auto' (profile the first
+    training steps, then the cost model picks overlap and granularity; see conduit_core.tuner). ``worker``: 'thread' or
     'process' for the overlapped schedule. ``staleness``: inserts an off-policy batch
     may miss (0 = RLlib's semantics). ``obs_codec``: 'auto' stores float observations
     that are k/255 as uint8 (verified exactly on every insert), None keeps them as they
@@ -47,12 +48,12 @@ class ConduitOptions:
         return cls(**options)
 
     def to_schedule(self) -> Schedule:
-        if self.schedule == "sequential":
+        if self.schedule in ("sequential", "auto"):  # auto starts sequential, then the tuner decides
             return Schedule.sequential(staleness=self.staleness, depth=self.depth)
         if self.schedule == "overlapped":
             return Schedule.overlapped(worker=self.worker, staleness=self.staleness, depth=self.depth)
-        raise ConfigError("schedule", "'sequential' or 'overlapped'", repr(self.schedule),
-                          "pick one of the two schedules")
+        raise ConfigError("schedule", "'sequential', 'overlapped' or 'auto'", repr(self.schedule),
+                          "pick a schedule; 'auto' profiles the run and lets the cost model choose")
 
     def to_dict(self) -> dict:
         return asdict(self)

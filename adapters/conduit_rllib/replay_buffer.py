@@ -56,6 +56,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self._seed = self.options.seed if self.options.seed is not None else (seed or 0)
         self.batch_size_B = batch_size_B
         self.edp: ExperienceDataPlane | None = None  # built on the first add (the spec comes from the data)
+        self.tuner = None
         self._sources: dict[str, int] = {}
         self._next_source = 0
         self._last: Batch | None = None
@@ -70,6 +71,9 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, tier=self.options.tier,
                                seed=self._seed, reuse_outputs=self.options.reuse_outputs)
         self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())
+        if self.options.schedule == "auto":
+            from conduit_core.tuner import AutoTuner
+            self.tuner = AutoTuner(self.edp)
 
     # -------------------------------------------------------------- ingestion
     def add(self, episodes, weight=None) -> None:
@@ -112,6 +116,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                              beta=self.beta if beta is None else beta)
         self._last = b
         self._sampled += b.size
+        if self.tuner is not None:
+            self.tuner.observe()
         return [DeliveredBatch(b)]
 
     def update_priorities(self, priorities, module_id=None) -> None:

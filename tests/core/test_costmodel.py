@@ -1,0 +1,72 @@
+"""The cost model and the auto-tuner: pure predictions, fitting, and a live switch."""
+
+import numpy as np
+import pytest
+
+from conduit_core import ExperienceBuffer, ExperienceDataPlane, Prioritized, Schedule
+from conduit_core.costmodel import Config, OperatorCost, Profile, enumerate_configs, fit_operator, predict, rank
+from conduit_core.tuner import AutoTuner
+
+from .helpers import SPEC, rollout
+
+
+def prof(**kw):
+    base = dict(base_s=5e-3, priorities_s=1e-4, ingest=OperatorCost(2e-4, 1e-6, 0), deliver=OperatorCost(1e-4, 2e-6, 0),
+                rows_per_step=4, rollouts_per_step=1, batch_size=32, transition_bytes=100, staleness=0,
+                thread_handoff_s=3e-5, thread_interference=1.0, process_handoff_s=6e-5, process_interference=0.3)
+    base.update(kw)
+    return Profile(**base)
+
+
+def test_search_space_has_at_least_32_points():
+    assert len(enumerate_configs()) >= 32
+    assert len({c.label for c in enumerate_configs()}) == len(enumerate_configs())
+
+
+def test_sequential_step_is_base_plus_the_path():
+    p = prof()
+    pr = predict(Config(), p, cores=2)
+    assert pr.step_s == pytest.approx(5e-3 + 1e-4 + (2e-4 + 4e-6) + (1e-4 + 64e-6))
+
+
+def test_overlap_pays_only_when_it_does_not_steal_the_caller():
+    heavy = prof(ingest=OperatorCost(3e-3, 0, 0))
+    seq = predict(Config(), heavy, cores=2).step_s
+    assert predict(Config(schedule="process"), heavy, cores=2).step_s < seq       # a spare core does the work
+    assert predict(Config(schedule="thread"), heavy, cores=2).step_s >= seq - 1e-9  # the GIL: no gain
+    assert predict(Config(schedule="process"), heavy, cores=1).step_s >= seq - 1e-9  # no spare core
+
+
+def test_prepared_batches_only_pay_within_the_staleness_bound():
+    p0, p16 = prof(staleness=0), prof(staleness=16)
+    assert predict(Config(g_del=4), p0, cores=2).step_s > predict(Config(g_del=1), p0, cores=2).step_s
+    assert predict(Config(g_del=4), p16, cores=2).step_s < predict(Config(g_del=1), p16, cores=2).step_s
+
+
+def test_fit_operator_recovers_fixed_and_per_item_costs():
+    true = OperatorCost(1e-4, 2e-6, 0.0)
+    samples = [(c, i, 0.0, true(i, 0.0, calls=c)) for c, i in [(1, 4), (0.25, 4), (1, 32), (0.5, 16)]]
+    got = fit_operator(samples)
+    assert got.fixed_s == pytest.approx(1e-4, rel=1e-6) and got.per_item_s == pytest.approx(2e-6, rel=1e-6)
+
+
+def test_rank_orders_by_predicted_step_time():
+    r = rank(enumerate_configs(), prof(), cores=2)
+    assert [x.step_s for x in r] == sorted(x.step_s for x in r)
+
+
+def test_auto_tuner_calibrates_on_the_live_run_and_switches_without_loss():
+    buf = ExperienceBuffer(spec=SPEC, capacity=10_000, selector=Prioritized())
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential())
+    tuner = AutoTuner(edp, steps_per_phase=6)
+    nid = 0
+    for step in range(40):
+        edp.ingest(rollout(4, nid), source=step % 2)
+        nid += 4
+        b = edp.deliver(8)
+        edp.update_priorities(b, np.ones(b.size))
+        tuner.observe()
+    assert tuner.done and tuner.choice is not None and "picked" in tuner.report()
+    edp.flush()
+    assert len(buf) == nid  # nothing lost across four schedule switches
+    edp.close()
