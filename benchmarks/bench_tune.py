@@ -151,7 +151,8 @@ def spearman_top(pred: list[str], meas: list[str], k: int = 8) -> float:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit tune dqn-synthetic", description=__doc__.split("\n\n")[0])
     p.add_argument("--dims", type=int, nargs="+", default=[128, 256, 512, 1000, 2000])
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--rounds", type=int, default=3, help="measurements per configuration (median)")
     p.add_argument("--json", default="out/tune.json")
     a = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -160,11 +161,14 @@ def main(argv: list[str] | None = None) -> dict:
     configs = enumerate_configs()
     report = {"machine": machine(), "configs": len(configs), "dims": {}}
     for dims in a.dims:
-        prof = profile(dims, a.steps)
+        prof = profile(dims, 2 * a.steps)
         preds = {c.label: predict(c, prof, cores=topo.cores) for c in configs}
-        meas = {}
-        for c in configs:
-            meas[c.label] = Loop(dims, c).run(a.steps)["step_s"]
+        runs: dict[str, list[float]] = {c.label: [] for c in configs}
+        for rnd in range(a.rounds):  # interleaved rounds, each in another order: the median per config
+            order = configs if rnd % 2 == 0 else configs[::-1]
+            for c in order:
+                runs[c.label].append(Loop(dims, c).run(a.steps)["step_s"])
+        meas = {k: statistics.median(v) for k, v in runs.items()}
         order_p = sorted(preds, key=lambda k: preds[k].step_s)
         order_m = sorted(meas, key=meas.get)
         best_m = order_m[0]

@@ -70,21 +70,30 @@ def write_meta_rows(meta: dict, cap: int, first: int, n: int, enc: Mapping[str, 
     seqs = np.arange(first, first + n, dtype=np.int64)
     done = None
     for f in done_fields:
-        d = np.asarray(enc[f].cpu() if isinstance(enc[f], torch.Tensor) else enc[f]).reshape(n)
-        done = d.astype(bool) if done is None else (done | d.astype(bool))
+        d = enc[f]
+        d = (d.cpu().numpy() if isinstance(d, torch.Tensor) else d).reshape(n)
+        if d.dtype != np.bool_:
+            d = d.astype(bool)
+        done = d if done is None else (done | d)
     nxt = seqs + 1
     if done is not None:
         nxt[done] = -1
     nxt[-1] = -1  # the successor of the chunk's last item is not known yet
     head = min(n, cap - start)  # the run before the ring wraps
-    for name, values in (("seq", seqs), ("next_seq", nxt)):
-        arr = meta[name]
-        arr[start:start + head] = values[:head]
-        arr[:n - head] = values[head:]
-    for name, value in (("version", version), ("source", source)):
-        arr = meta[name]
-        arr[start:start + head] = value
-        arr[:n - head] = value
+    if head == n:
+        meta["seq"][start:start + n] = seqs
+        meta["next_seq"][start:start + n] = nxt
+        meta["version"][start:start + n] = version
+        meta["source"][start:start + n] = source
+    else:
+        for name, values in (("seq", seqs), ("next_seq", nxt)):
+            arr = meta[name]
+            arr[start:start + head] = values[:head]
+            arr[:n - head] = values[head:]
+        for name, value in (("version", version), ("source", source)):
+            arr = meta[name]
+            arr[start:start + head] = value
+            arr[:n - head] = value
     if prev_tail is not None and meta["seq"][prev_tail % cap] == prev_tail:
         meta["next_seq"][prev_tail % cap] = first
     return done

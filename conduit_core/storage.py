@@ -161,8 +161,16 @@ class ColumnarStorage:
         if n > self.capacity:
             raise CapacityError(f"batch of {n} transitions is larger than the buffer capacity "
                                 f"{self.capacity}. Fix: raise capacity or split the batch.")
-        done = 0
         slot = start % self.capacity
+        if self._single_host and slot + n <= self.capacity:  # the common case: one run, one host shard
+            for name, src in columns.items():
+                dst = self._np[name][0]
+                if dst is not None and isinstance(src, np.ndarray):
+                    dst[slot: slot + n] = src
+                else:
+                    self.columns[name][0][slot: slot + n].copy_(as_tensor(src))
+            return
+        done = 0
         while done < n:
             shard = int(np.searchsorted(self.bounds, slot, side="right") - 1)
             lo, hi = int(self.bounds[shard]), int(self.bounds[shard + 1])

@@ -75,7 +75,10 @@ class PriorityIndex:
     def set_range(self, start: int, n: int, value: float) -> None:
         """Set a run of slots (wrapping) to one value: insertion at max priority."""
         if n > 0:
-            self.set((start + np.arange(n, dtype=np.int64)) % self.capacity, np.full(n, value))
+            idx = np.arange(start, start + n, dtype=np.int64)
+            if start + n > self.capacity:
+                idx %= self.capacity
+            self.set(idx, np.full(n, value, dtype=np.float64))
 
     # -------------------------------------------------------------- sampling
     def find_prefixsum(self, values: np.ndarray) -> np.ndarray:
