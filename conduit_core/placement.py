@@ -141,6 +141,37 @@ def _fill(workload: Workload, topology: Topology, order: list[str]) -> list[tupl
     return out if left <= 0 else None
 
 
+def _balanced(workload: Workload, topology: Topology, order: list[str], *, even: bool = False
+              ) -> list[tuple[str, int]] | None:
+    """Shares proportional to each tier's bandwidth to the (first) learner (or equal, with
+    ``even``), capped by capacity (water-filling): shards read in parallel finish together."""
+    reader = workload.readers[0]
+    caps = {t: topology.tier(t).capacity_bytes // workload.transition_bytes for t in order}
+    if sum(caps.values()) < workload.capacity:
+        return None
+    share: dict[str, int] = {}
+    left, free = workload.capacity, list(order)
+    while left > 0 and free:
+        bw = {t: 1.0 if even else topology.link(t, reader).bandwidth_GBps for t in free}
+        total = sum(bw.values())
+        capped = [t for t in free if left * bw[t] / total >= caps[t] - share.get(t, 0)]
+        if not capped:
+            alloc = {t: int(left * bw[t] / total) for t in free}
+            alloc[free[0]] += left - sum(alloc.values())
+            for t, v in alloc.items():
+                share[t] = share.get(t, 0) + v
+            left = 0
+            break
+        for t in capped:
+            take = caps[t] - share.get(t, 0)
+            share[t] = share.get(t, 0) + take
+            left -= take
+            free.remove(t)
+    if left > 0:
+        return None
+    return [(t, share[t]) for t in order if share.get(t, 0) > 0]
+
+
 def _plan_from(name: str, workload: Workload, topology: Topology, assign: list[tuple[str, int]],
                why: list[str]) -> Plan:
     n = sum(s for _, s in assign)
@@ -167,13 +198,14 @@ def plan(workload: Workload, topology: Topology) -> Plan:
                           "add links between the learner's device and a memory tier")
     ranked = sorted(tiers, key=lambda t: per_slot_cost(workload, topology, t))
     best: Plan | None = None
-    for subset in _subsets(ranked):  # each subset filled cheapest-first; latency decides how many tiers
-        assign = _fill(workload, topology, subset)
-        if assign is None:
-            continue
-        cand = _plan_from("conduit", workload, topology, assign, [])
-        if best is None or cand.total_s < best.total_s - 1e-12:
-            best = cand
+    for subset in _subsets(ranked):  # latency decides how many tiers; two ways to share among them
+        for assign in (_fill(workload, topology, subset), _balanced(workload, topology, subset),
+                       _balanced(workload, topology, subset, even=True)):
+            if assign is None:
+                continue
+            cand = _plan_from("conduit", workload, topology, assign, [])
+            if best is None or cand.total_s < best.total_s - 1e-12:
+                best = cand
     if best is None:
         total = sum(topology.tier(t).capacity_bytes for t in tiers)
         raise CapacityError(f"capacity: {workload.total_bytes / 1e9:.1f} GB wanted "
