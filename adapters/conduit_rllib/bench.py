@@ -131,7 +131,8 @@ def buffer_bytes_per_transition(algo) -> float | None:
         if buf.edp is None:
             return None
         b = buf.edp.buffer
-        return (b.storage.pool_bytes() + b.capacity * b.spec.stored_bytes_per_transition) / b.capacity
+        meta = sum(a.itemsize for a in b.meta.values())
+        return (b.storage.pool_bytes() + b.capacity * (b.spec.stored_bytes_per_transition + meta)) / b.capacity
     steps = buf.get_num_timesteps()
     if not steps:
         return None
@@ -169,8 +170,10 @@ def render(report: dict) -> str:
                      f"return {rets[-1] if rets else float('nan'):.1f}")
     mem = report.get("buffer_bytes_per_transition") or {}
     if mem.get("rllib") and mem.get("conduit"):
-        lines.append(f"  replay memory per transition: rllib {mem['rllib'] / 1e3:.1f} KB, conduit "
-                     f"{mem['conduit'] / 1e3:.1f} KB -> {mem['conduit'] / mem['rllib']:.3f}x")
+        fmt = lambda b: f"{b / 1e3:.1f} KB" if b >= 1000 else f"{b:.0f} B"
+        lines.append(f"  replay memory per transition: rllib {fmt(mem['rllib'])}, conduit {fmt(mem['conduit'])} "
+                     f"-> {mem['conduit'] / mem['rllib']:.3f}x (conduit: reserved per slot: columns, "
+                     "metadata and frame pool)")
     e, it = report["exposed_ratio"], report["iteration_ratio"]
     if e:
         lines.append(f"  exposed experience-path latency, conduit/rllib: {e['median']:.3f}x "
