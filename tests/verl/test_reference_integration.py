@@ -14,6 +14,8 @@ def load_integration():
     path = Path(__file__).resolve().parents[2] / "integrations" / "verl_grpo_cpu.py"
     spec = importlib.util.spec_from_file_location("verl_grpo_cpu", path)
     mod = importlib.util.module_from_spec(spec)
+    import sys
+    sys.modules["verl_grpo_cpu"] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 
