@@ -1,0 +1,180 @@
+"""verl GRPO benchmark: Conduit's ingestion + delivery vs verl's sequential path, and Conduit's
+put/get vs TransferQueue's, in one run.
+
+Part 1 (exposed path per GRPO iteration, CPU reference): the post-generation stages of one
+iteration (balance, verl's NaiveRewardManager, old and reference log-probs of a tiny Qwen2,
+apply_kl_penalty, compute_advantage) plus the update hand-off (padded, split per DP rank),
+timed as the trainer sees them: verl's sequential order on the whole batch vs Conduit's
+chunked, overlapped ingestion and prepared delivery. Alternating repetitions, medians.
+
+Part 2 (put + get for the same batch shapes): TransferQueue's kv_batch_put / kv_batch_get
+(installed with verl[verl-core], local Ray) vs Conduit's ingest / deliver of the same fields.
+
+    python -m benchmarks.bench_verl [--reps 5] [--no-transferqueue]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from .common import fmt_table, machine, write_json
+
+
+def part1(reps: int, prompts: int, n: int, resp_len: int, hidden: int, dp: int) -> dict:
+    from verl.protocol import pad_dataproto_to_divisor
+    from verl.trainer.ppo import core_algos
+
+    from conduit_verl.delivery import UpdateBatchDelivery
+    from conduit_verl.pipeline import GRPOIngestion, GRPOStages, sequential_grpo_path
+    from conduit_verl.reference import log_probs, make_model, make_reward_manager, make_tokenizer, prompts as mk_prompts
+    from conduit_verl.reference import rollout
+
+    tok = make_tokenizer()
+    policy, ref = make_model(len(tok), seed=0, hidden=hidden).eval(), make_model(len(tok), seed=1, hidden=hidden).eval()
+    rm = make_reward_manager(tok)
+
+    def stages():
+        return GRPOStages(reward_fn=lambda d: rm(d),
+                          old_log_prob_fn=lambda d: log_probs(policy, d.batch["input_ids"], d.batch["attention_mask"], resp_len),
+                          ref_log_prob_fn=lambda d: log_probs(ref, d.batch["input_ids"], d.batch["attention_mask"], resp_len),
+                          kl_ctrl=core_algos.FixedKLController(0.001), dp_size=dp)
+    rng = np.random.default_rng(0)
+    batches = [rollout(policy, tok, mk_prompts(rng, prompts), n=n, resp_len=resp_len, seed=i) for i in range(reps + 1)]
+    seq_st, con_st = stages(), stages()
+    ingestion = GRPOIngestion(con_st, groups_per_chunk=max(1, prompts // 4), overlap=True)
+    delivery = UpdateBatchDelivery(dp_size=dp)
+    t_seq, t_con = [], []
+
+    def run_seq(b):
+        t0 = time.perf_counter()
+        out = sequential_grpo_path(b, seq_st)
+        padded, _ = pad_dataproto_to_divisor(out, dp)
+        padded.chunk(dp)
+        return time.perf_counter() - t0
+
+    def run_con(b, version):
+        t0 = time.perf_counter()
+        out = ingestion(b)
+        delivery.ingest(out, version=version)
+        delivery.prepare(version)
+        delivery.deliver(version)
+        return time.perf_counter() - t0
+
+    run_seq(batches[0].select_idxs(np.arange(len(batches[0]))))  # warm-up both
+    run_con(batches[0].select_idxs(np.arange(len(batches[0]))), 0)
+    for i in range(1, reps + 1):
+        b1 = batches[i].select_idxs(np.arange(len(batches[i])))
+        b2 = batches[i].select_idxs(np.arange(len(batches[i])))
+        if i % 2:
+            t_seq.append(run_seq(b1))
+            t_con.append(run_con(b2, i))
+        else:
+            t_con.append(run_con(b2, i))
+            t_seq.append(run_seq(b1))
+    ingestion.close()
+    delivery.close()
+    ratios = [c / s for c, s in zip(t_con, t_seq)]
+    return {"batch": prompts * n, "resp_len": resp_len, "hidden": hidden, "sequential_s": t_seq, "conduit_s": t_con,
+            "ratio": {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)}}
+
+
+def part2(reps: int, rows: int, seqlen: int) -> dict:
+    from conduit_core import ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Fifo
+    fields = {"input_ids": torch.randint(0, 1000, (rows, seqlen)), "attention_mask": torch.ones(rows, seqlen, dtype=torch.int64),
+              "old_log_probs": torch.randn(rows, seqlen)}
+    spec = ExperienceSpec([FieldSpec(k, tuple(v.shape[1:]), v.dtype) for k, v in fields.items()])
+    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=spec, capacity=2 * rows, selector=Fifo()))
+    c_put, c_get = [], []
+    for i in range(reps + 1):
+        t0 = time.perf_counter()
+        edp.ingest(fields, policy_version=i)
+        t1 = time.perf_counter()
+        out = edp.deliver(None, policy_version=i)
+        t2 = time.perf_counter()
+        assert out.size == rows
+        if i:
+            c_put.append(t1 - t0)
+            c_get.append(t2 - t1)
+    edp.close()
+    return {"rows": rows, "seqlen": seqlen, "conduit_put_s": c_put, "conduit_get_s": c_get}
+
+
+def part2_tq(reps: int, rows: int, seqlen: int) -> dict:
+    import ray
+    import transfer_queue as tq
+    from tensordict import TensorDict
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, object_store_memory=1 << 30, include_dashboard=False, log_to_driver=False)
+    t0 = time.perf_counter()
+    tq.init()
+    init_s = time.perf_counter() - t0
+    fields = TensorDict({"input_ids": torch.randint(0, 1000, (rows, seqlen)),
+                         "attention_mask": torch.ones(rows, seqlen, dtype=torch.int64),
+                         "old_log_probs": torch.randn(rows, seqlen)}, batch_size=[rows])
+    put, get = [], []
+    try:
+        for i in range(reps + 1):
+            keys = [f"it{i}_{j}" for j in range(rows)]
+            t0 = time.perf_counter()
+            tq.kv_batch_put(keys=keys, partition_id="bench", fields=fields)
+            t1 = time.perf_counter()
+            out = tq.kv_batch_get(keys=keys, partition_id="bench")
+            t2 = time.perf_counter()
+            assert out.batch_size[0] == rows
+            tq.kv_clear(keys=keys, partition_id="bench")
+            if i:
+                put.append(t1 - t0)
+                get.append(t2 - t1)
+    finally:
+        tq.close()
+    return {"tq_init_s": init_s, "tq_put_s": put, "tq_get_s": get}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_verl", description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--resp-len", type=int, default=3)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--rows", type=int, default=256)
+    p.add_argument("--seqlen", type=int, default=512)
+    p.add_argument("--no-transferqueue", action="store_true")
+    p.add_argument("--json", default="out/bench_verl.json")
+    a = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    report = {"machine": machine(), "args": vars(a)}
+    report["grpo"] = g = part1(a.reps, a.prompts, a.n, a.resp_len, a.hidden, a.dp)
+    med = statistics.median
+    print(f"GRPO iteration, post-generation path + update hand-off ({g['batch']} sequences, median of {a.reps}):")
+    print(f"  verl sequential {med(g['sequential_s']) * 1e3:8.1f} ms   conduit {med(g['conduit_s']) * 1e3:8.1f} ms   "
+          f"ratio {g['ratio']['median']:.2f}x (min {g['ratio']['min']:.2f}, max {g['ratio']['max']:.2f})")
+    report["putget"] = pg = part2(a.reps, a.rows, a.seqlen)
+    rows = [["conduit", f"{med(pg['conduit_put_s']) * 1e3:.2f}", f"{med(pg['conduit_get_s']) * 1e3:.2f}",
+             f"{(med(pg['conduit_put_s']) + med(pg['conduit_get_s'])) * 1e3:.2f}"]]
+    if not a.no_transferqueue:
+        try:
+            tqr = part2_tq(a.reps, a.rows, a.seqlen)
+            report["putget"] |= tqr
+            rows.append(["transferqueue", f"{med(tqr['tq_put_s']) * 1e3:.2f}", f"{med(tqr['tq_get_s']) * 1e3:.2f}",
+                         f"{(med(tqr['tq_put_s']) + med(tqr['tq_get_s'])) * 1e3:.2f}"])
+        except Exception as exc:  # reported, not hidden
+            print(f"TransferQueue could not run here: {type(exc).__name__}: {exc}")
+            report["putget"]["tq_error"] = repr(exc)
+    print(f"\nput + get of {a.rows} x {a.seqlen} (3 fields), medians of {a.reps}:")
+    print(fmt_table(rows, ["system", "put ms", "get ms", "put+get ms"]))
+    write_json(a.json, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
