@@ -1,18 +1,18 @@
 """The GRPO ingestion pipeline and its sequential reference (verl's own order, whole batch).
 
-Chunking never splits a prompt's group: a chunk is a set of uids, with their rows taken in
-the order they have in the (balanced) batch, so every per-group computation sees its
-members in the same order as verl's sequential path. Per-row stages (reward, log-probs,
-KL) do not depend on which rows share a chunk; the adaptive KL controller is updated once
-per iteration from the whole batch's per-row KL, exactly as ``apply_kl_penalty`` does.
+Chunking never splits a prompt's group. The per-row stages (reward, old and reference
+log-probs: the expensive ones) run per chunk; their results do not depend on which rows share
+a chunk. The batch-level stages run once on the whole batch in verl's balanced order, with
+verl's own functions: apply_kl_penalty (its adaptive controller sees the whole batch's KL)
+and compute_advantage (group statistics over the members in batch order). So the result is
+identical to verl's sequential path, bit for bit.
 
-    balance (whole batch, needs only attention masks)
-      -> chunk by groups -> [reward -> old log-prob -> ref log-prob -> KL -> advantage] per chunk
-      -> reassemble in balanced order -> delivery: pad to the DP size, split per rank
+    chunks of whole groups --> [reward -> old log-prob -> ref log-prob]   (thread pool, overlapped)
+    balance permutation    --> computed on the caller's thread meanwhile (attention masks only)
+    reassemble in balanced order -> apply_kl_penalty -> compute_advantage -> delivery
 
-With ``overlap=True`` the chunks' stages run as a pipeline on a small thread pool (model
-forward passes release the GIL), so chunk k's reference log-prob runs while chunk k+1's
-old log-prob does.
+Model forward passes release the GIL, so with ``overlap=True`` chunks' log-prob passes run
+concurrently with each other and with the (Python) reward manager and balancing.
 """
 
 from __future__ import annotations
@@ -43,20 +43,39 @@ class GRPOStages:
     dp_size: int = 1
 
 
-class _FrozenKL:
-    """Hands apply_kl_penalty the iteration's beta and records instead of updating: the real
-    controller is updated once per iteration, from the whole batch."""
-
-    def __init__(self, value: float):
-        self.value = value
-
-    def update(self, current_kl, n_steps):
-        pass
-
-
 def _balance(data, dp_size: int):
     """verl's balancing (RayPPOTrainer._balance_batch, default branch): equal-size partitions by
     workload, each ordered small/large alternating, then the batch reordered."""
+    data.reorder(_balance_order(data, dp_size))
+    return data
+
+
+def _row_stages(chunk, st: GRPOStages):
+    """The per-row stages (reward, old and reference log-probs): their results do not depend on
+    which rows share a chunk, so chunks can run in any order and concurrently."""
+    chunk.batch["token_level_scores"] = st.reward_fn(chunk)
+    chunk.batch["old_log_probs"] = st.old_log_prob_fn(chunk)
+    if st.ref_log_prob_fn is not None:
+        chunk.batch["ref_log_prob"] = st.ref_log_prob_fn(chunk)
+    return chunk
+
+
+def _batch_stages(batch, st: GRPOStages):
+    """The batch-level stages, with verl's own functions on the whole (balanced) batch:
+    apply_kl_penalty (whose controller update uses the whole batch's KL) and
+    compute_advantage (group statistics over the members in batch order)."""
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
+    if st.use_kl_in_reward:
+        batch, _ = apply_kl_penalty(batch, kl_ctrl=st.kl_ctrl, kl_penalty=st.kl_penalty)
+    else:
+        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+    return compute_advantage(batch, adv_estimator=AdvantageEstimator.GRPO,
+                             norm_adv_by_std_in_grpo=st.norm_adv_by_std_in_grpo)
+
+
+def _balance_order(data, dp_size: int) -> torch.Tensor:
+    """verl's balancing permutation (computed from attention masks only)."""
     from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
     bsz = data.batch["attention_mask"].shape[0]
     seqlen = data.batch["attention_mask"].view(bsz, -1).sum(-1)
@@ -65,56 +84,18 @@ def _balance(data, dp_size: int):
     for i, part in enumerate(parts):
         part.sort(key=lambda x: (workload[x], x))
         parts[i] = part[::2] + part[1::2][::-1]
-    data.reorder(torch.tensor([j for part in parts for j in part]))
-    return data
-
-
-def _stages_on(chunk, st: GRPOStages, beta: float):
-    """reward -> old log-prob -> ref log-prob -> KL penalty -> advantage, with verl's functions."""
-    from verl.trainer.ppo import core_algos
-    from verl.trainer.ppo.core_algos import AdvantageEstimator
-    from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
-    from verl.utils.torch_functional import masked_mean
-    chunk.batch["token_level_scores"] = st.reward_fn(chunk)
-    chunk.batch["old_log_probs"] = st.old_log_prob_fn(chunk)
-    if st.ref_log_prob_fn is not None:
-        chunk.batch["ref_log_prob"] = st.ref_log_prob_fn(chunk)
-    row_kl = None
-    if st.use_kl_in_reward:
-        chunk, _ = apply_kl_penalty(chunk, kl_ctrl=_FrozenKL(beta), kl_penalty=st.kl_penalty)
-        kld = core_algos.kl_penalty(chunk.batch["old_log_probs"], chunk.batch["ref_log_prob"],
-                                    kl_penalty=st.kl_penalty) * chunk.batch["response_mask"]
-        row_kl = masked_mean(kld, mask=chunk.batch["response_mask"], axis=-1)
-    else:
-        chunk.batch["token_level_rewards"] = chunk.batch["token_level_scores"]
-    chunk = compute_advantage(chunk, adv_estimator=AdvantageEstimator.GRPO,
-                              norm_adv_by_std_in_grpo=st.norm_adv_by_std_in_grpo)
-    return chunk, row_kl
-
-
-def _update_kl(st: GRPOStages, row_kl: torch.Tensor | None, bsz: int) -> None:
-    if st.use_kl_in_reward and st.kl_ctrl is not None and row_kl is not None:
-        st.kl_ctrl.update(current_kl=torch.mean(row_kl, dim=0).item(), n_steps=bsz)
+    return torch.tensor([j for part in parts for j in part])
 
 
 def sequential_grpo_path(batch, st: GRPOStages):
     """verl's order on the whole batch (the reference the adapter must equal):
     response mask -> balance -> reward -> old/ref log-prob -> apply_kl_penalty -> compute_advantage."""
-    from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage, compute_response_mask
-    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.ray_trainer import compute_response_mask
     if "response_mask" not in batch.batch.keys():
         batch.batch["response_mask"] = compute_response_mask(batch)
     batch = _balance(batch, st.dp_size)
-    batch.batch["token_level_scores"] = st.reward_fn(batch)
-    batch.batch["old_log_probs"] = st.old_log_prob_fn(batch)
-    if st.ref_log_prob_fn is not None:
-        batch.batch["ref_log_prob"] = st.ref_log_prob_fn(batch)
-    if st.use_kl_in_reward:
-        batch, _ = apply_kl_penalty(batch, kl_ctrl=st.kl_ctrl, kl_penalty=st.kl_penalty)
-    else:
-        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-    return compute_advantage(batch, adv_estimator=AdvantageEstimator.GRPO,
-                             norm_adv_by_std_in_grpo=st.norm_adv_by_std_in_grpo)
+    batch = _row_stages(batch, st)
+    return _batch_stages(batch, st)
 
 
 def group_chunks(uids: np.ndarray, groups_per_chunk: int) -> list[np.ndarray]:
@@ -149,25 +130,23 @@ class GRPOIngestion:
         t0 = time.perf_counter()
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
-        batch = _balance(batch, self.stages.dp_size)
-        beta = float(self.stages.kl_ctrl.value) if self.stages.kl_ctrl is not None else 0.0
         chunks_idx = group_chunks(batch.non_tensor_batch["uid"], self.groups_per_chunk)
         chunks = [batch.select_idxs(idx) for idx in chunks_idx]
         if self._pool is None:
-            results = [_stages_on(c, self.stages, beta) for c in chunks]
+            order = _balance_order(batch, self.stages.dp_size)
+            done = [_row_stages(c, self.stages) for c in chunks]
         else:
-            futures = [self._pool.submit(_stages_on, c, self.stages, beta) for c in chunks]
-            results = [f.result() for f in futures]
-        merged = DataProto.concat([r[0] for r in results])
-        # back to the balanced order: position p of the concat holds row concat_rows[p]
+            futures = [self._pool.submit(_row_stages, c, self.stages) for c in chunks]
+            order = _balance_order(batch, self.stages.dp_size)  # meanwhile, on the caller's thread
+            done = [f.result() for f in futures]
+        merged = DataProto.concat(done)
+        # position p of the concat holds rollout row concat_rows[p]; verl's balanced order wants
+        # rollout row order[q] at position q
         concat_rows = np.concatenate(chunks_idx)
-        inverse = np.empty_like(concat_rows)
-        inverse[concat_rows] = np.arange(concat_rows.shape[0])
-        merged.reorder(torch.from_numpy(inverse))
-        row_kl = None
-        if results and results[0][1] is not None:
-            row_kl = torch.cat([r[1] for r in results])[torch.from_numpy(inverse)]
-        _update_kl(self.stages, row_kl, len(merged))
+        where = np.empty_like(concat_rows)
+        where[concat_rows] = np.arange(concat_rows.shape[0])
+        merged.reorder(torch.from_numpy(where[order.numpy()]))
+        merged = _batch_stages(merged, self.stages)
         self.timings["ingest_s"] = time.perf_counter() - t0
         return merged
 
