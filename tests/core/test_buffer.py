@@ -265,8 +265,8 @@ def test_close_frees_shared_memory_and_rejects_calls():
 
 
 def test_n_step_c_walk_equals_numpy_walk():
-    import conduit_core.buffer as bm
-    if bm._c_nstep is None:
+    import conduit_core.episodes as ep
+    if ep._c_nstep is None:
         pytest.skip("C helper not built")
     buf = replay(spec=SPEC, capacity=64, seed=0)
     rng = np.random.default_rng(0)

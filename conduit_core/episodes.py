@@ -1,0 +1,135 @@
+"""Sampling that follows episodes: n-step returns and fixed-length sequences.
+
+Both walk the per-slot episode links the buffer keeps (``next_seq``: the seq of a row's
+successor in its source's episode, checked against the slot's current ``seq`` so a
+successor that was overwritten or evicted ends the walk). A walk stops at a done row,
+so neither ever crosses an episode boundary, even when several sources' rollouts
+interleave in the ring. The n-step walk runs in the C helper when the columns allow it
+(float32 rewards, bool done flags, one host shard), else vectorized in numpy; both give
+identical results (tested).
+
+Mixed into ``ExperienceBuffer``; uses its storage, metadata, RNG and lock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .batch import Batch
+from .errors import ConfigError, SpecError
+
+try:  # the C helper's n-step walk (same results as the numpy path)
+    from ._sumtree import nstep as _c_nstep
+except ImportError:  # pragma: no cover
+    _c_nstep = None
+
+
+class EpisodeSampling:
+    def _successors(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Slot of each item's successor in its episode, and whether it exists (is stored
+        and was not overwritten)."""
+        nseq = self.meta["next_seq"][slots]
+        nslot = np.where(nseq >= 0, nseq, 0) % self.capacity
+        ok = (nseq >= 0) & (self.meta["seq"][nslot] == nseq)
+        return nslot, ok
+
+    def _gather_n_step(self, slots, n_step, gamma, device) -> dict[str, torch.Tensor]:
+        for need in ("reward", "next_obs"):
+            if need not in self.spec:
+                raise SpecError(need, "a field of the spec for n-step returns", "missing",
+                                "declare it, or sample without n_step")
+        b = slots.shape[0]
+        if isinstance(n_step, tuple):
+            lo, hi = n_step
+            n = self.rng.integers(lo, hi, b) if hi > lo else np.full(b, lo)
+        else:
+            n = np.full(b, int(n_step))
+        if (n < 1).any():
+            raise ConfigError("n_step", ">= 1", int(n.min()), "use n_step=1 for one-step returns")
+        ret, cur, steps = self._n_step_returns(slots, n, gamma)
+        last_fields = ["next_obs", *self.done_fields]
+        first_fields = [f for f in self.spec.names if f not in last_fields and f != "reward"]
+        data = self._gather(slots, device, first_fields)
+        data.update(self._gather(cur, device, last_fields))
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        data["reward"] = torch.from_numpy(ret.astype(np.float32)).to(dev)
+        data["n_step"] = torch.from_numpy(steps).to(dev)
+        return {name: data[name] for name in [*self.spec.names, "n_step"]}
+
+    def _n_step_returns(self, slots: np.ndarray, n: np.ndarray, gamma: float):
+        """(discounted return, last slot, steps taken) per start slot, following episode links."""
+        rew = self.storage.host_view("reward")
+        done = [self.storage.host_view(f) for f in self.done_fields]
+        if _c_nstep is not None and rew is not None and rew.dtype == np.float32 and len(done) == 2 \
+                and all(d is not None and d.dtype == np.bool_ for d in done):
+            b = slots.shape[0]
+            ret = np.empty(b, dtype=np.float64)
+            last = np.empty(b, dtype=np.int64)
+            steps = np.empty(b, dtype=np.int64)
+            _c_nstep(self.meta["seq"], self.meta["next_seq"], rew, done[0].view(np.uint8), done[1].view(np.uint8),
+                     self.capacity, np.ascontiguousarray(slots, dtype=np.int64),
+                     np.ascontiguousarray(n, dtype=np.int64), float(gamma), ret, last, steps)
+            return ret, last, steps
+        return self._n_step_returns_numpy(slots, n, gamma)
+
+    def _n_step_returns_numpy(self, slots: np.ndarray, n: np.ndarray, gamma: float):
+        get = lambda name, idx: self.storage.gather(idx, fields=[name])[name].numpy()
+        b = slots.shape[0]
+        ret = get("reward", slots).astype(np.float64)
+        cur = slots.copy()
+        steps = np.ones(b, dtype=np.int64)
+        alive = np.ones(b, dtype=bool)
+        for f in self.done_fields:
+            alive &= ~get(f, cur).astype(bool)
+        for k in range(1, int(n.max())):
+            want = alive & (k < n)
+            if not want.any():
+                break
+            nxt, ok = self._successors(cur)
+            go = want & ok
+            if not go.any():
+                break
+            ret += np.where(go, (gamma ** k) * get("reward", nxt).astype(np.float64), 0.0)
+            cur = np.where(go, nxt, cur)
+            steps += go
+            alive = go
+            for f in self.done_fields:
+                alive &= ~get(f, cur).astype(bool)
+        return ret, cur, steps
+
+    def sample_sequences(self, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:
+        """``batch_size`` sequences of ``length`` consecutive steps of one episode each,
+        shaped ``[B, T, ...]``, with a boolean ``mask`` [B, T] that is False after the
+        episode ends (those steps repeat the last real step and must be ignored).
+        Starts are chosen by the selector."""
+        if length < 1:
+            raise ConfigError("length", ">= 1", length, "use e.g. length=20")
+        if self.selector.consumes:
+            raise ConfigError("selector", "uniform or prioritized for sample_sequences()", "fifo",
+                              "use take() for FIFO data")
+        self._check_batch_size(batch_size)
+        with self._cond:
+            self._check_open()
+            self._wait_for_sample(batch_size, timeout)
+            starts, weights = self._select(batch_size, None)
+            grid = np.empty((batch_size, length), dtype=np.int64)
+            mask = np.zeros((batch_size, length), dtype=bool)
+            cur = starts.copy()
+            alive = np.ones(batch_size, dtype=bool)
+            for t in range(length):
+                grid[:, t] = cur
+                mask[:, t] = alive
+                nxt, ok = self._successors(cur)
+                alive = alive & ok
+                cur = np.where(alive, nxt, cur)
+            data = self._gather(grid, device)
+            dev = torch.device(device) if device is not None else torch.device("cpu")
+            data["mask"] = torch.from_numpy(mask).to(dev)
+            self._sampled += batch_size
+            self._cond.notify_all()
+            return Batch(data, slots=starts, seqs=self.meta["seq"][starts], versions=self.meta["version"][starts],
+                         weights=None if weights is None else torch.from_numpy(weights),
+                         inserted_at_selection=self._inserted)
+
+    # ------------------------------------------------------------- FIFO take
