@@ -40,7 +40,6 @@ from .selectors import Prioritized
 from .workers import Encoded, InlineTransformer, as_numpy_rows, make_transformer
 
 EDP_STATE_VERSION = 1
-_TIER_KINDS = {"host": "pageable", "shm": "shared", "pinned": "pinned"}
 
 
 @dataclass(frozen=True)
@@ -399,11 +398,15 @@ class ExperienceDataPlane:
         m.finish()
         return None
 
-    def replan(self, plan, *, background: bool = True, device_of=None):
-        """Carry out a placement ``Plan`` (see placement.plan): one shard per assigned tier."""
+    def replan(self, plan, topology, *, background: bool = True):
+        """Carry out a placement ``Plan`` (see placement.plan) on ``topology``: one shard per
+        assigned tier (a 'remote' tier's name is the Ray custom resource of its node)."""
         from .storage import ShardSpec
-        shards = [ShardSpec(_TIER_KINDS.get(a.tier, "pageable") if device_of is None else device_of(a.tier)[0],
-                            a.slots, None if device_of is None else device_of(a.tier)[1]) for a in plan.assignments]
+        shards = []
+        for a in plan.assignments:
+            t = topology.tier(a.tier)
+            shards.append(ShardSpec(t.kind if t.kind != "device" else "device", a.slots, device=t.device,
+                                    node=t.name if t.kind == "remote" else None))
         return self.migrate(shards=shards, capacity=sum(a.slots for a in plan.assignments), background=background)
 
     # ----------------------------------------------------------------- worker

@@ -36,6 +36,7 @@ class ShardSpec:
     tier: Tier
     capacity: int
     device: str | None = None
+    node: str | None = None    # REMOTE: the Ray custom resource that pins the shard's actor to a node
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tier", Tier.parse(self.tier, argument="ShardSpec.tier"))
@@ -44,7 +45,7 @@ class ShardSpec:
                               "give every shard at least one slot")
 
     def to_config(self) -> dict:
-        return {"tier": self.tier.value, "capacity": int(self.capacity), "device": self.device}
+        return {"tier": self.tier.value, "capacity": int(self.capacity), "device": self.device, "node": self.node}
 
 
 def even_shards(capacity: int, tiers: Sequence[Tier | str], device: str | None = None) -> list[ShardSpec]:
@@ -67,9 +68,21 @@ class ColumnarStorage:
         self._segments: list = []  # owners of shared / lazily mapped memory
         self.columns: dict[str, list[torch.Tensor]] = {}
         self._np: dict[str, list[np.ndarray | None]] = {}
+        self.actors: dict[int, object] = {}  # shard index -> RemoteShard actor
+        for i, sh in enumerate(self.shards):
+            if sh.tier is Tier.REMOTE:
+                if any(isinstance(f.codec, FrameStackCodec) for f in spec):
+                    raise ConfigError("shards", "local tiers for specs with frame pools", "a remote shard",
+                                      "keep frame-stacked buffers on local tiers")
+                from .remote import spawn
+                self.actors[i] = spawn(spec.to_config(), sh.capacity, sh.node)
         for f in spec:
             cols, views = [], []
-            for sh in self.shards:
+            for i, sh in enumerate(self.shards):
+                if sh.tier is Tier.REMOTE:
+                    cols.append(None)
+                    views.append(None)
+                    continue
                 t, seg = allocate(sh.tier, (sh.capacity, *f.stored_shape), f.stored_dtype, device=sh.device)
                 if seg is not None:
                     self._segments.append(seg)
@@ -77,7 +90,7 @@ class ColumnarStorage:
                 views.append(numpy_view(t))
             self.columns[f.name] = cols
             self._np[f.name] = views
-        self._single_host = len(self.shards) == 1 and self.shards[0].tier is not Tier.DEVICE
+        self._single_host = len(self.shards) == 1 and self.shards[0].tier.is_local_host
         self.pools = self._make_pools()
         # Decoders per field: None (identity), the field's codec, or a frame-pool reader.
         self.decoders = {}
@@ -175,6 +188,14 @@ class ColumnarStorage:
             shard = int(np.searchsorted(self.bounds, slot, side="right") - 1)
             lo, hi = int(self.bounds[shard]), int(self.bounds[shard + 1])
             run = min(n - done, hi - slot)
+            if shard in self.actors:
+                import ray
+                part = {name: (src.numpy() if isinstance(src, torch.Tensor) else np.asarray(src))[done: done + run]
+                        for name, src in columns.items()}
+                ray.get(self.actors[shard].write.remote(slot - lo, part, run))
+                done += run
+                slot = (slot + run) % self.capacity
+                continue
             for name, src in columns.items():
                 dst = self._np[name][shard]
                 if dst is not None and isinstance(src, np.ndarray):
@@ -201,10 +222,12 @@ class ColumnarStorage:
         target = device if device is not None else _CPU
         if self._single_host and slots.ndim == 1:
             return self._gather_fast(slots, target, out, fields)
+        names = list(fields if fields is not None else self.columns)
+        remote = self._gather_remote(slots.reshape(-1), names) if self.actors else None
         result: dict[str, torch.Tensor] = {}
-        for name in (fields if fields is not None else self.columns):
+        for name in names:
             f = self.spec[name]
-            stored = self._gather_stored(name, slots, None if out is None else out.get(name), target)
+            stored = self._gather_stored(name, slots, None if out is None else out.get(name), target, remote)
             if stored.device != target:
                 stored = stored.to(target, non_blocking=stored.is_pinned())
             dec = self.decoders[name]
@@ -227,8 +250,19 @@ class ColumnarStorage:
             result[name] = t if codec is None else codec.decode(t, dtype)
         return result
 
+    def _gather_remote(self, flat: np.ndarray, names: list[str]) -> dict[int, tuple[np.ndarray, dict]]:
+        """One call per remote shard: its positions in ``flat`` and the wanted fields' rows."""
+        import ray
+        shard_ids = self.shard_of(flat)
+        calls = {}
+        for s, actor in self.actors.items():
+            pos = np.nonzero(shard_ids == s)[0]
+            if pos.size:
+                calls[s] = (pos, actor.gather.remote(flat[pos] - self.bounds[s], names))
+        return {s: (pos, ray.get(ref)) for s, (pos, ref) in calls.items()}
+
     def _gather_stored(self, name: str, slots: np.ndarray, out: np.ndarray | None,
-                       target: torch.device) -> torch.Tensor:
+                       target: torch.device, remote: dict | None = None) -> torch.Tensor:
         flat = slots.reshape(-1)
         lead = slots.shape
         if self._single_host:
@@ -246,7 +280,13 @@ class ColumnarStorage:
         f = self.spec[name]
         res_t = torch.empty((flat.shape[0], *f.stored_shape), dtype=f.stored_dtype, device=target)
         shard_ids = self.shard_of(flat)
+        if self.actors and remote is None:
+            remote = self._gather_remote(flat, [name])
         for s in np.unique(shard_ids):
+            if s in self.actors:
+                pos, cols = remote[int(s)]
+                res_t[torch.from_numpy(pos).to(target)] = torch.from_numpy(np.require(cols[name], requirements='W')).to(target)
+                continue
             pos = np.nonzero(shard_ids == s)[0]
             local = flat[pos] - self.bounds[s]
             col = self.columns[name][s]
@@ -265,3 +305,11 @@ class ColumnarStorage:
         for seg in self._segments:
             seg.close()
         self._segments = []
+        if self.actors:
+            import ray
+            for actor in self.actors.values():
+                try:
+                    ray.kill(actor)
+                except Exception:  # the cluster may already be gone
+                    pass
+            self.actors = {}

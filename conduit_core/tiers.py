@@ -29,6 +29,7 @@ class Tier(str, Enum):
     SHARED = "shared"
     PINNED = "pinned"
     DEVICE = "device"
+    REMOTE = "remote"   # a Ray actor, possibly on another node (see remote.py)
 
     @classmethod
     def parse(cls, value: "Tier | str", *, argument: str = "tier") -> "Tier":
@@ -43,6 +44,10 @@ class Tier(str, Enum):
     @property
     def needs_cuda(self) -> bool:
         return self in (Tier.PINNED, Tier.DEVICE)
+
+    @property
+    def is_local_host(self) -> bool:
+        return self in (Tier.PAGEABLE, Tier.SHARED, Tier.PINNED)
 
 
 def cuda_available() -> bool:

@@ -1,0 +1,95 @@
+"""The remote tier on a real multi-node Ray cluster (ray.cluster_utils.Cluster, two nodes)."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+ray = pytest.importorskip("ray")
+
+from conduit_core import ExperienceBuffer, ExperienceDataPlane, Prioritized, Schedule, ShardSpec  # noqa: E402
+
+from ..core.helpers import SPEC, rollout  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 128 << 20})
+    c.add_node(num_cpus=1, resources={"conduit_node1": 1}, object_store_memory=128 << 20)
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    c.wait_for_nodes()
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def two_tier(selector=None):
+    shards = [ShardSpec("pageable", 40), ShardSpec("remote", 40, node="conduit_node1")]
+    return ExperienceBuffer(spec=SPEC, capacity=80, shards=shards, selector=selector, seed=0)
+
+
+def test_remote_shard_lives_on_the_other_node(cluster):
+    buf = two_tier()
+    try:
+        actor = buf.storage.actors[1]
+        assert ray.get(actor.node_id.remote()) != ray.get_runtime_context().get_node_id()
+    finally:
+        buf.close()
+
+
+def test_rows_round_trip_through_the_remote_shard(cluster):
+    buf = two_tier(Prioritized())
+    try:
+        for i in range(12):
+            buf.add(rollout(10, 10 * i), source=i % 3)  # 120 rows: wraps the ring across both shards
+        b = buf.sample(200, n_step=(1, 3))
+        np.testing.assert_array_equal(b["obs"][:, 0].numpy(), b.seqs.astype(np.float32))
+        assert (b.slots >= 40).any() and (b.slots < 40).any()
+        buf.update_priorities(b.slots, np.ones(b.size), seqs=b.seqs)
+        state = buf.state_dict()
+        local = ExperienceBuffer(spec=SPEC, capacity=80, selector=Prioritized(), seed=0)
+        local.load_state_dict(state)
+        x, y = buf.sample(32), local.sample(32)
+        assert all(torch.equal(x[k], y[k]) for k in x)
+        local.close()
+    finally:
+        buf.close()
+
+
+def test_data_plane_migrates_onto_the_remote_node_while_serving(cluster):
+    buf = ExperienceBuffer(spec=SPEC, capacity=60, seed=0)
+    with ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped()) as edp:
+        for i in range(5):
+            edp.ingest(rollout(10, 10 * i))
+        handle = edp.migrate(shards=[ShardSpec("pageable", 30), ShardSpec("remote", 90, node="conduit_node1")],
+                             capacity=120)
+        for i in range(5, 9):
+            edp.ingest(rollout(10, 10 * i))
+            edp.deliver(8)
+        handle.wait()
+        edp.flush()
+        assert buf.capacity == 120 and len(buf) == 90
+        b = edp.deliver(64)
+        np.testing.assert_array_equal(b["obs"][:, 0].numpy(), b.seqs.astype(np.float32))
+
+
+def test_replan_carries_out_a_plan_with_a_remote_node(cluster):
+    from conduit_core.placement import Workload, plan
+    from conduit_core.topology import Link, TierInfo, Topology
+    topo = Topology("two-nodes", (TierInfo("host", "pageable", 10_000 * SPEC.stored_bytes_per_transition),
+                                  TierInfo("conduit_node1", "remote", 10**9)),
+                    (Link("host", "host", 10.0, 1.0), Link("conduit_node1", "host", 1.0, 200.0),
+                     Link("host", "conduit_node1", 1.0, 200.0)), cores=2)
+    p = plan(Workload(transition_bytes=SPEC.stored_bytes_per_transition, capacity=15_000, batch_size=32), topo)
+    assert set(p.fractions()) == {"host", "conduit_node1"}  # host is full: the rest spills to the node
+    buf = ExperienceBuffer(spec=SPEC, capacity=100)
+    with ExperienceDataPlane(buffer=buf) as edp:
+        edp.ingest(rollout(50))
+        edp.replan(p, topo, background=False)
+        assert buf.capacity == 15_000 and 1 in buf.storage.actors
+        edp.ingest(rollout(20, 50))
+        b = edp.deliver(64)
+        np.testing.assert_array_equal(b["obs"][:, 0].numpy(), b.seqs.astype(np.float32))
