@@ -125,12 +125,17 @@ def _cmd_plan(args: list[str]) -> int:
 
 def _cmd_tune(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help"):
-        print("usage: conduit tune dqn-synthetic [--dims ...] [--steps N]\n\nProfiles briefly, predicts every "
+        print("usage: conduit tune {dqn-synthetic,rllib-dqn} [--dims ...]\n\nProfiles briefly, predicts every "
               "configuration (placement x overlap x granularity) with the cost model, measures them all and "
               "prints predicted vs measured.")
         return 0 if args else 2
+    if args[0] == "rllib-dqn":
+        from conduit_rllib.tune import main as rllib_tune
+        rllib_tune(args[1:])
+        return 0
     if args[0] != "dqn-synthetic":
-        print(f"conduit tune: unknown workload {args[0]!r}; expected 'dqn-synthetic'", file=sys.stderr)
+        print(f"conduit tune: unknown workload {args[0]!r}; expected 'dqn-synthetic' or 'rllib-dqn'",
+              file=sys.stderr)
         return 2
     from benchmarks.bench_tune import main as tune_main
     tune_main(args[1:])

@@ -29,6 +29,7 @@ class ConduitOptions:
     tier: str = "pageable"
     reuse_outputs: int = 2
     seed: int | None = None
+    delivery_granularity: int = 1
 
     def __post_init__(self) -> None:
         if self.obs_codec not in ("auto", None):
@@ -48,10 +49,12 @@ class ConduitOptions:
         return cls(**options)
 
     def to_schedule(self) -> Schedule:
+        g = self.delivery_granularity
         if self.schedule in ("sequential", "auto"):  # auto starts sequential, then the tuner decides
-            return Schedule.sequential(staleness=self.staleness, depth=self.depth)
+            return Schedule.sequential(staleness=self.staleness, depth=self.depth, delivery_granularity=g)
         if self.schedule == "overlapped":
-            return Schedule.overlapped(worker=self.worker, staleness=self.staleness, depth=self.depth)
+            return Schedule.overlapped(worker=self.worker, staleness=self.staleness, depth=self.depth,
+                                       delivery_granularity=g)
         raise ConfigError("schedule", "'sequential', 'overlapped' or 'auto'", repr(self.schedule),
                           "pick a schedule; 'auto' profiles the run and lets the cost model choose")
 
