@@ -33,34 +33,50 @@ class UpdateBatchDelivery:
         self.dp_size, self.device, self.tier = dp_size, torch.device(device), tier
         self.edp: ExperienceDataPlane | None = None
         self._side: dict[int, dict[str, np.ndarray]] = {}
+        self._rows: dict[int, int] = {}
         self._meta: dict[int, dict] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conduit-verl-delivery")
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
 
-    def ingest(self, batch, *, version: int) -> None:
-        """Write the iteration's batch once (its rows tagged with ``version``)."""
+    def ingest(self, batch, *, version: int, source: int = 0) -> None:
+        """Write (part of) an iteration's batch once, its rows tagged with ``version``. Several
+        calls may add to one version; a batch with other columns than the pending data is
+        refused (nothing already accepted is dropped)."""
+        from conduit_core import SpecError
         spec = _spec_of(batch)
         n = len(batch)
         with self._lock:
-            if self.edp is None or self.edp.buffer.spec != spec or self.edp.buffer.capacity < 2 * n:
-                if self.edp is not None:
-                    self.edp.close()
-                buf = ExperienceBuffer(spec=spec, capacity=max(2 * n, 64), selector=Fifo(), tier=self.tier)
+            plane = self.edp
+            pending = plane is not None and len(plane.buffer) > 0
+            if plane is not None and plane.buffer.spec != spec and pending:
+                raise SpecError("batch", f"the columns of the pending batches {plane.buffer.spec}", spec,
+                                "deliver the pending versions before changing the batch layout")
+            if plane is None or plane.buffer.spec != spec or (not pending and plane.buffer.capacity < 2 * n):
+                if plane is not None:
+                    plane.close()
+                buf = ExperienceBuffer(spec=spec, capacity=max(4 * n, 64), selector=Fifo(), tier=self.tier)
                 self.edp = ExperienceDataPlane(buffer=buf)
+            side = self._side.setdefault(version, {})
+            offset = len(next(iter(side.values()))) if side else self._rows.get(version, 0)
             cols = {k: v for k, v in batch.batch.items()}
-            cols[ROW_ID] = torch.arange(n, dtype=torch.int64)
-            self.edp.ingest(cols, policy_version=version)
-            self._side[version] = {k: v for k, v in batch.non_tensor_batch.items()}
-            self._meta[version] = dict(batch.meta_info)
+            cols[ROW_ID] = torch.arange(offset, offset + n, dtype=torch.int64)
+            self.edp.ingest(cols, policy_version=version, source=source)
+            for k, v in batch.non_tensor_batch.items():
+                side[k] = np.concatenate([side[k], v]) if k in side else v
+            self._rows[version] = offset + n
+            self._meta.setdefault(version, dict(batch.meta_info))
 
     def _build(self, version: int):
         from verl import DataProto
         from verl.protocol import pad_dataproto_to_divisor
         with self._lock:
             b = self.edp.deliver(None, policy_version=version)
-            side = self._side.pop(version)
-            meta = self._meta.pop(version)
+            side = self._side.pop(version, {})
+            meta = self._meta.pop(version, {})
+            self._rows.pop(version, None)
+        if b.size == 0:
+            return [], 0  # nothing of this version (already consumed, or never produced)
         rows = b[ROW_ID].numpy()
         tensors = {k: v for k, v in b.items() if k != ROW_ID}
         data = DataProto.from_dict(tensors=tensors, non_tensors={k: v[rows] for k, v in side.items()}, meta_info=meta)

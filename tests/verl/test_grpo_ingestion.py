@@ -128,3 +128,20 @@ def test_delivered_update_batches_equal_verls_padded_split(model, dp, prepare_ah
     finally:
         ing.close()
         dlv.close()
+
+
+def test_delivery_refuses_a_new_layout_while_data_is_pending():
+    from conduit_core import SpecError
+    from conduit_verl.delivery import UpdateBatchDelivery
+    from verl import DataProto
+    dlv = UpdateBatchDelivery(dp_size=1)
+    a = DataProto.from_dict(tensors={"x": torch.zeros(4, 3)}, non_tensors={"uid": np.array(["u"] * 4, dtype=object)})
+    b = DataProto.from_dict(tensors={"x": torch.zeros(4, 5)}, non_tensors={"uid": np.array(["u"] * 4, dtype=object)})
+    dlv.ingest(a, version=0)
+    with pytest.raises(SpecError, match="pending"):
+        dlv.ingest(b, version=1)
+    shards, _ = dlv.deliver(0)
+    assert len(shards[0]) == 4  # the accepted batch survived the refusal
+    dlv.ingest(b, version=1)    # once delivered, a new layout is fine
+    assert len(dlv.deliver(1)[0][0]) == 4
+    dlv.close()

@@ -1,0 +1,74 @@
+"""The verl adapter's conformance harness (``conduit conformance verl``).
+
+The suite drives the adapter's on-policy data path: synthetic rollouts become verl
+``DataProto`` batches (the layout GRPO's ingestion produces) pushed through
+``UpdateBatchDelivery.ingest`` with their policy version, and deliveries are the per-rank
+update batches it hands ``update_actor`` (DP size 1). GRPO ingestion's exact equality
+with verl's sequential path is tested separately (tests/verl)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from conformance import Delivered, Harness, Session, SyntheticRollout
+
+
+def to_dataproto(columns: dict, source: int):
+    from verl import DataProto
+    n = columns["obs"].shape[0]
+    tensors = {"input_ids": torch.from_numpy(np.ascontiguousarray(columns["obs"])),
+               "responses": torch.from_numpy(columns["action"]).view(n, 1),
+               "token_level_scores": torch.from_numpy(columns["reward"]).view(n, 1)}
+    return DataProto.from_dict(tensors=tensors, non_tensors={"uid": np.array([f"s{source}"] * n, dtype=object)})
+
+
+class OnPolicySession(Session):
+    def __init__(self):
+        from .delivery import UpdateBatchDelivery
+        self.delivery = UpdateBatchDelivery(dp_size=1)
+
+    def ingest(self, rollout: SyntheticRollout) -> None:
+        self.delivery.ingest(to_dataproto(rollout.columns(), rollout.source), version=rollout.policy_version,
+                             source=rollout.source)
+
+    def ingest_raw(self, columns, *, source: int = 0) -> None:
+        self.delivery.ingest(to_dataproto(columns, source), version=0, source=source)
+
+    def flush(self) -> None:
+        if self.delivery.edp is not None:
+            self.delivery.edp.flush()
+
+    def deliver(self, batch_size, *, policy_version=None) -> Delivered:
+        if self.delivery.edp is None:
+            return Delivered(ids=np.zeros(0, np.int64))
+        shards, pad = self.delivery.deliver(policy_version or 0)
+        ids = torch.cat([s.batch["input_ids"][:, 0] for s in shards]) if shards and len(shards[0]) else torch.zeros(0)
+        ids = ids[: len(ids) - pad] if pad else ids
+        return Delivered(ids=ids.numpy().astype(np.int64))
+
+    def stored_ids(self):
+        from conformance.edp_session import stored_ids
+        return np.zeros(0, np.int64) if self.delivery.edp is None else stored_ids(self.delivery.edp, "input_ids")
+
+    def close(self) -> None:
+        self.delivery.close()
+
+
+class VerlHarness(Harness):
+    name = "conduit_verl"
+    version = "0.1.0"
+    framework = "verl"
+    capabilities = frozenset({"onpolicy"})
+
+    def __init__(self):
+        import verl
+        self.framework_version = verl.__version__
+
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+                schedule="sequential", staleness=0) -> Session:
+        return OnPolicySession()
+
+
+def harness() -> VerlHarness:
+    return VerlHarness()
