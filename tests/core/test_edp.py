@@ -179,3 +179,55 @@ def test_device_delivery_when_cuda_present():
     with make(Schedule.overlapped(), device="cuda") as edp:
         edp.ingest(rollout(10))
         assert edp.deliver(4)["obs"].device.type == "cuda"
+
+
+def _failing_hook(rollouts):  # module level: picklable for the process worker
+    for r in rollouts:
+        if r.data["obs"][0, 0] == 10:
+            raise ValueError("bad rollout in the child")
+    return rollouts
+
+
+def test_process_worker_error_reaches_the_caller_and_the_rest_is_stored():
+    edp = make(Schedule.overlapped(worker="process"), ingest_hooks=[_failing_hook])
+    try:
+        edp.ingest(rollout(5, 0))
+        edp.ingest(rollout(5, 10))
+        edp.ingest(rollout(5, 20))
+        with pytest.raises(WorkerError, match="bad rollout in the child") as info:
+            edp.flush()
+        assert isinstance(info.value.__cause__, ValueError)
+        edp.flush()
+        assert sorted(edp.buffer.state_dict()["data"]["obs"][:, 0].tolist()) == list(range(5)) + list(range(20, 25))
+    finally:
+        edp.close()
+
+
+def test_unpicklable_hooks_are_refused_for_the_process_worker():
+    with pytest.raises(ConfigError, match="picklable"):
+        make(Schedule.overlapped(worker="process"), ingest_hooks=[lambda rs: rs])
+
+
+def test_a_delivery_hook_that_breaks_the_contract_is_named():
+    with make(Schedule.sequential(), delivery_hooks=[lambda b: dict(b)]) as edp:
+        edp.ingest(rollout(4))
+        with pytest.raises(SpecError, match="delivery hook.*Batch"):
+            edp.deliver(2)
+
+
+def test_an_ingest_hook_that_drops_rollouts_is_named():
+    with make(Schedule.sequential(), ingest_hooks=[lambda rs: rs[:0]]) as edp:
+        with pytest.raises(SpecError, match="ingest hook.*1 rollouts"):
+            edp.ingest(rollout(4))
+        assert len(edp.buffer) == 0
+
+
+def test_reschedule_keeps_everything_and_switches_workers():
+    edp = make(Schedule.sequential())
+    for i in range(3):
+        edp.ingest(rollout(4, 4 * i))
+    edp.reschedule(Schedule.overlapped(worker="thread"))
+    edp.ingest(rollout(4, 12))
+    edp.reschedule(Schedule.sequential())
+    assert edp._thread is None and len(edp.buffer) == 16
+    edp.close()
