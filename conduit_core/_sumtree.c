@@ -174,7 +174,92 @@ fail:
     return NULL;
 }
 
+/* select(sums, mins, size, values:f64[n], beta, out_idx:i64[n], out_w:f32[n])
+ * Prefix-sum search plus importance weights w = (p_i / p_min)^-beta in one pass
+ * (RLlib's (N P(i))^-beta / max_j (N P(j))^-beta, with P = p / total). */
+static PyObject *select_weighted(PyObject *self, PyObject *args) {
+    PyObject *o_sum, *o_min, *o_val, *o_idx, *o_w;
+    Py_ssize_t size;
+    double beta;
+    if (!PyArg_ParseTuple(args, "OOnOdOO", &o_sum, &o_min, &size, &o_val, &beta, &o_idx, &o_w)) return NULL;
+    Py_buffer bs, bm, bv, bi, bw;
+    if (get_buf(o_sum, &bs, "d", 0)) return NULL;
+    if (get_buf(o_min, &bm, "d", 0)) { PyBuffer_Release(&bs); return NULL; }
+    if (get_buf(o_val, &bv, "d", 0)) { PyBuffer_Release(&bs); PyBuffer_Release(&bm); return NULL; }
+    if (get_buf(o_idx, &bi, "ql", 1)) { PyBuffer_Release(&bs); PyBuffer_Release(&bm); PyBuffer_Release(&bv); return NULL; }
+    if (get_any(o_w, &bw, 4, 1)) {
+        PyBuffer_Release(&bs); PyBuffer_Release(&bm); PyBuffer_Release(&bv); PyBuffer_Release(&bi); return NULL;
+    }
+    const double *sum = bs.buf, *mn = bm.buf, *val = bv.buf;
+    long long *out = bi.buf;
+    float *w = bw.buf;
+    Py_ssize_t n = bv.len / (Py_ssize_t)sizeof(double);
+    Py_BEGIN_ALLOW_THREADS
+    double pmin = mn[1];
+    for (Py_ssize_t k = 0; k < n; k++) {
+        double v = val[k];
+        Py_ssize_t node = 1;
+        while (node < size) {
+            double left = sum[2 * node], right = sum[2 * node + 1];
+            if ((v < left && left > 0.0) || right <= 0.0) node = 2 * node;
+            else { v -= left; node = 2 * node + 1; }
+        }
+        out[k] = (long long)(node - size);
+        w[k] = beta == 0.0 ? 1.0f : (float)pow(sum[node] / pmin, -beta);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&bs); PyBuffer_Release(&bm); PyBuffer_Release(&bv); PyBuffer_Release(&bi); PyBuffer_Release(&bw);
+    Py_RETURN_NONE;
+}
+
+/* set_priorities(sums, mins, size, idx:i64[n], prios:f64[n], alpha, eps) -> max(p + eps)
+ * Validates (finite, >= 0), applies (p + eps)^alpha and updates both trees; -1.0 when a
+ * priority is invalid (nothing is changed then). */
+static PyObject *set_priorities(PyObject *self, PyObject *args) {
+    PyObject *o_sum, *o_min, *o_idx, *o_p;
+    Py_ssize_t size;
+    double alpha, eps;
+    if (!PyArg_ParseTuple(args, "OOnOOdd", &o_sum, &o_min, &size, &o_idx, &o_p, &alpha, &eps)) return NULL;
+    Py_buffer bs, bm, bi, bp;
+    if (get_buf(o_sum, &bs, "d", 1)) return NULL;
+    if (get_buf(o_min, &bm, "d", 1)) { PyBuffer_Release(&bs); return NULL; }
+    if (get_buf(o_idx, &bi, "ql", 0)) { PyBuffer_Release(&bs); PyBuffer_Release(&bm); return NULL; }
+    if (get_buf(o_p, &bp, "d", 0)) { PyBuffer_Release(&bs); PyBuffer_Release(&bm); PyBuffer_Release(&bi); return NULL; }
+    double *sum = bs.buf, *mn = bm.buf;
+    const long long *idx = bi.buf;
+    const double *pr = bp.buf;
+    Py_ssize_t n = bi.len / 8;
+    double mx = 0.0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n; k++) {
+        double p = pr[k];
+        if (!(p >= 0.0) || !isfinite(p) || idx[k] < 0 || idx[k] >= size) { bad = 1; break; }
+        if (p + eps > mx) mx = p + eps;
+    }
+    if (!bad) {
+        for (Py_ssize_t k = 0; k < n; k++) {
+            double v = alpha == 1.0 ? pr[k] + eps : pow(pr[k] + eps, alpha);
+            Py_ssize_t node = (Py_ssize_t)(idx[k] + size);
+            sum[node] = v;
+            mn[node] = v > 0.0 ? v : INFINITY;
+            node >>= 1;
+            while (node >= 1) {
+                sum[node] = sum[2 * node] + sum[2 * node + 1];
+                double a = mn[2 * node], b = mn[2 * node + 1];
+                mn[node] = a < b ? a : b;
+                node >>= 1;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&bs); PyBuffer_Release(&bm); PyBuffer_Release(&bi); PyBuffer_Release(&bp);
+    return PyFloat_FromDouble(bad ? -1.0 : mx);
+}
+
 static PyMethodDef methods[] = {
+    {"select_weighted", select_weighted, METH_VARARGS, "prefix-sum search and importance weights"},
+    {"set_priorities", set_priorities, METH_VARARGS, "validate, exponentiate and set priorities"},
     {"nstep", nstep, METH_VARARGS, "n-step returns following episode links"},
     {"update", update, METH_VARARGS, "update(sums, mins, size, idx, values): set leaves and fix ancestors"},
     {"find", find, METH_VARARGS, "find(sums, size, values, out): prefix-sum search"},

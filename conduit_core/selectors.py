@@ -84,6 +84,13 @@ class Prioritized(Selector):
     def select(self, batch_size, size, rng, *, beta: float | None = None):
         beta = self.beta if beta is None else beta
         total = self.index.total
+        if self.index.use_c:  # search and weights in one C pass
+            from ._sumtree import select_weighted
+            slots = np.empty(batch_size, dtype=np.int64)
+            weights = np.empty(batch_size, dtype=np.float32)
+            select_weighted(self.index._sum, self.index._min, self.index.size, rng.random(batch_size) * total,
+                            float(beta), slots, weights)
+            return slots, weights
         slots = self.index.find_prefixsum(rng.random(batch_size) * total)
         if beta == 0.0:
             return slots, np.ones(batch_size, dtype=np.float32)
@@ -94,6 +101,15 @@ class Prioritized(Selector):
 
     def update_priorities(self, slots, priorities):
         pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if self.index.use_c and pr.shape[0] == np.asarray(slots).reshape(-1).shape[0]:
+            from ._sumtree import set_priorities
+            idx = np.ascontiguousarray(slots, dtype=np.int64).reshape(-1)
+            mx = set_priorities(self.index._sum, self.index._min, self.index.size, idx, np.ascontiguousarray(pr),
+                                self.alpha, self.eps)
+            if mx >= 0:
+                self.max_priority = max(self.max_priority, mx)
+                return
+            # invalid input: fall through to the checks below for the error message
         if pr.shape[0] != np.asarray(slots).reshape(-1).shape[0]:
             raise SpecError("priorities", f"{np.asarray(slots).size} values (one per slot)", pr.shape[0],
                             "pass one priority per delivered item")
