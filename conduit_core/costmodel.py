@@ -84,12 +84,6 @@ class Prediction:
     breakdown: dict = field(default_factory=dict)
 
 
-def _link_s(topology, src: str, dst: str, nbytes: float) -> float:
-    if topology is None:
-        return 0.0
-    return topology.link(src, dst).seconds(nbytes) - topology.link(src, dst).latency_us * 1e-6 * 0
-
-
 def operator_times(config: Config, p: Profile, *, topology=None, learner: str = "host",
                    actors: str = "host") -> tuple[float, float]:
     """Ingestion and delivery operator time per step for this placement and granularity."""
