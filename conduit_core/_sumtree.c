@@ -27,6 +27,30 @@ static int get_buf(PyObject *obj, Py_buffer *view, const char *fmts, int writabl
     return 0;
 }
 
+/* Set leaf i to v (0 = not sampleable) and fix the sums and minimums of its ancestors. */
+static void set_leaf(double *sum, double *mn, Py_ssize_t size, long long i, double v) {
+    Py_ssize_t node = (Py_ssize_t)(i + size);
+    sum[node] = v;
+    mn[node] = v > 0.0 ? v : INFINITY;
+    for (node >>= 1; node >= 1; node >>= 1) {
+        sum[node] = sum[2 * node] + sum[2 * node + 1];
+        double a = mn[2 * node], b = mn[2 * node + 1];
+        mn[node] = a < b ? a : b;
+    }
+}
+
+/* The leaf node holding prefix sum v: go left when v falls inside the left subtree, or
+ * when the right subtree is empty (rounding), so a zero-priority leaf is never returned. */
+static Py_ssize_t descend(const double *sum, Py_ssize_t size, double v) {
+    Py_ssize_t node = 1;
+    while (node < size) {
+        double left = sum[2 * node], right = sum[2 * node + 1];
+        if ((v < left && left > 0.0) || right <= 0.0) node = 2 * node;
+        else { v -= left; node = 2 * node + 1; }
+    }
+    return node;
+}
+
 /* update(sums, mins, size, idx:int64[n], values:float64[n]) */
 static PyObject *update(PyObject *self, PyObject *args) {
     PyObject *o_sum, *o_min, *o_idx, *o_val;
@@ -48,17 +72,7 @@ static PyObject *update(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; k < n; k++) {
         long long i = idx[k];
         if (i < 0 || i >= size) { bad = 1; break; }
-        Py_ssize_t node = (Py_ssize_t)(i + size);
-        double v = val[k];
-        sum[node] = v;
-        mn[node] = v > 0.0 ? v : INFINITY;
-        node >>= 1;
-        while (node >= 1) {
-            sum[node] = sum[2 * node] + sum[2 * node + 1];
-            double a = mn[2 * node], b = mn[2 * node + 1];
-            mn[node] = a < b ? a : b;
-            node >>= 1;
-        }
+        set_leaf(sum, mn, size, i, val[k]);
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&bs); PyBuffer_Release(&bm); PyBuffer_Release(&bi); PyBuffer_Release(&bv);
@@ -81,20 +95,7 @@ static PyObject *find(PyObject *self, PyObject *args) {
     Py_ssize_t n = bv.len / (Py_ssize_t)sizeof(double);
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < n; k++) {
-        double v = val[k];
-        Py_ssize_t node = 1;
-        while (node < size) {
-            double left = sum[2 * node];
-            double right = sum[2 * node + 1];
-            /* go left when v falls inside it, or when the right subtree is empty (rounding) */
-            if ((v < left && left > 0.0) || right <= 0.0) {
-                node = 2 * node;
-            } else {
-                v -= left;
-                node = 2 * node + 1;
-            }
-        }
-        out[k] = (long long)(node - size);
+        out[k] = (long long)(descend(sum, size, val[k]) - size);
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&bs); PyBuffer_Release(&bv); PyBuffer_Release(&bo);
@@ -197,13 +198,7 @@ static PyObject *select_weighted(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     double pmin = mn[1];
     for (Py_ssize_t k = 0; k < n; k++) {
-        double v = val[k];
-        Py_ssize_t node = 1;
-        while (node < size) {
-            double left = sum[2 * node], right = sum[2 * node + 1];
-            if ((v < left && left > 0.0) || right <= 0.0) node = 2 * node;
-            else { v -= left; node = 2 * node + 1; }
-        }
+        Py_ssize_t node = descend(sum, size, val[k]);
         out[k] = (long long)(node - size);
         w[k] = beta == 0.0 ? 1.0f : (float)pow(sum[node] / pmin, -beta);
     }
@@ -239,17 +234,7 @@ static PyObject *set_priorities(PyObject *self, PyObject *args) {
     }
     if (!bad) {
         for (Py_ssize_t k = 0; k < n; k++) {
-            double v = alpha == 1.0 ? pr[k] + eps : pow(pr[k] + eps, alpha);
-            Py_ssize_t node = (Py_ssize_t)(idx[k] + size);
-            sum[node] = v;
-            mn[node] = v > 0.0 ? v : INFINITY;
-            node >>= 1;
-            while (node >= 1) {
-                sum[node] = sum[2 * node] + sum[2 * node + 1];
-                double a = mn[2 * node], b = mn[2 * node + 1];
-                mn[node] = a < b ? a : b;
-                node >>= 1;
-            }
+            set_leaf(sum, mn, size, idx[k], alpha == 1.0 ? pr[k] + eps : pow(pr[k] + eps, alpha));
         }
     }
     Py_END_ALLOW_THREADS

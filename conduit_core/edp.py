@@ -227,7 +227,7 @@ class ExperienceDataPlane:
             while True:
                 self._raise_error_locked()
                 if self._accepted_rows - self._committed_rows <= allowed_missing and \
-                        (allowed_missing > 0 or not self._pending and not self._busy_ingesting):
+                        (allowed_missing > 0 or not self._pending and not self._busy):
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -410,10 +410,6 @@ class ExperienceDataPlane:
         return self.migrate(shards=shards, capacity=sum(a.slots for a in plan.assignments), background=background)
 
     # ----------------------------------------------------------------- worker
-    @property
-    def _busy_ingesting(self) -> bool:
-        return self._busy
-
     def _start_worker(self) -> None:
         self._transformer = make_transformer(self.schedule.worker, self.buffer.spec, self._ingest_hooks,
                                              timeout=self.schedule.timeout)

@@ -158,10 +158,6 @@ class FramePool:
         ids = (last_ids.reshape(-1, 1) - self.k + 1 + np.arange(self.k)) % self.capacity
         return self.frames.take(ids.reshape(-1), axis=0).reshape(last_ids.shape[0], self.k, *self.frame_shape)
 
-    def live_floor(self, cursor_after: int) -> int:
-        """Smallest frame id still stored once the cursor reaches ``cursor_after``."""
-        return cursor_after - self.capacity
-
     def state(self) -> dict:
         n = min(self.cursor, self.capacity)
         ids = (self.cursor - n + np.arange(n)) % self.capacity

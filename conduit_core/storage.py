@@ -151,10 +151,6 @@ class ColumnarStorage:
                 for f in self.spec if f.stored_dtype != torch.bfloat16}
 
     # ----------------------------------------------------------------- info
-    @property
-    def nbytes_reserved(self) -> int:
-        return self.capacity * self.spec.stored_bytes_per_transition
-
     def shared_segment_names(self) -> dict[str, list[str]]:
         """Names of the shared segments, per field, for another process to attach (SHARED only)."""
         shared = iter(s for s in self._segments if isinstance(s, SharedSegment))

@@ -23,7 +23,6 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 
 from .errors import ConfigError, WorkerError
@@ -174,4 +173,4 @@ def as_numpy_rows(data) -> int:
 
 
 __all__ = ["Encoded", "InlineTransformer", "ProcessTransformer", "make_transformer", "encode_rollouts",
-           "as_numpy_rows", "np"]
+           "as_numpy_rows"]

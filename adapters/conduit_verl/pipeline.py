@@ -99,16 +99,13 @@ def sequential_grpo_path(batch, st: GRPOStages):
 
 
 def group_chunks(uids: np.ndarray, groups_per_chunk: int) -> list[np.ndarray]:
-    """Row indices of each chunk: whole groups, rows in batch order within a chunk."""
-    order: dict[Any, list[int]] = {}
-    for i, u in enumerate(uids):
-        order.setdefault(u, []).append(i)
-    groups = list(order.values())
-    out = []
-    for s in range(0, len(groups), groups_per_chunk):
-        rows = sorted(i for g in groups[s:s + groups_per_chunk] for i in g)
-        out.append(np.asarray(rows, dtype=np.int64))
-    return out
+    """Row indices of each chunk: whole groups (in order of first appearance), rows in batch
+    order within a chunk. Vectorized: no Python loop over rows."""
+    _, first, inverse = np.unique(np.asarray(uids), return_index=True, return_inverse=True)
+    rank = np.empty_like(first)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0])  # group order of appearance
+    chunk_of_row = rank[inverse.reshape(-1)] // groups_per_chunk
+    return [np.flatnonzero(chunk_of_row == c).astype(np.int64) for c in range(int(chunk_of_row.max(initial=-1)) + 1)]
 
 
 class GRPOIngestion:

@@ -54,9 +54,11 @@ def test_delivery_granularity_amortises_and_keeps_semantics():
         edp.ingest(rollout(100))
         batches = [edp.deliver(16) for _ in range(4)]
         assert edp.metrics().deliver.items_out == 64  # one operator call prepared all four
+        assert edp.metrics().prefetch_hits == 3
+        edp.deliver(16)                 # prepares four more, hands out one, keeps three
         edp.ingest(rollout(1, 100))
-        edp.deliver(16)  # the insert made the cached batches stale: prepared anew
-        assert edp.metrics().prefetch_discards == 0 or True
+        edp.deliver(16)                 # the insert made the three kept batches stale: prepared anew
+        assert edp.metrics().prefetch_discards == 3
         assert all(b.size == 16 for b in batches)
 
 
