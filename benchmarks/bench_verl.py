@@ -10,6 +10,11 @@ chunked, overlapped ingestion and prepared delivery. Alternating repetitions, me
 Part 2 (put + get for the same batch shapes): TransferQueue's kv_batch_put / kv_batch_get
 (installed with verl[verl-core], local Ray) vs Conduit's ingest / deliver of the same fields.
 
+Part 3 (verl's V1 trainer, advantage stage over TransferQueue): verl's whole-batch
+``_compute_advantage`` (get 5 fields, KL penalty, GRPO advantage, put 3 fields) vs
+``trainer_mode=conduit``'s pipelined chunks of whole prompt groups, on the same rows,
+alternating repetitions, medians; the results are checked equal every repetition.
+
     python -m benchmarks.bench_verl [--reps 5] [--no-transferqueue]
 """
 
@@ -106,35 +111,78 @@ def part2(reps: int, rows: int, seqlen: int) -> dict:
 
 
 def part2_tq(reps: int, rows: int, seqlen: int) -> dict:
-    import ray
     import transfer_queue as tq
     from tensordict import TensorDict
+    fields = TensorDict({"input_ids": torch.randint(0, 1000, (rows, seqlen)),
+                         "attention_mask": torch.ones(rows, seqlen, dtype=torch.int64),
+                         "old_log_probs": torch.randn(rows, seqlen)}, batch_size=[rows])
+    put, get = [], []
+    for i in range(reps + 1):
+        keys = [f"it{i}_{j}" for j in range(rows)]
+        t0 = time.perf_counter()
+        tq.kv_batch_put(keys=keys, partition_id="bench", fields=fields)
+        t1 = time.perf_counter()
+        out = tq.kv_batch_get(keys=keys, partition_id="bench")
+        t2 = time.perf_counter()
+        assert out.batch_size[0] == rows
+        tq.kv_clear(keys=keys, partition_id="bench")
+        if i:
+            put.append(t1 - t0)
+            get.append(t2 - t1)
+    return {"tq_put_s": put, "tq_get_s": get}
+
+
+def part3_v1_advantage(reps: int, prompts: int, n: int, max_len: int, groups_per_chunk: int, depth: int) -> dict:
+    import transfer_queue as tq
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from conduit_verl.v1_trainer import advantage_stage_trainer, grpo_rows, verl_config
+    cfg = verl_config(["algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=True", "trainer.v1.trainer_mode=conduit",
+                       f"actor_rollout_ref.rollout.n={n}", f"+trainer.v1.conduit.groups_per_chunk={groups_per_chunk}",
+                       f"+trainer.v1.conduit.depth={depth}"])
+    trainer = advantage_stage_trainer(cfg)
+    keys, rows = grpo_rows(prompts, n, max_len)
+    fields = list_of_dict_to_tensordict(rows)
+    tags = [{"is_padding": False} for _ in keys]
+    stages = {"verl": lambda meta: PPOTrainerSync._compute_advantage(trainer, meta, {}),
+              "conduit": lambda meta: trainer._compute_advantage(meta, {})}
+    times: dict[str, list[float]] = {"verl": [], "conduit": []}
+    written = {}
+    for i in range(reps + 1):
+        for name in (("verl", "conduit") if i % 2 == 0 else ("conduit", "verl")):
+            meta = tq.kv_batch_put(keys=keys, partition_id="v1bench", fields=fields, tags=tags)
+            t0 = time.perf_counter()
+            stages[name](meta)
+            dt = time.perf_counter() - t0
+            written[name] = tq.kv_batch_get(keys=keys, partition_id="v1bench", select_fields=["advantages"])
+            tq.kv_clear(keys=keys, partition_id="v1bench")
+            if i:
+                times[name].append(dt)
+        same = all(torch.equal(a, b) for a, b in zip(written["verl"]["advantages"].unbind(),
+                                                     written["conduit"]["advantages"].unbind()))
+        assert same, "trainer_mode=conduit wrote other advantages than verl's stage"
+    ratios = [c / v for c, v in zip(times["conduit"], times["verl"])]
+    tokens = sum(int(r["response_mask"].numel()) for r in rows)
+    return {"rows": len(keys), "tokens": tokens, "verl_s": times["verl"], "conduit_s": times["conduit"],
+            "ratio": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}}
+
+
+def with_transferqueue(fn):
+    """Run ``fn()`` inside one TransferQueue session on a local Ray (its controller and
+    storage actors need CPUs of their own: 2 logical CPUs deadlock)."""
+    import ray
+    import transfer_queue as tq
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if not ray.is_initialized():
         ray.init(num_cpus=4, object_store_memory=1 << 30, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
     tq.init()
     init_s = time.perf_counter() - t0
-    fields = TensorDict({"input_ids": torch.randint(0, 1000, (rows, seqlen)),
-                         "attention_mask": torch.ones(rows, seqlen, dtype=torch.int64),
-                         "old_log_probs": torch.randn(rows, seqlen)}, batch_size=[rows])
-    put, get = [], []
     try:
-        for i in range(reps + 1):
-            keys = [f"it{i}_{j}" for j in range(rows)]
-            t0 = time.perf_counter()
-            tq.kv_batch_put(keys=keys, partition_id="bench", fields=fields)
-            t1 = time.perf_counter()
-            out = tq.kv_batch_get(keys=keys, partition_id="bench")
-            t2 = time.perf_counter()
-            assert out.batch_size[0] == rows
-            tq.kv_clear(keys=keys, partition_id="bench")
-            if i:
-                put.append(t1 - t0)
-                get.append(t2 - t1)
+        return init_s, fn()
     finally:
         tq.close()
-    return {"tq_init_s": init_s, "tq_put_s": put, "tq_get_s": get}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -148,23 +196,34 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--seqlen", type=int, default=512)
     p.add_argument("--no-transferqueue", action="store_true")
+    p.add_argument("--skip-grpo", action="store_true", help="skip part 1 (the CPU reference iteration)")
+    p.add_argument("--v1-prompts", type=int, default=64)
+    p.add_argument("--v1-n", type=int, default=8)
+    p.add_argument("--v1-len", type=int, default=512, help="longest response (lengths uniform in [len/2, len])")
+    p.add_argument("--v1-groups-per-chunk", type=int, default=8)
+    p.add_argument("--v1-depth", type=int, default=2)
     p.add_argument("--json", default="out/bench_verl.json")
     a = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     report = {"machine": machine(), "args": vars(a)}
-    report["grpo"] = g = part1(a.reps, a.prompts, a.n, a.resp_len, a.hidden, a.dp)
     med = statistics.median
-    print(f"GRPO iteration, post-generation path + update hand-off ({g['batch']} sequences, median of {a.reps}):")
-    print(f"  verl sequential {med(g['sequential_s']) * 1e3:8.1f} ms   conduit {med(g['conduit_s']) * 1e3:8.1f} ms   "
-          f"ratio {g['ratio']['median']:.2f}x (min {g['ratio']['min']:.2f}, max {g['ratio']['max']:.2f})")
+    if not a.skip_grpo:
+        report["grpo"] = g = part1(a.reps, a.prompts, a.n, a.resp_len, a.hidden, a.dp)
+        print(f"GRPO iteration, post-generation path + update hand-off ({g['batch']} sequences, median of {a.reps}):")
+        print(f"  verl sequential {med(g['sequential_s']) * 1e3:8.1f} ms   conduit {med(g['conduit_s']) * 1e3:8.1f} ms"
+              f"   ratio {g['ratio']['median']:.2f}x (min {g['ratio']['min']:.2f}, max {g['ratio']['max']:.2f})")
     report["putget"] = pg = part2(a.reps, a.rows, a.seqlen)
     rows = [["conduit", f"{med(pg['conduit_put_s']) * 1e3:.2f}", f"{med(pg['conduit_get_s']) * 1e3:.2f}",
              f"{(med(pg['conduit_put_s']) + med(pg['conduit_get_s'])) * 1e3:.2f}"]]
+    v1 = None
     if not a.no_transferqueue:
         try:
-            tqr = part2_tq(a.reps, a.rows, a.seqlen)
-            report["putget"] |= tqr
+            init_s, (tqr, v1) = with_transferqueue(lambda: (
+                part2_tq(a.reps, a.rows, a.seqlen),
+                part3_v1_advantage(a.reps, a.v1_prompts, a.v1_n, a.v1_len, a.v1_groups_per_chunk, a.v1_depth)))
+            report["putget"] |= tqr | {"tq_init_s": init_s}
+            report["v1_advantage"] = v1
             rows.append(["transferqueue", f"{med(tqr['tq_put_s']) * 1e3:.2f}", f"{med(tqr['tq_get_s']) * 1e3:.2f}",
                          f"{(med(tqr['tq_put_s']) + med(tqr['tq_get_s'])) * 1e3:.2f}"])
         except Exception as exc:  # reported, not hidden
@@ -172,6 +231,10 @@ def main(argv: list[str] | None = None) -> dict:
             report["putget"]["tq_error"] = repr(exc)
     print(f"\nput + get of {a.rows} x {a.seqlen} (3 fields), medians of {a.reps}:")
     print(fmt_table(rows, ["system", "put ms", "get ms", "put+get ms"]))
+    if v1 is not None:
+        print(f"\nV1 advantage stage over TransferQueue ({v1['rows']} rows, {v1['tokens']} response tokens, "
+              f"median of {a.reps}): verl {med(v1['verl_s']) * 1e3:.1f} ms   conduit {med(v1['conduit_s']) * 1e3:.1f} ms"
+              f"   ratio {v1['ratio']['median']:.2f}x (min {v1['ratio']['min']:.2f}, max {v1['ratio']['max']:.2f})")
     write_json(a.json, report)
     return report
 

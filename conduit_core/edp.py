@@ -358,7 +358,9 @@ class ExperienceDataPlane:
 
     def reschedule(self, schedule: Schedule) -> None:
         """Switch to another schedule without losing anything: flush what was accepted, stop
-        and join the worker, drop prepared batches (undoing their draws), start the new one."""
+        and join the worker, drop prepared batches (undoing their draws), start the new one.
+        A child process of the same worker kind is kept (spawning one costs ~1 s), so a
+        change of granularity or depth is cheap."""
         if not isinstance(schedule, Schedule):
             raise ConfigError("schedule", "a Schedule", type(schedule).__name__, "use Schedule.sequential() ...")
         self._check_usable()
@@ -371,7 +373,9 @@ class ExperienceDataPlane:
                 self._cond.notify_all()
             self._thread.join(timeout=self.schedule.timeout)
             self._thread = None
-        if self._transformer is not None:
+        keep = (self._transformer is not None and schedule.is_overlapped and schedule.worker == self.schedule.worker
+                and schedule.timeout == self.schedule.timeout)
+        if self._transformer is not None and not keep:
             self._transformer.close()
             self._transformer = None
         with self._cond:
@@ -411,8 +415,9 @@ class ExperienceDataPlane:
 
     # ----------------------------------------------------------------- worker
     def _start_worker(self) -> None:
-        self._transformer = make_transformer(self.schedule.worker, self.buffer.spec, self._ingest_hooks,
-                                             timeout=self.schedule.timeout)
+        if self._transformer is None:
+            self._transformer = make_transformer(self.schedule.worker, self.buffer.spec, self._ingest_hooks,
+                                                 timeout=self.schedule.timeout)
         self._thread = threading.Thread(target=self._worker_loop, name="conduit-edp-worker", daemon=True)
         self._thread.start()
 

@@ -3,12 +3,15 @@
 Used when an adapter is asked for ``schedule="auto"``. It is driven by the caller's own
 deliveries (one ``observe()`` per learner step), so it measures the real workload:
 
-    calibrate   sequential (g_del 1), sequential (g_del 2), thread, process: N steps each
+    calibrate   sequential (ing 1, del 1), sequential (ing 4, del 2), thread, process: N steps each
     predict     every Config of placement x overlap x granularity (>= 32) with the cost model
     apply       reschedule the data plane (and migrate it if the placement changed)
 
 Every candidate keeps the data plane's semantic guards (the same staleness bound), so
 switching changes speed, never what the learner may receive.
+
+The decision itself is pure: ``profile_from_phases`` turns measured phases into a cost-model
+``Profile``; ``conduit tune`` drives the same function from whole framework iterations.
 """
 
 from __future__ import annotations
@@ -17,16 +20,92 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from .costmodel import Config, Profile, enumerate_configs, fit_operator, predict
+import numpy as np
+
+from .costmodel import Config, Profile, enumerate_configs, fit_operator, operator_times, predict
 from .schedule import Schedule
 
-PHASES = (("sequential", 1), ("sequential", 2), ("thread", 1), ("process", 1))
+PHASES = (Config("host", "sequential", 1, 1), Config("host", "sequential", 4, 2),
+          Config("host", "thread", 1, 1), Config("host", "process", 1, 1))
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """One profiling phase: a configuration, its wall time per learner step, and the data
+    plane's metrics over the phase divided by its learner steps."""
+
+    config: Config
+    step_s: float
+    per_step: dict  # ingest_calls, ingest_rows, ingest_busy_s, deliver_items, deliver_busy_s, exposed_s, priorities_s
+
+    @classmethod
+    def from_metrics(cls, config: Config, step_s: float, before, after, steps: float) -> "PhaseResult":
+        d = lambda point, attr: (getattr(getattr(after, point), attr) - getattr(getattr(before, point), attr)) / steps
+        return cls(config, step_s, {
+            "ingest_calls": d("ingest", "calls"), "ingest_rows": d("ingest", "items_in"),
+            "ingest_busy_s": d("ingest", "busy_s"), "deliver_items": d("deliver", "items_out"),
+            "deliver_busy_s": d("deliver", "busy_s"),
+            "handoff_s": d("ingest", "blocked_s") + d("deliver", "blocked_s"),
+            "priorities_s": d("priorities", "blocked_s")})
+
+
+def profile_from_phases(phases: list[PhaseResult], *, transition_bytes: int, batch_size: int,
+                        staleness: int) -> Profile:
+    """The cost model's inputs from measured phases (pure).
+
+    Sequential phases at two or more granularities fit the operators (fixed per call, per row,
+    per byte; least squares) and the base step (step minus exposed path, median). Overlapped
+    phases calibrate, per worker kind, the caller's hand-off and the interference factor: the
+    share of the worker's predicted operator time that still shows up in the caller's step."""
+    seq = [p for p in phases if p.config.schedule == "sequential"]
+    if len({(p.config.g_ing, p.config.g_del) for p in seq}) < 2:
+        raise ValueError("profile_from_phases: needs sequential phases at two granularities to separate "
+                         "fixed from per-item cost")
+    tb = transition_bytes
+    ing, dlv, base, prio = [], [], [], []
+    for p in seq:
+        s = p.per_step
+        # in a sequential phase the operator calls are exactly the caller's: calls per step = 1/g
+        ing.append((s["ingest_calls"], s["ingest_rows"], s["ingest_rows"] * tb, s["ingest_busy_s"]))
+        dlv.append((1.0 / p.config.g_del, batch_size, batch_size * tb, s["deliver_busy_s"]))
+        prio.append(s["priorities_s"])
+        base.append(p.step_s - s["handoff_s"] - s["priorities_s"])
+    rows = statistics.median(p.per_step["ingest_rows"] for p in seq)
+    # rollouts per step at g_ing = 1 (calls scale as 1/g_ing)
+    rollouts = statistics.median(p.per_step["ingest_calls"] * p.config.g_ing for p in seq)
+    p0 = Profile(base_s=max(statistics.median(base), 0.0), priorities_s=statistics.median(prio),
+                 ingest=fit_operator(ing), deliver=fit_operator(dlv), rows_per_step=max(rows, 1e-9),
+                 rollouts_per_step=max(rollouts, 1e-9), batch_size=batch_size, transition_bytes=tb,
+                 staleness=staleness)
+    calib = {}
+    for kind in ("thread", "process"):
+        hs, its = [], []
+        for p in (q for q in phases if q.config.schedule == kind):
+            i_s, d_s = operator_times(p.config, p0)
+            extra = p0.process_s_per_byte * p0.rows_per_step * tb * 2 if kind == "process" else 0.0
+            work = i_s + d_s + extra
+            handoff = max(0.0, p.per_step["handoff_s"])
+            hs.append(handoff)
+            its.append((p.step_s - p0.base_s - handoff - p0.priorities_s) / work if work > 0 else 1.0)
+        if hs:
+            calib[kind] = (statistics.median(hs), float(np.clip(statistics.median(its), 0.0, 3.0)))
+    kw = {}
+    for kind, (h, i) in calib.items():
+        kw[f"{kind}_handoff_s"], kw[f"{kind}_interference"] = h, i
+    return Profile(**{**p0.to_dict(), "ingest": p0.ingest, "deliver": p0.deliver, **kw})
+
+
+def schedule_for(config: Config, base: Schedule) -> Schedule:
+    """The data plane's Schedule for a cost-model Config, keeping ``base``'s semantic guards."""
+    return Schedule(mode="sequential" if config.schedule == "sequential" else "overlapped",
+                    worker="process" if config.schedule == "process" else "thread", staleness=base.staleness,
+                    delivery_granularity=config.g_del, ingest_granularity=config.g_ing, depth=base.depth,
+                    queue_size=base.queue_size, timeout=base.timeout)
 
 
 @dataclass
 class _Phase:
-    schedule: str
-    g_del: int
+    config: Config
     steps: list[float] = field(default_factory=list)
     snap0: object = None
     snap1: object = None
@@ -39,21 +118,17 @@ class AutoTuner:
         self.steps_per_phase = steps_per_phase
         self.cores = cores or os.cpu_count() or 1
         self.placements = placements
-        self.phases = [_Phase(s, g) for s, g in PHASES]
+        self.phases = [_Phase(c) for c in PHASES]
         self.i = 0
         self.last_t: float | None = None
         self.done = False
         self.choice: Config | None = None
         self.predictions: list = []
+        self._base = edp.schedule
         self._enter(self.phases[0])
 
     def _enter(self, ph: _Phase) -> None:
-        base = self.edp.schedule
-        sched = Schedule(mode="sequential" if ph.schedule == "sequential" else "overlapped",
-                         worker="thread" if ph.schedule != "process" else "process", staleness=base.staleness,
-                         delivery_granularity=ph.g_del, depth=base.depth, queue_size=base.queue_size,
-                         timeout=base.timeout)
-        self.edp.reschedule(sched)
+        self.edp.reschedule(schedule_for(ph.config, self._base))
         self.last_t = None
         ph.snap0 = self.edp.metrics()
 
@@ -74,62 +149,24 @@ class AutoTuner:
             else:
                 self._decide()
 
-    def _delta(self, ph: _Phase):
-        a, b = ph.snap0, ph.snap1
-        n = len(ph.steps) + 1
-        d = lambda point, attr: (getattr(getattr(b, point), attr) - getattr(getattr(a, point), attr)) / n
-        return d, statistics.median(ph.steps)
-
     def profile(self) -> Profile:
-        spec = self.edp.buffer.spec
-        tb = spec.stored_bytes_per_transition
-        ing_samples, del_samples = [], []
-        base = prio = rows = calls = 0.0
-        for ph in self.phases[:2]:
-            d, step = self._delta(ph)
-            rows, calls = d("ingest", "items_in"), d("ingest", "calls")
-            batch = d("deliver", "items_out") * ph.g_del / max(1, ph.g_del)
-            ing_samples.append((calls, rows, rows * tb, d("ingest", "busy_s")))
-            del_samples.append((1.0 / ph.g_del, batch, batch * tb, d("deliver", "busy_s")))
-            prio = d("priorities", "blocked_s")
-            exposed = d("ingest", "blocked_s") + d("deliver", "blocked_s") + prio
-            base = step - exposed
-        bsz = int(max(1, self.phases[0].snap1.deliver.items_out - self.phases[0].snap0.deliver.items_out)
-                  / (len(self.phases[0].steps) + 1))
-        p0 = Profile(base_s=max(base, 0.0), priorities_s=prio, ingest=fit_operator(ing_samples),
-                     deliver=fit_operator(del_samples), rows_per_step=max(rows, 1e-9), rollouts_per_step=max(calls, 1e-9),
-                     batch_size=bsz, transition_bytes=tb, staleness=self.edp.schedule.staleness)
-        calib = {}
-        from .costmodel import operator_times
-        for ph in self.phases[2:]:
-            d, step = self._delta(ph)
-            cfg = Config("host", ph.schedule, 1, 1)
-            i_s, d_s = operator_times(cfg, p0)
-            handoff = max(0.0, d("ingest", "blocked_s") + d("deliver", "blocked_s"))
-            work = i_s + d_s
-            interference = (step - p0.base_s - handoff - p0.priorities_s) / work if work > 0 else 1.0
-            calib[ph.schedule] = (handoff, min(max(interference, 0.0), 3.0))
-        return Profile(**{**p0.to_dict(), "ingest": p0.ingest, "deliver": p0.deliver,
-                          "thread_handoff_s": calib["thread"][0], "thread_interference": calib["thread"][1],
-                          "process_handoff_s": calib["process"][0], "process_interference": calib["process"][1]})
+        results = [PhaseResult.from_metrics(ph.config, statistics.median(ph.steps), ph.snap0, ph.snap1,
+                                            len(ph.steps) + 1) for ph in self.phases]
+        bsz = max(1, round(results[0].per_step["deliver_items"]))
+        return profile_from_phases(results, transition_bytes=self.edp.buffer.spec.stored_bytes_per_transition,
+                                   batch_size=bsz, staleness=self._base.staleness)
 
     def _decide(self) -> None:
         prof = self.profile()
         configs = enumerate_configs(placements=self.placements)
         self.predictions = sorted((predict(c, prof, cores=self.cores) for c in configs), key=lambda x: x.step_s)
         self.choice = self.predictions[0].config
-        base = self.edp.schedule
-        c = self.choice
-        self.edp.reschedule(Schedule(mode="sequential" if c.schedule == "sequential" else "overlapped",
-                                     worker="process" if c.schedule == "process" else "thread",
-                                     staleness=base.staleness, delivery_granularity=c.g_del,
-                                     ingest_granularity=c.g_ing, depth=base.depth, queue_size=base.queue_size,
-                                     timeout=base.timeout))
+        self.edp.reschedule(schedule_for(self.choice, self._base))
         self.done = True
 
     def report(self) -> str:
         if not self.done:
-            return f"auto-tuner: calibrating ({self.phases[self.i].schedule}, step {len(self.phases[self.i].steps)})"
+            return f"auto-tuner: calibrating ({self.phases[self.i].config.label}, step {len(self.phases[self.i].steps)})"
         lines = [f"auto-tuner picked {self.choice.label} (of {len(self.predictions)} configurations)"]
         for pr in self.predictions[:8]:
             lines.append(f"  {pr.config.label:28s} predicted {pr.step_s * 1e3:8.3f} ms/step")

@@ -72,8 +72,13 @@ def _to_numpy(data) -> dict:
 
 def _child_main(spec_config: list, hooks_blob: bytes, inq, outq) -> None:  # pragma: no cover - runs in a child
     torch.set_num_threads(1)
-    spec = ExperienceSpec.from_config(spec_config)
-    hooks = pickle.loads(hooks_blob)
+    try:
+        spec = ExperienceSpec.from_config(spec_config)
+        hooks = pickle.loads(hooks_blob)
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent's start-up wait
+        outq.put((0, "error", (pickle.dumps(RuntimeError(repr(exc))), traceback.format_exc())))
+        return
+    outq.put((0, "ready", None))
     while True:
         msg = inq.get()
         if msg is None:
@@ -93,7 +98,11 @@ def _child_main(spec_config: list, hooks_blob: bytes, inq, outq) -> None:  # pra
 
 
 class ProcessTransformer:
-    """Runs hooks and codecs in a spawned child process (one at a time, in order)."""
+    """Runs hooks and codecs in a spawned child process (one at a time, in order).
+
+    The constructor returns once the child has imported its modules and unpickled the hooks
+    (~1 s): start-up is paid when the schedule is chosen, not by the first rollout, and a
+    child that cannot start fails there with its traceback."""
 
     kind = "process"
 
@@ -116,11 +125,19 @@ class ProcessTransformer:
                 os.environ.pop("OMP_NUM_THREADS", None)
         self.timeout = timeout
         self._tag = 0
+        try:
+            self._receive(0, "start up")
+        except BaseException:
+            self.close()
+            raise
 
     def transform(self, rollouts: list[Rollout]) -> list[Encoded]:
         self._tag += 1
         sendable = [Rollout(_to_numpy(r.data), r.source, r.policy_version, r.ticket, r.rows, r.info) for r in rollouts]
         self._inq.put((self._tag, sendable))
+        return self._receive(self._tag, "answer")
+
+    def _receive(self, expected_tag: int, what: str):
         waited = 0.0
         while True:
             try:
@@ -132,9 +149,9 @@ class ProcessTransformer:
                     raise WorkerError(f"the ingestion process died (exit code {self._proc.exitcode}). "
                                       "Fix: check memory limits and that hooks do not call os._exit.")
                 if waited >= self.timeout:
-                    raise WorkerError(f"the ingestion process did not answer within {self.timeout:g} s. "
+                    raise WorkerError(f"the ingestion process did not {what} within {self.timeout:g} s. "
                                       "Fix: make hooks faster or raise Schedule.timeout.")
-        assert tag == self._tag
+        assert tag == expected_tag
         if status == "error":
             blob, tb = payload
             exc = pickle.loads(blob)

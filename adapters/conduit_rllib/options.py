@@ -19,7 +19,9 @@ class ConduitOptions:
     that are k/255 as uint8 (verified exactly on every insert), None keeps them as they
     are. ``tier``: where the buffer lives. ``reuse_outputs``: reuse this many delivered
     batch buffers (the learner consumes each batch before the next is drawn).
-    ``seed``: the selection RNG's seed (None: the config's seed)."""
+    ``seed``: the selection RNG's seed (None: the config's seed). ``delivery_granularity``:
+    batches prepared per delivery operator call; ``ingest_granularity``: episodes per
+    ingestion operator call (both are what ``schedule='auto'`` tunes)."""
 
     schedule: str = "sequential"
     worker: str = "thread"
@@ -30,6 +32,7 @@ class ConduitOptions:
     reuse_outputs: int = 2
     seed: int | None = None
     delivery_granularity: int = 1
+    ingest_granularity: int = 1
 
     def __post_init__(self) -> None:
         if self.obs_codec not in ("auto", None):
@@ -49,12 +52,11 @@ class ConduitOptions:
         return cls(**options)
 
     def to_schedule(self) -> Schedule:
-        g = self.delivery_granularity
+        g = {"delivery_granularity": self.delivery_granularity, "ingest_granularity": self.ingest_granularity}
         if self.schedule in ("sequential", "auto"):  # auto starts sequential, then the tuner decides
-            return Schedule.sequential(staleness=self.staleness, depth=self.depth, delivery_granularity=g)
+            return Schedule.sequential(staleness=self.staleness, depth=self.depth, **g)
         if self.schedule == "overlapped":
-            return Schedule.overlapped(worker=self.worker, staleness=self.staleness, depth=self.depth,
-                                       delivery_granularity=g)
+            return Schedule.overlapped(worker=self.worker, staleness=self.staleness, depth=self.depth, **g)
         raise ConfigError("schedule", "'sequential', 'overlapped' or 'auto'", repr(self.schedule),
                           "pick a schedule; 'auto' profiles the run and lets the cost model choose")
 

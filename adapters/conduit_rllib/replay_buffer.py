@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
 
-from conduit_core import (Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, Uniform)
+from conduit_core import Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, Rollout, Uniform
 
 from .columns import episode_columns, spec_for
 from .options import ConduitOptions
@@ -77,8 +77,11 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
 
     # -------------------------------------------------------------- ingestion
     def add(self, episodes, weight=None) -> None:
+        """Ingest RLlib episodes (chunks of them: RLlib hands over each episode's new steps),
+        ``ingest_granularity`` episodes per ingestion operator call, in the order given."""
         if not isinstance(episodes, (list, tuple)):
             episodes = [episodes]
+        group: list[Rollout] = []
         for ep in episodes:
             n = len(ep)
             if n == 0:
@@ -90,10 +93,15 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             if src is None:
                 src = self._sources[ep.id_] = self._next_source
                 self._next_source += 1
-            self.edp.ingest(cols, source=src)
+            group.append(Rollout(cols, source=src))
             if ep.is_done:
                 self._sources.pop(ep.id_, None)  # the episode is over: its id will not come back
             self._added += n
+            if len(group) >= self.edp.schedule.ingest_granularity:
+                self.edp.ingest_many(group)
+                group = []
+        if group:
+            self.edp.ingest_many(group)
 
     # --------------------------------------------------------------- delivery
     def sample(self, num_items: int | None = None, *, batch_size_B: int | None = None,

@@ -70,3 +70,35 @@ def test_auto_tuner_calibrates_on_the_live_run_and_switches_without_loss():
     edp.flush()
     assert len(buf) == nid  # nothing lost across four schedule switches
     edp.close()
+
+
+def _phase_from(config, p, cores=2):
+    """What a profiling phase would measure if the machine followed the model exactly."""
+    from conduit_core.costmodel import operator_times
+    from conduit_core.tuner import PhaseResult
+    pr = predict(config, p, cores=cores)
+    i_s, d_s = operator_times(config, p)
+    seq = config.schedule == "sequential"
+    handoff = (i_s + d_s) if seq else (p.thread_handoff_s if config.schedule == "thread" else p.process_handoff_s)
+    return PhaseResult(config, pr.step_s, {
+        "ingest_calls": p.rollouts_per_step / config.g_ing, "ingest_rows": p.rows_per_step, "ingest_busy_s": i_s,
+        "deliver_items": p.batch_size, "deliver_busy_s": d_s, "handoff_s": handoff, "priorities_s": p.priorities_s})
+
+
+def test_profile_from_phases_recovers_the_profile_that_produced_them():
+    """The pure half of the auto-tuner (and of `conduit tune`): phases measured on a machine that
+    follows the model give back its profile, so the predictions for all 48 points match."""
+    from conduit_core.tuner import PHASES, profile_from_phases
+    true = prof(staleness=16, thread_interference=0.6, process_interference=0.2)
+    phases = [_phase_from(c, true) for c in PHASES]
+    got = profile_from_phases(phases, transition_bytes=true.transition_bytes, batch_size=true.batch_size,
+                              staleness=true.staleness)
+    for c in enumerate_configs():
+        assert predict(c, got, cores=2).step_s == pytest.approx(predict(c, true, cores=2).step_s, rel=1e-6), c.label
+    assert got.thread_interference == pytest.approx(0.6) and got.process_interference == pytest.approx(0.2)
+
+
+def test_profile_from_phases_needs_two_sequential_granularities():
+    from conduit_core.tuner import profile_from_phases
+    with pytest.raises(ValueError, match="two granularities"):
+        profile_from_phases([_phase_from(Config(), prof())], transition_bytes=100, batch_size=32, staleness=0)

@@ -121,3 +121,22 @@ def test_episode_chunks_become_columns_exactly(ray_session):
                 assert c["terminated"][-1] == e.is_terminated and not c["terminated"][:-1].any()
     finally:
         algo.stop()
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "overlapped"])
+def test_ingest_granularity_groups_episodes_per_operator_call(ray_session, schedule):
+    algo = small_dqn(schedule=schedule, ingest_granularity=3).build_algo()
+    try:
+        algo.train()  # builds the data plane
+        buf = algo.local_replay_buffer
+        eps = [e for e in algo.env_runner.sample(num_timesteps=200) if len(e)]
+        m0, added0 = buf.conduit_metrics(), len(buf)
+        buf.add(eps)
+        buf.edp.flush()
+        m1 = buf.conduit_metrics()
+        assert m1.ingest.items_in - m0.ingest.items_in == sum(len(e) for e in eps) == len(buf) - added0
+        if schedule == "sequential":  # one inline operator call per group of 3 episodes
+            assert m1.ingest.calls - m0.ingest.calls == -(-len(eps) // 3)
+        assert buf.edp.schedule.ingest_granularity == 3
+    finally:
+        algo.stop()
