@@ -142,7 +142,7 @@ def part3_v1_advantage(reps: int, prompts: int, n: int, max_len: int, groups_per
                        f"actor_rollout_ref.rollout.n={n}", f"+trainer.v1.conduit.groups_per_chunk={groups_per_chunk}",
                        f"+trainer.v1.conduit.depth={depth}"])
     trainer = advantage_stage_trainer(cfg)
-    keys, rows = grpo_rows(prompts, n, max_len)
+    keys, rows = grpo_rows(prompts, n, max_len, widest_in_every_group=True)  # bit-identical results
     fields = list_of_dict_to_tensordict(rows)
     tags = [{"is_padding": False} for _ in keys]
     stages = {"verl": lambda meta: PPOTrainerSync._compute_advantage(trainer, meta, {}),

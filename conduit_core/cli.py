@@ -7,7 +7,7 @@
     conduit new-adapter NAME           scaffold an adapter package that passes the suite
     conduit probe                      measure this machine's memory tiers and links
     conduit plan --transition-bytes B --capacity N [--topology a100x8]   the placement and its costs
-    conduit tune dqn-synthetic         cost model: predicted vs measured for every configuration
+    conduit tune dqn-synthetic|rllib-dqn   cost model: predicted vs measured for every configuration
 
 Subcommands that need a framework import it lazily and say how to install it.
 """

@@ -161,7 +161,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=4, help="interleaved measurements per configuration (median)")
     p.add_argument("--confirm-rounds", type=int, default=6,
                    help="fresh rounds over the measured and predicted top-8 (the unbiased best and pick)")
-    p.add_argument("--profile-iters", type=int, default=2)
+    p.add_argument("--profile-iters", type=int, default=4, help="RLlib iterations per profiling phase")
     p.add_argument("--warmup", type=int, default=5, help="RLlib iterations before profiling")
     p.add_argument("--steps-per-iter", type=int, default=250, help="min_sample_timesteps_per_iteration")
     p.add_argument("--staleness", type=int, default=32, help="the semantic bound every configuration keeps")

@@ -3,11 +3,16 @@
 In V1 the stages pass keys (``KVBatchMeta``) and every stage fetches its columns from
 TransferQueue, computes, and writes back. verl's advantage stage does that for the whole
 batch in one go: get 7 fields of every row, KL penalty, GRPO advantage, put the results.
-Conduit runs the same stage over chunks of whole prompt groups, pipelined: while one
+Conduit can run the same stage over chunks of whole prompt groups, pipelined: while one
 chunk computes, the next is being fetched and the previous one written back. Each chunk
 goes through verl's own ``_compute_advantage`` (its ``apply_kl_penalty`` and
 ``compute_advantage_for_multi_trajectories``), so what lands in TransferQueue is what the
-whole-batch call writes, row for row.
+whole-batch call writes, row for row. Token-level rewards are bit-identical; advantages and
+returns are bit-identical when every chunk pads to the batch's width (tested), and otherwise
+agree to float rounding: GRPO's outcome score is a sum over each row padded to its chunk's
+widest response, and a sum at another width may round differently in the last bit, which the
+group normalisation amplifies where a group's scores nearly tie (verl's own result for a row
+moves the same way whenever the batch's composition changes).
 
 That holds only where the stage is per group: the GRPO estimator (statistics within a
 prompt's group) and a KL penalty with a fixed coefficient. An adaptive KL controller (its
@@ -17,8 +22,16 @@ once in its log.
 
 Options (Hydra, under ``trainer.v1.conduit``; all optional):
 
-    +trainer.v1.conduit.groups_per_chunk=8     prompt groups per chunk
+    +trainer.v1.conduit.groups_per_chunk=8     prompt groups per chunk (default: none, the whole
+                                               batch in one call, i.e. verl's own stage)
     +trainer.v1.conduit.depth=2                chunks in flight (1 = no overlap)
+
+Chunking is opt-in because it did not pay where it was measured (``python -m
+benchmarks.bench_verl``, docs/benchmarks.md section 7b): on a 2-core machine the TransferQueue
+round trips (its controller and storage actors are processes of their own) and the stage's
+compute compete for the same cores, and 8 chunks cost 8 round trips' fixed overhead; the
+pipelined stage took 1.10x (2 chunks) to 1.39x (8 chunks) of verl's whole-batch time. Overlap
+needs cores to spare for TransferQueue's actors.
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class V1Options:
-    groups_per_chunk: int = 8
+    groups_per_chunk: int | None = None  # None: the whole batch in one call (verl's stage)
     depth: int = 2
 
     @classmethod
@@ -48,6 +61,8 @@ class V1Options:
         opts = cls(**{k: section[k] for k in section})
         for name in ("groups_per_chunk", "depth"):
             v = getattr(opts, name)
+            if name == "groups_per_chunk" and v is None:
+                continue
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"trainer.v1.conduit.{name}", "an int >= 1", repr(v), f"set {name} to 1 or more")
         return opts
@@ -80,8 +95,8 @@ def split_by_groups(batch, groups_per_chunk: int) -> list:
 
 
 def chunkable(config, batch=None) -> str | None:
-    """None when the advantage stage is per prompt group (chunks give verl's result exactly);
-    otherwise the reason it is not. ``batch`` (a KVBatchMeta) tells whether rollout log-probs
+    """None when the advantage stage is per prompt group (chunks give verl's result; see the
+    module docstring on rounding); otherwise the reason it is not. ``batch`` (a KVBatchMeta) tells whether rollout log-probs
     are present, which switches verl's rollout correction on."""
     from verl.trainer.ppo import core_algos
     alg = config.algorithm
@@ -120,13 +135,16 @@ def register() -> None:
 
     @register_trainer("conduit")
     class ConduitV1Trainer(PPOTrainerSync):
-        """verl's synchronous V1 trainer; the advantage stage pipelined over prompt-group chunks."""
+        """verl's synchronous V1 trainer; the advantage stage optionally pipelined over
+        prompt-group chunks (``+trainer.v1.conduit.groups_per_chunk``)."""
 
         _conduit_fallback_logged = False
 
         def _compute_advantage(self, batch, metrics):
-            reason = chunkable(self.config, batch)
             opts = V1Options.from_config(self.config)
+            if opts.groups_per_chunk is None:
+                return super()._compute_advantage(batch, metrics)
+            reason = chunkable(self.config, batch)
             if reason is not None:
                 if not type(self)._conduit_fallback_logged:
                     log.warning("conduit: advantage stage runs whole-batch (verl's path): %s", reason)
@@ -195,15 +213,20 @@ def verl_config(overrides: list[str]):
         return compose("ppo_trainer", overrides=list(overrides))
 
 
-def grpo_rows(prompts: int, n: int, max_len: int, seed: int = 0) -> tuple[list[str], list[dict]]:
+def grpo_rows(prompts: int, n: int, max_len: int, seed: int = 0, *,
+              widest_in_every_group: bool = False) -> tuple[list[str], list[dict]]:
     """A V1-shaped GRPO batch as verl's agent loop puts it: keys ``{uid}_{session}_0``, ragged
-    responses, an outcome score on each response's last token, old and reference log-probs."""
+    responses, an outcome score on each response's last token, old and reference log-probs.
+    ``widest_in_every_group``: each group's first response has the longest length, so every
+    chunk pads to the batch's width and sums round exactly as in the whole batch."""
     import torch
     g = torch.Generator().manual_seed(seed)
     keys, rows = [], []
     for p in range(prompts):
         for s in range(n):
             length = int(torch.randint(max(1, max_len // 2), max_len + 1, (1,), generator=g))
+            if widest_in_every_group and s == 0:
+                length = max_len
             score = torch.zeros(length)
             score[-1] = float(torch.randint(0, 2, (1,), generator=g))
             keys.append(f"p{seed}x{p}_{s}_0")

@@ -1,6 +1,7 @@
 """verl's V1 trainer mode ``conduit``: registered through the ``verl.plugins`` entry point
-(lazily), configured with Hydra overrides, and its pipelined advantage stage writes exactly
-what verl's whole-batch stage writes into a real TransferQueue."""
+(lazily), configured with Hydra overrides, and its pipelined advantage stage writes what
+verl's whole-batch stage writes into a real TransferQueue, bit for bit (where every chunk pads
+to the batch's width; see conduit_verl.v1_trainer for the rounding otherwise)."""
 
 import os
 import subprocess
@@ -114,7 +115,7 @@ def test_pipelined_stage_writes_what_verls_whole_batch_stage_writes(transferqueu
     tq = transferqueue
     cfg = verl_config(GRPO + [f"algorithm.use_kl_in_reward={kl}", f"+trainer.v1.conduit.groups_per_chunk={groups_per_chunk}",
                               f"+trainer.v1.conduit.depth={depth}"])
-    keys, rows = grpo_rows(prompts=9, n=4, max_len=12, seed=groups_per_chunk * 2 + kl)
+    keys, rows = grpo_rows(prompts=9, n=4, max_len=300, seed=groups_per_chunk * 2 + kl, widest_in_every_group=True)
     meta = tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(rows),
                            tags=[{"is_padding": False, "row": i} for i in range(len(keys))])
     trainer = advantage_stage_trainer(cfg)
@@ -128,6 +129,7 @@ def test_pipelined_stage_writes_what_verls_whole_batch_stage_writes(transferqueu
     got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=FIELDS if kl else FIELDS[:2])
     tq.kv_clear(keys=keys, partition_id="train")
     assert out.keys == out_verl.keys and out.tags == out_verl.tags and sorted(out.fields) == sorted(out_verl.fields)
+    # every group holds a widest response, so each chunk pads to the batch's width: bit for bit
     for f in (FIELDS if kl else FIELDS[:2]):
         assert all(torch.equal(a, b) for a, b in zip(want[f].unbind(), got[f].unbind())), f
     assert m_conduit.keys() == m_verl.keys()
