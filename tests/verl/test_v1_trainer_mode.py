@@ -94,6 +94,8 @@ def transferqueue():
     import ray
     import transfer_queue as tq
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():  # a session another module left behind has the wrong CPU count
+        ray.shutdown()
     # TransferQueue's controller and storage actors each take a CPU: 2 would deadlock here
     ray.init(num_cpus=4, object_store_memory=256 << 20, include_dashboard=False, log_to_driver=False)
     tq.init()
