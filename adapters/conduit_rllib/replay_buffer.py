@@ -93,15 +93,18 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             if src is None:
                 src = self._sources[ep.id_] = self._next_source
                 self._next_source += 1
-            group.append(Rollout(cols, source=src))
+            group.append(Rollout(cols, source=src, rows=n))
             if ep.is_done:
                 self._sources.pop(ep.id_, None)  # the episode is over: its id will not come back
-            self._added += n
             if len(group) >= self.edp.schedule.ingest_granularity:
-                self.edp.ingest_many(group)
+                self._ingest(group)
                 group = []
         if group:
-            self.edp.ingest_many(group)
+            self._ingest(group)
+
+    def _ingest(self, group: list[Rollout]) -> None:
+        self.edp.ingest_many(group)  # raises before accepting anything of a group it refuses
+        self._added += sum(r.rows for r in group)
 
     # --------------------------------------------------------------- delivery
     def sample(self, num_items: int | None = None, *, batch_size_B: int | None = None,

@@ -210,6 +210,41 @@ def test_unpicklable_hooks_are_refused_for_the_process_worker():
         make(Schedule.overlapped(worker="process"), ingest_hooks=[lambda rs: rs])
 
 
+def _refuse_to_load():
+    raise ValueError("this hook cannot be rebuilt in the child")
+
+
+class _HookThatFailsToUnpickle:
+    def __call__(self, rollouts):
+        return rollouts
+
+    def __reduce__(self):  # pickles in the parent, raises when the child unpickles it
+        return (_refuse_to_load, ())
+
+
+def test_a_process_worker_that_cannot_start_fails_at_schedule_time_and_leaves_nothing_running():
+    before = {p.pid for p in __import__("multiprocessing").active_children()}
+    with pytest.raises(RuntimeError, match="cannot be rebuilt in the child") as err:
+        make(Schedule.overlapped(worker="process"), ingest_hooks=[_HookThatFailsToUnpickle()])
+    assert "Traceback" in err.value.remote_traceback
+    assert {p.pid for p in __import__("multiprocessing").active_children()} <= before
+
+
+def test_reschedule_keeps_the_child_process_across_granularity_changes():
+    edp = make(Schedule.overlapped(worker="process"))
+    proc = edp._transformer._proc
+    edp.ingest(rollout(4))
+    edp.reschedule(Schedule.overlapped(worker="process", ingest_granularity=4, delivery_granularity=2))
+    assert edp._transformer._proc is proc and proc.is_alive()
+    edp.ingest(rollout(4))
+    edp.reschedule(Schedule.overlapped(worker="thread"))
+    assert not proc.is_alive()  # another worker kind: the child is joined
+    edp.ingest(rollout(4))
+    edp.flush()
+    assert len(edp.buffer) == 12
+    edp.close()
+
+
 def test_a_delivery_hook_that_breaks_the_contract_is_named():
     with make(Schedule.sequential(), delivery_hooks=[lambda b: dict(b)]) as edp:
         edp.ingest(rollout(4))
