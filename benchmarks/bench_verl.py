@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from .common import fmt_table, machine, write_json
+from .common import fmt_table, machine, ratio_stats, write_json
 
 
 def part1(reps: int, prompts: int, n: int, resp_len: int, hidden: int, dp: int) -> dict:
@@ -84,9 +84,8 @@ def part1(reps: int, prompts: int, n: int, resp_len: int, hidden: int, dp: int) 
             t_seq.append(run_seq(b1))
     ingestion.close()
     delivery.close()
-    ratios = [c / s for c, s in zip(t_con, t_seq)]
     return {"batch": prompts * n, "resp_len": resp_len, "hidden": hidden, "sequential_s": t_seq, "conduit_s": t_con,
-            "ratio": {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)}}
+            "ratio": ratio_stats(t_con, t_seq)}
 
 
 def part2(reps: int, rows: int, seqlen: int) -> dict:
@@ -162,10 +161,9 @@ def part3_v1_advantage(reps: int, prompts: int, n: int, max_len: int, groups_per
         same = all(torch.equal(a, b) for a, b in zip(written["verl"]["advantages"].unbind(),
                                                      written["conduit"]["advantages"].unbind()))
         assert same, "trainer_mode=conduit wrote other advantages than verl's stage"
-    ratios = [c / v for c, v in zip(times["conduit"], times["verl"])]
     tokens = sum(int(r["response_mask"].numel()) for r in rows)
     return {"rows": len(keys), "tokens": tokens, "verl_s": times["verl"], "conduit_s": times["conduit"],
-            "ratio": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}}
+            "ratio": ratio_stats(times["conduit"], times["verl"])}
 
 
 def with_transferqueue(fn):

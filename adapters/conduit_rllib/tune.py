@@ -109,10 +109,8 @@ class LiveRun:
 
 
 def profile(run: LiveRun, iters: int, staleness: int):
-    from conduit_core.costmodel import Config
-    from conduit_core.tuner import PhaseResult, profile_from_phases
-    phases = [Config("host", "sequential", 1, 1), Config("host", "sequential", 4, 2),
-              Config("host", "thread", 1, 1), Config("host", "process", 1, 1)] * 2
+    from conduit_core.tuner import PHASES, PhaseResult, profile_from_phases
+    phases = list(PHASES) * 2  # the auto-tuner's calibration phases, each twice
     results = []
     for c in phases:
         run.apply(c)
