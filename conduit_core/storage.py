@@ -23,6 +23,7 @@ import torch
 from .errors import CapacityError, ConfigError
 from .framestack import FramePool, FrameStackCodec, PooledDecoder, frames_of, pool_frames
 from .spec import ExperienceSpec, as_tensor
+from .staging import PinnedStaging, check_access, device_alias, take_into
 from .tiers import SharedSegment, Tier, allocate, numpy_view
 
 
@@ -37,15 +38,19 @@ class ShardSpec:
     capacity: int
     device: str | None = None
     node: str | None = None    # REMOTE: the Ray custom resource that pins the shard's actor to a node
+    access: str = "copy"       # how a GPU learner reads it: "copy" (host gather + async copy) or
+                               # "mapped" (the device gathers from pinned memory in place, as Gear)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tier", Tier.parse(self.tier, argument="ShardSpec.tier"))
         if int(self.capacity) <= 0:
             raise ConfigError("ShardSpec.capacity", "a positive number of slots", self.capacity,
                               "give every shard at least one slot")
+        check_access(self.access, self.tier.value)
 
     def to_config(self) -> dict:
-        return {"tier": self.tier.value, "capacity": int(self.capacity), "device": self.device, "node": self.node}
+        return {"tier": self.tier.value, "capacity": int(self.capacity), "device": self.device, "node": self.node,
+                "access": self.access}
 
 
 def even_shards(capacity: int, tiers: Sequence[Tier | str], device: str | None = None) -> list[ShardSpec]:
@@ -91,6 +96,8 @@ class ColumnarStorage:
             self.columns[f.name] = cols
             self._np[f.name] = views
         self._single_host = len(self.shards) == 1 and self.shards[0].tier.is_local_host
+        self._staging: PinnedStaging | None = None        # host -> device copies (made on first use)
+        self._aliases: dict[tuple[str, int, str], torch.Tensor] = {}  # device views of "mapped" shards
         self.pools = self._make_pools()
         # Decoders per field: None (identity), the field's codec, or a frame-pool reader.
         self.decoders = {}
@@ -231,20 +238,37 @@ class ColumnarStorage:
         return result
 
     def _gather_fast(self, slots: np.ndarray, target: torch.device, out, fields=None) -> dict[str, torch.Tensor]:
-        """One host shard, 1-D slots: one ``ndarray.take`` per field, nothing else."""
+        """One host shard, 1-D slots: one ``ndarray.take`` per field, nothing else (for a GPU
+        target, into page-locked staging and on with an asynchronous copy)."""
         result = {}
         on_host = target.type == "cpu"
         for name, view, codec, dtype in self._plan:
             if fields is not None and name not in fields:
                 continue
-            if view is not None:
+            if not on_host:
+                t = self._to_device(name, 0, slots, target)
+            elif view is not None:
                 t = torch.from_numpy(view.take(slots, axis=0) if out is None else view.take(slots, axis=0, out=out[name], mode="clip"))
             else:
                 t = torch.index_select(self.columns[name][0], 0, torch.from_numpy(slots))
-            if not on_host:
-                t = t.to(target, non_blocking=t.is_pinned())
             result[name] = t if codec is None else codec.decode(t, dtype)
         return result
+
+    def _to_device(self, name: str, shard: int, local: np.ndarray, target: torch.device) -> torch.Tensor:
+        """Rows ``local`` of a host shard's column, on the GPU ``target``: gathered by the
+        device from pinned memory (``access="mapped"``), else gathered on the host into
+        page-locked staging and copied asynchronously (see ``staging``)."""
+        col = self.columns[name][shard]
+        if self.shards[shard].access == "mapped":
+            key = (name, shard, str(target))
+            alias = self._aliases.get(key)
+            if alias is None:
+                alias = self._aliases[key] = device_alias(col, target)
+            return torch.index_select(alias, 0, torch.from_numpy(local).to(target))
+        if self._staging is None:
+            self._staging = PinnedStaging()
+        fill = take_into(col, self._np[name][shard], local)
+        return self._staging.copy(f"{name}/{shard}", fill, local.shape[0], tuple(col.shape[1:]), col.dtype, target)
 
     def _gather_remote(self, flat: np.ndarray, names: list[str]) -> dict[int, tuple[np.ndarray, dict]]:
         """One call per remote shard: its positions in ``flat`` and the wanted fields' rows."""
@@ -286,13 +310,19 @@ class ColumnarStorage:
             pos = np.nonzero(shard_ids == s)[0]
             local = flat[pos] - self.bounds[s]
             col = self.columns[name][s]
-            idx = torch.from_numpy(local).to(col.device)
-            part = torch.index_select(col, 0, idx)
-            res_t[torch.from_numpy(pos).to(target)] = part.to(target, non_blocking=part.is_pinned())
+            if target.type == "cuda" and col.device.type == "cpu":
+                part = self._to_device(name, int(s), local, target)
+            else:
+                part = torch.index_select(col, 0, torch.from_numpy(local).to(col.device)).to(target)
+            res_t[torch.from_numpy(pos).to(target)] = part
         return res_t.view(*lead, *f.stored_shape)
 
     # ---------------------------------------------------------------- close
     def close(self) -> None:
+        self._aliases = {}
+        if self._staging is not None:
+            self._staging.close()  # waits for copies still reading the staging buffers
+            self._staging = None
         self.columns = {}
         self._np = {}
         self._plan = []

@@ -181,6 +181,33 @@ def _copy_bandwidth(nbytes: int, reps: int, make_src, make_dst, sync=lambda: Non
     return nbytes / ts[len(ts) // 2] / GB
 
 
+MAPPED_PREFIX = "mapped:"   # link "mapped:pinned" -> gpuN: the device reading pinned memory in place (Gear)
+MAPPED_ROW_BYTES = 4096
+
+
+def _mapped_gather_bandwidth(nbytes: int, reps: int, device: str) -> float:
+    """GB/s of a device kernel gathering random ``MAPPED_ROW_BYTES`` rows straight out of
+    mapped pinned memory: the read path of ``ShardSpec(access="mapped")``."""
+    import torch
+
+    from .staging import device_alias
+    row = MAPPED_ROW_BYTES // 4
+    rows = max(1, nbytes // MAPPED_ROW_BYTES)
+    host = torch.ones((rows, row), dtype=torch.float32, pin_memory=True)
+    alias = device_alias(host, device)
+    idx = torch.randint(0, rows, (rows,), device=device)
+    out = torch.index_select(alias, 0, idx)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.index_select(alias, 0, idx, out=out)
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return rows * MAPPED_ROW_BYTES / ts[len(ts) // 2] / GB
+
+
 def probe(*, nbytes: int = 256 << 20, reps: int = 5) -> Topology:
     """Measure this machine: host memory copy, shared memory, and with CUDA the pinned and
     pageable host<->device and device<->device copies. Capacities are what is free now."""
@@ -209,10 +236,13 @@ def probe(*, nbytes: int = 256 << 20, reps: int = 5) -> Topology:
             h2d = _copy_bandwidth(nbytes, reps, cpu, gpu, sync)
             d2h = _copy_bandwidth(nbytes, reps, gpu, cpu, sync)
             d2d = _copy_bandwidth(nbytes, reps, gpu, gpu, sync)
+            mapped = _mapped_gather_bandwidth(nbytes, reps, dev)
             links += [Link("pinned", g, h2d_p, 10.0), Link(g, "pinned", d2h_p, 10.0), Link("host", g, h2d, 15.0),
-                      Link(g, "host", d2h, 15.0), Link("shm", g, h2d, 15.0), Link(g, g, d2d, 5.0)]
+                      Link(g, "host", d2h, 15.0), Link("shm", g, h2d, 15.0), Link(g, g, d2d, 5.0),
+                      Link(MAPPED_PREFIX + "pinned", g, mapped, 5.0)]
             notes.append(f"{g}: H2D pinned {h2d_p:.1f}, pageable {h2d:.1f}; D2H pinned {d2h_p:.1f}, "
-                         f"pageable {d2h:.1f}; D2D {d2d:.1f} GB/s")
+                         f"pageable {d2h:.1f}; D2D {d2d:.1f}; device gathering {MAPPED_ROW_BYTES} B rows "
+                         f"from mapped pinned memory {mapped:.1f} GB/s")
     return Topology(f"probed-{os.uname().nodename}", tuple(tiers), tuple(links), cores=os.cpu_count() or 1,
                     source="conduit probe (measured)", notes=tuple(notes))
 

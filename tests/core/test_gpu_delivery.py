@@ -1,0 +1,113 @@
+"""Host -> device delivery: page-locked staging, device-side access to pinned memory, device shards.
+
+The access-mode checks run everywhere; the rest needs CUDA and runs on a GPU machine
+(``benchmarks/gpu_check.sh`` runs this file there).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from conduit_core import ConfigError, ExperienceBuffer, ExperienceSpec, FieldSpec, ShardSpec
+from conduit_core.codecs import AffineCodec
+from conduit_core.staging import PinnedStaging, device_alias
+
+from .helpers import SPEC, rollout
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (host -> device delivery)")
+
+
+def test_mapped_access_needs_pinned_tier():
+    with pytest.raises(ConfigError, match="ShardSpec.access.*'copy'.*tier='pinned'"):
+        ShardSpec("pageable", 10, access="mapped")
+    with pytest.raises(ConfigError, match="ShardSpec.access.*one of.*'zero-copy'"):
+        ShardSpec("pageable", 10, access="zero-copy")
+    assert ShardSpec("pageable", 10).to_config()["access"] == "copy"
+
+
+LAYOUTS = {
+    "pageable": [ShardSpec("pageable", 64)],
+    "pinned-copy": [ShardSpec("pinned", 64)],
+    "pinned-mapped": [ShardSpec("pinned", 64, access="mapped")],
+    "device": [ShardSpec("device", 64, device="cuda")],
+    "mixed": [ShardSpec("pageable", 20), ShardSpec("pinned", 14, access="mapped"), ShardSpec("pinned", 10),
+              ShardSpec("device", 20, device="cuda")],
+}
+
+
+@cuda
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_gpu_delivery_equals_host_delivery_on_every_layout(layout):
+    buf = ExperienceBuffer(spec=SPEC, capacity=64, shards=LAYOUTS[layout])
+    for i in range(9):  # 90 rows: wraps the ring and crosses every shard boundary
+        buf.add(rollout(10, 10 * i))
+    slots = buf._select(256, None)[0]
+    on_gpu = buf.storage.gather(slots, device=torch.device("cuda"))
+    on_host = buf.storage.gather(slots)
+    for name in on_host:
+        assert on_gpu[name].device.type == "cuda", name
+        torch.testing.assert_close(on_gpu[name].cpu(), on_host[name], rtol=0, atol=0)
+    buf.close()
+
+
+@cuda
+def test_staging_slot_is_not_refilled_while_its_copy_may_be_running():
+    """Many deliveries issued back to back, no synchronisation between them: each result must
+    still hold its own rows (a refilled slot under a running copy would corrupt earlier ones)."""
+    spec = ExperienceSpec([FieldSpec("x", (4096,), torch.float32)])
+    buf = ExperienceBuffer(spec=spec, capacity=512, tier="pinned")
+    rows = np.arange(512, dtype=np.float32)[:, None] * np.ones((1, 4096), np.float32)
+    buf.add({"x": rows})
+    rng = np.random.default_rng(0)
+    picks = [rng.integers(0, 512, 256) for _ in range(20)]
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # a busy device: copies queue up behind it
+    outs = [buf.storage.gather(p, device=torch.device("cuda"))["x"] for p in picks]
+    torch.cuda.synchronize()
+    for p, out in zip(picks, outs):
+        np.testing.assert_array_equal(out[:, 0].cpu().numpy(), p.astype(np.float32))
+        np.testing.assert_array_equal(out[:, -1].cpu().numpy(), p.astype(np.float32))
+    buf.close()
+
+
+@cuda
+def test_device_alias_reads_pinned_memory_in_place():
+    host = torch.arange(12, dtype=torch.float32, pin_memory=True).view(3, 4)
+    alias = device_alias(host, "cuda")
+    assert alias.device.type == "cuda" and alias.data_ptr() == host.data_ptr()
+    host[1, 2] = -5.0  # a host write is seen by the device: no copy was taken
+    assert alias[1, 2].item() == -5.0
+    with pytest.raises(ConfigError, match="pinned"):
+        device_alias(torch.zeros(3), "cuda")
+
+
+@cuda
+def test_codec_decodes_on_the_device_after_moving_encoded_bytes():
+    spec = ExperienceSpec([FieldSpec("q", (8,), torch.float32, codec=AffineCodec(scale=0.5, offset=0.0))])
+    buf = ExperienceBuffer(spec=spec, capacity=32, shards=[ShardSpec("pinned", 32, access="mapped")])
+    vals = np.tile(np.arange(32, dtype=np.float32)[:, None] * 0.5, (1, 8))
+    buf.add({"q": vals})
+    out = buf.storage.gather(np.arange(32), device=torch.device("cuda"))["q"]
+    assert out.device.type == "cuda" and out.dtype == torch.float32
+    np.testing.assert_allclose(out.cpu().numpy(), vals)
+    buf.close()
+
+
+@cuda
+def test_staging_grows_and_is_released_on_close():
+    st = PinnedStaging(depth=2)
+    src = np.arange(40, dtype=np.float32).reshape(10, 4)
+
+    def fill(rows):
+        def f(out):
+            out.copy_(torch.from_numpy(src[:rows]))
+        return f
+
+    a = st.copy("x", fill(3), 3, (4,), torch.float32, torch.device("cuda"))
+    b = st.copy("x", fill(10), 10, (4,), torch.float32, torch.device("cuda"))
+    torch.testing.assert_close(a.cpu(), torch.from_numpy(src[:3]))
+    torch.testing.assert_close(b.cpu(), torch.from_numpy(src))
+    assert st.nbytes() >= 13 * 4 * 4
+    st.close()
+    assert st.nbytes() == 0
