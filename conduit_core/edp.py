@@ -405,13 +405,9 @@ class ExperienceDataPlane:
     def replan(self, plan, topology, *, background: bool = True):
         """Carry out a placement ``Plan`` (see placement.plan) on ``topology``: one shard per
         assigned tier (a 'remote' tier's name is the Ray custom resource of its node)."""
-        from .storage import ShardSpec
-        shards = []
-        for a in plan.assignments:
-            t = topology.tier(a.tier)
-            shards.append(ShardSpec(t.kind if t.kind != "device" else "device", a.slots, device=t.device,
-                                    node=t.name if t.kind == "remote" else None))
-        return self.migrate(shards=shards, capacity=sum(a.slots for a in plan.assignments), background=background)
+        from .placement import shard_specs
+        return self.migrate(shards=shard_specs(plan, topology), capacity=sum(a.slots for a in plan.assignments),
+                            background=background)
 
     # ----------------------------------------------------------------- worker
     def _start_worker(self) -> None:

@@ -11,7 +11,11 @@ capacity, and says why. The model, per learner step:
 
 with f_i the fraction of slots on tier i (uniform selection reads, and the ring writes,
 each tier in proportion to its share), B the batch size, I the inserts per step and
-``bytes`` the stored bytes per transition. The per-slot cost of a tier is linear, so the
+``bytes`` the stored bytes per transition. A host tier read by a GPU learner costs its route
+(``route_seconds``): with access "copy" the CPU gathers the rows at the host's copy bandwidth
+and the copy engine moves them over the host link; with access "mapped" (pinned memory
+only, Gear's route) the device gathers them in place over the link, no CPU gather. Pinned
+tiers take the cheaper of the two per workload (``best_access``). The per-slot cost of a tier is linear, so the
 optimum fills tiers cheapest-first; the latency terms make a tier worth using only if it
 takes a real share, which ``plan`` checks by trying every prefix of the ranking.
 
@@ -55,6 +59,7 @@ class Workload:
 class Assignment:
     tier: str
     slots: int
+    access: str = "copy"   # how a GPU learner reads this tier: "copy" or "mapped" (see staging.py)
 
 
 @dataclass(frozen=True)
@@ -77,23 +82,65 @@ class Plan:
         lines = [f"plan {self.name}: predicted delivery {self.delivery_s * 1e3:.3f} ms + ingestion "
                  f"{self.ingest_s * 1e3:.3f} ms = {self.total_s * 1e3:.3f} ms per step"]
         for a in self.assignments:
-            lines.append(f"  {a.tier:8s} {a.slots:>12,d} slots")
+            lines.append(f"  {a.tier:8s} {a.slots:>12,d} slots" + ("  (read in place by the device)"
+                                                                   if a.access == "mapped" else ""))
         lines += [f"  - {e}" for e in self.explanation]
         return "\n".join(lines)
 
 
-def _costs(workload: Workload, topology: Topology, tiers: list[str], fractions: list[float]) -> tuple[float, float]:
+HOST_KINDS = ("pageable", "shared", "pinned")
+
+
+def _host_to_device(topology: Topology, tier: str, reader: str) -> bool:
+    return topology.tier(tier).kind in HOST_KINDS and topology.tier(reader).kind == "device"
+
+
+def mapped_link(topology: Topology, tier: str, reader: str):
+    """The link a device uses to gather from ``tier``'s pinned memory in place: the probed
+    ``mapped:<tier>`` link, else (presets, files without it) the tier's DMA link, i.e. the
+    assumption that in-place reads of whole rows reach the copy engine's bandwidth."""
+    from .topology import MAPPED_PREFIX
+    key = MAPPED_PREFIX + tier
+    return topology.link(key, reader) if topology.has_link(key, reader) else topology.link(tier, reader)
+
+
+def route_seconds(topology: Topology, tier: str, reader: str, nbytes: float, access: str = "copy") -> float:
+    """Seconds to deliver ``nbytes`` of rows from ``tier`` to ``reader``. Host -> device with
+    "copy": the CPU gathers at the host's copy bandwidth, then the link moves the rows; with
+    "mapped": the device gathers over the link (no host gather). Otherwise: the link alone."""
+    if access == "mapped":
+        return mapped_link(topology, tier, reader).seconds(nbytes)
+    t = topology.link(tier, reader).seconds(nbytes)
+    if _host_to_device(topology, tier, reader) and topology.has_link(tier, tier):
+        t += nbytes / (topology.link(tier, tier).bandwidth_GBps * 1e9)
+    return t
+
+
+def best_access(workload: Workload, topology: Topology, tier: str) -> str:
+    """"mapped" when every reader is a device and reading the pinned tier in place is cheaper
+    for this workload than gathering on the host and copying; else "copy". A pure decision."""
+    if topology.tier(tier).kind != "pinned" or not all(topology.tier(r).kind == "device" for r in workload.readers):
+        return "copy"
+    rows = workload.batch_size * workload.transition_bytes
+    cost = {a: sum(route_seconds(topology, tier, r, rows, a) for r in workload.readers) for a in ("copy", "mapped")}
+    return "mapped" if cost["mapped"] < cost["copy"] else "copy"
+
+
+def _costs(workload: Workload, topology: Topology, tiers: list[str], fractions: list[float],
+           access: dict[str, str] | None = None) -> tuple[float, float]:
     """Shards are read (and written) concurrently, each over its own link, so a step waits
     for the slowest shard; shards reached over the *same* link (e.g. host and shm to a GPU
     both cross its PCIe link) share it and add up."""
     b = workload.transition_bytes
+    access = access or {}
     deliver = 0.0
     for reader in workload.readers:
         per_link: dict[tuple, float] = {}
         for t, f in zip(tiers, fractions):
             if f > 0:
                 key = _link_group(topology, t, reader)
-                per_link[key] = per_link.get(key, 0.0) + topology.link(t, reader).seconds(workload.batch_size * f * b)
+                per_link[key] = per_link.get(key, 0.0) + route_seconds(
+                    topology, t, reader, workload.batch_size * f * b, access.get(t, "copy"))
         deliver += max(per_link.values(), default=0.0)
     per_link = {}
     for t, f in zip(tiers, fractions):
@@ -106,15 +153,21 @@ def _costs(workload: Workload, topology: Topology, tiers: list[str], fractions: 
 
 def _link_group(topology: Topology, src: str, dst: str) -> tuple:
     """Links that share hardware: every host-memory tier reaches a device over its one host link."""
-    host_kinds = ("pageable", "shared", "pinned")
     s_kind, d_kind = topology.tier(src).kind, topology.tier(dst).kind
-    return ("host" if s_kind in host_kinds else src, "host" if d_kind in host_kinds else dst)
+    return ("host" if s_kind in HOST_KINDS else src, "host" if d_kind in HOST_KINDS else dst)
 
 
-def per_slot_cost(workload: Workload, topology: Topology, tier: str) -> float:
-    """Seconds per step that one unit of slot fraction on ``tier`` costs (bandwidth part)."""
+def per_slot_cost(workload: Workload, topology: Topology, tier: str, access: str | None = None) -> float:
+    """Seconds per step that one unit of slot fraction on ``tier`` costs (bandwidth part),
+    read with ``access`` (default: the tier's best)."""
     b = workload.transition_bytes
-    c = sum(workload.batch_size * b / (topology.link(tier, r).bandwidth_GBps * 1e9) for r in workload.readers)
+    access = access or best_access(workload, topology, tier)
+    c = 0.0
+    for r in workload.readers:
+        link = mapped_link(topology, tier, r) if access == "mapped" else topology.link(tier, r)
+        c += workload.batch_size * b / (link.bandwidth_GBps * 1e9)
+        if access == "copy" and _host_to_device(topology, tier, r) and topology.has_link(tier, tier):
+            c += workload.batch_size * b / (topology.link(tier, tier).bandwidth_GBps * 1e9)
     return c + workload.inserts_per_step * b / (topology.link(workload.actors, tier).bandwidth_GBps * 1e9)
 
 
@@ -173,10 +226,11 @@ def _balanced(workload: Workload, topology: Topology, order: list[str], *, even:
 
 
 def _plan_from(name: str, workload: Workload, topology: Topology, assign: list[tuple[str, int]],
-               why: list[str]) -> Plan:
+               why: list[str], access: dict[str, str] | None = None) -> Plan:
     n = sum(s for _, s in assign)
-    d, i = _costs(workload, topology, [t for t, _ in assign], [s / n for _, s in assign])
-    return Plan(name, tuple(Assignment(t, s) for t, s in assign), d, i, tuple(why))
+    access = access or {}
+    d, i = _costs(workload, topology, [t for t, _ in assign], [s / n for _, s in assign], access)
+    return Plan(name, tuple(Assignment(t, s, access.get(t, "copy")) for t, s in assign), d, i, tuple(why))
 
 
 def _subsets(ranked: list[str], exhaustive_up_to: int = 12):
@@ -196,14 +250,15 @@ def plan(workload: Workload, topology: Topology) -> Plan:
     if not tiers:
         raise ConfigError("topology", f"a tier reachable from {workload.readers} and {workload.actors}", "none",
                           "add links between the learner's device and a memory tier")
-    ranked = sorted(tiers, key=lambda t: per_slot_cost(workload, topology, t))
+    access = {t: best_access(workload, topology, t) for t in tiers}
+    ranked = sorted(tiers, key=lambda t: per_slot_cost(workload, topology, t, access[t]))
     best: Plan | None = None
     for subset in _subsets(ranked):  # latency decides how many tiers; two ways to share among them
         for assign in (_fill(workload, topology, subset), _balanced(workload, topology, subset),
                        _balanced(workload, topology, subset, even=True)):
             if assign is None:
                 continue
-            cand = _plan_from("conduit", workload, topology, assign, [])
+            cand = _plan_from("conduit", workload, topology, assign, [], access)
             if best is None or cand.total_s < best.total_s - 1e-12:
                 best = cand
     if best is None:
@@ -211,14 +266,27 @@ def plan(workload: Workload, topology: Topology) -> Plan:
         raise CapacityError(f"capacity: {workload.total_bytes / 1e9:.1f} GB wanted "
                             f"({workload.capacity:,} x {workload.transition_bytes} B), the reachable tiers hold "
                             f"{total / 1e9:.1f} GB. Fix: lower the capacity, add a tier, or use a codec.")
-    why = [f"tiers ranked by cost per slot share: " + ", ".join(
-        f"{t} {per_slot_cost(workload, topology, t) * 1e3:.3f} ms" for t in ranked)]
+    why = ["tiers ranked by cost per slot share: " + ", ".join(
+        f"{t}{' (mapped)' if access[t] == 'mapped' else ''} {per_slot_cost(workload, topology, t, access[t]) * 1e3:.3f} ms"
+        for t in ranked)]
     for a in best.assignments:
         cap = topology.tier(a.tier).capacity_bytes
         used = a.slots * workload.transition_bytes
         why.append(f"{a.tier}: {used / 1e9:.2f} of {cap / 1e9:.2f} GB "
                    f"({'full' if used + workload.transition_bytes > cap else 'room left'})")
     return Plan("conduit", best.assignments, best.delivery_s, best.ingest_s, tuple(why))
+
+
+def shard_specs(plan_: Plan, topology: Topology) -> list:
+    """The ``ShardSpec``s that carry out ``plan_`` (one shard per assigned tier; a 'remote'
+    tier's name is the Ray custom resource of its node; pinned shards keep their access)."""
+    from .storage import ShardSpec
+    out = []
+    for a in plan_.assignments:
+        t = topology.tier(a.tier)
+        out.append(ShardSpec(t.kind, a.slots, device=t.device, node=t.name if t.kind == "remote" else None,
+                             access=a.access))
+    return out
 
 
 BASELINES = ("pageable", "pinned", "gear", "single-gpu", "all-gpus")
@@ -252,9 +320,9 @@ def fixed_plan(kind: str, workload: Workload, topology: Topology) -> Plan:
         if assign is None:
             raise CapacityError(f"baseline {kind}: {workload.total_bytes / 1e9:.1f} GB does not fit {order[0]} "
                                 f"({topology.tier(order[0]).capacity_bytes / 1e9:.1f} GB)")
-    if kind == "gear":  # the device reads pinned memory in place: the pinned->device link, no staging copy
-        pass
-    return _plan_from(kind, workload, topology, assign, [why])
+    # Gear: the device reads pinned memory in place (no host gather); the others copy.
+    access = {"pinned": "mapped"} if kind == "gear" else {}
+    return _plan_from(kind, workload, topology, assign, [why], access)
 
 
 def greedy_plan(workload: Workload, topology: Topology) -> Plan:
@@ -266,7 +334,8 @@ def greedy_plan(workload: Workload, topology: Topology) -> Plan:
         raise CapacityError(f"greedy: the fastest tier {best} holds "
                             f"{topology.tier(best).capacity_bytes / 1e9:.1f} GB, {workload.total_bytes / 1e9:.1f} "
                             "GB wanted")
-    return _plan_from("greedy", workload, topology, assign, [f"fastest tier only: {best}"])
+    return _plan_from("greedy", workload, topology, assign, [f"fastest tier only: {best}"],
+                      {best: best_access(workload, topology, best)})
 
 
 def conservative_plan(workload: Workload, topology: Topology) -> Plan:

@@ -1,16 +1,15 @@
 """Topology, the pure placement planner and its baselines, and online migration."""
 
-import json
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conduit_core import CapacityError, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, ShardSpec
 from conduit_core.migration import begin_migration
-from conduit_core.placement import BASELINES, Workload, conservative_plan, fixed_plan, greedy_plan, plan
+from conduit_core.placement import (BASELINES, Workload, best_access, conservative_plan, fixed_plan, greedy_plan, plan,
+                                     shard_specs)
 from conduit_core.topology import Link, TierInfo, Topology, a100_nvlink_8, mi250x_8, probe
 
 from .helpers import SPEC, rollout
@@ -181,3 +180,44 @@ def test_data_plane_migrates_in_the_background_while_serving():
 
 
 from conduit_core import Uniform  # noqa: E402  (used in the property test's strategy)
+
+
+def with_mapped_link(t: Topology, bw: float) -> Topology:
+    return Topology(t.name, t.tiers, t.links + (Link("mapped:pinned", "gpu0", bw, 5.0),), t.cores)
+
+
+def test_gear_reads_pinned_memory_in_place_and_skips_the_host_gather():
+    t = small_topology()
+    w = Workload(transition_bytes=20_000, capacity=100_000, batch_size=256, learner="gpu0")
+    pinned, gear = fixed_plan("pinned", w, t), fixed_plan("gear", w, t)
+    assert [a.access for a in pinned.assignments] == ["copy"] and [a.access for a in gear.assignments] == ["mapped"]
+    rows = 256 * 20_000
+    # copy: host gather at the host's 10 GB/s plus the 24 GB/s DMA link; mapped: the link alone
+    assert pinned.delivery_s == pytest.approx(10e-6 + rows / 24e9 + rows / 10e9)
+    assert gear.delivery_s == pytest.approx(10e-6 + rows / 24e9)
+
+
+def test_best_access_follows_the_measured_mapped_link():
+    t = small_topology()
+    w = Workload(transition_bytes=20_000, capacity=100_000, batch_size=256, learner="gpu0")
+    assert best_access(w, with_mapped_link(t, 20.0), "pinned") == "mapped"   # no gather beats a 4 GB/s loss
+    assert best_access(w, with_mapped_link(t, 3.0), "pinned") == "copy"      # in-place reads too slow
+    assert best_access(w, t, "host") == "copy"                               # pageable memory cannot be mapped
+    cpu = Workload(transition_bytes=20_000, capacity=100_000, batch_size=256, learner="host")
+    assert best_access(cpu, t, "pinned") == "copy"                           # a CPU learner reads host memory
+
+
+def test_plan_uses_mapped_pinned_memory_when_it_spills_past_the_gpu():
+    t = with_mapped_link(small_topology(gpu_gb=1.0, pinned_gb=8.0), 20.0)
+    w = Workload(transition_bytes=20_000, capacity=250_000, batch_size=256, learner="gpu0")  # 5 GB
+    p = plan(w, t)
+    access = {a.tier: a.access for a in p.assignments}
+    assert access.get("pinned") == "mapped" and "read in place" in p.render()
+    specs = shard_specs(p, t)
+    assert {(s.tier.value, s.access) for s in specs} >= {("pinned", "mapped")}
+    assert sum(s.capacity for s in specs) == w.capacity
+    for b in BASELINES:
+        try:
+            assert p.total_s <= fixed_plan(b, w, t).total_s + 1e-12
+        except CapacityError:
+            pass
