@@ -15,7 +15,12 @@ Part 3 (verl's V1 trainer, advantage stage over TransferQueue): verl's whole-bat
 ``trainer_mode=conduit``'s pipelined chunks of whole prompt groups, on the same rows,
 alternating repetitions, medians; the results are checked equal every repetition.
 
-    python -m benchmarks.bench_verl [--reps 5] [--no-transferqueue]
+Part 4 (verl's separated trainer, advantage stage on the driver): verl's
+``SeparateRayPPOTrainer._fit_compute_advantage`` on the whole batch vs ``ConduitSeparateTrainer``'s
+chunks of whole prompt groups, same rows, alternating repetitions, medians; checked equal.
+
+    python -m benchmarks.bench_verl [--reps 5] [--no-transferqueue] [--skip-grpo]
+        [--sep-groups-per-chunk 8 --sep-depth 2 --sep-threads 2]
 """
 
 from __future__ import annotations
@@ -166,6 +171,42 @@ def part3_v1_advantage(reps: int, prompts: int, n: int, max_len: int, groups_per
             "ratio": ratio_stats(times["conduit"], times["verl"])}
 
 
+def part4_separated_advantage(reps: int, prompts: int, n: int, resp_len: int, groups_per_chunk: int, depth: int,
+                              threads: int) -> dict:
+    import copy
+
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+
+    from conduit_verl.separated import advantage_stage_trainer, grpo_batch
+    from conduit_verl.v1_trainer import verl_config
+    cfg = verl_config(["algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=True", "trainer.use_v1=False",
+                       f"actor_rollout_ref.rollout.n={n}", f"+trainer.conduit.groups_per_chunk={groups_per_chunk}",
+                       f"+trainer.conduit.depth={depth}"])
+    batch, reward = grpo_batch(prompts, n, resp_len)
+    trainers = {"verl": advantage_stage_trainer(cfg, SeparateRayPPOTrainer, reward_tensor=reward),
+                "conduit": advantage_stage_trainer(cfg, reward_tensor=reward)}
+    times: dict[str, list[float]] = {"verl": [], "conduit": []}
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for i in range(reps + 1):
+            out = {}
+            for name in (("verl", "conduit") if i % 2 == 0 else ("conduit", "verl")):
+                b = copy.deepcopy(batch)
+                t0 = time.perf_counter()
+                out[name] = trainers[name]._fit_compute_advantage(b)
+                dt = time.perf_counter() - t0
+                if i:
+                    times[name].append(dt)
+            assert torch.equal(out["verl"].batch["advantages"], out["conduit"].batch["advantages"]), \
+                "ConduitSeparateTrainer built other advantages than verl's stage"
+    finally:
+        torch.set_num_threads(prev)
+    return {"rows": len(batch), "response_len": resp_len, "groups_per_chunk": groups_per_chunk, "depth": depth,
+            "torch_threads": threads, "verl_s": times["verl"], "conduit_s": times["conduit"],
+            "ratio": ratio_stats(times["conduit"], times["verl"])}
+
+
 def with_transferqueue(fn):
     """Run ``fn()`` inside one TransferQueue session on a local Ray (its controller and
     storage actors need CPUs of their own: 2 logical CPUs deadlock)."""
@@ -200,6 +241,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--v1-len", type=int, default=512, help="longest response (lengths uniform in [len/2, len])")
     p.add_argument("--v1-groups-per-chunk", type=int, default=8)
     p.add_argument("--v1-depth", type=int, default=2)
+    p.add_argument("--sep-prompts", type=int, default=64)
+    p.add_argument("--sep-n", type=int, default=8)
+    p.add_argument("--sep-len", type=int, default=1024, help="padded response length (verl's DataProto layout)")
+    p.add_argument("--sep-groups-per-chunk", type=int, default=8)
+    p.add_argument("--sep-depth", type=int, default=2)
+    p.add_argument("--sep-threads", type=int, default=2, help="torch intra-op threads in part 4")
     p.add_argument("--json", default="out/bench_verl.json")
     a = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -233,6 +280,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"\nV1 advantage stage over TransferQueue ({v1['rows']} rows, {v1['tokens']} response tokens, "
               f"median of {a.reps}): verl {med(v1['verl_s']) * 1e3:.1f} ms   conduit {med(v1['conduit_s']) * 1e3:.1f} ms"
               f"   ratio {v1['ratio']['median']:.2f}x (min {v1['ratio']['min']:.2f}, max {v1['ratio']['max']:.2f})")
+    report["separated_advantage"] = sep = part4_separated_advantage(
+        a.reps, a.sep_prompts, a.sep_n, a.sep_len, a.sep_groups_per_chunk, a.sep_depth, a.sep_threads)
+    print(f"\nseparated trainer's advantage stage ({sep['rows']} rows x {sep['response_len']} tokens, "
+          f"{a.sep_groups_per_chunk} groups per chunk, depth {a.sep_depth}, {a.sep_threads} torch threads, "
+          f"median of {a.reps}): verl {med(sep['verl_s']) * 1e3:.1f} ms   conduit {med(sep['conduit_s']) * 1e3:.1f} ms"
+          f"   ratio {sep['ratio']['median']:.2f}x (min {sep['ratio']['min']:.2f}, max {sep['ratio']['max']:.2f})")
     write_json(a.json, report)
     return report
 

@@ -29,6 +29,18 @@ PHASES = (Config("host", "sequential", 1, 1), Config("host", "sequential", 4, 2)
           Config("host", "thread", 1, 1), Config("host", "process", 1, 1))
 
 
+def is_steady(times: list[float], *, window: int = 5, tol: float = 0.03) -> bool:
+    """True when the run's step time has stopped drifting: the median of the last ``window``
+    times is within ``tol`` (relative) of the median of the ``window`` before them. A pure
+    test, so a profile can wait for steady state instead of a fixed warm-up (a profile taken
+    while the run still speeds up over-predicts every configuration)."""
+    if window < 1 or len(times) < 2 * window:
+        return False
+    last = statistics.median(times[-window:])
+    prev = statistics.median(times[-2 * window:-window])
+    return abs(last / prev - 1.0) <= tol
+
+
 @dataclass(frozen=True)
 class PhaseResult:
     """One profiling phase: a configuration, its wall time per learner step, and the data

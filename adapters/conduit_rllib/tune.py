@@ -108,6 +108,23 @@ class LiveRun:
         return wall, max(1, m1.deliver.calls - m0.deliver.calls), m0, m1
 
 
+def warm_up(run: LiveRun, least: int, most: int, window: int, tol: float) -> dict:
+    """Train until the iteration time is steady (``tuner.is_steady``), between ``least`` and
+    ``most`` iterations; returns the iteration times and whether steady state was reached."""
+    from conduit_core.tuner import is_steady
+    times: list[float] = []
+    while len(times) < most:
+        t0 = time.perf_counter()
+        run.algo.train()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= least and is_steady(times, window=window, tol=tol):
+            break
+    steady = is_steady(times, window=window, tol=tol)
+    print(f"warm-up: {len(times)} iterations, {'steady' if steady else 'NOT steady (max reached)'} "
+          f"(last {window}: median {statistics.median(times[-window:]):.3f} s)", flush=True)
+    return {"iterations": len(times), "steady": steady, "times_s": times}
+
+
 def profile(run: LiveRun, iters: int, staleness: int):
     from conduit_core.tuner import PHASES, PhaseResult, profile_from_phases
     phases = list(PHASES) * 2  # the auto-tuner's calibration phases, each twice
@@ -160,7 +177,11 @@ def main(argv=None):
     p.add_argument("--confirm-rounds", type=int, default=6,
                    help="fresh rounds over the measured and predicted top-8 (the unbiased best and pick)")
     p.add_argument("--profile-iters", type=int, default=4, help="RLlib iterations per profiling phase")
-    p.add_argument("--warmup", type=int, default=5, help="RLlib iterations before profiling")
+    p.add_argument("--warmup", type=int, default=5, help="RLlib iterations before profiling, at least")
+    p.add_argument("--max-warmup", type=int, default=60,
+                   help="at most this many: warm-up ends once iteration time is steady (tuner.is_steady)")
+    p.add_argument("--steady-window", type=int, default=5)
+    p.add_argument("--steady-tol", type=float, default=0.03)
     p.add_argument("--steps-per-iter", type=int, default=250, help="min_sample_timesteps_per_iteration")
     p.add_argument("--staleness", type=int, default=32, help="the semantic bound every configuration keeps")
     p.add_argument("--json", default="out/tune_rllib.json")
@@ -178,8 +199,7 @@ def main(argv=None):
         run = LiveRun(build(dims, staleness=a.staleness, steps_per_iter=a.steps_per_iter))
         rng = random.Random(dims)
         try:
-            for _ in range(a.warmup):  # learning starts, caches warm
-                run.algo.train()
+            warm = warm_up(run, a.warmup, a.max_warmup, a.steady_window, a.steady_tol)
             prof = profile(run, a.profile_iters, a.staleness)
             preds = {c.label: predict(c, prof, cores=cores).step_s for c in configs}
             survey = measure(run, configs, rounds=a.rounds, iters=a.iters, rng=rng)
@@ -199,6 +219,7 @@ def main(argv=None):
             resolution(confirm), prof, steps_per_iter, time.perf_counter() - t_start, fmt_table)
         report["dims"][dims]["rounds_s_per_step"] = {"survey": survey, "confirm": confirm}
         report["dims"][dims]["profile_phases"] = run.phases
+        report["dims"][dims]["warmup"] = warm
         write_json(a.json, report)
     return report
 

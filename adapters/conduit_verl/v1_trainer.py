@@ -52,19 +52,24 @@ class V1Options:
 
     @classmethod
     def from_config(cls, config) -> "V1Options":
-        section = config.trainer.v1.get("conduit", None) or {}
+        return cls.from_section(config.trainer.v1.get("conduit", None) or {}, "trainer.v1.conduit",
+                                "conduit_verl.v1_trainer")
+
+    @classmethod
+    def from_section(cls, section, prefix: str, where: str) -> "V1Options":
+        """Options from a Hydra section (``prefix`` names it in errors; ``where`` documents it)."""
         known = {"groups_per_chunk", "depth"}
         for k in section:
             if k not in known:
-                raise ConfigError(f"trainer.v1.conduit.{k}", f"one of {sorted(known)}", repr(k),
-                                  "check the spelling of the Hydra override (see conduit_verl.v1_trainer)")
+                raise ConfigError(f"{prefix}.{k}", f"one of {sorted(known)}", repr(k),
+                                  f"check the spelling of the Hydra override (see {where})")
         opts = cls(**{k: section[k] for k in section})
         for name in ("groups_per_chunk", "depth"):
             v = getattr(opts, name)
             if name == "groups_per_chunk" and v is None:
                 continue
             if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"trainer.v1.conduit.{name}", "an int >= 1", repr(v), f"set {name} to 1 or more")
+                raise ConfigError(f"{prefix}.{name}", "an int >= 1", repr(v), f"set {name} to 1 or more")
         return opts
 
 

@@ -102,3 +102,14 @@ def test_profile_from_phases_needs_two_sequential_granularities():
     from conduit_core.tuner import profile_from_phases
     with pytest.raises(ValueError, match="two granularities"):
         profile_from_phases([_phase_from(Config(), prof())], transition_bytes=100, batch_size=32, staleness=0)
+
+
+def test_steady_state_waits_for_the_drift_to_stop():
+    from conduit_core.tuner import is_steady
+    falling = [1.0 - 0.03 * i for i in range(12)]           # still getting faster by 3% a step
+    assert not is_steady(falling, window=4, tol=0.03)
+    flat = falling + [0.64, 0.65, 0.64, 0.65, 0.64, 0.65, 0.64, 0.65]
+    assert is_steady(flat, window=4, tol=0.03)
+    assert not is_steady([0.5] * 7, window=4)               # too few times to compare two windows
+    noisy = [0.6, 0.9, 0.6, 0.61, 0.6, 0.59, 0.6, 0.95]      # outliers do not move the medians
+    assert is_steady(noisy, window=4, tol=0.03)
