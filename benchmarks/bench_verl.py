@@ -8,7 +8,8 @@ timed as the trainer sees them: verl's sequential order on the whole batch vs Co
 chunked, overlapped ingestion and prepared delivery. Alternating repetitions, medians.
 
 Part 2 (put + get for the same batch shapes): TransferQueue's kv_batch_put / kv_batch_get
-(installed with verl[verl-core], local Ray) vs Conduit's ingest / deliver of the same fields.
+(installed with verl[verl-core], local Ray) vs Conduit's ingest / deliver of the same fields,
+in process and with the buffer's shard in a Ray actor (rows cross processes, as in TransferQueue).
 
 Part 3 (verl's V1 trainer, advantage stage over TransferQueue): verl's whole-batch
 ``_compute_advantage`` (get 5 fields, KL penalty, GRPO advantage, put 3 fields) vs
@@ -93,12 +94,15 @@ def part1(reps: int, prompts: int, n: int, resp_len: int, hidden: int, dp: int) 
             "ratio": ratio_stats(t_con, t_seq)}
 
 
-def part2(reps: int, rows: int, seqlen: int) -> dict:
-    from conduit_core import ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Fifo
+def part2(reps: int, rows: int, seqlen: int, *, tier: str = "pageable") -> dict:
+    """Conduit's ingest + deliver of the batch; ``tier="remote"``: the buffer's shard is a Ray
+    actor (``conduit_core.remote``), so the rows cross processes as TransferQueue's do."""
+    from conduit_core import ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Fifo, ShardSpec
     fields = {"input_ids": torch.randint(0, 1000, (rows, seqlen)), "attention_mask": torch.ones(rows, seqlen, dtype=torch.int64),
               "old_log_probs": torch.randn(rows, seqlen)}
     spec = ExperienceSpec([FieldSpec(k, tuple(v.shape[1:]), v.dtype) for k, v in fields.items()])
-    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=spec, capacity=2 * rows, selector=Fifo()))
+    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=spec, capacity=2 * rows, selector=Fifo(),
+                                                      shards=[ShardSpec(tier, 2 * rows)]))
     c_put, c_get = [], []
     for i in range(reps + 1):
         t0 = time.perf_counter()
@@ -111,7 +115,8 @@ def part2(reps: int, rows: int, seqlen: int) -> dict:
             c_put.append(t1 - t0)
             c_get.append(t2 - t1)
     edp.close()
-    return {"rows": rows, "seqlen": seqlen, "conduit_put_s": c_put, "conduit_get_s": c_get}
+    key = "conduit" if tier == "pageable" else f"conduit_{tier}"
+    return {"rows": rows, "seqlen": seqlen, f"{key}_put_s": c_put, f"{key}_get_s": c_get}
 
 
 def part2_tq(reps: int, rows: int, seqlen: int) -> dict:
@@ -264,11 +269,14 @@ def main(argv: list[str] | None = None) -> dict:
     v1 = None
     if not a.no_transferqueue:
         try:
-            init_s, (tqr, v1) = with_transferqueue(lambda: (
-                part2_tq(a.reps, a.rows, a.seqlen),
+            init_s, (tqr, remote, v1) = with_transferqueue(lambda: (
+                part2_tq(a.reps, a.rows, a.seqlen), part2(a.reps, a.rows, a.seqlen, tier="remote"),
                 part3_v1_advantage(a.reps, a.v1_prompts, a.v1_n, a.v1_len, a.v1_groups_per_chunk, a.v1_depth)))
-            report["putget"] |= tqr | {"tq_init_s": init_s}
+            report["putget"] |= tqr | remote | {"tq_init_s": init_s}
             report["v1_advantage"] = v1
+            rows.append(["conduit, remote shard (Ray actor)", f"{med(remote['conduit_remote_put_s']) * 1e3:.2f}",
+                         f"{med(remote['conduit_remote_get_s']) * 1e3:.2f}",
+                         f"{(med(remote['conduit_remote_put_s']) + med(remote['conduit_remote_get_s'])) * 1e3:.2f}"])
             rows.append(["transferqueue", f"{med(tqr['tq_put_s']) * 1e3:.2f}", f"{med(tqr['tq_get_s']) * 1e3:.2f}",
                          f"{(med(tqr['tq_put_s']) + med(tqr['tq_get_s'])) * 1e3:.2f}"])
         except Exception as exc:  # reported, not hidden

@@ -27,6 +27,10 @@ def _spec_of(batch) -> ExperienceSpec:
 
 
 class UpdateBatchDelivery:
+    """The update batch's hand-off. ``tier`` places the pending batches (pageable, pinned or
+    device memory); ``device`` is where the update workers want them (the rows are delivered
+    onto it by the data plane, then padded and split there)."""
+
     def __init__(self, *, dp_size: int = 1, device: str | torch.device = "cpu", tier: str = "pageable"):
         if dp_size < 1:
             raise ConfigError("dp_size", ">= 1", dp_size, "pass the actor's data-parallel size")
@@ -56,7 +60,9 @@ class UpdateBatchDelivery:
                 if plane is not None:
                     plane.close()
                 buf = ExperienceBuffer(spec=spec, capacity=max(4 * n, 64), selector=Fifo(), tier=self.tier)
-                self.edp = ExperienceDataPlane(buffer=buf)
+                # a GPU target: the data plane delivers onto it (host tiers through page-locked
+                # staging and an asynchronous copy; a device tier without leaving the GPU)
+                self.edp = ExperienceDataPlane(buffer=buf, device=None if self.device.type == "cpu" else self.device)
             side = self._side.setdefault(version, {})
             offset = len(next(iter(side.values()))) if side else self._rows.get(version, 0)
             cols = {k: v for k, v in batch.batch.items()}
@@ -77,14 +83,11 @@ class UpdateBatchDelivery:
             self._rows.pop(version, None)
         if b.size == 0:
             return [], 0  # nothing of this version (already consumed, or never produced)
-        rows = b[ROW_ID].numpy()
+        rows = b[ROW_ID].cpu().numpy()
         tensors = {k: v for k, v in b.items() if k != ROW_ID}
         data = DataProto.from_dict(tensors=tensors, non_tensors={k: v[rows] for k, v in side.items()}, meta_info=meta)
         padded, pad = pad_dataproto_to_divisor(data, self.dp_size)
-        shards = padded.chunk(self.dp_size)
-        if self.device.type != "cpu":
-            shards = [s.to(self.device) for s in shards]
-        return shards, pad
+        return padded.chunk(self.dp_size), pad
 
     def prepare(self, version: int) -> None:
         """Build the version's per-rank batches in the background (overlapping the caller)."""
