@@ -10,7 +10,8 @@ separate runs carry. The 48 configurations are placement {host, shm} x schedule
 {sequential, thread, process} x g_ing {1, 4} x g_del {1, 2, 4, 8}.
 
     profile    sequential at two granularities (twice each), thread and process (twice
-               each): ``profile_from_phases`` -> the cost model's Profile
+               each): ``profile_from_phases`` -> the cost model's Profile (``--profile
+               interleaved``: those configurations' survey measurements instead)
     predict    every configuration
     measure    ``--rounds`` interleaved rounds; each round visits every configuration once
                (in a fresh random order within each placement) and times ``--iters`` RLlib
@@ -126,24 +127,34 @@ def warm_up(run: LiveRun, least: int, most: int, window: int, tol: float) -> dic
 
 
 def profile(run: LiveRun, iters: int, staleness: int):
-    from conduit_core.tuner import PHASES, PhaseResult, profile_from_phases
-    phases = list(PHASES) * 2  # the auto-tuner's calibration phases, each twice
+    """The profile taken up front: the auto-tuner's calibration phases, each twice."""
+    from conduit_core.tuner import PHASES, PhaseResult
     results = []
-    for c in phases:
+    for c in list(PHASES) * 2:
         run.apply(c)
         run.algo.train()  # settle: the first step after a switch pays for the switch
         wall, steps, m0, m1 = run.time_iters(iters)
         results.append(PhaseResult.from_metrics(c, wall / steps, m0, m1, steps))
+    return profile_of(run, results, staleness)
+
+
+def profile_of(run: LiveRun, results: list, staleness: int):
+    from conduit_core.tuner import profile_from_phases
     bsz = max(1, round(results[0].per_step["deliver_items"]))
     run.phases = [{"config": r.config.label, "step_s": r.step_s, **r.per_step} for r in results]
     return profile_from_phases(results, transition_bytes=run.edp.buffer.spec.stored_bytes_per_transition,
                                batch_size=bsz, staleness=staleness)
 
 
-def measure(run: LiveRun, configs, *, rounds: int, iters: int, rng: random.Random) -> dict[str, list[float]]:
+def measure(run: LiveRun, configs, *, rounds: int, iters: int, rng: random.Random,
+            phases: list | None = None) -> dict[str, list[float]]:
     """Seconds per learner step of each configuration, one value per round. Rounds are
     interleaved (every configuration once per round, a fresh order within each placement,
-    the placements alternating) so that drift on a noisy machine spreads over all of them."""
+    the placements alternating) so that drift on a noisy machine spreads over all of them.
+    With ``phases`` (a list), the measurements of the calibration configurations
+    (``tuner.PHASES``) are also appended to it as profiling phases, and nothing else is."""
+    from conduit_core.tuner import PHASES, PhaseResult
+    calibration = {c.label for c in PHASES}
     runs: dict[str, list[float]] = {c.label: [] for c in configs}
     placements = sorted({c.placement for c in configs})
     for rnd in range(rounds):
@@ -152,9 +163,11 @@ def measure(run: LiveRun, configs, *, rounds: int, iters: int, rng: random.Rando
             rng.shuffle(group)
             for c in group:
                 run.apply(c)
-                wall, steps, *_ = run.time_iters(iters)
+                wall, steps, m0, m1 = run.time_iters(iters)
                 runs[c.label].append(wall / steps)
                 run.steps_seen.append(steps / iters)
+                if phases is not None and c.label in calibration:
+                    phases.append(PhaseResult.from_metrics(c, wall / steps, m0, m1, steps))
     return runs
 
 
@@ -177,6 +190,10 @@ def main(argv=None):
     p.add_argument("--confirm-rounds", type=int, default=6,
                    help="fresh rounds over the measured and predicted top-8 (the unbiased best and pick)")
     p.add_argument("--profile-iters", type=int, default=4, help="RLlib iterations per profiling phase")
+    p.add_argument("--profile", choices=("before", "interleaved"), default="before",
+                   help="'before': profile, then survey; 'interleaved': the profile is the survey's "
+                        "measurements of the calibration configurations (spread over the survey, so "
+                        "drift averages out); either way predictions precede the confirmation rounds")
     p.add_argument("--warmup", type=int, default=5, help="RLlib iterations before profiling, at least")
     p.add_argument("--max-warmup", type=int, default=60,
                    help="at most this many: warm-up ends once iteration time is steady (tuner.is_steady)")
@@ -200,9 +217,14 @@ def main(argv=None):
         rng = random.Random(dims)
         try:
             warm = warm_up(run, a.warmup, a.max_warmup, a.steady_window, a.steady_tol)
-            prof = profile(run, a.profile_iters, a.staleness)
+            if a.profile == "before":
+                prof = profile(run, a.profile_iters, a.staleness)
+                survey = measure(run, configs, rounds=a.rounds, iters=a.iters, rng=rng)
+            else:
+                phases: list = []
+                survey = measure(run, configs, rounds=a.rounds, iters=a.iters, rng=rng, phases=phases)
+                prof = profile_of(run, phases, a.staleness)
             preds = {c.label: predict(c, prof, cores=cores).step_s for c in configs}
-            survey = measure(run, configs, rounds=a.rounds, iters=a.iters, rng=rng)
             # The minimum of 48 noisy medians is biased low (the winner's curse): the best,
             # the pick and the top-8 order are judged on fresh rounds over the candidates.
             order_s = sorted(survey, key=lambda k: statistics.median(survey[k]))
