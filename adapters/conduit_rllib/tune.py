@@ -190,7 +190,7 @@ def main(argv=None):
     p.add_argument("--confirm-rounds", type=int, default=6,
                    help="fresh rounds over the measured and predicted top-8 (the unbiased best and pick)")
     p.add_argument("--profile-iters", type=int, default=4, help="RLlib iterations per profiling phase")
-    p.add_argument("--profile", choices=("before", "interleaved"), default="before",
+    p.add_argument("--profile", choices=("before", "interleaved"), default="interleaved",
                    help="'before': profile, then survey; 'interleaved': the profile is the survey's "
                         "measurements of the calibration configurations (spread over the survey, so "
                         "drift averages out); either way predictions precede the confirmation rounds")
