@@ -83,10 +83,14 @@ class PinnedStaging:
     the largest batch asked of it. Not thread-safe: the buffer serialises its callers.
     """
 
-    def __init__(self, depth: int = 3):
+    def __init__(self, depth: int = 3, *, pin: bool = True, event=None):
+        """``pin=False`` and ``event`` (a factory of objects with ``record()`` and
+        ``synchronize()``) exist for exercising the ring on a machine without CUDA."""
         if depth < 1:
             raise ConfigError("staging depth", ">= 1", depth, "keep at least one staging buffer per field")
         self.depth = depth
+        self._pin = pin
+        self._event = event if event is not None else torch.cuda.Event
         self._rings: dict[str, list[_Slot | None]] = {}
         self._next: dict[str, int] = {}
 
@@ -98,7 +102,7 @@ class PinnedStaging:
         if slot is not None and slot.event is not None:
             slot.event.synchronize()  # the copy that last read this slot has finished
         if slot is None or slot.host.shape[0] < rows or slot.host.shape[1:] != shape or slot.host.dtype != dtype:
-            slot = ring[i] = _Slot(torch.empty((max(rows, 1), *shape), dtype=dtype, pin_memory=True))
+            slot = ring[i] = _Slot(torch.empty((max(rows, 1), *shape), dtype=dtype, pin_memory=self._pin))
         return slot
 
     def copy(self, name: str, fill, rows: int, shape: tuple[int, ...], dtype: torch.dtype,
@@ -106,10 +110,13 @@ class PinnedStaging:
         slot = self._slot(name, rows, tuple(shape), dtype)
         host = slot.host[:rows]
         fill(host)
-        out = host.to(device, non_blocking=True)
+        out = host.to(device, non_blocking=True, copy=True)  # copy=True: never an alias of the slot
         if slot.event is None:
-            slot.event = torch.cuda.Event()
-        slot.event.record(torch.cuda.current_stream(device))
+            slot.event = self._event()
+        if device.type == "cuda":
+            slot.event.record(torch.cuda.current_stream(device))
+        else:
+            slot.event.record()
         return out
 
     def nbytes(self) -> int:

@@ -111,3 +111,40 @@ def test_staging_grows_and_is_released_on_close():
     assert st.nbytes() >= 13 * 4 * 4
     st.close()
     assert st.nbytes() == 0
+
+
+class _RecordingEvent:
+    """Stands in for a CUDA event on a machine without CUDA: logs when the ring records and waits."""
+
+    log: list = []
+
+    def __init__(self):
+        self.id = len([e for e in self.log if e[0] == "new"])
+        self.log.append(("new", self.id))
+
+    def record(self, *stream):
+        self.log.append(("record", self.id))
+
+    def synchronize(self):
+        self.log.append(("wait", self.id))
+
+
+def test_staging_ring_waits_for_a_slot_before_refilling_it_and_never_aliases_it():
+    _RecordingEvent.log = []
+    st = PinnedStaging(depth=2, pin=False, event=_RecordingEvent)
+    src = np.arange(80, dtype=np.float32).reshape(20, 4)
+    outs = []
+    for k in range(4):  # slots 0, 1, 0, 1: the third and fourth copies reuse the slots
+        rows = 3 if k < 3 else 10  # the last one outgrows its slot: a new, larger buffer
+        outs.append(st.copy("x", lambda out, k=k, rows=rows: out.copy_(torch.from_numpy(src[k:k + rows])), rows,
+                            (4,), torch.float32, torch.device("cpu")))
+    for k, out in enumerate(outs):  # each result kept its own rows after its slot was refilled
+        rows = 3 if k < 3 else 10
+        torch.testing.assert_close(out, torch.from_numpy(src[k:k + rows]))
+    log = _RecordingEvent.log
+    assert log[:4] == [("new", 0), ("record", 0), ("new", 1), ("record", 1)]
+    assert log[4] == ("wait", 0) and log[5] == ("record", 0)  # slot 0 waited for before its refill
+    assert ("wait", 1) in log[6:]  # and slot 1 before it was replaced by a larger buffer
+    assert st.nbytes() == (3 + 10) * 4 * 4
+    st.close()
+    assert st.nbytes() == 0
