@@ -3,9 +3,11 @@
 Used when an adapter is asked for ``schedule="auto"``. It is driven by the caller's own
 deliveries (one ``observe()`` per learner step), so it measures the real workload:
 
+    settle      wait (within bounds) for the step time to be steady: ``is_steady``
     calibrate   sequential (ing 1, del 1), sequential (ing 4, del 2), thread, process: N steps each
     predict     every Config of placement x overlap x granularity (>= 32) with the cost model
-    apply       reschedule the data plane (and migrate it if the placement changed)
+    apply       migrate the buffer if the placement changed (one pageable or shared shard;
+                other layouts keep theirs), then reschedule the data plane
 
 Every candidate keeps the data plane's semantic guards (the same staleness bound), so
 switching changes speed, never what the learner may receive.
@@ -24,6 +26,25 @@ import numpy as np
 
 from .costmodel import Config, Profile, enumerate_configs, fit_operator, operator_times, predict
 from .schedule import Schedule
+
+# The cost model's placements as buffer tiers: ``migrate`` carries a choice out.
+PLACEMENT_TIER = {"host": "pageable", "shm": "shared"}
+
+
+def current_placement(buffer) -> str | None:
+    """The cost-model placement a buffer is in (one pageable or shared shard), else None (a
+    layout the auto-tuner leaves alone: pinned, device, remote or several shards)."""
+    shards = buffer.storage.shards
+    if len(shards) != 1:
+        return None
+    return {tier: pl for pl, tier in PLACEMENT_TIER.items()}.get(shards[0].tier.value)
+
+
+def migrate_to(edp, placement: str) -> None:
+    """Move the buffer to ``placement`` (nothing lost or duplicated: see migration.py)."""
+    from .storage import ShardSpec
+    edp.migrate(shards=[ShardSpec(PLACEMENT_TIER[placement], edp.buffer.capacity)], background=False)
+
 
 PHASES = (Config("host", "sequential", 1, 1), Config("host", "sequential", 4, 2),
           Config("host", "thread", 1, 1), Config("host", "process", 1, 1))
@@ -124,12 +145,24 @@ class _Phase:
 
 
 class AutoTuner:
-    def __init__(self, edp, *, steps_per_phase: int = 40, cores: int | None = None, placements=("host",)):
+    """Drives calibration from the caller's steps (``observe()`` once per learner step).
+
+    ``settle=(least, most)``: before calibrating, wait between ``least`` and ``most`` steps
+    for the step time to be steady (``is_steady`` over ``settle_window`` steps): a run still
+    warming up (buffer filling, learning starting, caches) would calibrate on times it is
+    about to leave behind, and every prediction would carry that drift."""
+
+    def __init__(self, edp, *, steps_per_phase: int = 40, cores: int | None = None, placements=None,
+                 settle: tuple[int, int] = (40, 2000), settle_window: int = 20, settle_tol: float = 0.05):
         import os
         self.edp = edp
         self.steps_per_phase = steps_per_phase
         self.cores = cores or os.cpu_count() or 1
-        self.placements = placements
+        here = current_placement(edp.buffer)
+        # every placement when the buffer is in one the cost model knows (a pick elsewhere is
+        # migrated to); otherwise the layout stays and only overlap and granularity are tuned
+        self.placements = placements or (tuple(PLACEMENT_TIER) if here else ("host",))
+        self._placement = here
         self.phases = [_Phase(c) for c in PHASES]
         self.i = 0
         self.last_t: float | None = None
@@ -137,7 +170,21 @@ class AutoTuner:
         self.choice: Config | None = None
         self.predictions: list = []
         self._base = edp.schedule
-        self._enter(self.phases[0])
+        self.settle, self.settle_window, self.settle_tol = settle, settle_window, settle_tol
+        self.settle_steps: list[float] = []
+        self.settled = settle[1] <= 0
+        if self.settled:
+            self._enter(self.phases[0])
+
+    def _settling(self, now: float) -> None:
+        if self.last_t is not None:
+            self.settle_steps.append(now - self.last_t)
+        self.last_t = now
+        least, most = self.settle
+        n = len(self.settle_steps)
+        if n >= most or (n >= least and is_steady(self.settle_steps, window=self.settle_window, tol=self.settle_tol)):
+            self.settled = True
+            self._enter(self.phases[0])
 
     def _enter(self, ph: _Phase) -> None:
         self.edp.reschedule(schedule_for(ph.config, self._base))
@@ -149,6 +196,9 @@ class AutoTuner:
         if self.done:
             return
         now = time.perf_counter()
+        if not self.settled:
+            self._settling(now)
+            return
         ph = self.phases[self.i]
         if self.last_t is not None:
             ph.steps.append(now - self.last_t)
@@ -173,10 +223,14 @@ class AutoTuner:
         configs = enumerate_configs(placements=self.placements)
         self.predictions = sorted((predict(c, prof, cores=self.cores) for c in configs), key=lambda x: x.step_s)
         self.choice = self.predictions[0].config
+        if self._placement is not None and self.choice.placement != self._placement:
+            migrate_to(self.edp, self.choice.placement)
         self.edp.reschedule(schedule_for(self.choice, self._base))
         self.done = True
 
     def report(self) -> str:
+        if not self.settled:
+            return f"auto-tuner: waiting for a steady step time ({len(self.settle_steps)} steps)"
         if not self.done:
             return f"auto-tuner: calibrating ({self.phases[self.i].config.label}, step {len(self.phases[self.i].steps)})"
         lines = [f"auto-tuner picked {self.choice.label} (of {len(self.predictions)} configurations)"]

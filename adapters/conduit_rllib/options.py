@@ -21,7 +21,9 @@ class ConduitOptions:
     batch buffers (the learner consumes each batch before the next is drawn).
     ``seed``: the selection RNG's seed (None: the config's seed). ``delivery_granularity``:
     batches prepared per delivery operator call; ``ingest_granularity``: episodes per
-    ingestion operator call (both are what ``schedule='auto'`` tunes)."""
+    ingestion operator call (both are what ``schedule='auto'`` tunes). ``autotune_settle``:
+    (least, most) learner steps the auto-tuner waits for a steady step time before it
+    calibrates; ``autotune_steps_per_phase``: learner steps per calibration phase."""
 
     schedule: str = "sequential"
     worker: str = "thread"
@@ -33,8 +35,19 @@ class ConduitOptions:
     seed: int | None = None
     delivery_granularity: int = 1
     ingest_granularity: int = 1
+    autotune_settle: tuple[int, int] = (40, 2000)
+    autotune_steps_per_phase: int = 40
 
     def __post_init__(self) -> None:
+        settle = self.autotune_settle
+        if (not isinstance(settle, (tuple, list)) or len(settle) != 2 or not all(isinstance(x, int) for x in settle)
+                or not 0 <= settle[0] <= settle[1]):
+            raise ConfigError("autotune_settle", "(least, most) ints with 0 <= least <= most", repr(settle),
+                              "e.g. (40, 2000) learner steps; (0, 0) calibrates at once")
+        object.__setattr__(self, "autotune_settle", tuple(settle))
+        if not isinstance(self.autotune_steps_per_phase, int) or self.autotune_steps_per_phase < 1:
+            raise ConfigError("autotune_steps_per_phase", "an int >= 1", repr(self.autotune_steps_per_phase),
+                              "use e.g. 40 learner steps per calibration phase")
         if self.obs_codec not in ("auto", None):
             raise ConfigError("obs_codec", "'auto' or None", repr(self.obs_codec),
                               "use 'auto' (lossless uint8 for k/255 pixels) or None")

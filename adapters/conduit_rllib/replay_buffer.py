@@ -10,7 +10,6 @@ tensors directly, skipping the episode re-batching.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -73,7 +72,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())
         if self.options.schedule == "auto":
             from conduit_core.tuner import AutoTuner
-            self.tuner = AutoTuner(self.edp)
+            self.tuner = AutoTuner(self.edp, steps_per_phase=self.options.autotune_steps_per_phase,
+                                   settle=self.options.autotune_settle)
 
     # -------------------------------------------------------------- ingestion
     def add(self, episodes, weight=None) -> None:

@@ -30,7 +30,6 @@ import time
 import numpy as np
 
 ENV = "conduit-synthetic-obs"
-PLACEMENT_TIER = {"host": "pageable", "shm": "shared"}
 
 
 class SyntheticObsEnv:
@@ -90,11 +89,9 @@ class LiveRun:
         return self.buffer.edp
 
     def apply(self, config) -> None:
-        from conduit_core import ShardSpec
-        from conduit_core.tuner import schedule_for
+        from conduit_core.tuner import migrate_to, schedule_for
         if config.placement != self.placement:
-            self.edp.migrate(shards=[ShardSpec(PLACEMENT_TIER[config.placement], self.edp.buffer.capacity)],
-                             background=False)
+            migrate_to(self.edp, config.placement)
             self.placement = config.placement
         self.edp.reschedule(schedule_for(config, self.edp.schedule))
 

@@ -58,7 +58,7 @@ def test_rank_orders_by_predicted_step_time():
 def test_auto_tuner_calibrates_on_the_live_run_and_switches_without_loss():
     buf = ExperienceBuffer(spec=SPEC, capacity=10_000, selector=Prioritized())
     edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential())
-    tuner = AutoTuner(edp, steps_per_phase=6)
+    tuner = AutoTuner(edp, steps_per_phase=6, settle=(0, 0))
     nid = 0
     for step in range(40):
         edp.ingest(rollout(4, nid), source=step % 2)
@@ -113,3 +113,50 @@ def test_steady_state_waits_for_the_drift_to_stop():
     assert not is_steady([0.5] * 7, window=4)               # too few times to compare two windows
     noisy = [0.6, 0.9, 0.6, 0.61, 0.6, 0.59, 0.6, 0.95]      # outliers do not move the medians
     assert is_steady(noisy, window=4, tol=0.03)
+
+
+def test_auto_tuner_waits_for_a_steady_step_time_before_calibrating(monkeypatch):
+    import conduit_core.tuner as tuner_mod
+    buf = ExperienceBuffer(spec=SPEC, capacity=100)
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential())
+    clock = [0.0]
+    monkeypatch.setattr(tuner_mod.time, "perf_counter", lambda: clock[0])
+    tuner = AutoTuner(edp, steps_per_phase=3, settle=(4, 100), settle_window=4, settle_tol=0.03)
+    steps = [0.30, 0.25, 0.20, 0.16, 0.13, 0.11, 0.10, 0.10, 0.10, 0.10, 0.10, 0.10, 0.10]  # warms up, then flat
+    for dt in steps:
+        clock[0] += dt
+        assert not tuner.settled and "steady" in tuner.report() and edp.schedule == Schedule.sequential()
+        tuner.observe()
+        if tuner.settled:
+            break
+    # settled when the median of the last 4 steps came within 3% of the 4 before (12 steps in),
+    # not while the step time was still falling
+    assert tuner.settled and len(tuner.settle_steps) == 12
+    assert tuner.settle_steps[-4:] == pytest.approx([0.10] * 4)
+    assert "calibrating" in tuner.report()
+    capped = AutoTuner(edp, steps_per_phase=3, settle=(1, 3))
+    for _ in range(4):  # never steady (too few steps): calibration starts at the cap anyway
+        clock[0] += 0.1
+        capped.observe()
+    assert capped.settled
+    edp.close()
+
+
+def test_auto_tuner_migrates_the_buffer_to_the_placement_it_picks():
+    from conduit_core.tuner import current_placement
+    buf = ExperienceBuffer(spec=SPEC, capacity=1000)
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential())
+    assert current_placement(buf) == "host"
+    tuner = AutoTuner(edp, steps_per_phase=3, settle=(0, 0), placements=("shm",))  # only shm may win
+    nid = 0
+    while not tuner.done:
+        edp.ingest(rollout(4, nid))
+        nid += 4
+        edp.deliver(8)
+        tuner.observe()
+    assert tuner.choice.placement == "shm" and current_placement(buf) == "shm"
+    assert buf.storage.shards[0].tier.value == "shared"
+    edp.flush()
+    got = np.sort(buf.storage.read_rows(0, len(buf))["obs"][:, 0].numpy())
+    np.testing.assert_array_equal(got, np.arange(nid, dtype=np.float32))  # every row once, after the move
+    edp.close()

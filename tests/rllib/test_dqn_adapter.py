@@ -44,6 +44,34 @@ def test_overlapped_schedule_trains(ray_session):
         algo.stop()
 
 
+def test_auto_schedule_settles_calibrates_and_switches_without_loss(ray_session):
+    from conduit_core.tuner import current_placement, schedule_for
+    algo = small_dqn(schedule="auto", autotune_settle=(5, 30), autotune_steps_per_phase=5).build_algo()
+    try:
+        buf = algo.local_replay_buffer
+        for _ in range(20):
+            algo.train()
+            if buf.tuner is not None and buf.tuner.done:
+                break
+        tuner = buf.tuner
+        assert tuner.settled and 5 <= len(tuner.settle_steps) <= 30
+        assert tuner.done and len(tuner.predictions) >= 32 and "picked" in tuner.report()
+        assert buf.edp.schedule == schedule_for(tuner.choice, buf.edp.schedule)  # the pick is in force
+        assert current_placement(buf.edp.buffer) == tuner.choice.placement        # placement too
+        algo.train()  # and trains on
+        buf.edp.flush()
+        assert len(buf) == buf.get_added_timesteps()  # nothing lost across five schedule switches
+    finally:
+        algo.stop()
+
+
+def test_autotune_options_are_validated():
+    with pytest.raises(ConfigError, match="autotune_settle.*least <= most"):
+        small_dqn(schedule="auto", autotune_settle=(10, 5))
+    with pytest.raises(ConfigError, match="autotune_steps_per_phase"):
+        small_dqn(schedule="auto", autotune_steps_per_phase=0)
+
+
 def test_buffer_survives_checkpoint_round_trip_exactly(ray_session, tmp_path):
     from ray.rllib.algorithms.algorithm import Algorithm
     algo = small_dqn().build_algo()
