@@ -15,8 +15,8 @@ each tier in proportion to its share), B the batch size, I the inserts per step 
 (``route_seconds``): with access "copy" the CPU gathers the rows at the host's copy bandwidth
 and the copy engine moves them over the host link; with access "mapped" (pinned memory
 only, Gear's route) the device gathers them in place over the link, no CPU gather. Pinned
-tiers take the cheaper of the two per workload (``best_access``). The per-slot cost of a tier is linear, so the
-optimum fills tiers cheapest-first; the latency terms make a tier worth using only if it
+tiers take the cheaper of the two per workload (``best_access``). The per-slot cost of a
+tier is linear, so the optimum fills tiers cheapest-first; the latency terms make a tier worth using only if it
 takes a real share, which ``plan`` checks by trying every prefix of the ranking.
 
 Baselines are the fixed placements of existing systems (``fixed_plan``): pageable host
@@ -104,14 +104,15 @@ def mapped_link(topology: Topology, tier: str, reader: str):
     return topology.link(key, reader) if topology.has_link(key, reader) else topology.link(tier, reader)
 
 
-def route_seconds(topology: Topology, tier: str, reader: str, nbytes: float, access: str = "copy") -> float:
+def route_seconds(topology: Topology, tier: str, reader: str, nbytes: float, access: str = "copy", *,
+                  latency: bool = True) -> float:
     """Seconds to deliver ``nbytes`` of rows from ``tier`` to ``reader``. Host -> device with
     "copy": the CPU gathers at the host's copy bandwidth, then the link moves the rows; with
-    "mapped": the device gathers over the link (no host gather). Otherwise: the link alone."""
-    if access == "mapped":
-        return mapped_link(topology, tier, reader).seconds(nbytes)
-    t = topology.link(tier, reader).seconds(nbytes)
-    if _host_to_device(topology, tier, reader) and topology.has_link(tier, tier):
+    "mapped": the device gathers over the link (no host gather). Otherwise: the link alone.
+    ``latency=False``: the bandwidth part only."""
+    link = mapped_link(topology, tier, reader) if access == "mapped" else topology.link(tier, reader)
+    t = link.seconds(nbytes) if latency else nbytes / (link.bandwidth_GBps * 1e9)
+    if access == "copy" and _host_to_device(topology, tier, reader) and topology.has_link(tier, tier):
         t += nbytes / (topology.link(tier, tier).bandwidth_GBps * 1e9)
     return t
 
@@ -162,12 +163,7 @@ def per_slot_cost(workload: Workload, topology: Topology, tier: str, access: str
     read with ``access`` (default: the tier's best)."""
     b = workload.transition_bytes
     access = access or best_access(workload, topology, tier)
-    c = 0.0
-    for r in workload.readers:
-        link = mapped_link(topology, tier, r) if access == "mapped" else topology.link(tier, r)
-        c += workload.batch_size * b / (link.bandwidth_GBps * 1e9)
-        if access == "copy" and _host_to_device(topology, tier, r) and topology.has_link(tier, tier):
-            c += workload.batch_size * b / (topology.link(tier, tier).bandwidth_GBps * 1e9)
+    c = sum(route_seconds(topology, tier, r, workload.batch_size * b, access, latency=False) for r in workload.readers)
     return c + workload.inserts_per_step * b / (topology.link(workload.actors, tier).bandwidth_GBps * 1e9)
 
 
