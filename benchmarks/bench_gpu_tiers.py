@@ -102,10 +102,9 @@ def insert_ms(buf: ExperienceBuffer, chunk: dict, reps: int) -> float:
     return statistics.median(ts) * 1e3
 
 
-def predictions(topology, dim: int, batch: int, capacity: int, inserts: int) -> dict:
+def predictions(topology, transition_bytes: int, batch: int, capacity: int, inserts: int) -> dict:
     from conduit_core.placement import Workload, fixed_plan, plan
-    tb = 2 * 4 * dim + 8 + 4 + 2  # obs, next_obs, action int64, reward, two flags
-    w = Workload(transition_bytes=tb, capacity=capacity, batch_size=batch, inserts_per_step=inserts,
+    w = Workload(transition_bytes=transition_bytes, capacity=capacity, batch_size=batch, inserts_per_step=inserts,
                  learner="gpu0")
     out = {}
     for name, kind in (("pageable", "pageable"), ("pinned", "pinned"), ("pinned-mapped", "gear"),
@@ -197,7 +196,8 @@ def main(argv: list[str] | None = None) -> dict:
                     if pl in ins:
                         ins[pl].append(insert_ms(bufs[pl], chunk, 3))
             case = {"dim": dim, "batch": batch,
-                    "predicted": predictions(topo, dim, batch, a.capacity, a.inserts),
+                    "predicted": predictions(topo, bufs["naive"].spec.stored_bytes_per_transition, batch,
+                                             a.capacity, a.inserts),
                     "latency_ms": {pl: statistics.median(v) for pl, v in lat.items()},
                     "burst_ms": {pl: statistics.median(v) for pl, v in thr.items()},
                     "insert_ms": {pl: statistics.median(v) for pl, v in ins.items()},

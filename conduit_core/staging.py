@@ -43,12 +43,11 @@ class _DeviceArray:
     host pointer of memory from ``cudaHostAlloc`` is also valid on the device."""
 
     def __init__(self, t: torch.Tensor):
-        typestr = {torch.float32: "<f4", torch.float64: "<f8", torch.float16: "<f2", torch.uint8: "|u1",
-                   torch.int8: "|i1", torch.int16: "<i2", torch.int32: "<i4", torch.int64: "<i8",
-                   torch.bool: "|b1"}.get(t.dtype)
-        if typestr is None:
-            raise ConfigError("dtype", "a numeric dtype for device-side access", str(t.dtype),
-                              "store the field as float32/uint8/int64, or use access='copy'")
+        try:
+            typestr = t.numpy().dtype.str  # the array-interface type string, e.g. '<f4'
+        except TypeError:  # a dtype numpy lacks (bfloat16)
+            raise ConfigError("dtype", "a dtype numpy has, for device-side access", str(t.dtype),
+                              "store the field as float32/uint8/int64, or use access='copy'") from None
         self._keep = t
         self.__cuda_array_interface__ = {"shape": tuple(t.shape), "typestr": typestr,
                                          "data": (t.data_ptr(), False), "version": 2,

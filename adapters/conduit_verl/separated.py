@@ -34,13 +34,12 @@ Options (Hydra, under ``trainer.conduit``; all optional):
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from .pipeline import group_chunks
-from .v1_trainer import V1Options, chunkable, merge_metrics
+from .v1_trainer import V1Options, chunkable, merge_metrics, run_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +101,8 @@ def chunked_advantage(trainer, batch, stage, opts: V1Options):
         return DataProto.from_dict(tensors={k: batch.batch[k][t] for k in inputs}, non_tensors={"uid": uid[rows]},
                                    meta_info=dict(batch.meta_info))
 
-    if opts.depth == 1 or len(idx) == 1:
-        done = [stage(v, chunk_of(rows)) for v, rows in zip(views, idx)]
-    else:
-        with ThreadPoolExecutor(max_workers=opts.depth, thread_name_prefix="conduit-adv") as pool:
-            futures = [pool.submit(lambda v, rows: stage(v, chunk_of(rows)), v, rows) for v, rows in zip(views, idx)]
-            done = [f.result() for f in futures]
+    done = run_in_flight([lambda v=v, rows=rows: stage(v, chunk_of(rows)) for v, rows in zip(views, idx)],
+                         opts.depth, "conduit-adv")
     n = len(batch)
     for key in done[0].batch.keys():
         if key in inputs:

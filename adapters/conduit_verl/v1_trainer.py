@@ -101,8 +101,8 @@ def split_by_groups(batch, groups_per_chunk: int) -> list:
 
 def chunkable(config, batch=None) -> str | None:
     """None when the advantage stage is per prompt group (chunks give verl's result; see the
-    module docstring on rounding); otherwise the reason it is not. ``batch`` (a KVBatchMeta) tells whether rollout log-probs
-    are present, which switches verl's rollout correction on."""
+    module docstring on rounding); otherwise the reason it is not. ``batch`` (a KVBatchMeta)
+    tells whether rollout log-probs are present, which switches verl's rollout correction on."""
     from verl.trainer.ppo import core_algos
     alg = config.algorithm
     if alg.adv_estimator not in (core_algos.AdvantageEstimator.GRPO, "grpo"):
@@ -170,6 +170,17 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+def run_in_flight(calls: list, depth: int, name: str) -> list:
+    """Results of the zero-argument ``calls``, in order, ``depth`` running at a time (one after
+    another for 1). A failing call's exception is raised here, after the others finished:
+    nothing is left running."""
+    if depth == 1 or len(calls) <= 1:
+        return [c() for c in calls]
+    with ThreadPoolExecutor(max_workers=depth, thread_name_prefix=name) as pool:
+        futures = [pool.submit(c) for c in calls]
+        return [f.result() for f in futures]
+
+
 def pipelined_advantage(stage, batch, metrics: dict, opts: V1Options):
     """Run ``stage(chunk, metrics) -> KVBatchMeta`` over group chunks, ``opts.depth`` in flight,
     and return one KVBatchMeta in the input's row order. A failing chunk's exception is
@@ -177,12 +188,8 @@ def pipelined_advantage(stage, batch, metrics: dict, opts: V1Options):
     from transfer_queue import KVBatchMeta
     chunks = split_by_groups(batch, opts.groups_per_chunk)
     parts: list[tuple[int, dict]] = [(len(c), {}) for c in chunks]
-    if opts.depth == 1 or len(chunks) == 1:
-        results = [stage(c, parts[i][1]) for i, c in enumerate(chunks)]
-    else:
-        with ThreadPoolExecutor(max_workers=opts.depth, thread_name_prefix="conduit-v1-adv") as pool:
-            futures = [pool.submit(stage, c, parts[i][1]) for i, c in enumerate(chunks)]
-            results = [f.result() for f in futures]
+    results = run_in_flight([lambda c=c, m=m: stage(c, m) for c, (_, m) in zip(chunks, parts)], opts.depth,
+                            "conduit-v1-adv")
     metrics.update(merge_metrics(parts))
     row = {k: (r, j) for r in results for j, k in enumerate(r.keys)}
     keys = list(batch.keys)
