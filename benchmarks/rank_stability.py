@@ -1,0 +1,71 @@
+"""Does a `conduit tune` measurement reproduce its own top-8 order? Re-reads the rounds
+stored in tune reports (``rounds_s_per_step``) and sets the predicted order's agreement
+beside the measurement's agreement with itself.
+
+    python -m benchmarks.rank_stability docs/results/tune_rllib_*.json
+
+Per size: the predicted top-8's pairs in the confirmed order (strict); the bootstrap chance
+that the confirmed top-8 order comes out the same again, and its mean pairs; two halves of
+the confirmation rounds (top-8 of one, ordered by the other); and the survey's top-8 ordered
+by the confirmation rounds (two separate measurements of the same configurations).
+See ``conduit_core.ranking`` for why this is the ceiling for an "identical top-8" criterion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+from benchmarks.common import fmt_table
+from conduit_core.ranking import concordant_pairs, order_stability, split_half
+
+
+def analyse(report: dict, resamples: int = 2000) -> list[dict]:
+    rows = []
+    for dims, entry in report["dims"].items():
+        rounds = entry.get("rounds_s_per_step")
+        if not rounds:
+            continue
+        survey, confirm = rounds["survey"], rounds["confirm"]
+        med_c = {k: statistics.median(v) for k, v in confirm.items()}
+        med_s = {k: statistics.median(v) for k, v in survey.items()}
+        pred = entry["predicted_s"]
+        top_p = sorted(pred, key=pred.get)[:8]
+        top_c = sorted(med_c, key=med_c.get)[:8]
+        top_s = sorted(med_s, key=med_s.get)[:8]   # all in the confirmation rounds by construction
+        stab = order_stability(confirm, top_c, resamples=resamples)
+        rows.append({"dims": int(dims), "predicted_pairs": concordant_pairs(top_p, med_c),
+                     "predicted_identical": top_p == sorted(top_p, key=med_c.get),
+                     "p_identical": stab["p_identical"], "bootstrap_pairs": stab["mean_pairs"],
+                     "split_half_pairs": split_half(confirm)["pairs_agree"],
+                     "survey_pairs": concordant_pairs(top_s, med_c),
+                     "survey_identical": top_s == sorted(top_s, key=med_c.get)})
+    return rows
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("reports", nargs="+", help="JSON reports written by `conduit tune rllib-dqn --json`")
+    p.add_argument("--resamples", type=int, default=2000)
+    a = p.parse_args(argv)
+    out = []
+    for path in a.reports:
+        with open(path) as f:
+            rows = analyse(json.load(f), a.resamples)
+        if not rows:
+            print(f"{path}: no per-round measurements stored; skipped")
+            continue
+        print(f"\n{path}")
+        print(fmt_table([[r["dims"], f"{r['predicted_pairs']}/28", f"{r['p_identical']:.1%}",
+                          f"{r['bootstrap_pairs']:.1f}/28", f"{r['split_half_pairs']}/28",
+                          f"{r['survey_pairs']}/28" + (" (identical)" if r["survey_identical"] else "")]
+                         for r in rows],
+                        ["D", "predicted top-8 pairs", "measured order again (bootstrap)", "bootstrap pairs",
+                         "split halves", "survey top-8 in confirmed order"]))
+        out.append({"report": path, "rows": rows})
+    return out
+
+
+if __name__ == "__main__":
+    main()
