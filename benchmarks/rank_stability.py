@@ -64,6 +64,19 @@ def main(argv=None) -> list[dict]:
                         ["D", "predicted top-8 pairs", "measured order again (bootstrap)", "bootstrap pairs",
                          "split halves", "survey top-8 in confirmed order"]))
         out.append({"report": path, "rows": rows})
+    if len(out) > 1:
+        print("\nper campaign, over its sizes: mean (min-max) of concordant pairs out of 28")
+        span = lambda v: f"{sum(v) / len(v):.1f} ({min(v):.0f}-{max(v):.0f})"
+        table = [[o["report"].rsplit("/", 1)[-1], len(o["rows"]),
+                  span([r["predicted_pairs"] for r in o["rows"]]), span([r["survey_pairs"] for r in o["rows"]]),
+                  span([r["split_half_pairs"] for r in o["rows"]]),
+                  f"{max(r['p_identical'] for r in o['rows']):.1%}"] for o in out]
+        every = [r for o in out for r in o["rows"]]
+        table.append(["all", len(every), span([r["predicted_pairs"] for r in every]),
+                      span([r["survey_pairs"] for r in every]), span([r["split_half_pairs"] for r in every]),
+                      f"{max(r['p_identical'] for r in every):.1%}"])
+        print(fmt_table(table, ["report", "sizes", "predicted top-8", "survey top-8 (a 2nd measurement)",
+                                "split halves", "bootstrap: same order again, at most"]))
     return out
 
 

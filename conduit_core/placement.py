@@ -335,5 +335,15 @@ def greedy_plan(workload: Workload, topology: Topology) -> Plan:
 
 
 def conservative_plan(workload: Workload, topology: Topology) -> Plan:
-    """Conservative: always pageable host memory, which is the largest tier."""
-    return fixed_plan("pageable", workload, topology)
+    """Conservative: the whole buffer in the largest reachable tier, sized for the worst case
+    from the start and never moved: pageable host memory on one machine (as Reverb and
+    RLlib), a bigger node's memory where this host's budget is the smaller one."""
+    largest = max(usable(topology, workload), key=lambda t: topology.tier(t).capacity_bytes)
+    if topology.tier(largest).kind == "pageable":
+        return fixed_plan("pageable", workload, topology)
+    assign = _fill(workload, topology, [largest])
+    if assign is None:
+        raise CapacityError(f"conservative: the largest tier {largest} holds "
+                            f"{topology.tier(largest).capacity_bytes / 1e9:.1f} GB, "
+                            f"{workload.total_bytes / 1e9:.1f} GB wanted")
+    return _plan_from("conservative", workload, topology, assign, [f"largest tier only: {largest}"])

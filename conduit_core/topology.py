@@ -247,6 +247,57 @@ def probe(*, nbytes: int = 256 << 20, reps: int = 5) -> Topology:
                     source="conduit probe (measured)", notes=tuple(notes))
 
 
+class _LinkProbe:
+    """Ray actor body for ``probe_remote``: receives and returns byte arrays (what a remote
+    shard's writes and gathers move), and reports the node's free memory."""
+
+    def take(self, data) -> int:
+        return len(data)
+
+    def give(self, nbytes: int):
+        import numpy as np
+        return np.ones(nbytes, dtype=np.uint8)
+
+    def free_bytes(self) -> int:
+        return _meminfo("MemAvailable") or 0
+
+
+def probe_remote(node: str, *, nbytes: int = 16 << 20, reps: int = 5, memory_share: float = 0.5,
+                 local: str = "host") -> tuple[TierInfo, list[Link]]:
+    """Measure a Ray node as a tier: ``node`` is the custom resource that pins an actor to it
+    (as ``ShardSpec(tier="remote", node=...)`` does). Latency: the median round trip of an
+    empty call; bandwidth: ``nbytes`` sent to the actor and fetched from it (the transfers a
+    remote shard's writes and gathers make), median of ``reps``, latency subtracted. The
+    tier's capacity is ``memory_share`` of the node's free memory. Needs a running Ray session."""
+    import numpy as np
+    import ray
+    if not ray.is_initialized():
+        raise ConfigError("probe_remote", "a running Ray session", "none",
+                          "call ray.init(address=...) before probing a remote node")
+    actor = ray.remote(num_cpus=0)(_LinkProbe).options(resources={node: 0.001}).remote()
+    try:
+        payload = np.ones(nbytes, dtype=np.uint8)
+        ray.get([actor.take.remote(b""), actor.give.remote(1)])  # start the actor, warm both paths
+
+        def median(call) -> float:
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                ray.get(call())
+                ts.append(time.perf_counter() - t0)
+            return sorted(ts)[len(ts) // 2]
+
+        lat = median(lambda: actor.take.remote(b""))
+        up = median(lambda: actor.take.remote(payload))
+        down = median(lambda: actor.give.remote(nbytes))
+        free = ray.get(actor.free_bytes.remote())
+    finally:
+        ray.kill(actor)
+    bw = lambda t: nbytes / max(t - lat, 1e-9) / GB
+    links = [Link(local, node, bw(up), lat * 1e6), Link(node, local, bw(down), lat * 1e6)]
+    return TierInfo(node, "remote", int(free * memory_share)), links
+
+
 def _meminfo(key: str) -> int | None:
     try:
         with open("/proc/meminfo") as fh:

@@ -69,6 +69,19 @@ def test_plan_spills_by_bandwidth_and_never_exceeds_a_tier():
     assert "ranked" in p.render() and "gpu0" in p.render()
 
 
+def test_conservative_takes_the_largest_tier_and_fails_when_it_cannot_hold_the_buffer():
+    from conduit_core.topology import Link, TierInfo, Topology
+    t = Topology("budgeted-host+node", (TierInfo("host", "pageable", 10**8), TierInfo("node1", "remote", 10**10)),
+                 (Link("host", "host", 10.0, 1.0), Link("host", "node1", 1.0, 300.0), Link("node1", "host", 1.0, 300.0)),
+                 cores=2)
+    w = Workload(transition_bytes=1000, capacity=50_000, batch_size=256)   # 50 MB: fits the host budget
+    assert conservative_plan(w, t).fractions() == {"node1": 1.0}           # sized for the worst case anyway
+    assert plan(w, t).fractions() == {"host": 1.0}
+    assert plan(w, t).total_s < conservative_plan(w, t).total_s
+    with pytest.raises(CapacityError, match="conservative: the largest tier node1"):
+        conservative_plan(Workload(transition_bytes=1000, capacity=2 * 10**7, batch_size=256), t)
+
+
 def test_plan_skips_a_tier_whose_latency_outweighs_its_share():
     # pinned holds 10% and shares the host's link to the GPU with pageable memory: for small
     # transitions its extra link latency costs more than its bandwidth saves

@@ -93,3 +93,19 @@ def test_replan_carries_out_a_plan_with_a_remote_node(cluster):
         edp.ingest(rollout(20, 50))
         b = edp.deliver(64)
         np.testing.assert_array_equal(b["obs"][:, 0].numpy(), b.seqs.astype(np.float32))
+
+
+def test_probe_remote_measures_the_node_as_a_tier(cluster):
+    from conduit_core.topology import probe_remote
+    tier, links = probe_remote("conduit_node1", nbytes=1 << 20, reps=3)
+    assert tier.name == "conduit_node1" and tier.kind == "remote" and tier.capacity_bytes > 0
+    assert {(l.src, l.dst) for l in links} == {("host", "conduit_node1"), ("conduit_node1", "host")}
+    assert all(l.bandwidth_GBps > 0 and l.latency_us > 0 for l in links)
+
+
+def test_probe_remote_needs_ray(monkeypatch):
+    from conduit_core import ConfigError
+    from conduit_core.topology import probe_remote
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with pytest.raises(ConfigError, match="probe_remote"):
+        probe_remote("conduit_node1")
