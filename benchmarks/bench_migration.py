@@ -7,7 +7,8 @@ A learner loop runs against a data plane: every step ingests ``--inserts`` trans
 delivers a uniform batch of ``--batch`` (each delivered row is checked: its obs[0] is its
 seq). The buffer starts at ``--capacity`` transitions, which fit this host's budget
 (``--host-budget-mb``), and is prefilled. After ``--steps`` steps the wanted capacity grows
-``--grow`` times, past the budget; then ``--steps`` more. The topology is measured: the
+``--grow`` times, past the budget; the loop goes on until the grown buffer is full (so every
+shard holds live rows and is sampled), then ``--steps`` more are measured. The topology is measured: the
 host's copy bandwidth, and the second node (a Ray node of a ``ray.cluster_utils.Cluster``,
 reached through a Ray actor as a remote shard is) by ``topology.probe_remote``.
 
@@ -20,8 +21,9 @@ reached through a Ray actor as a remote shard is) by ``topology.probe_remote``.
     conservative       the largest tier (the node), sized for the grown buffer from the start
 
 Reported per strategy (median over ``--reps``): step time before, during the migration and
-after the growth, the longest step (the stall), the migration's duration, and whether the
-buffer holds exactly the live rows, each once, in order, at the end.
+after the growth (median, and p99 after), the longest step during the migration (the stall a
+learner sees) and the longest a migration chunk held the buffer's lock, the migration's
+duration, and whether the buffer holds exactly the live rows, each once, at the end.
 """
 
 from __future__ import annotations
@@ -98,11 +100,13 @@ def run(strategy: str, *, spec, topo, w0, w1, a) -> dict:
         during: list[float] = []
         t_grow = time.perf_counter()
         if strategy == "conduit-online":
-            handle = edp.replan(plan(w1, topo), topo, background=True)
+            handle = edp.replan(plan(w1, topo), topo, background=True, max_hold_s=a.max_hold_ms / 1e3,
+                                chunk_bytes=int(a.chunk_mb * 2**20) if a.chunk_mb else None)
             while handle.thread.is_alive():
                 during.append(step())
             handle.wait()
             out["migration_s"] = time.perf_counter() - t_grow
+            out["chunks"], out["longest_hold_ms"] = handle.migration.chunks, handle.migration.longest_hold_s * 1e3
         elif strategy == "conduit-blocking":
             edp.replan(plan(w1, topo), topo, background=False)
             out["migration_s"] = time.perf_counter() - t_grow
@@ -112,13 +116,15 @@ def run(strategy: str, *, spec, topo, w0, w1, a) -> dict:
                 greedy_plan(w1, topo)
             except CapacityError as exc:
                 out["failed"] = str(exc)
+        while len(buf) < buf.capacity:   # until the grown ring is full: every shard then holds live rows
+            step()
         after = [step() for _ in range(a.steps)]
         out["capacity_end"] = buf.capacity
         out["exact"] = live_rows_exact(buf, nid)
     buf.close()
     ms = lambda xs: statistics.median(xs) * 1e3 if xs else None
     out.update(before_ms=ms(before), during_ms=ms(during), after_ms=ms(after), steps_during=len(during),
-               max_ms=max(before + during + after) * 1e3)
+               stall_ms=max(during) * 1e3 if during else None, p99_after_ms=float(np.percentile(after, 99)) * 1e3)
     return out
 
 
@@ -133,6 +139,10 @@ def main(argv=None) -> dict:
     p.add_argument("--inserts", type=int, default=64, help="transitions ingested per learner step")
     p.add_argument("--steps", type=int, default=300, help="learner steps before and after the growth")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--max-hold-ms", type=float, default=2.0,
+                   help="online migration: each chunk holds the buffer's lock about this long")
+    p.add_argument("--chunk-mb", type=float, default=None,
+                   help="online migration: fixed chunks of this size instead (64: the earlier default)")
     p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     p.add_argument("--json", default="out/bench_migration.json")
     a = p.parse_args(argv)
@@ -178,17 +188,19 @@ def summarize(runs: list[dict], strategies) -> dict:
     for s in strategies:
         rs = [r for r in runs if r["strategy"] == s]
         pick = lambda k: [r[k] for r in rs if r.get(k) is not None]
-        row = {k: med(pick(k)) for k in ("before_ms", "during_ms", "after_ms", "max_ms", "migration_s",
-                                         "steps_during")}
+        row = {k: med(pick(k)) for k in ("before_ms", "during_ms", "after_ms", "p99_after_ms", "stall_ms",
+                                         "migration_s", "steps_during", "longest_hold_ms")}
         row.update(exact=all(r["exact"] for r in rs), capacity_end=rs[0]["capacity_end"],
                    failed=rs[0].get("failed"))
         summary[s] = row
         f = lambda v, spec=".2f": "-" if v is None else format(v, spec)
-        table.append([s, f(row["before_ms"]), f(row["during_ms"]), f(row["after_ms"]), f(row["max_ms"], ".1f"),
-                      f(row["migration_s"]), f(row["steps_during"], ".0f"), f"{row['capacity_end']:,}",
+        table.append([s, f(row["before_ms"]), f(row["during_ms"]), f(row["stall_ms"], ".1f"),
+                      f(row["longest_hold_ms"]), f(row["migration_s"]), f(row["steps_during"], ".0f"),
+                      f(row["after_ms"]), f(row["p99_after_ms"]), f"{row['capacity_end']:,}",
                       "yes" if row["exact"] else "NO"])
-    print(fmt_table(table, ["strategy", "step before ms", "during ms", "after ms", "longest step ms",
-                            "migration s", "steps during", "capacity at end", "live rows exact"]))
+    print(fmt_table(table, ["strategy", "step before ms", "during ms", "longest step during ms",
+                            "longest lock hold ms", "migration s", "steps during", "after ms", "after p99 ms",
+                            "capacity at end", "live rows exact"]))
     for s, row in summary.items():
         if row["failed"]:
             print(f"{s}: {row['failed']}")

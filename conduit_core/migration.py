@@ -11,11 +11,18 @@ So at the swap the new layout holds exactly the rows live in the old one. Delive
 the old layout until the swap, which happens under the lock between two calls. With a
 larger capacity, rows the old ring evicted during the migration are not resurrected: the
 buffer's floor starts the new window at the oldest row live at the swap.
+
+A chunk holds the buffer's lock while it copies, so a learner's delivery or an actor's
+insert can wait for one chunk. By default chunks are sized to hold the lock about
+``max_hold_s`` (2 ms): ``next_chunk_rows`` rescales each chunk from the time the last one
+took, because the same rows cost microseconds to a host shard and milliseconds to a remote
+one over Ray. The background thread yields between chunks.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Sequence
 
 import numpy as np
@@ -25,13 +32,23 @@ from .selectors import Prioritized
 from .storage import ColumnarStorage, ShardSpec
 
 _META = ("seq", "version", "source", "next_seq")
+FIRST_CHUNK_BYTES = 256 << 10   # the first adaptive chunk, before any timing is known
+MAX_CHUNK_BYTES = 64 << 20
+
+
+def next_chunk_rows(rows: int, held_s: float, *, target_s: float, most: int) -> int:
+    """Rows for the next chunk so that it holds the lock about ``target_s``, from the last
+    chunk's ``rows`` and ``held_s``: proportional, growing at most 2x a chunk (one slow
+    chunk should not follow a lucky fast one), shrinking at once, within 1..``most``."""
+    want = rows * 2 if held_s <= 0 else int(rows * target_s / held_s)
+    return max(1, min(most, want, rows * 2))
 
 
 class Migration:
     """Created by ``begin_migration``; drive it with ``step()`` or ``run()``, end with ``finish()``."""
 
     def __init__(self, buffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,
-                 chunk_bytes: int = 64 << 20):
+                 chunk_bytes: int | None = None, max_hold_s: float = 0.002):
         from .buffer import ExperienceBuffer
         if not isinstance(buffer, ExperienceBuffer):
             raise ConfigError("buffer", "an ExperienceBuffer", type(buffer).__name__, "migrate a buffer")
@@ -46,7 +63,17 @@ class Migration:
         if buffer.storage.pools:
             raise ConfigError("migration", "a spec without frame pools", "FrameStackCodec fields",
                               "frame pools stay on the host; migrate the buffer before enabling frame stacking")
-        self.rows_per_chunk = max(1, chunk_bytes // max(1, buffer.spec.stored_bytes_per_transition))
+        if max_hold_s <= 0:
+            raise ConfigError("max_hold_s", "> 0 seconds", max_hold_s,
+                              "give the longest a chunk may hold the buffer's lock, e.g. 0.002")
+        row_bytes = max(1, buffer.spec.stored_bytes_per_transition)
+        self.adaptive = chunk_bytes is None     # fixed-size chunks when chunk_bytes is given
+        self.max_hold_s = max_hold_s
+        self.max_rows = max(1, (chunk_bytes or MAX_CHUNK_BYTES) // row_bytes)
+        self.rows_per_chunk = self.max_rows if not self.adaptive else max(1, min(self.max_rows,
+                                                                                  FIRST_CHUNK_BYTES // row_bytes))
+        self.chunks = 0
+        self.longest_hold_s = 0.0
         self.storage = ColumnarStorage(spec=buffer.spec, shards=list(shards))
         self.meta = {k: np.full(self.capacity, -1, dtype=np.int64) for k in _META}
         self.done = False
@@ -70,6 +97,7 @@ class Migration:
         """Copy one chunk of live rows; True when every live row has been copied."""
         b = self.buffer
         with b.lock:
+            t0 = time.perf_counter()
             b._check_open()
             lo = max(self.cursor, b._lo())
             end = min(b._inserted, lo + self.rows_per_chunk)
@@ -82,6 +110,13 @@ class Migration:
                 for k in _META:
                     self.meta[k][new_slots] = b.meta[k][old_slots]
             self.cursor = max(end, lo)
+            held = time.perf_counter() - t0
+            if lo < end:
+                self.chunks += 1
+                self.longest_hold_s = max(self.longest_hold_s, held)
+                if self.adaptive:
+                    self.rows_per_chunk = next_chunk_rows(end - lo, held, target_s=self.max_hold_s,
+                                                          most=self.max_rows)
             return self.cursor >= b._inserted
 
     def run(self) -> None:
@@ -126,8 +161,8 @@ def _cpu():
 
 
 def begin_migration(buffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,
-                    chunk_bytes: int = 64 << 20) -> Migration:
-    return Migration(buffer, shards=shards, capacity=capacity, chunk_bytes=chunk_bytes)
+                    chunk_bytes: int | None = None, max_hold_s: float = 0.002) -> Migration:
+    return Migration(buffer, shards=shards, capacity=capacity, chunk_bytes=chunk_bytes, max_hold_s=max_hold_s)
 
 
 class BackgroundMigration:
@@ -142,7 +177,7 @@ class BackgroundMigration:
     def _run(self) -> None:
         try:
             while not self.migration.step():
-                pass
+                time.sleep(0)   # let a delivery or insert waiting for the lock in between chunks
             self.migration.finish()
         except BaseException as exc:  # noqa: BLE001 - reported by wait()
             self.error = exc

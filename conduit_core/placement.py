@@ -91,6 +91,11 @@ class Plan:
 HOST_KINDS = ("pageable", "shared", "pinned")
 
 
+def _size(nbytes: float) -> str:
+    """Bytes for a message: GB, or MB below a gigabyte (so small budgets do not read 0.0 GB)."""
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
+
+
 def _host_to_device(topology: Topology, tier: str, reader: str) -> bool:
     return topology.tier(tier).kind in HOST_KINDS and topology.tier(reader).kind == "device"
 
@@ -259,9 +264,9 @@ def plan(workload: Workload, topology: Topology) -> Plan:
                 best = cand
     if best is None:
         total = sum(topology.tier(t).capacity_bytes for t in tiers)
-        raise CapacityError(f"capacity: {workload.total_bytes / 1e9:.1f} GB wanted "
+        raise CapacityError(f"capacity: {_size(workload.total_bytes)} wanted "
                             f"({workload.capacity:,} x {workload.transition_bytes} B), the reachable tiers hold "
-                            f"{total / 1e9:.1f} GB. Fix: lower the capacity, add a tier, or use a codec.")
+                            f"{_size(total)}. Fix: lower the capacity, add a tier, or use a codec.")
     why = ["tiers ranked by cost per slot share: " + ", ".join(
         f"{t}{' (mapped)' if access[t] == 'mapped' else ''} {per_slot_cost(workload, topology, t, access[t]) * 1e3:.3f} ms"
         for t in ranked)]
@@ -310,12 +315,12 @@ def fixed_plan(kind: str, workload: Workload, topology: Topology) -> Plan:
         per = -(-workload.capacity // len(order))
         assign = [(t, min(per, workload.capacity - i * per)) for i, t in enumerate(order)]
         if any(s * workload.transition_bytes > topology.tier(t).capacity_bytes for t, s in assign):
-            raise CapacityError(f"baseline all-gpus: {workload.total_bytes / 1e9:.1f} GB does not fit the GPUs")
+            raise CapacityError(f"baseline all-gpus: {_size(workload.total_bytes)} does not fit the GPUs")
     else:
         assign = _fill(workload, topology, order)
         if assign is None:
-            raise CapacityError(f"baseline {kind}: {workload.total_bytes / 1e9:.1f} GB does not fit {order[0]} "
-                                f"({topology.tier(order[0]).capacity_bytes / 1e9:.1f} GB)")
+            raise CapacityError(f"baseline {kind}: {_size(workload.total_bytes)} does not fit {order[0]} "
+                                f"({_size(topology.tier(order[0]).capacity_bytes)})")
     # Gear: the device reads pinned memory in place (no host gather); the others copy.
     access = {"pinned": "mapped"} if kind == "gear" else {}
     return _plan_from(kind, workload, topology, assign, [why], access)
@@ -328,8 +333,8 @@ def greedy_plan(workload: Workload, topology: Topology) -> Plan:
     assign = _fill(workload, topology, [best])
     if assign is None:
         raise CapacityError(f"greedy: the fastest tier {best} holds "
-                            f"{topology.tier(best).capacity_bytes / 1e9:.1f} GB, {workload.total_bytes / 1e9:.1f} "
-                            "GB wanted")
+                            f"{_size(topology.tier(best).capacity_bytes)}, {_size(workload.total_bytes)} wanted. "
+                            "Fix: a placement that spills to the next tier (plan)")
     return _plan_from("greedy", workload, topology, assign, [f"fastest tier only: {best}"],
                       {best: best_access(workload, topology, best)})
 
@@ -344,6 +349,6 @@ def conservative_plan(workload: Workload, topology: Topology) -> Plan:
     assign = _fill(workload, topology, [largest])
     if assign is None:
         raise CapacityError(f"conservative: the largest tier {largest} holds "
-                            f"{topology.tier(largest).capacity_bytes / 1e9:.1f} GB, "
-                            f"{workload.total_bytes / 1e9:.1f} GB wanted")
+                            f"{_size(topology.tier(largest).capacity_bytes)}, "
+                            f"{_size(workload.total_bytes)} wanted")
     return _plan_from("conservative", workload, topology, assign, [f"largest tier only: {largest}"])

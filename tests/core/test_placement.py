@@ -70,7 +70,6 @@ def test_plan_spills_by_bandwidth_and_never_exceeds_a_tier():
 
 
 def test_conservative_takes_the_largest_tier_and_fails_when_it_cannot_hold_the_buffer():
-    from conduit_core.topology import Link, TierInfo, Topology
     t = Topology("budgeted-host+node", (TierInfo("host", "pageable", 10**8), TierInfo("node1", "remote", 10**10)),
                  (Link("host", "host", 10.0, 1.0), Link("host", "node1", 1.0, 300.0), Link("node1", "host", 1.0, 300.0)),
                  cores=2)
@@ -128,8 +127,9 @@ def ids_in_order(buf):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(st.one_of(st.tuples(st.just("ingest"), st.integers(0, 2), st.integers(1, 7)),
                               st.tuples(st.just("deliver")), st.tuples(st.just("step"))), max_size=40),
-       grow=st.booleans(), prioritized=st.booleans())
-def test_migration_loses_and_duplicates_nothing_under_concurrent_ingest_and_delivery(ops, grow, prioritized):
+       grow=st.booleans(), prioritized=st.booleans(), adaptive=st.booleans())
+def test_migration_loses_and_duplicates_nothing_under_concurrent_ingest_and_delivery(ops, grow, prioritized,
+                                                                                    adaptive):
     cap = 64
     buf = ExperienceBuffer(spec=SPEC, capacity=cap, selector=Prioritized() if prioritized else Uniform())
     nid = 0
@@ -140,7 +140,8 @@ def test_migration_loses_and_duplicates_nothing_under_concurrent_ingest_and_deli
         nid += 5
     new_cap = 96 if grow else cap
     m = begin_migration(buf, shards=[ShardSpec("pageable", new_cap // 2), ShardSpec("shared", new_cap - new_cap // 2)],
-                        capacity=new_cap, chunk_bytes=4 * SPEC.stored_bytes_per_transition)
+                        capacity=new_cap, chunk_bytes=None if adaptive else 4 * SPEC.stored_bytes_per_transition,
+                        max_hold_s=1e-6)  # adaptive: chunk sizes change from step to step
     for op in ops:
         if op[0] == "ingest":
             _, src, n = op
@@ -163,6 +164,24 @@ def test_migration_loses_and_duplicates_nothing_under_concurrent_ingest_and_deli
     np.testing.assert_array_equal(b["obs"][:, 0].numpy(), b.seqs.astype(np.float32))
     assert (b.seqs >= live_from).all()
     buf.close()
+
+
+def test_chunks_are_sized_to_hold_the_lock_about_the_target():
+    from conduit_core.migration import next_chunk_rows
+    assert next_chunk_rows(1000, 0.004, target_s=0.002, most=10**6) == 500     # too slow: shrink at once
+    assert next_chunk_rows(1000, 0.0001, target_s=0.002, most=10**6) == 2000   # fast: at most double
+    assert next_chunk_rows(1000, 0.0, target_s=0.002, most=1500) == 1500       # capped
+    assert next_chunk_rows(1, 10.0, target_s=0.002, most=100) == 1             # never below one row
+
+
+def test_background_migration_of_a_large_buffer_copies_in_short_chunks():
+    buf = ExperienceBuffer(spec=SPEC, capacity=20_000)
+    buf.add(rollout(20_000))
+    m = begin_migration(buf, shards=[ShardSpec("shared", 30_000)], capacity=30_000, max_hold_s=0.0005)
+    m.finish()
+    assert m.chunks > 1 and len(buf) == 20_000 and buf.capacity == 30_000
+    with pytest.raises(ConfigError, match="max_hold_s"):
+        begin_migration(buf, shards=[ShardSpec("pageable", 30_000)], max_hold_s=0)
 
 
 def test_growing_capacity_keeps_filling_after_the_swap():
