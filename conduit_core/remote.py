@@ -25,9 +25,17 @@ class RemoteShard:
         self.storage.write(start, columns, n)
 
     def gather(self, slots: np.ndarray, fields: list[str]) -> dict[str, np.ndarray]:
+        return dict(zip(fields, self.gather_columns(slots, fields)))
+
+    def gather_columns(self, slots: np.ndarray, fields: list[str]):
+        """One return value per field (call with ``num_returns=len(fields)``): Ray inlines a
+        return under its direct-call limit (100 KB) in the reply, and puts a larger one in the
+        object store, which costs milliseconds more. A batch's columns are each small, so
+        returning them apart keeps a typical gather on the fast path."""
         import torch
         cpu = torch.device("cpu")
-        return {name: self.storage._gather_stored(name, slots, None, cpu).numpy() for name in fields}
+        cols = tuple(self.storage._gather_stored(name, slots, None, cpu).numpy() for name in fields)
+        return cols if len(cols) > 1 else cols[0]
 
     def node_id(self) -> str:
         import ray

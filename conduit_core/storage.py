@@ -278,8 +278,9 @@ class ColumnarStorage:
         for s, actor in self.actors.items():
             pos = np.nonzero(shard_ids == s)[0]
             if pos.size:
-                calls[s] = (pos, actor.gather.remote(flat[pos] - self.bounds[s], names))
-        return {s: (pos, ray.get(ref)) for s, (pos, ref) in calls.items()}
+                refs = actor.gather_columns.options(num_returns=len(names)).remote(flat[pos] - self.bounds[s], names)
+                calls[s] = (pos, refs if len(names) > 1 else [refs])
+        return {s: (pos, dict(zip(names, ray.get(refs)))) for s, (pos, refs) in calls.items()}
 
     def _gather_stored(self, name: str, slots: np.ndarray, out: np.ndarray | None,
                        target: torch.device, remote: dict | None = None) -> torch.Tensor:
