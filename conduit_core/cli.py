@@ -74,9 +74,20 @@ def _cmd_probe(args: list[str]) -> int:
     p = argparse.ArgumentParser(prog="conduit probe", description="Measure this machine's tiers and links.")
     p.add_argument("--out", default=None, help="write the topology as JSON here")
     p.add_argument("--mib", type=int, default=256, help="copy size for the bandwidth measurements")
+    p.add_argument("--remote-node", action="append", default=[], metavar="RESOURCE",
+                   help="also measure the Ray node that advertises this custom resource, as a 'remote' tier "
+                        "(repeatable; the name a ShardSpec(tier='remote', node=...) uses)")
+    p.add_argument("--ray-address", default="auto", help="the Ray cluster to join for --remote-node")
     a = p.parse_args(args)
-    from .topology import probe
+    from .topology import probe, with_remote_nodes
     t = probe(nbytes=a.mib << 20)
+    if a.remote_node:
+        import ray
+        ray.init(address=a.ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            t = with_remote_nodes(t, a.remote_node)
+        finally:
+            ray.shutdown()
     for tier in t.tiers:
         print(f"tier {tier.name:8s} {tier.kind:9s} {tier.capacity_bytes / 1e9:8.1f} GB")
     for line in t.notes:

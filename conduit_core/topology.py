@@ -298,6 +298,22 @@ def probe_remote(node: str, *, nbytes: int = 16 << 20, reps: int = 5, memory_sha
     return TierInfo(node, "remote", int(free * memory_share)), links
 
 
+def with_remote_nodes(topology: Topology, nodes: list[str], **probe_kw) -> Topology:
+    """``topology`` plus each Ray node in ``nodes`` (custom resource names) as a measured
+    'remote' tier, linked to the host (``probe_remote``): what ``conduit probe --remote-node``
+    writes, so ``conduit plan`` can spill a buffer onto other nodes."""
+    from dataclasses import replace
+    tiers, links, notes = list(topology.tiers), list(topology.links), list(topology.notes)
+    for node in nodes:
+        tier, node_links = probe_remote(node, **probe_kw)
+        tiers.append(tier)
+        links += node_links
+        up, down = node_links
+        notes.append(f"{node}: host -> node {up.bandwidth_GBps:.2f} GB/s, node -> host {down.bandwidth_GBps:.2f} "
+                     f"GB/s, {up.latency_us:.0f} us per call (through a Ray actor)")
+    return replace(topology, tiers=tuple(tiers), links=tuple(links), notes=tuple(notes))
+
+
 def _meminfo(key: str) -> int | None:
     try:
         with open("/proc/meminfo") as fh:

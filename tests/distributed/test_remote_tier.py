@@ -103,6 +103,17 @@ def test_probe_remote_measures_the_node_as_a_tier(cluster):
     assert all(l.bandwidth_GBps > 0 and l.latency_us > 0 for l in links)
 
 
+def test_a_probed_node_joins_the_topology_and_the_planner_spills_onto_it(cluster):
+    from conduit_core.placement import Workload, plan
+    from conduit_core.topology import Link, TierInfo, Topology, with_remote_nodes
+    host = Topology("budgeted", (TierInfo("host", "pageable", 10**6),), (Link("host", "host", 10.0, 1.0),), cores=2)
+    topo = with_remote_nodes(host, ["conduit_node1"], nbytes=1 << 20, reps=3)
+    assert [t.name for t in topo.tiers] == ["host", "conduit_node1"] and "conduit_node1" in topo.notes[-1]
+    p = plan(Workload(transition_bytes=100, capacity=20_000, batch_size=32), topo)   # 2 MB: past the host's 1 MB
+    assert set(p.fractions()) == {"host", "conduit_node1"}
+    assert Topology.from_dict(topo.to_dict()) == topo
+
+
 def test_probe_remote_needs_ray(monkeypatch):
     from conduit_core import ConfigError
     from conduit_core.topology import probe_remote
