@@ -271,16 +271,21 @@ class ColumnarStorage:
         return self._staging.copy(f"{name}/{shard}", fill, local.shape[0], tuple(col.shape[1:]), col.dtype, target)
 
     def _gather_remote(self, flat: np.ndarray, names: list[str]) -> dict[int, tuple[np.ndarray, dict]]:
-        """One call per remote shard: its positions in ``flat`` and the wanted fields' rows."""
+        """One call per remote shard: its positions in ``flat`` and the wanted fields' rows
+        (returned in pieces that Ray carries in the reply: see remote.reply_pieces)."""
         import ray
+
+        from .remote import join_reply, reply_layout
         shard_ids = self.shard_of(flat)
         calls = {}
         for s, actor in self.actors.items():
             pos = np.nonzero(shard_ids == s)[0]
             if pos.size:
-                refs = actor.gather_columns.options(num_returns=len(names)).remote(flat[pos] - self.bounds[s], names)
-                calls[s] = (pos, refs if len(names) > 1 else [refs])
-        return {s: (pos, dict(zip(names, ray.get(refs)))) for s, (pos, refs) in calls.items()}
+                layout = reply_layout(self.spec, names, pos.size)
+                k = sum(len(p) for _, p in layout)
+                refs = actor.gather_columns.options(num_returns=k).remote(flat[pos] - self.bounds[s], names)
+                calls[s] = (pos, layout, refs if k > 1 else [refs])
+        return {s: (pos, join_reply(layout, ray.get(refs))) for s, (pos, layout, refs) in calls.items()}
 
     def _gather_stored(self, name: str, slots: np.ndarray, out: np.ndarray | None,
                        target: torch.device, remote: dict | None = None) -> torch.Tensor:

@@ -120,3 +120,26 @@ def test_probe_remote_needs_ray(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with pytest.raises(ConfigError, match="probe_remote"):
         probe_remote("conduit_node1")
+
+
+def test_a_wide_gather_comes_back_in_pieces_and_reassembles(cluster):
+    from conduit_core import ExperienceSpec
+    from conduit_core.remote import INLINE_BYTES, join_reply, reply_layout, reply_pieces
+    spec = ExperienceSpec.transition(obs_shape=(256,))            # 1 KB obs: 300 rows = 300 KB, 4 pieces
+    assert len(reply_pieces(300, spec["obs"].stored_bytes)) == 4
+    assert reply_pieces(10, 8) == [(0, 10)] and reply_pieces(10**5, 1024) == [(0, 10**5)]  # small / huge: whole
+    assert all((b - a) * 1024 <= INLINE_BYTES for a, b in reply_pieces(300, 1024))
+    layout = reply_layout(spec, ["obs", "reward"], 5)
+    assert join_reply(layout, [np.arange(5), np.ones(5)])["obs"].tolist() == [0, 1, 2, 3, 4]
+    buf = ExperienceBuffer(spec=spec, capacity=1000, shards=[ShardSpec("remote", 1000, node="conduit_node1")], seed=0)
+    try:
+        obs = np.zeros((600, 256), np.float32)
+        obs[:, 0] = np.arange(600)
+        buf.add({"obs": obs, "action": np.zeros(600, np.int64), "reward": np.arange(600, dtype=np.float32),
+                 "next_obs": obs + 1, "terminated": np.zeros(600, bool), "truncated": np.zeros(600, bool)})
+        b = buf.sample(300)
+        np.testing.assert_array_equal(b["obs"][:, 0].numpy(), b.seqs.astype(np.float32))
+        np.testing.assert_array_equal(b["next_obs"][:, 0].numpy(), b.seqs.astype(np.float32) + 1)
+        np.testing.assert_array_equal(b["reward"].numpy(), b.seqs.astype(np.float32))
+    finally:
+        buf.close()
