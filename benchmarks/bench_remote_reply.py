@@ -4,7 +4,8 @@ direct-call limit (100 KB), which Ray carries in the reply instead of the object
     python -m benchmarks.bench_remote_reply      # ~1 min; two-node ray.cluster_utils.Cluster
 
 Times a Ray actor on the second node returning N bytes as one value vs as pieces of at most
-96 KB (``num_returns`` = the number of pieces), median of ``--calls`` round trips. The cut
+96 KB (``num_returns`` = the number of pieces), and receiving them as one argument vs as one
+argument per piece (what a remote shard's write gets), median of ``--calls`` round trips. The cut
 ``conduit_core.remote.reply_pieces`` uses (pieces up to 2 MB a column) comes from this table.
 """
 
@@ -27,6 +28,9 @@ class _Replier:
     def pieces(self, n: int, k: int):
         step = -(-n // k)
         return tuple(np.ones(min(step, n - i), np.uint8) for i in range(0, n, step))
+
+    def take(self, *arrays) -> int:
+        return sum(len(x) for x in arrays)
 
 
 def main(argv=None) -> dict:
@@ -62,13 +66,20 @@ def main(argv=None) -> dict:
             k = -(-n // INLINE_BYTES)
             whole = median_ms(lambda: actor.whole.remote(n))
             pieces = median_ms(lambda: actor.pieces.options(num_returns=k).remote(n, k)) if k > 1 else whole
-            rows.append({"kib": kib, "pieces": k, "whole_ms": whole, "pieces_ms": pieces})
+            data = np.ones(n, np.uint8)
+            cut = [data[i:i + INLINE_BYTES] for i in range(0, n, INLINE_BYTES)]
+            send_whole = median_ms(lambda: actor.take.remote(data))
+            send_pieces = median_ms(lambda: actor.take.remote(*cut)) if k > 1 else send_whole
+            rows.append({"kib": kib, "pieces": k, "whole_ms": whole, "pieces_ms": pieces,
+                         "send_whole_ms": send_whole, "send_pieces_ms": send_pieces})
     finally:
         ray.shutdown()
         cluster.shutdown()
-    print(fmt_table([[r["kib"], f"{r['whole_ms']:.2f}", r["pieces"], f"{r['pieces_ms']:.2f}",
-                      f"{r['pieces_ms'] / r['whole_ms']:.2f}x"] for r in rows],
-                    ["KiB", "whole ms", "pieces", "pieces ms", "ratio"]))
+    print(fmt_table([[r["kib"], r["pieces"], f"{r['whole_ms']:.2f}", f"{r['pieces_ms']:.2f}",
+                      f"{r['pieces_ms'] / r['whole_ms']:.2f}x", f"{r['send_whole_ms']:.2f}",
+                      f"{r['send_pieces_ms']:.2f}", f"{r['send_pieces_ms'] / r['send_whole_ms']:.2f}x"] for r in rows],
+                    ["KiB", "pieces", "return whole ms", "return pieces ms", "ratio", "send whole ms",
+                     "send pieces ms", "ratio"]))
     report = {"machine": machine(), "args": vars(a), "rows": rows}
     write_json(a.json, report)
     return report

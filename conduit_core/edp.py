@@ -402,7 +402,7 @@ class ExperienceDataPlane:
         with self._cond:
             self._discard_prepared_locked()
         m = begin_migration(self.buffer, shards=shards, capacity=capacity, max_hold_s=max_hold_s,
-                            chunk_bytes=chunk_bytes if background else MAX_CHUNK_BYTES)
+                            chunk_bytes=chunk_bytes if background else MAX_CHUNK_BYTES, start=not background)
         if background:
             return BackgroundMigration(m)
         m.finish()

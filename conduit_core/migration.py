@@ -14,9 +14,12 @@ buffer's floor starts the new window at the oldest row live at the swap.
 
 A chunk holds the buffer's lock while it copies, so a learner's delivery or an actor's
 insert can wait for one chunk. By default chunks are sized to hold the lock about
-``max_hold_s`` (2 ms): ``next_chunk_rows`` rescales each chunk from the time the last one
-took, because the same rows cost microseconds to a host shard and milliseconds to a remote
-one over Ray. The background thread yields between chunks.
+``max_hold_s`` (2 ms): a chunk goes to one destination shard, and ``next_chunk_rows``
+rescales that shard's next chunk from the time its last one took, because the same rows cost
+microseconds to a host shard and milliseconds to a remote one over Ray. Between chunks the
+background thread rests as long as the chunk held the lock, so waiting deliveries and
+inserts get the lock (and the GIL) in between. A background migration also allocates the new
+layout in its own thread: a remote shard's actor takes about a second to start.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class Migration:
     """Created by ``begin_migration``; drive it with ``step()`` or ``run()``, end with ``finish()``."""
 
     def __init__(self, buffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,
-                 chunk_bytes: int | None = None, max_hold_s: float = 0.002):
+                 chunk_bytes: int | None = None, max_hold_s: float = 0.002, start: bool = True):
         from .buffer import ExperienceBuffer
         if not isinstance(buffer, ExperienceBuffer):
             raise ConfigError("buffer", "an ExperienceBuffer", type(buffer).__name__, "migrate a buffer")
@@ -72,19 +75,39 @@ class Migration:
         self.max_rows = max(1, (chunk_bytes or MAX_CHUNK_BYTES) // row_bytes)
         self.rows_per_chunk = self.max_rows if not self.adaptive else max(1, min(self.max_rows,
                                                                                   FIRST_CHUNK_BYTES // row_bytes))
+        self.rows_for: dict[int, int] = {}    # destination shard -> rows of its next chunk (adaptive)
         self.chunks = 0
         self.longest_hold_s = 0.0
-        self.storage = ColumnarStorage(spec=buffer.spec, shards=list(shards))
-        self.meta = {k: np.full(self.capacity, -1, dtype=np.int64) for k in _META}
+        self.last_hold_s = 0.0
+        self.shards = list(shards)
+        self.storage: ColumnarStorage | None = None
         self.done = False
-        with buffer.lock:
-            if buffer._migration is not None:
+        self._check_alone()
+        if start:
+            self.start()
+
+    def _check_alone(self) -> None:
+        if self.buffer._migration is not None:
+            raise ConfigError("migration", "one migration at a time", "another one running",
+                              "finish() the running migration first")
+
+    def start(self) -> None:
+        """Allocate the new layout (waiting for its remote shards' actors to run: about a
+        second for a new process), then register for dual writes and start the copy from
+        the oldest live row. A background migration does this in its own thread, so the
+        learner never waits for an actor to start."""
+        self.storage = ColumnarStorage(spec=self.buffer.spec, shards=self.shards)
+        self.meta = {k: np.full(self.capacity, -1, dtype=np.int64) for k in _META}
+        b = self.buffer
+        with b.lock:
+            try:
+                self._check_alone()
+                b._check_open()
+            except BaseException:
                 self.storage.close()
-                raise ConfigError("migration", "one migration at a time", "another one running",
-                                  "finish() the running migration first")
-            buffer._check_open()
-            self.cursor = buffer._lo()      # next seq to copy
-            buffer._migration = self
+                raise
+            self.cursor = b._lo()      # next seq to copy
+            b._migration = self
 
     # ------------------------------------------------------------ copying
     def on_insert(self, first: int, enc, n: int, source: int, version: int, prev_tail: int | None) -> None:
@@ -100,7 +123,12 @@ class Migration:
             t0 = time.perf_counter()
             b._check_open()
             lo = max(self.cursor, b._lo())
-            end = min(b._inserted, lo + self.rows_per_chunk)
+            # One destination shard per chunk, sized by that shard's own last chunk: the same
+            # rows cost microseconds to a host shard and milliseconds to a remote one.
+            bounds = self.storage.bounds
+            dest = int(np.searchsorted(bounds, lo % self.capacity, side="right") - 1)
+            rows = self.rows_for.get(dest, self.rows_per_chunk) if self.adaptive else self.max_rows
+            end = min(b._inserted, lo + rows, lo + int(bounds[dest + 1]) - lo % self.capacity)
             if lo < end:
                 seqs = np.arange(lo, end, dtype=np.int64)
                 old_slots = seqs % b.capacity
@@ -114,8 +142,9 @@ class Migration:
             if lo < end:
                 self.chunks += 1
                 self.longest_hold_s = max(self.longest_hold_s, held)
+                self.last_hold_s = held
                 if self.adaptive:
-                    self.rows_per_chunk = next_chunk_rows(end - lo, held, target_s=self.max_hold_s,
+                    self.rows_for[dest] = next_chunk_rows(end - lo, held, target_s=self.max_hold_s,
                                                           most=self.max_rows)
             return self.cursor >= b._inserted
 
@@ -152,7 +181,8 @@ class Migration:
         with self.buffer.lock:
             if self.buffer._migration is self:
                 self.buffer._migration = None
-        self.storage.close()
+        if self.storage is not None:
+            self.storage.close()
 
 
 def _cpu():
@@ -161,8 +191,10 @@ def _cpu():
 
 
 def begin_migration(buffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,
-                    chunk_bytes: int | None = None, max_hold_s: float = 0.002) -> Migration:
-    return Migration(buffer, shards=shards, capacity=capacity, chunk_bytes=chunk_bytes, max_hold_s=max_hold_s)
+                    chunk_bytes: int | None = None, max_hold_s: float = 0.002, start: bool = True) -> Migration:
+    """A checked migration; started (new layout allocated, dual writes on) unless ``start=False``."""
+    return Migration(buffer, shards=shards, capacity=capacity, chunk_bytes=chunk_bytes, max_hold_s=max_hold_s,
+                     start=start)
 
 
 class BackgroundMigration:
@@ -176,8 +208,13 @@ class BackgroundMigration:
 
     def _run(self) -> None:
         try:
+            if self.migration.storage is None:
+                self.migration.start()
             while not self.migration.step():
-                time.sleep(0)   # let a delivery or insert waiting for the lock in between chunks
+                # Rest as long as the chunk held the lock: a delivery or insert waiting for the
+                # lock (and for the GIL, which the copy also held) gets in between chunks, and
+                # the migration takes at most half of the buffer's time.
+                time.sleep(self.migration.last_hold_s)
             self.migration.finish()
         except BaseException as exc:  # noqa: BLE001 - reported by wait()
             self.error = exc

@@ -4,7 +4,9 @@ Distributed means Ray: a ``ShardSpec(tier="remote", capacity=n, node="<custom re
 places its slot range in a ``RemoteShard`` actor pinned (through a Ray custom resource) to
 the node that advertises that resource. Writes ship the rows' stored (encoded) columns in
 one call; a gather ships the wanted slots back, one call per remote shard for all fields.
-Ray is imported only when a remote shard is built.
+Either way the columns travel cut into pieces under Ray's direct-call limit (``reply_pieces``),
+which Ray carries in the call itself instead of the object store. Ray is imported only when a
+remote shard is built.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 # Ray carries a return value under its direct-call limit (100 KB) in the reply and puts a
 # larger one in the object store, which costs milliseconds more. Between two nodes of a local
 # ray.cluster_utils.Cluster (benchmarks/bench_remote_reply.py, docs/benchmarks.md 5b): 128 KB
-# whole 4.1 ms, in 2 pieces 0.9 ms; 1 MB 5.3 vs 2.3 ms; 4 MB 13.0 vs 9.7 ms (43 pieces).
+# whole 3.9 ms, in 2 pieces 0.9 ms; 1 MB 6.0 vs 1.7 ms; 4 MB 11.6 vs 9.0 ms (43 pieces).
 INLINE_BYTES = 96 << 10     # one piece: under the direct-call limit
 INLINE_UP_TO = 2 << 20      # a larger column goes whole, through the object store
 
@@ -45,6 +47,15 @@ def join_reply(layout, values: list) -> dict[str, np.ndarray]:
     return out
 
 
+def cut_columns(spec, columns: dict[str, np.ndarray], n_rows: int) -> tuple[list[str], list[np.ndarray]]:
+    """``columns`` cut as ``reply_layout`` cuts them, for a write: Ray inlines each argument
+    under its direct-call limit too (sending 128 KB-1 MB: 0.24-0.39x the single-argument
+    round trip in benchmarks/bench_remote_reply.py)."""
+    names = list(columns)
+    pieces = [columns[name][a:b] for name, cuts in reply_layout(spec, names, n_rows) for a, b in cuts]
+    return names, pieces
+
+
 class RemoteShard:
     """The actor's body: a one-shard pageable ColumnarStorage of the same spec."""
 
@@ -54,13 +65,9 @@ class RemoteShard:
         self.storage = ColumnarStorage(spec=ExperienceSpec.from_config(spec_config),
                                        shards=[ShardSpec("pageable", capacity)])
 
-    def write(self, start: int, columns: dict, n: int) -> None:
-        self.storage.write(start, columns, n)
-
-    def gather(self, slots: np.ndarray, fields: list[str]) -> dict[str, np.ndarray]:
-        values = self.gather_columns(slots, fields)
-        layout = reply_layout(self.storage.spec, fields, len(slots))
-        return join_reply(layout, list(values) if isinstance(values, tuple) else [values])
+    def write_pieces(self, start: int, n: int, names: list[str], *pieces) -> None:
+        """Write ``n`` rows at ``start``: the columns cut by ``cut_columns``, one argument per piece."""
+        self.storage.write(start, join_reply(reply_layout(self.storage.spec, names, n), list(pieces)), n)
 
     def gather_columns(self, slots: np.ndarray, fields: list[str]):
         """The wanted rows as ``reply_layout`` cuts them: one return value per piece (call
@@ -91,3 +98,19 @@ def spawn(spec_config: list, capacity: int, node: str | None):
     actor_cls = ray.remote(num_cpus=0)(RemoteShard)
     opts = {"resources": {node: 0.001}} if node else {}
     return actor_cls.options(**opts).remote(spec_config, capacity)
+
+
+def wait_ready(actors: dict, nodes: dict, timeout: float = 120.0) -> None:
+    """Block until every shard's actor runs. An actor's process takes about a second to start
+    (measured: the first write to a fresh remote shard waited 1.3 s), so a buffer waits for
+    it once, when built, instead of its first insert or delivery. An actor that never starts
+    is usually a node resource no node advertises: the error names it."""
+    import ray
+
+    from .errors import StateError
+    try:
+        ray.get([a.node_id.remote() for a in actors.values()], timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise StateError(f"remote shards {sorted(actors)}: their actors did not start within {timeout:.0f} s. "
+                         f"Fix: check that a node advertises the custom resources {sorted(set(map(str, nodes.values())))} "
+                         f"(ray.cluster_resources()) and has memory for the shard") from None

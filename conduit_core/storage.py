@@ -81,6 +81,9 @@ class ColumnarStorage:
                                       "keep frame-stacked buffers on local tiers")
                 from .remote import spawn
                 self.actors[i] = spawn(spec.to_config(), sh.capacity, sh.node)
+        if self.actors:
+            from .remote import wait_ready
+            wait_ready(self.actors, {i: self.shards[i].node for i in self.actors})
         for f in spec:
             cols, views = [], []
             for i, sh in enumerate(self.shards):
@@ -193,9 +196,11 @@ class ColumnarStorage:
             run = min(n - done, hi - slot)
             if shard in self.actors:
                 import ray
+                from .remote import cut_columns
                 part = {name: (src.numpy() if isinstance(src, torch.Tensor) else np.asarray(src))[done: done + run]
                         for name, src in columns.items()}
-                ray.get(self.actors[shard].write.remote(slot - lo, part, run))
+                names, pieces = cut_columns(self.spec, part, run)
+                ray.get(self.actors[shard].write_pieces.remote(slot - lo, run, names, *pieces))
                 done += run
                 slot = (slot + run) % self.capacity
                 continue
