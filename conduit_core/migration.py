@@ -5,8 +5,9 @@ ingestion and delivery go on, losing and duplicating nothing.
       |                                                                                      |
       +-- from here every insert is written to the old AND the new layout (dual write) ------+
 
-Each chunk copies rows by seq from ``seq % C_old`` to ``seq % C_new``. A row inserted after
-``begin`` is dual-written; a row copied before being overwritten is current when copied.
+Each chunk copies rows by seq from ``seq % C_old`` to ``seq % C_new``, up to the last row
+inserted before ``begin``. A row inserted after ``begin`` is dual-written, never copied; a
+row copied before being overwritten is current when copied.
 So at the swap the new layout holds exactly the rows live in the old one. Deliveries read
 the old layout until the swap, which happens under the lock between two calls. With a
 larger capacity, rows the old ring evicted during the migration are not resurrected: the
@@ -107,6 +108,7 @@ class Migration:
                 self.storage.close()
                 raise
             self.cursor = b._lo()      # next seq to copy
+            self.until = b._inserted   # rows from here on are dual-written: the copy stops here
             b._migration = self
 
     # ------------------------------------------------------------ copying
@@ -117,7 +119,8 @@ class Migration:
         write_meta_rows(self.meta, self.capacity, first, n, enc, self.buffer.done_fields, source, version, prev_tail)
 
     def step(self) -> bool:
-        """Copy one chunk of live rows; True when every live row has been copied."""
+        """Copy one chunk of the rows live at the start; True when all are copied (or evicted).
+        Rows inserted since are dual-written, so the copy never chases the ingest rate."""
         b = self.buffer
         with b.lock:
             t0 = time.perf_counter()
@@ -128,7 +131,7 @@ class Migration:
             bounds = self.storage.bounds
             dest = int(np.searchsorted(bounds, lo % self.capacity, side="right") - 1)
             rows = self.rows_for.get(dest, self.rows_per_chunk) if self.adaptive else self.max_rows
-            end = min(b._inserted, lo + rows, lo + int(bounds[dest + 1]) - lo % self.capacity)
+            end = min(self.until, lo + rows, lo + int(bounds[dest + 1]) - lo % self.capacity)
             if lo < end:
                 seqs = np.arange(lo, end, dtype=np.int64)
                 old_slots = seqs % b.capacity
@@ -146,7 +149,7 @@ class Migration:
                 if self.adaptive:
                     self.rows_for[dest] = next_chunk_rows(end - lo, held, target_s=self.max_hold_s,
                                                           most=self.max_rows)
-            return self.cursor >= b._inserted
+            return self.cursor >= self.until
 
     def run(self) -> None:
         while not self.step():
