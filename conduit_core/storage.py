@@ -83,7 +83,13 @@ class ColumnarStorage:
                 self.actors[i] = spawn(spec.to_config(), sh.capacity, sh.node)
         if self.actors:
             from .remote import wait_ready
-            wait_ready(self.actors, {i: self.shards[i].node for i in self.actors})
+            try:
+                wait_ready(self.actors, {i: self.shards[i].node for i in self.actors})
+            except BaseException:
+                import ray
+                for actor in self.actors.values():  # no actor left behind by a layout not built
+                    ray.kill(actor)
+                raise
         for f in spec:
             cols, views = [], []
             for i, sh in enumerate(self.shards):
