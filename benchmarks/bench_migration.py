@@ -79,6 +79,8 @@ def run(strategy: str, *, spec, topo, w0, w1, a) -> dict:
     buf = ExperienceBuffer(spec=spec, capacity=sum(x.slots for x in first.assignments),
                            shards=shard_specs(first, topo), seed=0)
     out = {"strategy": strategy, "start": {x.tier: x.slots for x in first.assignments}}
+    if strategy != "greedy":   # what the planner predicts per step for the layout after the growth
+        out["predicted_after_ms"] = (first if strategy == "conservative" else plan(w1, topo)).total_s * 1e3
     nid = 0
     with ExperienceDataPlane(buffer=buf) as edp:
         while nid < w0.capacity:
@@ -193,18 +195,19 @@ def summarize(runs: list[dict], strategies) -> dict:
         rs = [r for r in runs if r["strategy"] == s]
         pick = lambda k: [r[k] for r in rs if r.get(k) is not None]
         row = {k: med(pick(k)) for k in ("before_ms", "during_ms", "after_ms", "p99_after_ms", "stall_ms",
-                                         "migration_s", "steps_during", "longest_hold_ms")}
+                                         "migration_s", "steps_during", "longest_hold_ms", "predicted_after_ms")}
         row.update(exact=all(r["exact"] for r in rs), capacity_end=rs[0]["capacity_end"],
                    failed=rs[0].get("failed"))
         summary[s] = row
         f = lambda v, spec=".2f": "-" if v is None else format(v, spec)
         table.append([s, f(row["before_ms"]), f(row["during_ms"]), f(row["stall_ms"], ".1f"),
                       f(row["longest_hold_ms"]), f(row["migration_s"]), f(row["steps_during"], ".0f"),
-                      f(row["after_ms"]), f(row["p99_after_ms"]), f"{row['capacity_end']:,}",
+                      f(row["after_ms"]), f(row["p99_after_ms"]), f(row["predicted_after_ms"]),
+                      f"{row['capacity_end']:,}",
                       "yes" if row["exact"] else "NO"])
     print(fmt_table(table, ["strategy", "step before ms", "during ms", "longest step during ms",
                             "longest lock hold ms", "migration s", "steps during", "after ms", "after p99 ms",
-                            "capacity at end", "live rows exact"]))
+                            "planner predicted after ms", "capacity at end", "live rows exact"]))
     for s, row in summary.items():
         if row["failed"]:
             print(f"{s}: {row['failed']}")

@@ -74,8 +74,7 @@ class Migration:
         self.adaptive = chunk_bytes is None     # fixed-size chunks when chunk_bytes is given
         self.max_hold_s = max_hold_s
         self.max_rows = max(1, (chunk_bytes or MAX_CHUNK_BYTES) // row_bytes)
-        self.rows_per_chunk = self.max_rows if not self.adaptive else max(1, min(self.max_rows,
-                                                                                  FIRST_CHUNK_BYTES // row_bytes))
+        self.first_rows = max(1, min(self.max_rows, FIRST_CHUNK_BYTES // row_bytes))  # adaptive, per shard
         self.rows_for: dict[int, int] = {}    # destination shard -> rows of its next chunk (adaptive)
         self.chunks = 0
         self.longest_hold_s = 0.0
@@ -130,7 +129,7 @@ class Migration:
             # rows cost microseconds to a host shard and milliseconds to a remote one.
             bounds = self.storage.bounds
             dest = int(np.searchsorted(bounds, lo % self.capacity, side="right") - 1)
-            rows = self.rows_for.get(dest, self.rows_per_chunk) if self.adaptive else self.max_rows
+            rows = self.rows_for.get(dest, self.first_rows) if self.adaptive else self.max_rows
             end = min(self.until, lo + rows, lo + int(bounds[dest + 1]) - lo % self.capacity)
             if lo < end:
                 seqs = np.arange(lo, end, dtype=np.int64)
@@ -229,7 +228,7 @@ class BackgroundMigration:
     def wait(self, timeout: float | None = 60.0) -> None:
         self.thread.join(timeout)
         if self.thread.is_alive():
-            raise StateError(f"migration still running after {timeout} s. Fix: wait longer; it copies "
-                             f"{self.migration.rows_per_chunk} rows per step")
+            raise StateError(f"migration still running after {timeout} s ({self.migration.chunks} chunks "
+                             f"copied). Fix: wait longer, or give a larger max_hold_s for larger chunks")
         if self.error is not None:
             raise self.error
