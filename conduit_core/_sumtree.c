@@ -175,6 +175,113 @@ fail:
     return NULL;
 }
 
+/*
+ * sample_windows(prioritized, sums, mins, tree_size, lo, count, cap, seq, next_seq, reward:f32, term:u8, trunc:u8,
+ *                u:f64[m], n_lo, n_hi, gamma, beta, redraw, out_slot:i64[b], out_w:f32[b], out_ret:f64[b],
+ *                out_last:i64[b], out_steps:i64[b], first) -> (next item, uniforms used)
+ *
+ * Selection and the n-step walk in one pass, for items first.. of the output. Each attempt
+ * takes one uniform for the item (prioritized: the prefix-sum search over the tree; else
+ * slot (lo + floor(u * count)) % cap) and, when n_hi - n_lo > 1, one for its n in
+ * [n_lo, n_hi). The walk follows the episode links as nstep() does. With `redraw`, an
+ * attempt whose window is cut short (the episode ends, or its next step is not stored yet)
+ * is dropped and the item drawn again, n included: RLlib's PrioritizedEpisodeReplayBuffer
+ * rule, so no shortened window and no episode's last step under n >= 2 is ever delivered.
+ * Stops when the output is full or fewer uniforms remain than one attempt needs; the caller
+ * tops the uniforms up and calls again from the returned item.
+ * Weights (prioritized): (p_i / p_min)^-beta, as select_weighted.
+ */
+static PyObject *sample_windows(PyObject *self, PyObject *args) {
+    int prioritized, redraw;
+    PyObject *o_sum, *o_min, *o_seq, *o_next, *o_rew, *o_term, *o_trunc, *o_u;
+    PyObject *o_slot, *o_w, *o_ret, *o_last, *o_steps;
+    Py_ssize_t tsize, cap, first;
+    long long lo, count, n_lo, n_hi;
+    double gamma, beta;
+    if (!PyArg_ParseTuple(args, "pOOnLLnOOOOOOLLddpOOOOOn", &prioritized, &o_sum, &o_min, &tsize, &lo, &count,
+                          &cap, &o_seq, &o_next, &o_rew, &o_term, &o_trunc, &o_u, &n_lo, &n_hi, &gamma, &beta,
+                          &redraw, &o_slot, &o_w, &o_ret, &o_last, &o_steps, &first)) return NULL;
+    Py_buffer bsum, bmin, bseq, bnext, brew, bterm, btrunc, bu, bslot, bw, bret, blast, bsteps;
+    Py_buffer *all[13] = {&bsum, &bmin, &bseq, &bnext, &brew, &bterm, &btrunc, &bu, &bslot, &bw, &bret, &blast,
+                          &bsteps};
+    int got = 0;
+    if (get_buf(o_sum, &bsum, "d", 0)) goto fail; got++;
+    if (get_buf(o_min, &bmin, "d", 0)) goto fail; got++;
+    if (get_buf(o_seq, &bseq, "ql", 0)) goto fail; got++;
+    if (get_buf(o_next, &bnext, "ql", 0)) goto fail; got++;
+    if (get_any(o_rew, &brew, 4, 0)) goto fail; got++;
+    if (get_any(o_term, &bterm, 1, 0)) goto fail; got++;
+    if (get_any(o_trunc, &btrunc, 1, 0)) goto fail; got++;
+    if (get_buf(o_u, &bu, "d", 0)) goto fail; got++;
+    if (get_buf(o_slot, &bslot, "ql", 1)) goto fail; got++;
+    if (get_any(o_w, &bw, 4, 1)) goto fail; got++;
+    if (get_buf(o_ret, &bret, "d", 1)) goto fail; got++;
+    if (get_buf(o_last, &blast, "ql", 1)) goto fail; got++;
+    if (get_buf(o_steps, &bsteps, "ql", 1)) goto fail; got++;
+    {
+        const double *sum = bsum.buf, *mn = bmin.buf, *u = bu.buf;
+        const long long *seq = bseq.buf, *next = bnext.buf;
+        const float *rew = brew.buf;
+        const unsigned char *term = bterm.buf, *trunc = btrunc.buf;
+        long long *oslot = bslot.buf, *olast = blast.buf, *osteps = bsteps.buf;
+        float *ow = bw.buf;
+        double *oret = bret.buf;
+        Py_ssize_t b = bslot.len / 8, m = bu.len / 8, i = first, j = 0;
+        Py_ssize_t need = (n_hi - n_lo > 1) ? 2 : 1;
+        int bad = 0;
+        if (cap <= 0 || count <= 0 || n_lo < 1 || n_hi <= n_lo || (prioritized && !(sum[1] > 0.0))
+                || bseq.len / 8 < cap || bnext.len / 8 < cap || brew.len / 4 < cap || bterm.len < cap
+                || btrunc.len < cap || bw.len / 4 < b || bret.len / 8 < b || blast.len / 8 < b
+                || bsteps.len / 8 < b || first < 0 || first > b) {
+            for (int k = 0; k < got; k++) PyBuffer_Release(all[k]);
+            PyErr_SetString(PyExc_ValueError, "sample_windows: inconsistent arguments");
+            return NULL;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        double total = sum[1], pmin = mn[1];
+        while (i < b && j + need <= m) {
+            long long start;
+            float w = 1.0f;
+            if (prioritized) {
+                Py_ssize_t node = descend(sum, tsize, u[j++] * total);
+                start = (long long)(node - tsize);
+                w = beta == 0.0 ? 1.0f : (float)pow(sum[node] / pmin, -beta);
+            } else {
+                long long off = (long long)(u[j++] * (double)count);
+                if (off >= count) off = count - 1;
+                start = (lo + off) % cap;
+            }
+            long long n = n_lo;
+            if (need == 2) {
+                n = n_lo + (long long)(u[j++] * (double)(n_hi - n_lo));
+                if (n >= n_hi) n = n_hi - 1;
+            }
+            if (start < 0 || start >= cap) { bad = 1; break; }
+            long long cur = start, k = 1;
+            double r = rew[cur];
+            while (k < n && !term[cur] && !trunc[cur]) {
+                long long ns = next[cur];
+                if (ns < 0) break;
+                long long nslot = ns % cap;
+                if (seq[nslot] != ns) break;
+                r += pow(gamma, (double)k) * (double)rew[nslot];
+                cur = nslot;
+                k++;
+            }
+            if (redraw && k < n) continue;
+            oslot[i] = start; ow[i] = w; oret[i] = r; olast[i] = cur; osteps[i] = k;
+            i++;
+        }
+        Py_END_ALLOW_THREADS
+        for (int k = 0; k < got; k++) PyBuffer_Release(all[k]);
+        if (bad) { PyErr_SetString(PyExc_IndexError, "sample_windows: slot out of range"); return NULL; }
+        return Py_BuildValue("nn", i, j);
+    }
+fail:
+    for (int k = 0; k < got; k++) PyBuffer_Release(all[k]);
+    return NULL;
+}
+
 /* select(sums, mins, size, values:f64[n], beta, out_idx:i64[n], out_w:f32[n])
  * Prefix-sum search plus importance weights w = (p_i / p_min)^-beta in one pass
  * (RLlib's (N P(i))^-beta / max_j (N P(j))^-beta, with P = p / total). */
@@ -246,6 +353,7 @@ static PyMethodDef methods[] = {
     {"select_weighted", select_weighted, METH_VARARGS, "prefix-sum search and importance weights"},
     {"set_priorities", set_priorities, METH_VARARGS, "validate, exponentiate and set priorities"},
     {"nstep", nstep, METH_VARARGS, "n-step returns following episode links"},
+    {"sample_windows", sample_windows, METH_VARARGS, "select items and walk their n-step windows (redraw rule)"},
     {"update", update, METH_VARARGS, "update(sums, mins, size, idx, values): set leaves and fix ancestors"},
     {"find", find, METH_VARARGS, "find(sums, size, values, out): prefix-sum search"},
     {NULL, NULL, 0, NULL},

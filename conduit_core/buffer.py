@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .batch import Batch
-from .episodes import EpisodeSampling
+from .episodes import EPISODE_END_RULES, EpisodeSampling
 from .errors import (CapacityError, ConfigError, ExperienceTimeout, RateLimitError, RateLimitTimeout,
                      SemanticError, SpecError, StateError)
 from .rate_limiter import RateLimiter
@@ -315,22 +315,38 @@ class ExperienceBuffer(EpisodeSampling):
     def sample(self, batch_size: int, *, device: torch.device | str | None = None,
                n_step: int | tuple[int, int] | None = None, gamma: float = 0.99,
                beta: float | None = None, timeout: float | None = None,
-               fields: Sequence[str] | None = None) -> Batch:
+               fields: Sequence[str] | None = None, episode_end: str = "shorten") -> Batch:
         """Select ``batch_size`` items (uniform or prioritized) and gather them, decoded,
         on ``device``. With ``n_step`` (an int, or ``(lo, hi)`` drawn per item from
         ``[lo, hi)`` as RLlib does), ``reward`` is the discounted n-step return within the
-        episode and ``next_obs``/done fields come from the last step; ``n_step`` is added."""
+        episode and ``next_obs``/done fields come from the last step; ``n_step`` is added
+        (the window's true length, for the gamma^n_step bootstrap).
+
+        ``episode_end`` decides what happens to a window that would run past its episode's
+        stored end (the episode ended, or its next steps are not stored yet). 'shorten'
+        delivers the shorter window (RLlib's uniform ``EpisodeReplayBuffer`` draws these);
+        'redraw' draws the item and its n again, so every delivered window has its full n
+        (RLlib's ``PrioritizedEpisodeReplayBuffer``). The two are different distributions
+        over the same data, and they change how fast DQN learns: pick the framework's."""
         if self.selector.consumes:
             raise ConfigError("selector", "uniform or prioritized for sample()", "fifo",
                               "use take() to consume FIFO (on-policy) data")
+        if episode_end not in EPISODE_END_RULES:
+            raise ConfigError("episode_end", f"one of {EPISODE_END_RULES}", repr(episode_end),
+                              "'redraw' for RLlib's prioritized buffer, 'shorten' for its uniform one")
         self._check_batch_size(batch_size)
         with self._cond:
             self._check_open()
             self._wait_for_sample(batch_size, timeout)
-            slots, weights = self._select(batch_size, beta)
-            if n_step is None:
+            if n_step is not None and episode_end == "redraw":
+                slots, weights, ret, last, steps = self._sample_windows(batch_size, n_step, gamma, beta,
+                                                                        redraw=True)
+                data = self._gather_windows(slots, ret, last, steps, device)
+            elif n_step is None:
+                slots, weights = self._select(batch_size, beta)
                 data = self._gather(slots, device, fields)
             else:
+                slots, weights = self._select(batch_size, beta)
                 data = self._gather_n_step(slots, n_step, gamma, device)
             self._sampled += batch_size
             self._cond.notify_all()

@@ -37,6 +37,7 @@ from .hooks import Rollout
 from .metrics import MetricsRecorder, MetricsSnapshot
 from .schedule import Schedule
 from .selectors import Prioritized
+from .episodes import EPISODE_END_RULES
 from .workers import Encoded, InlineTransformer, as_numpy_rows, make_transformer
 
 EDP_STATE_VERSION = 1
@@ -54,6 +55,7 @@ class DeliveryRequest:
     length: int | None = None
     policy_version: int | None = None
     device: str | None = None
+    episode_end: str = "shorten"
 
 
 @dataclass
@@ -239,20 +241,25 @@ class ExperienceDataPlane:
     # --------------------------------------------------------------- delivery
     def deliver(self, batch_size: int | None = None, *, policy_version: int | None = None,
                 n_step: int | tuple[int, int] | None = None, gamma: float = 0.99, beta: float | None = None,
-                sequence_length: int | None = None, timeout: float | None = None) -> Batch:
+                sequence_length: int | None = None, timeout: float | None = None,
+                episode_end: str = "shorten") -> Batch:
         """A training-ready batch on the learner's device.
 
-        Replay (uniform/prioritized): ``batch_size`` items, optionally as n-step returns or
-        as sequences of ``sequence_length``. FIFO: the next ``batch_size`` items of
+        Replay (uniform/prioritized): ``batch_size`` items, optionally as n-step returns
+        (``episode_end``: 'shorten' or 'redraw' windows cut by an episode's end; see
+        ``ExperienceBuffer.sample``) or as sequences of ``sequence_length``. FIFO: the next ``batch_size`` items of
         ``policy_version`` (``None``: everything of that version accepted so far)."""
         with self._metrics.blocked("deliver"):
             self._check_usable()
+            if episode_end not in EPISODE_END_RULES:
+                raise ConfigError("episode_end", f"one of {EPISODE_END_RULES}", repr(episode_end),
+                                  "'redraw' for RLlib's prioritized buffer, 'shorten' for its uniform one")
             kind = "take" if self.buffer.selector.consumes else ("sequences" if sequence_length else "sample")
             if kind != "take" and batch_size is None:
                 raise ConfigError("batch_size", "a positive int for replay delivery", None,
                                   "pass batch_size=...; only FIFO delivery may take everything")
             req = DeliveryRequest(kind, batch_size, n_step if isinstance(n_step, (int, type(None))) else tuple(n_step),
-                                  gamma, beta, sequence_length, policy_version, self.device)
+                                  gamma, beta, sequence_length, policy_version, self.device, episode_end)
             if kind == "take":
                 if batch_size is None:
                     self._wait_rows(0, timeout, "deliver")
@@ -296,7 +303,7 @@ class ExperienceDataPlane:
             big = self.buffer.sample_sequences(total, req.length, device=req.device, timeout=timeout)
         else:
             big = self.buffer.sample(total, device=req.device, n_step=req.n_step, gamma=req.gamma,
-                                     beta=req.beta, timeout=timeout)
+                                     beta=req.beta, timeout=timeout, episode_end=req.episode_end)
         batches = _split(big, req.batch_size) if g > 1 else [big]
         out = []
         for i, b in enumerate(batches):

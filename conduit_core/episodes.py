@@ -17,12 +17,31 @@ import numpy as np
 import torch
 
 from .batch import Batch
-from .errors import ConfigError, SpecError
+from .errors import ConfigError, SemanticError, SpecError
+from .selectors import Prioritized
 
 try:  # the C helper's n-step walk (same results as the numpy path)
     from ._sumtree import nstep as _c_nstep
+    from ._sumtree import sample_windows as _c_sample_windows
 except ImportError:  # pragma: no cover
-    _c_nstep = None
+    _c_nstep = _c_sample_windows = None
+
+EPISODE_END_RULES = ("shorten", "redraw")
+_NO_TREE = (np.zeros(2), np.full(2, np.inf))  # what the uniform walk passes for the trees it does not read
+
+
+def n_step_range(n_step) -> tuple[int, int]:
+    """``n_step`` (an int, or ``(lo, hi)`` drawn from ``[lo, hi)`` as RLlib draws it) as a
+    half-open range; ``(lo, lo)`` means ``lo``."""
+    if isinstance(n_step, tuple):
+        lo, hi = int(n_step[0]), int(n_step[1])
+        hi = max(hi, lo + 1)
+    else:
+        lo = int(n_step)
+        hi = lo + 1
+    if lo < 1:
+        raise ConfigError("n_step", ">= 1", lo, "use n_step=1 for one-step returns")
+    return lo, hi
 
 
 class EpisodeSampling:
@@ -34,11 +53,14 @@ class EpisodeSampling:
         ok = (nseq >= 0) & (self.meta["seq"][nslot] == nseq)
         return nslot, ok
 
-    def _gather_n_step(self, slots, n_step, gamma, device) -> dict[str, torch.Tensor]:
+    def _check_n_step_fields(self) -> None:
         for need in ("reward", "next_obs"):
             if need not in self.spec:
                 raise SpecError(need, "a field of the spec for n-step returns", "missing",
                                 "declare it, or sample without n_step")
+
+    def _gather_n_step(self, slots, n_step, gamma, device) -> dict[str, torch.Tensor]:
+        self._check_n_step_fields()
         b = slots.shape[0]
         if isinstance(n_step, tuple):
             lo, hi = n_step
@@ -48,6 +70,11 @@ class EpisodeSampling:
         if (n < 1).any():
             raise ConfigError("n_step", ">= 1", int(n.min()), "use n_step=1 for one-step returns")
         ret, cur, steps = self._n_step_returns(slots, n, gamma)
+        return self._gather_windows(slots, ret, cur, steps, device)
+
+    def _gather_windows(self, slots, ret, cur, steps, device) -> dict[str, torch.Tensor]:
+        """Columns of n-step windows: first-step fields from ``slots``, ``next_obs`` and the
+        done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``."""
         last_fields = ["next_obs", *self.done_fields]
         first_fields = [f for f in self.spec.names if f not in last_fields and f != "reward"]
         data = self._gather(slots, device, first_fields)
@@ -56,6 +83,95 @@ class EpisodeSampling:
         data["reward"] = torch.from_numpy(ret.astype(np.float32)).to(dev)
         data["n_step"] = torch.from_numpy(steps).to(dev)
         return {name: data[name] for name in [*self.spec.names, "n_step"]}
+
+    def _sample_windows(self, batch_size: int, n_step, gamma: float, beta: float | None, *, redraw: bool):
+        """Select ``batch_size`` items and walk their n-step windows in one native pass.
+
+        Returns (start slots, weights or None, discounted return, last slot, steps). With
+        ``redraw`` an item whose window is cut short by its episode's stored end is drawn
+        again, n included (RLlib's PrioritizedEpisodeReplayBuffer rule); without it the
+        shorter window is delivered with its true length. Uniforms come from the buffer's
+        RNG in pools; the C walk and the Python reference consume them identically."""
+        self._check_n_step_fields()
+        n_lo, n_hi = n_step_range(n_step)
+        prioritized = isinstance(self.selector, Prioritized)
+        if prioritized:
+            sums, mins, tsize = self.selector.index.trees()
+            beta = self.selector.beta if beta is None else float(beta)
+            lo, count = 0, self.size
+        else:
+            sums, mins, tsize = _NO_TREE[0], _NO_TREE[1], 1
+            beta = 0.0
+            lo = self._lo()
+            count = self._inserted - lo
+        b = int(batch_size)
+        slots = np.empty(b, dtype=np.int64)
+        weights = np.ones(b, dtype=np.float32)
+        ret = np.empty(b, dtype=np.float64)
+        last = np.empty(b, dtype=np.int64)
+        steps = np.empty(b, dtype=np.int64)
+        per_try = 2 if n_hi - n_lo > 1 else 1
+        rew = self.storage.host_view("reward")
+        done = [self.storage.host_view(f) for f in self.done_fields]
+        native = (_c_sample_windows is not None and rew is not None and rew.dtype == np.float32 and len(done) == 2
+                  and all(d is not None and d.dtype == np.bool_ for d in done))
+        filled, tries, limit = 0, 0, 64 * b + 4096
+        while filled < b:
+            if tries > limit:
+                raise SemanticError(
+                    f"n_step: {tries} draws found only {filled} of {b} items whose n-step window ({n_lo}.."
+                    f"{n_hi - 1} steps) fits in its stored episode; the stored episodes are too short for "
+                    "this n. Fix: sample with a smaller n_step, store longer episodes, or use "
+                    "episode_end='shorten'.")
+            u = self.rng.random(per_try * (b - filled) * (2 if redraw else 1) + (16 if redraw else 0))
+            args = (prioritized, sums, mins, tsize, lo, count, self.capacity, self.meta["seq"],
+                    self.meta["next_seq"], u, n_lo, n_hi, float(gamma), beta, redraw,
+                    slots, weights, ret, last, steps, filled)
+            if native:
+                filled, used = _c_sample_windows(*args[:9], rew, done[0].view(np.uint8), done[1].view(np.uint8),
+                                                 *args[9:])
+            else:
+                filled, used = self._sample_windows_reference(*args)
+            tries += used // per_try
+        return slots, (weights if prioritized else None), ret, last, steps
+
+    def _sample_windows_reference(self, prioritized, sums, mins, tsize, lo, count, cap, seq, next_seq, u, n_lo,
+                                  n_hi, gamma, beta, redraw, slots, weights, ret, last, steps, first):
+        """The C ``sample_windows`` in Python, operation for operation (a fallback for
+        columns the C walk cannot read, and its reference in tests)."""
+        get = lambda name, s: self.storage.gather(np.array([s], dtype=np.int64), fields=[name])[name].numpy()[0]
+        need = 2 if n_hi - n_lo > 1 else 1
+        total, pmin = float(sums[1]), float(mins[1])
+        i, j, b, m = first, 0, slots.shape[0], u.shape[0]
+        while i < b and j + need <= m:
+            w = np.float32(1.0)
+            if prioritized:
+                start = int(self.selector.index.find_prefixsum(np.array([u[j] * total]))[0])
+                j += 1
+                if beta != 0.0:
+                    w = np.float32(pow(float(sums[tsize + start]) / pmin, -beta))
+            else:
+                off = min(int(u[j] * float(count)), count - 1)
+                j += 1
+                start = (lo + off) % cap
+            n = n_lo
+            if need == 2:
+                n = min(n_lo + int(u[j] * float(n_hi - n_lo)), n_hi - 1)
+                j += 1
+            cur, k = start, 1
+            r = float(np.float32(get("reward", cur)))
+            while k < n and not any(bool(get(f, cur)) for f in self.done_fields):
+                ns = int(next_seq[cur])
+                if ns < 0 or int(seq[ns % cap]) != ns:
+                    break
+                cur = ns % cap
+                r += pow(gamma, float(k)) * float(np.float32(get("reward", cur)))
+                k += 1
+            if redraw and k < n:
+                continue
+            slots[i], weights[i], ret[i], last[i], steps[i] = start, w, r, cur, k
+            i += 1
+        return i, j
 
     def _n_step_returns(self, slots: np.ndarray, n: np.ndarray, gamma: float):
         """(discounted return, last slot, steps taken) per start slot, following episode links."""

@@ -40,6 +40,11 @@ class PriorityIndex:
     def min(self) -> float:
         return float(self._min[1])
 
+    def trees(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """(sum tree, min tree, leaf offset): the arrays native walks read (node 1 is the
+        root, leaves start at the offset). Read-only for callers."""
+        return self._sum, self._min, self.size
+
     def leaves(self) -> np.ndarray:
         return self._sum[self.size: self.size + self.capacity]
 

@@ -21,6 +21,9 @@ from .columns import episode_columns, spec_for
 from .options import ConduitOptions
 
 
+RLLIB_MIN_PRIORITY = 1e-12  # PrioritizedEpisodeReplayBuffer.update_priorities: max(priority, 1e-12)
+
+
 class DeliveredBatch:
     """What ``sample()`` returns in place of episodes: a columnar batch and its size.
 
@@ -64,9 +67,12 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self._pending_state: dict | None = None
 
     # ------------------------------------------------------------------ build
+    def _selector(self):
+        return Prioritized(alpha=self.alpha, beta=self.beta, eps=0.0) if self.prioritized else Uniform()
+
     def _build(self, first_cols: dict[str, np.ndarray]) -> None:
         spec = spec_for(first_cols, obs_codec=self.options.obs_codec)
-        selector = Prioritized(alpha=self.alpha, beta=self.beta) if self.prioritized else Uniform()
+        selector = self._selector()
         buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, tier=self.options.tier,
                                seed=self._seed, reuse_outputs=self.options.reuse_outputs)
         self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())
@@ -123,8 +129,11 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             raise ConfigError("sample()", "at least one add() before sampling", "an empty buffer",
                               "sample after the env runners produced data (num_steps_sampled_before_learning_starts)")
         B = num_items or batch_size_B or self.batch_size_B
+        # RLlib's two buffers treat a window that runs past its episode's stored end
+        # differently: the prioritized one redraws it, the uniform one delivers it shortened.
         b = self.edp.deliver(int(B), n_step=n_step if n_step is not None else 1, gamma=gamma,
-                             beta=self.beta if beta is None else beta)
+                             beta=self.beta if beta is None else beta,
+                             episode_end="redraw" if self.prioritized else "shorten")
         self._last = b
         self._sampled += b.size
         if self.tuner is not None:
@@ -134,7 +143,10 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
     def update_priorities(self, priorities, module_id=None) -> None:
         if not self.prioritized or self._last is None:
             return
-        self.edp.update_priorities(self._last, np.abs(np.asarray(priorities, dtype=np.float64)))
+        # RLlib floors each priority at 1e-12 (never 0: a zero would never be drawn again)
+        # and adds no epsilon; the selector is built with eps=0 to match.
+        self.edp.update_priorities(self._last, np.maximum(np.abs(np.asarray(priorities, dtype=np.float64)),
+                                                          RLLIB_MIN_PRIORITY))
 
     # ---------------------------------------------------------------- metrics
     def get_metrics(self) -> dict:
@@ -175,7 +187,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         if state["edp"] is not None:
             if self.edp is None:
                 spec = ExperienceSpec.from_config(state["spec"])
-                selector = Prioritized(alpha=self.alpha, beta=self.beta) if self.prioritized else Uniform()
+                selector = self._selector()
                 buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, tier=self.options.tier,
                                        seed=self._seed, reuse_outputs=self.options.reuse_outputs)
                 self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())

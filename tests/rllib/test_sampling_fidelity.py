@@ -1,0 +1,186 @@
+"""Differential: on the same stored episodes, Conduit's RLlib buffer delivers what RLlib's
+own buffers deliver, in distribution, over the sampling arguments DQN passes.
+
+Both buffers get the same episode chunks (synthetic, every observation names its episode
+and step); thousands of draws from each are compared as the joint distribution of
+(steps left after the window, window length, terminated, truncated) with a chi-square
+test, and every Conduit row is checked against the true episode. Each comparison is also
+run against the rule Conduit had before (windows shortened at an episode's end) to show
+the test can tell the two apart."""
+
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+
+from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
+
+from .rllib_episodes import check_rows_against_truth, make_chunks, rows_from_conduit, rows_from_rllib
+
+P_BOUND = 1e-3       # a true difference this test misses has p above this; equal distributions fail 0.1%
+DRAWS = 12_000
+
+
+def chi2_p(a: list[tuple], b: list[tuple]) -> float:
+    """Two-sample chi-square over categories, merging the rarest into one bin (expected >= 5)."""
+    cats = sorted(set(a) | set(b))
+    ca = {c: 0 for c in cats}
+    cb = dict(ca)
+    for c in a:
+        ca[c] += 1
+    for c in b:
+        cb[c] += 1
+    order = sorted(cats, key=lambda c: ca[c] + cb[c])
+    table, rest = [], [0, 0]
+    for c in order:
+        if ca[c] + cb[c] < 20:
+            rest[0] += ca[c]
+            rest[1] += cb[c]
+        else:
+            table.append([ca[c], cb[c]])
+    if sum(rest):
+        table.append(rest)
+    return float(chi2_contingency(np.array(table).T)[1])
+
+
+def fill(native, conduit, chunks):
+    for c in chunks:
+        native.add([c])  # RLlib deep-copies what it adds
+        conduit.add([c])
+
+
+def draw(buf, rows_of, *, n_step, gamma, beta=None, batch=500):
+    out = []
+    kw = {} if beta is None else {"beta": beta}
+    for _ in range(DRAWS // batch):
+        out.append(rows_of(buf.sample(batch_size_B=batch, n_step=n_step, gamma=gamma, **kw)))
+    return out
+
+
+def concat(rows):
+    from .rllib_episodes import Rows
+    return Rows(**{f: np.concatenate([getattr(r, f) for r in rows]) for f in Rows.__dataclass_fields__})
+
+
+def prioritized_pair(seed, *, priorities=False):
+    from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
+    chunks, truth = make_chunks(seed)
+    native = PrioritizedEpisodeReplayBuffer(capacity=10_000, alpha=0.6, seed=seed)
+    conduit = ConduitEpisodeReplayBuffer(capacity=10_000, prioritized=True, alpha=0.6, seed=seed + 1)
+    fill(native, conduit, chunks)
+    if priorities:
+        set_same_priorities(native, conduit, truth)
+    return native, conduit, truth
+
+
+def priority_of(episode: int, t: int) -> float:
+    return 0.05 + (t % 5) * 0.7 + (episode % 3) * 0.4
+
+
+def set_same_priorities(native, conduit, truth):
+    """Give the item (episode e, step t) the same priority in both buffers: RLlib's through
+    its segment trees (its update_priorities only takes the last sample's items), Conduit's
+    through update_priorities on the slots that hold it."""
+    alpha = native._alpha
+    for eps_idx, ts, tree_idx in native._indices:
+        ep = native.episodes[eps_idx - native._num_episodes_evicted]
+        e = int(ep.get_observations(0)[0])
+        p = priority_of(e, ts) ** alpha
+        native._sum_segment[tree_idx] = p
+        native._min_segment[tree_idx] = p
+    buf = conduit.edp.buffer
+    n = len(buf)
+    stored = buf.storage.gather(np.arange(n), fields=["obs"])["obs"].numpy()
+    pr = np.array([priority_of(int(o[0]), int(o[1])) for o in stored])
+    buf.update_priorities(np.arange(n), pr)
+
+
+@pytest.mark.parametrize("n_step", [(2, 5), 3, 1, (1, 4)])
+def test_prioritized_windows_match_rllib(n_step):
+    native, conduit, truth = prioritized_pair(3)
+    gamma = 0.9
+    a = concat(draw(native, rows_from_rllib, n_step=n_step, gamma=gamma))
+    b = concat(draw(conduit, rows_from_conduit, n_step=n_step, gamma=gamma))
+    check_rows_against_truth(b, truth, gamma)
+    check_rows_against_truth(a, truth, gamma)  # RLlib's prioritized rows are true windows too
+    p = chi2_p(a.categories(truth), b.categories(truth))
+    assert p > P_BOUND, f"n_step={n_step}: Conduit's windows differ from RLlib's (chi-square p={p:.2g})"
+    assert abs(a.terminated.mean() - b.terminated.mean()) < 4 * np.sqrt(a.terminated.mean() / DRAWS) + 1e-3
+
+
+def test_prioritized_with_unequal_priorities_and_weights_match_rllib():
+    native, conduit, truth = prioritized_pair(5, priorities=True)
+    gamma, beta = 0.95, 0.4
+    a = concat(draw(native, rows_from_rllib, n_step=(2, 5), gamma=gamma, beta=beta))
+    b = concat(draw(conduit, rows_from_conduit, n_step=(2, 5), gamma=gamma, beta=beta))
+    check_rows_against_truth(b, truth, gamma)
+    p = chi2_p(a.categories(truth), b.categories(truth))
+    assert p > P_BOUND, f"categories differ (p={p:.2g})"
+    items = lambda r: list(zip(r.episode.tolist(), r.t.tolist()))
+    p_items = chi2_p(items(a), items(b))
+    assert p_items > P_BOUND, f"which items are drawn differs under unequal priorities (p={p_items:.2g})"
+    # the importance weight of an item is a function of its priority: equal in both buffers
+    wa = {(e, t): w for e, t, w in zip(a.episode, a.t, a.weight)}
+    for e, t, w in zip(b.episode, b.t, b.weight):
+        if (e, t) in wa:
+            assert abs(w - wa[(e, t)]) < 1e-5 * max(1.0, w), f"weight of ({e}, {t}): {w} vs RLlib {wa[(e, t)]}"
+
+
+def test_the_shortened_window_rule_is_told_apart():
+    """The rule Conduit used to apply (deliver the shortened window) is a different
+    distribution; the same comparison must reject it, or the checks above prove nothing."""
+    native, conduit, truth = prioritized_pair(3)
+    a = concat(draw(native, rows_from_rllib, n_step=(2, 5), gamma=0.9))
+    edp = conduit.edp
+    shortened = []
+    for _ in range(DRAWS // 500):
+        b = edp.deliver(500, n_step=(2, 5), gamma=0.9, episode_end="shorten")
+        from conduit_rllib.replay_buffer import DeliveredBatch
+        shortened.append(rows_from_conduit([DeliveredBatch(b)]))
+    s = concat(shortened)
+    assert chi2_p(a.categories(truth), s.categories(truth)) < 1e-6
+    assert s.terminated.mean() > 1.5 * a.terminated.mean()
+
+
+def test_uniform_window_starts_and_lengths_match_rllib():
+    """RLlib's uniform EpisodeReplayBuffer shortens windows at an episode's end: starts are
+    uniform over stored steps and the window is min(n, steps left). Conduit draws the same
+    (start, length) distribution with true labels (see the next test for RLlib's)."""
+    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+    chunks, truth = make_chunks(7)
+    native = EpisodeReplayBuffer(capacity=10_000)
+    native.rng = np.random.default_rng(7)
+    conduit = ConduitEpisodeReplayBuffer(capacity=10_000, prioritized=False, seed=8)
+    fill(native, conduit, chunks)
+    gamma = 0.9
+    a_eps = []
+    for _ in range(DRAWS // 500):
+        a_eps.extend(native.sample(batch_size_B=500, n_step=(2, 5), gamma=gamma, sample_episodes=True))
+    a = rows_from_rllib(a_eps)
+    b = concat(draw(conduit, rows_from_conduit, n_step=(2, 5), gamma=gamma))
+    check_rows_against_truth(b, truth, gamma)
+    true_len = lambda r: np.minimum(r.k, np.array([len(truth[e]) for e in r.episode]) - r.t)
+    cat = lambda r, k: list(zip((np.array([len(truth[e]) for e in r.episode]) - r.t - k).tolist(), k.tolist()))
+    p = chi2_p(cat(a, true_len(a)), cat(b, b.k))
+    assert p > P_BOUND, f"(start, length) distribution differs from RLlib's uniform buffer (p={p:.2g})"
+
+
+def test_rllib_uniform_buffer_mislabels_shortened_windows():
+    """Documents RLlib 2.60's uniform EpisodeReplayBuffer: a window cut by the episode's end
+    reports the *drawn* n (so DQN bootstraps with the wrong gamma power) and drops
+    ``terminated``, and a batch can hold more rows than asked for. Conduit does not copy
+    these: its rows carry the true length and flags (checked above)."""
+    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+    chunks, truth = make_chunks(7)
+    native = EpisodeReplayBuffer(capacity=10_000)
+    native.rng = np.random.default_rng(7)
+    for c in chunks:
+        native.add([c])
+    eps = native.sample(batch_size_B=2000, n_step=(2, 5), gamma=0.9, sample_episodes=True)
+    r = rows_from_rllib(eps)
+    lens = np.array([len(truth[e]) for e in r.episode])
+    cut = r.t + r.k > lens
+    assert cut.any()
+    reaches_terminal = cut & np.array([truth[e].terminated for e in r.episode])
+    assert reaches_terminal.any() and not r.terminated[reaches_terminal].any()
+    assert (r.next_t[cut] == lens[cut]).all()   # the window was shortened, its n_step was not
+    assert len(eps) > 2000                       # B -= ... for windows cut by 3 or more steps
