@@ -12,7 +12,7 @@ Capabilities a harness declares (checks needing a missing one are skipped, with 
     replay       off-policy replay (uniform)          prioritized  prioritized replay
     onpolicy     FIFO, versioned, consume-once        state        state round trip
     native       the framework's own path as oracle   overlap      an overlapped schedule
-    convergence  reference workloads to train
+    convergence  reference workloads to train         nstep        n-step rows (Session.deliver_rows)
 """
 
 from __future__ import annotations
@@ -23,19 +23,31 @@ from typing import Any, Callable
 
 import numpy as np
 
-CAPABILITIES = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence"})
+CAPABILITIES = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
+                          "nstep"})
 OBS_DIM = 4
+
+
+def reward_of(ids) -> np.ndarray:
+    """The reward of transition ``id``: varied (so a wrong window sums to a wrong return) and
+    exact in float32."""
+    ids = np.asarray(ids).astype(np.int64)
+    return ((ids * 7919) % 13).astype(np.float32) / np.float32(4.0) - np.float32(1.5)
 
 
 @dataclass
 class SyntheticRollout:
-    """``ids``: one unique integer per transition, in time order. The adapter must keep
-    the id readable in what it delivers (it is ``obs[:, 0]``; ``next_obs[:, 0] = id + 0.5``)."""
+    """``ids``: one unique integer per transition, in time order; one rollout is one episode
+    (or the stored part of one, if neither flag is set). The adapter must keep the id
+    readable in what it delivers: it is ``obs[:, 0]``; ``next_obs[:, 0]`` is the next step's
+    id inside the rollout and ``ids[-1] + 0.5`` after its last step (the observation an
+    episode's step sequence gives). ``reward`` is ``reward_of(ids)``."""
 
     ids: np.ndarray
     source: int = 0
     policy_version: int = 0
     terminated: bool = False
+    truncated: bool = False
 
     def columns(self) -> dict[str, np.ndarray]:
         n = len(self.ids)
@@ -43,12 +55,17 @@ class SyntheticRollout:
         obs[:, 0] = self.ids
         obs[:, 1] = self.source
         nxt = obs.copy()
-        nxt[:, 0] += 0.5
+        if n:
+            nxt[:-1, 0] = obs[1:, 0]
+            nxt[-1, 0] += 0.5
         term = np.zeros(n, bool)
+        trunc = np.zeros(n, bool)
         if n and self.terminated:
             term[-1] = True
-        return {"obs": obs, "next_obs": nxt, "action": (self.ids % 2).astype(np.int64),
-                "reward": np.ones(n, np.float32), "terminated": term, "truncated": np.zeros(n, bool)}
+        elif n and self.truncated:
+            trunc[-1] = True
+        return {"obs": obs, "next_obs": nxt, "action": (np.asarray(self.ids) % 2).astype(np.int64),
+                "reward": reward_of(self.ids), "terminated": term, "truncated": trunc}
 
 
 @dataclass
@@ -59,6 +76,22 @@ class Delivered:
     versions: np.ndarray | None = None
     weights: np.ndarray | None = None
     inserted_at_selection: int | None = None   # for the staleness bound
+    handle: Any = None                          # the adapter's own batch, for priority updates
+
+
+@dataclass
+class DeliveredRows:
+    """n-step rows as the learner would get them, one entry per row: the window's first
+    id, ``next_obs[:, 0]`` (of the window's last step), the return the framework computed,
+    the window length it reports, the done flags and the importance weights (1 if none)."""
+
+    ids: np.ndarray
+    next_ids: np.ndarray
+    reward: np.ndarray
+    n_step: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    weights: np.ndarray
     handle: Any = None                          # the adapter's own batch, for priority updates
 
 
@@ -87,7 +120,14 @@ class Session(ABC):
     @abstractmethod
     def deliver(self, batch_size: int | None, *, policy_version: int | None = None) -> Delivered: ...
 
-    def update_priorities(self, delivered: Delivered, priorities: np.ndarray) -> None:
+    def deliver_rows(self, batch_size: int, *, n_step: int | tuple[int, int], gamma: float,
+                     beta: float | None = None) -> DeliveredRows:
+        """n-step rows (capability 'nstep'), drawn as the adapter's delivery path draws them
+        for a learner that asks for ``n_step`` (an int, or ``(lo, hi)`` drawn from
+        ``[lo, hi)``), ``gamma`` and ``beta``."""
+        raise NotImplementedError
+
+    def update_priorities(self, delivered: Delivered | DeliveredRows, priorities: np.ndarray) -> None:
         raise NotImplementedError
 
     @abstractmethod

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conformance import ConvergenceResult, Delivered, Harness, Session, SyntheticRollout
+from conformance import ConvergenceResult, Delivered, DeliveredRows, Harness, Session, SyntheticRollout
 from conformance.edp_session import delivered as edp_delivered
 from conformance.edp_session import stored_ids as edp_stored_ids
 
@@ -26,7 +26,32 @@ def to_episode(r: SyntheticRollout, episode_id: str):
     obs = list(c["obs"]) + [c["next_obs"][-1]] if len(r.ids) else []
     return SingleAgentEpisode(id_=episode_id, observations=obs, actions=list(c["action"]),
                               rewards=list(c["reward"]), terminated=bool(r.terminated),
-                              len_lookback_buffer=0).to_numpy()
+                              truncated=bool(r.truncated), len_lookback_buffer=0).to_numpy()
+
+
+def rows_of_episodes(eps) -> DeliveredRows:
+    """RLlib's sampled 1-step episodes as rows, exactly as RLlib labels them."""
+    one = lambda e, k: float(np.asarray(e.get_extra_model_outputs(k)).reshape(-1)[0])
+    return DeliveredRows(ids=np.array([float(e.get_observations(0)[0]) for e in eps]),
+                         next_ids=np.array([float(e.get_observations(-1)[0]) for e in eps]),
+                         reward=np.array([float(np.asarray(e.get_rewards()).reshape(-1)[0]) for e in eps]),
+                         n_step=np.array([int(one(e, "n_step")) for e in eps]),
+                         terminated=np.array([e.is_terminated for e in eps]),
+                         truncated=np.array([e.is_truncated for e in eps]),
+                         weights=np.array([one(e, "weights") for e in eps]))
+
+
+def rows_of_batch(batch) -> DeliveredRows:
+    """A Conduit batch delivered to RLlib's learner as rows."""
+    return DeliveredRows(ids=batch["obs"][:, 0].numpy().astype(np.float64),
+                         next_ids=batch["next_obs"][:, 0].numpy().astype(np.float64),
+                         reward=batch["reward"].numpy().astype(np.float64),
+                         n_step=batch["n_step"].numpy().astype(np.int64),
+                         terminated=batch["terminated"].numpy().astype(bool),
+                         truncated=batch["truncated"].numpy().astype(bool),
+                         weights=(np.ones(batch.size) if batch.weights is None
+                                  else batch.weights.numpy().astype(np.float64)),
+                         handle=batch)
 
 
 class ReplaySession(Session):
@@ -53,7 +78,10 @@ class ReplaySession(Session):
         out = self.buf.sample(batch_size, n_step=1, gamma=0.99)
         return edp_delivered(out[0].batch)
 
-    def update_priorities(self, d: Delivered, priorities) -> None:
+    def deliver_rows(self, batch_size, *, n_step, gamma, beta=None) -> DeliveredRows:
+        return rows_of_batch(self.buf.sample(batch_size, n_step=n_step, gamma=gamma, beta=beta)[0].batch)
+
+    def update_priorities(self, d, priorities) -> None:
         self.buf._last = d.handle
         self.buf.update_priorities(np.asarray(priorities, dtype=np.float64))
 
@@ -88,6 +116,14 @@ class NativeReplaySession(Session):
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
         eps = self.buf.sample(num_items=batch_size, n_step=1, gamma=0.99, sample_episodes=True)
         return Delivered(ids=np.array([int(e.get_observations(0)[0]) for e in eps], dtype=np.int64))
+
+    def deliver_rows(self, batch_size, *, n_step, gamma, beta=None) -> DeliveredRows:
+        kw = {} if beta is None else {"beta": beta}
+        return rows_of_episodes(self.buf.sample(num_items=batch_size, n_step=n_step, gamma=gamma,
+                                                sample_episodes=True, **kw))
+
+    def update_priorities(self, d, priorities) -> None:
+        self.buf.update_priorities(np.asarray(priorities, dtype=np.float64))
 
     def stored_ids(self):
         return np.concatenate([np.asarray(e.get_observations(slice(0, len(e))))[:, 0] for e in self.buf.episodes]
@@ -147,7 +183,8 @@ class RLlibHarness(Harness):
     name = "conduit_rllib"
     version = "0.1.0"
     framework = "ray[rllib]"
-    capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence"})
+    capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
+                              "nstep"})
 
     def __init__(self):
         import ray

@@ -42,6 +42,8 @@ class DeliveredBatch:
 class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
     """Uniform or prioritized replay on the Conduit data plane (RLlib's semantics)."""
 
+    columns_of = staticmethod(episode_columns)  # the ingestion transform: an episode chunk -> columns
+
     def __init__(self, capacity: int = 10000, *, prioritized: bool = False, alpha: float = 0.6,
                  beta: float = 0.4, conduit: dict | None = None, batch_size_B: int = 16,
                  batch_length_T: int = 1, metrics_num_episodes_for_smoothing: int = 100, seed: int | None = None,
@@ -92,7 +94,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             n = len(ep)
             if n == 0:
                 continue
-            cols = episode_columns(ep)
+            cols = self.columns_of(ep)
             if self.edp is None:
                 self._build(cols)
             src = self._sources.get(ep.id_)

@@ -18,10 +18,16 @@ def failed(report):
     return {r.id for r in report.results if r.status == "fail"}
 
 
+NSTEP = {cid for cid, c in REGISTRY.items() if "nstep" in c.needs}  # minirl has no n-step sampling; the RLlib
+                                                                       # adapter's mutations show these can fail
+
+
 def test_correct_adapter_passes_every_check():
     report = check_adapter(example_harness(), level="convergence")
     assert report.ok, report.table()
-    assert {r.status for r in report.results} == {"pass"}
+    status = {r.id: r.status for r in report.results}
+    assert {s for cid, s in status.items() if cid not in NSTEP} == {"pass"}
+    assert {status[cid] for cid in NSTEP} == {"skip"}  # skipped, with the capability named
     assert len(report.results) == len(REGISTRY)  # every check ran
 
 
@@ -33,7 +39,7 @@ def test_broken_adapter_fails_exactly_the_checks_guarding_the_broken_promise(fau
 
 def test_every_check_is_shown_able_to_fail():
     caught = set().union(*FAULTS.values())
-    expected = {cid for cid in REGISTRY if not cid.endswith("/*")} | {"convergence/bandit"}
+    expected = {cid for cid in REGISTRY if not cid.endswith("/*") and cid not in NSTEP} | {"convergence/bandit"}
     assert expected <= caught, f"checks no fault exercises: {sorted(expected - caught)}"
 
 

@@ -1,0 +1,114 @@
+"""Mutations of the RLlib adapter that the conformance suite must catch, each by a named
+check: the mutation table of docs/benchmarks.md. A mutant is the real adapter with one
+promise broken at the place a real bug would sit (its ingestion transform, its delivery
+call, its weights, its priority update)."""
+
+import numpy as np
+import pytest
+
+from conformance import check_adapter
+from conduit_rllib.conformance import RLlibHarness, ReplaySession
+from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer, episode_columns
+
+
+def _drop_terminated(ep):
+    c = episode_columns(ep)
+    c["terminated"] = np.zeros_like(c["terminated"])
+    return c
+
+
+def _truncation_as_terminal(ep):
+    c = episode_columns(ep)
+    c["terminated"] = c["terminated"] | c["truncated"]
+    c["truncated"] = np.zeros_like(c["truncated"])
+    return c
+
+
+def _next_obs_late(ep):
+    c = episode_columns(ep)
+    c["next_obs"] = np.concatenate([c["next_obs"][1:], c["next_obs"][-1:]])
+    return c
+
+
+class _DropEvery10th:
+    def __init__(self):
+        self.seen = 0
+
+    def __call__(self, ep):
+        c = episode_columns(ep)
+        n = c["reward"].shape[0]
+        keep = (np.arange(self.seen, self.seen + n) % 10) != 9
+        self.seen += n
+        return {k: v[keep] for k, v in c.items()}
+
+
+class ShortenedWindows(ConduitEpisodeReplayBuffer):
+    def sample(self, num_items=None, *, n_step=None, gamma=0.99, beta=None, **kw):
+        B = num_items or kw.get("batch_size_B") or self.batch_size_B
+        b = self.edp.deliver(int(B), n_step=n_step or 1, gamma=gamma, beta=self.beta if beta is None else beta,
+                             episode_end="shorten")
+        self._last = b
+        from conduit_rllib.replay_buffer import DeliveredBatch
+        return [DeliveredBatch(b)]
+
+
+class UnnormalisedWeights(ConduitEpisodeReplayBuffer):
+    def sample(self, *a, beta=None, **kw):
+        out = super().sample(*a, beta=beta, **kw)
+        b = out[0].batch
+        if b.weights is not None:
+            idx = self.edp.buffer.selector.index
+            beta = self.beta if beta is None else beta
+            b.weights = b.weights * float((len(self) * idx.min / idx.total) ** -beta)  # (N P_i)^-beta, no max
+        return out
+
+
+class PrioritiesOnWrongRows(ConduitEpisodeReplayBuffer):
+    def update_priorities(self, priorities, module_id=None):
+        super().update_priorities(np.roll(np.asarray(priorities), 1), module_id)
+
+
+def _with_columns(fn):
+    return type("Mutant", (ConduitEpisodeReplayBuffer,), {"columns_of": staticmethod(fn)})
+
+
+MUTATIONS = {
+    # mutation: (how the adapter is built, the check that must catch it)
+    "shortened_windows": (lambda: ShortenedWindows, "equivalence/nstep_matches_native"),
+    "drop_terminated": (lambda: _with_columns(_drop_terminated), "deliver/nstep_rows_true"),
+    "truncation_as_terminal": (lambda: _with_columns(_truncation_as_terminal), "deliver/nstep_rows_true"),
+    "next_obs_one_step_late": (lambda: _with_columns(_next_obs_late), "deliver/nstep_rows_true"),
+    "drop_every_10th_transition": (lambda: _with_columns(_DropEvery10th()), "ingest/exactly_once"),
+    "unnormalised_weights": (lambda: UnnormalisedWeights, "deliver/importance_weights"),
+    "priorities_on_wrong_rows": (lambda: PrioritiesOnWrongRows, "deliver/prioritized_distribution"),
+}
+
+
+class MutantHarness(RLlibHarness):
+    def __init__(self, make_cls):
+        super().__init__()
+        self.make_cls = make_cls
+
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+                schedule="sequential", staleness=0):
+        cls = self.make_cls()
+        return ReplaySession(cls(capacity=capacity, prioritized=prioritized, alpha=alpha, beta=0.4,
+                                 conduit={"schedule": schedule, "staleness": staleness, "seed": seed,
+                                          "reuse_outputs": 0}))
+
+
+REPLAY_CHECKS = ["ingest/*", "deliver/*", "equivalence/nstep_matches_native", "equivalence/sequential_matches_native"]
+
+
+def test_unmutated_adapter_passes_the_replay_checks():
+    report = check_adapter(RLlibHarness(), select=REPLAY_CHECKS)
+    assert report.ok and {r.status for r in report.results} == {"pass"}, report.table()
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_the_suite_catches_the_mutation(mutation):
+    make_cls, catcher = MUTATIONS[mutation]
+    report = check_adapter(MutantHarness(make_cls), select=REPLAY_CHECKS)
+    failed = {r.id for r in report.results if r.status == "fail"}
+    assert catcher in failed, f"{mutation} was not caught by {catcher}:\n{report.table()}"
+    print(f"\n{mutation}: caught by {sorted(failed)}")
