@@ -1,21 +1,81 @@
-"""Convergence checks: the framework's reference workload reaches the same return
-threshold within the same step budget with Conduit as natively, over fixed seeds.
+"""Convergence checks: with Conduit, the framework's reference workload needs as many env
+steps to reach its return threshold as it needs natively: not more, and not fewer.
 
-Each workload a harness offers becomes the check ``convergence/<workload>``."""
+Faster learning is a semantic bug too (a data plane that delivers a different n-step
+distribution can make DQN learn faster), so the test is two-sided. Each seed runs both
+paths; a run that never reaches the threshold counts as its whole budget (censored).
+
+- the ratio of the median steps (Conduit / native) must lie within [1/R, R];
+- with 5 or more seeds, a two-sided Mann-Whitney U test must not reject equal
+  distributions at 5%.
+
+R is 1.5 with 5 or more seeds and 2.0 with fewer (CI runs 2 seeds: a coarse bound that
+still catches a workload that does not learn, or learns twice as fast). The full run is
+``CONDUIT_CONVERGENCE_SEEDS=0,1,2,3,4 conduit conformance NAME --level convergence -k
+'convergence/*'``; docs/benchmarks.md has its figures and the power of the test.
+
+Each workload a harness offers becomes the check ``convergence/<workload>``.
+"""
 
 from __future__ import annotations
 
+import os
+
+import numpy as np
+
 from .registry import check, ensure
 
-SEEDS = (0,)
+SEEDS_ENV = "CONDUIT_CONVERGENCE_SEEDS"
+DEFAULT_SEEDS = (0, 1)
+FULL_SEEDS = 5
+
+
+def seeds() -> tuple[int, ...]:
+    """The seeds to run: ``$CONDUIT_CONVERGENCE_SEEDS`` (comma-separated) or the CI default."""
+    raw = os.environ.get(SEEDS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_SEEDS
+    try:
+        out = tuple(int(s) for s in raw.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"{SEEDS_ENV}: expected comma-separated integers, got {raw!r}. "
+                         f"Fix: e.g. {SEEDS_ENV}=0,1,2,3,4") from None
+    if not out:
+        raise ValueError(f"{SEEDS_ENV}: expected at least one seed, got {raw!r}. Fix: e.g. {SEEDS_ENV}=0,1")
+    return out
+
+
+def ratio_bound(n_seeds: int) -> float:
+    return 1.5 if n_seeds >= FULL_SEEDS else 2.0
+
+
+def compare(native_steps: list[int], conduit_steps: list[int]) -> tuple[float, float | None, float]:
+    """(median ratio Conduit/native, Mann-Whitney two-sided p or None under 5 seeds, bound R)."""
+    ratio = float(np.median(conduit_steps) / max(np.median(native_steps), 1))
+    p = None
+    if len(native_steps) >= FULL_SEEDS:
+        from scipy.stats import mannwhitneyu
+        p = float(mannwhitneyu(conduit_steps, native_steps, alternative="two-sided").pvalue)
+    return ratio, p, ratio_bound(len(native_steps))
 
 
 @check("convergence/*", needs=("convergence",), level="convergence")
 def convergence(ctx, workload: str, run) -> None:
-    """Conduit reaches the reference return within the native budget (fixed seeds)."""
-    for seed in SEEDS:
-        native = run("native", seed)
-        conduit = run("conduit", seed)
-        ensure(conduit.reached or not native.reached,
-               f"seed {seed}: native reached the threshold in {native.env_steps} env steps, Conduit did not "
-               f"within the same budget (returns {conduit.returns[-3:]})")
+    """Conduit needs as many env steps to the reference return as native: not more, not fewer."""
+    native, conduit = [], []
+    for seed in seeds():
+        native.append(run("native", seed))
+        conduit.append(run("conduit", seed))
+    budget = max(r.env_steps for r in native + conduit)
+    steps = lambda rs: [r.env_steps if r.reached else budget for r in rs]
+    ns, cs = steps(native), steps(conduit)
+    ratio, p, bound = compare(ns, cs)
+    detail = (f"env steps to the threshold over seeds {list(seeds())}: native {ns}, Conduit {cs} "
+              f"(unreached = the {budget}-step budget)")
+    ensure(1 / bound <= ratio <= bound,
+           f"Conduit {'learns faster' if ratio < 1 else 'learns slower'} than native: median ratio {ratio:.2f} "
+           f"outside [{1 / bound:.2f}, {bound:.2f}]; {detail}")
+    if p is not None:
+        ensure(p >= 0.05, f"steps to the threshold differ (Mann-Whitney two-sided p={p:.3f}); {detail}")
+    return f"median ratio {ratio:.2f} within [{1 / bound:.2f}, {bound:.2f}]" + \
+        ("" if p is None else f", Mann-Whitney p={p:.2f}") + f"; {detail}"

@@ -75,14 +75,14 @@ def run_one(harness: Harness, chk, args: tuple, *, seed: int) -> tuple[str, str]
     if args and args[1] is None:
         return "skip", "the harness offers no convergence workload"
     try:
-        chk.fn(Ctx(harness, seed), *args)
+        measured = chk.fn(Ctx(harness, seed), *args)  # a check may return what it measured, for the report
     except CheckSkipped as exc:
         return "skip", str(exc)
     except (CheckFailed, AssertionError) as exc:
         return "fail", str(exc) or type(exc).__name__
     except Exception as exc:  # noqa: BLE001 - an adapter crash is a failure of that check
         return "fail", f"{type(exc).__name__}: {exc}"
-    return "pass", ""
+    return "pass", measured if isinstance(measured, str) else ""
 
 
 def check_adapter(harness: Harness, *, level: str = "semantic", seed: int = 0, xfails: dict[str, str] | None = None,

@@ -52,5 +52,7 @@ class ConduitLearnerConnector(ConnectorV2):
 
 class ConduitDQNTorchLearner(DQNTorchLearner):
     def build(self) -> None:
+        from .opt_in import check_learner_connector
+        check_learner_connector(self.config)  # a piece added after enable() is refused here
         super().build()
         self._learner_connector = ConduitLearnerConnector(inner=self._learner_connector, device=self._device)

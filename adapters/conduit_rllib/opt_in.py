@@ -42,9 +42,33 @@ def _enable_dqn(config, opts: ConduitOptions):
     # Assigned, not merged through config.training(): a merge would keep the old type's keys.
     config.replay_buffer_config = {"type": BUFFER_TYPE, **keep, "prioritized": prioritized,
                                    "conduit": opts.to_dict()}
-    config.learners(learner_class=ConduitDQNTorchLearner)
-    config.algo_class = ConduitDQN
     if config.num_learners > 0:
         raise ConfigError("num_learners", "0 (a local learner)", config.num_learners,
                           "set config.learners(num_learners=0); remote learners are not supported yet")
+    check_learner_connector(config)
+    config.learners(learner_class=ConduitDQNTorchLearner)
+    config.algo_class = ConduitDQN
     return config
+
+
+def check_learner_connector(config) -> None:
+    """Conduit's DQN learner takes the delivered columns in place of RLlib's learner
+    connector pipeline (which would re-batch one-step episodes). A connector piece the
+    user added there would silently not run, so such a config is refused, naming it."""
+    factory = getattr(config, "_learner_connector", None)
+    if factory is not None:
+        name = getattr(factory, "__qualname__", None) or type(factory).__name__
+        try:  # name the pieces themselves where the factory can be called without an env
+            built = factory(config.observation_space, config.action_space)
+            pieces = built if isinstance(built, (list, tuple)) else [built]
+            name = ", ".join(type(p).__name__ for p in pieces) or name
+        except Exception:  # noqa: BLE001 - naming is best effort; the refusal is not
+            pass
+        raise ConfigError("training(learner_connector=...)", "no custom learner connector pieces with conduit_rllib "
+                          "(DQN)", name, "Conduit delivers the learner's columns directly and would skip these "
+                          "pieces; move the transform into an env-to-module connector or a Conduit delivery hook "
+                          "(ExperienceDataPlane.add_delivery_hook), or disable conduit_rllib for this config")
+    if not getattr(config, "add_default_connectors_to_learner_pipeline", True):
+        raise ConfigError("training(add_default_connectors_to_learner_pipeline=...)", "True with conduit_rllib (DQN)",
+                          False, "Conduit builds the learner's default columns itself; keep the default pipeline "
+                          "or disable conduit_rllib for this config")

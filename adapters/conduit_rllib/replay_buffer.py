@@ -10,6 +10,7 @@ tensors directly, skipping the episode re-batching.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,10 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.tuner = None
         self._sources: dict[str, int] = {}
         self._next_source = 0
+        # episode (source) -> seq of its last stored step, oldest last step first: an episode
+        # is stored while that step is (RLlib's get_num_episodes counts done episodes too)
+        self._episode_last: OrderedDict[int, int] = OrderedDict()
+        self._episodes_evicted = 0
         self._last: Batch | None = None
         self._added = 0
         self._sampled = 0
@@ -112,7 +117,10 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
 
     def _ingest(self, group: list[Rollout]) -> None:
         self.edp.ingest_many(group)  # raises before accepting anything of a group it refuses
-        self._added += sum(r.rows for r in group)
+        for r in group:  # accepted rows take the next seqs, in order (this buffer is their only writer)
+            self._added += r.rows
+            self._episode_last[r.source] = self._added - 1
+            self._episode_last.move_to_end(r.source)
 
     # --------------------------------------------------------------- delivery
     def sample(self, num_items: int | None = None, *, batch_size_B: int | None = None,
@@ -171,7 +179,25 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         return self._sampled
 
     def get_num_episodes(self, module_id=None) -> int:
-        return len(self._sources)
+        """Episodes with a stored step (done or running), as RLlib counts them."""
+        self._forget_evicted_episodes()
+        return len(self._episode_last)
+
+    def get_num_episodes_evicted(self, module_id=None) -> int:
+        self._forget_evicted_episodes()
+        return self._episodes_evicted
+
+    def _forget_evicted_episodes(self) -> None:
+        if self.edp is None:
+            return
+        buf = self.edp.buffer
+        oldest = buf.inserted - len(buf)  # seq of the oldest stored step
+        while self._episode_last:
+            src, last = next(iter(self._episode_last.items()))
+            if last >= oldest:
+                break
+            self._episode_last.popitem(last=False)
+            self._episodes_evicted += 1
 
     # ------------------------------------------------------------------ state
     def get_state(self) -> dict[str, Any]:
@@ -179,7 +205,9 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         return {"conduit_rllib": 1, "edp": None if self.edp is None else self.edp.state_dict(),
                 "spec": None if self.edp is None else self.edp.buffer.spec.to_config(),
                 "sources": [[k, v] for k, v in self._sources.items()], "next_source": self._next_source,
-                "added": self._added, "sampled": self._sampled}
+                "added": self._added, "sampled": self._sampled,
+                "episode_last": [[k, v] for k, v in self._episode_last.items()],
+                "episodes_evicted": self._episodes_evicted}
 
     def set_state(self, state: dict[str, Any]) -> None:
         from conduit_core import ExperienceSpec, StateError
@@ -197,6 +225,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self._sources = {k: int(v) for k, v in state["sources"]}
         self._next_source = int(state["next_source"])
         self._added, self._sampled = int(state["added"]), int(state["sampled"])
+        self._episode_last = OrderedDict((int(k), int(v)) for k, v in state.get("episode_last", []))
+        self._episodes_evicted = int(state.get("episodes_evicted", 0))
 
     def close(self) -> None:
         if self.edp is not None:

@@ -168,3 +168,25 @@ def test_ingest_granularity_groups_episodes_per_operator_call(ray_session, sched
         assert buf.edp.schedule.ingest_granularity == 3
     finally:
         algo.stop()
+
+
+def test_a_custom_learner_connector_piece_is_refused_by_name(ray_session):
+    """Conduit's learner takes the delivered columns in place of RLlib's learner connector
+    pipeline; a user's piece there would silently not run, so the config is refused."""
+    from ray.rllib.connectors.learner import AddNextObservationsFromEpisodesToTrainBatch
+
+    class ClipRewards(AddNextObservationsFromEpisodesToTrainBatch):
+        pass
+
+    cfg = workloads.dqn_cartpole(seed=1)
+    cfg.training(learner_connector=lambda obs_space, act_space: [ClipRewards()])
+    with pytest.raises(ConfigError, match="ClipRewards"):
+        conduit_rllib.enable(cfg)
+    cfg = conduit_rllib.enable(workloads.dqn_cartpole(seed=1))
+    cfg.training(learner_connector=lambda obs_space, act_space: [ClipRewards()])   # added after enable()
+    with pytest.raises(Exception, match="learner_connector"):
+        cfg.build_algo()
+    cfg = workloads.dqn_cartpole(seed=1)
+    cfg.training(add_default_connectors_to_learner_pipeline=False)
+    with pytest.raises(ConfigError, match="add_default_connectors_to_learner_pipeline"):
+        conduit_rllib.enable(cfg)

@@ -184,3 +184,27 @@ def test_rllib_uniform_buffer_mislabels_shortened_windows():
     assert reaches_terminal.any() and not r.terminated[reaches_terminal].any()
     assert (r.next_t[cut] == lens[cut]).all()   # the window was shortened, its n_step was not
     assert len(eps) > 2000                       # B -= ... for windows cut by 3 or more steps
+
+
+def test_episode_accounting_matches_rllib():
+    """RLlib's buffer metrics read these: episodes stored (done ones too), steps stored/added."""
+    native, conduit, truth = prioritized_pair(11)
+    assert conduit.get_num_episodes() == native.get_num_episodes() == len(truth)
+    assert conduit.get_num_timesteps() == native.get_num_timesteps() == sum(len(t) for t in truth)
+    assert conduit.get_added_timesteps() == native.get_added_timesteps()
+    assert conduit.get_num_episodes_evicted() == 0
+
+
+def test_episodes_leave_the_count_when_their_last_step_is_evicted():
+    chunks, truth = make_chunks(12, episodes=30)
+    conduit = ConduitEpisodeReplayBuffer(capacity=60, prioritized=True, seed=1)
+    for c in chunks:
+        conduit.add([c])
+    # the ring holds the newest 60 steps: an episode counts while its last step is among them
+    ends = np.cumsum([len(t) for t in truth]) - 1    # seq of each episode's last step (chunks in order)
+    oldest = sum(len(t) for t in truth) - 60
+    assert conduit.get_num_episodes() == int((ends >= oldest).sum())
+    assert conduit.get_num_episodes_evicted() == int((ends < oldest).sum())
+    restored = ConduitEpisodeReplayBuffer(capacity=60, prioritized=True, seed=1)
+    restored.set_state(conduit.get_state())
+    assert restored.get_num_episodes() == conduit.get_num_episodes()
