@@ -65,7 +65,9 @@ def _cmd_conformance(args: list[str]) -> int:
     try:
         from conformance.cli import main as conformance_main
     except ImportError as exc:
-        print(f"conduit conformance: the conformance suite is not installed ({exc})", file=sys.stderr)
+        missing = getattr(exc, "name", None) or str(exc)
+        print(f"conduit conformance: the conformance suite cannot load: {missing} is missing ({exc}). "
+              "Fix: pip install 'conduit-edp[test]' (pytest, hypothesis, scipy)", file=sys.stderr)
         return 2
     return conformance_main(args)
 

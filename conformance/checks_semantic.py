@@ -92,7 +92,8 @@ def source_order(ctx: Ctx) -> None:
 
 @check("ingest/rejects_bad_input")
 def rejects_bad_input(ctx: Ctx) -> None:
-    """A malformed rollout raises a clear error and leaves what was stored intact."""
+    """A malformed rollout raises an error naming the field, the expectation and the fix, and
+    leaves what was stored intact."""
     good = ctx.rollouts(n_rollouts=3)
     with _closing(ctx.default_session()) as s:
         for r in good:
@@ -106,8 +107,11 @@ def rejects_bad_input(ctx: Ctx) -> None:
             s.flush()
         except NotImplementedError:
             raise CheckSkipped("the adapter's session cannot push raw columns (ingest_raw)") from None
-        except Exception as exc:  # noqa: BLE001 - any clear error is acceptable
-            ensure(len(str(exc)) > 20, f"the error for bad input is not descriptive: {exc!r}")
+        except Exception as exc:  # noqa: BLE001 - the framework's own error type is fine if it is clear
+            msg = str(exc)
+            ensure("obs" in msg and "expected" in msg.lower() and "fix" in msg.lower(),
+                   f"the error for obs of the wrong shape must name the field ('obs'), say what was expected "
+                   f"and how to fix it (Conduit's SpecError does); got {type(exc).__name__}: {msg!r}")
         else:
             raise AssertionError("a rollout with obs of the wrong shape was accepted without an error")
         after = np.asarray(s.stored_ids())

@@ -25,11 +25,30 @@ def load_harness(spec: str) -> Harness:
         raise ValueError(f"adapter: expected one of {sorted(KNOWN_ADAPTERS)} or 'module:factory', got {spec!r}. "
                          "Fix: pass e.g. conduit_myfw.conformance:harness")
     mod_name, attr = target.split(":", 1)
-    obj = getattr(importlib.import_module(mod_name), attr)
+    obj = getattr(_import_adapter_module(mod_name), attr)
     harness = obj() if callable(obj) and not isinstance(obj, Harness) else obj
     if not isinstance(harness, Harness):
         raise TypeError(f"adapter: {target} gave {type(harness).__name__}, expected a conformance.Harness")
     return harness
+
+
+def _import_adapter_module(mod_name: str):
+    """Import an adapter's module; an adapter package in the current folder (what
+    ``conduit new-adapter`` creates) is found without PYTHONPATH, as pytest finds it."""
+    import os
+    import sys
+    try:
+        return importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        top = mod_name.split(".")[0]
+        if exc.name != top or not os.path.isdir(os.path.join(os.getcwd(), top)):
+            if exc.name == top:
+                raise ModuleNotFoundError(
+                    f"adapter package {top!r} is neither installed nor a folder in {os.getcwd()}. Fix: run from "
+                    f"the folder that holds {top}/, or pip install -e it", name=exc.name) from None
+            raise
+    sys.path.insert(0, os.getcwd())
+    return importlib.import_module(mod_name)
 
 
 def load_xfails(path: str | None) -> dict[str, str]:

@@ -104,3 +104,18 @@ class TestExampleAdapterThroughTheBaseClass(ConformanceTests):
 
     def make_harness(self):
         return example_harness()
+
+
+def test_cli_finds_a_scaffolded_adapter_in_the_current_folder(tmp_path):
+    """Right after `conduit new-adapter`, `conduit conformance pkg.conformance:harness` runs from the
+    folder that holds the package, without PYTHONPATH; a package that is nowhere says where it looked."""
+    import os
+    from conformance.scaffold import scaffold
+    scaffold("toyfw", tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-m", "conduit_core.cli", "conformance", "conduit_toyfw.conformance:harness",
+                        "-k", "ingest/"], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-m", "conduit_core.cli", "conformance", "conduit_nowhere.conformance:harness"],
+                       cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "conduit_nowhere" in r.stderr and "pip install -e" in r.stderr
