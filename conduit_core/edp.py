@@ -97,7 +97,7 @@ class ExperienceDataPlane:
         self._committed_rows = 0
         self._ticket = 0
         self._priority_version = 0
-        self._error: BaseException | None = None
+        self._errors: list[BaseException] = []   # background failures not yet raised, every one kept
         self._busy = False
         self._closed = False
         self._stop = False
@@ -433,7 +433,7 @@ class ExperienceDataPlane:
 
     def _want_prefetch_locked(self) -> bool:
         req = self._request
-        if req is None or req.kind == "take" or self._error is not None or self._pending:
+        if req is None or req.kind == "take" or self._errors or self._pending:
             return False
         if len(self._prepared) >= self.schedule.depth:
             return False
@@ -463,12 +463,11 @@ class ExperienceDataPlane:
                 except BaseException as exc:  # noqa: BLE001 - reported to the caller
                     tickets = [r.ticket for r in group]
                     with self._cond:
-                        if self._error is None:
-                            err = WorkerError(f"ingestion of rollouts {tickets} failed in the background: "
-                                              f"{type(exc).__name__}: {exc}")
-                            err.__cause__ = exc
-                            err.rejected_tickets = tickets  # type: ignore[attr-defined]
-                            self._error = err
+                        err = WorkerError(f"ingestion of rollouts {tickets} failed in the background: "
+                                          f"{type(exc).__name__}: {exc}")
+                        err.__cause__ = exc
+                        err.rejected_tickets = tickets  # type: ignore[attr-defined]
+                        self._errors.append(err)
                 finally:
                     with self._cond:
                         self._committed_rows += sum(r.rows for r in group)
@@ -497,16 +496,32 @@ class ExperienceDataPlane:
                 if isinstance(exc, RateLimitError):
                     continue  # not allowed yet; the caller's own deliver will wait or raise
                 with self._cond:
-                    if self._error is None:
-                        err = WorkerError(f"delivery prefetch failed in the background: {type(exc).__name__}: {exc}")
-                        err.__cause__ = exc
-                        self._error = err
+                    err = WorkerError(f"delivery prefetch failed in the background: {type(exc).__name__}: {exc}")
+                    err.__cause__ = exc
+                    self._errors.append(err)
                     self._cond.notify_all()
 
     # ------------------------------------------------------------ errors/state
+    def _take_error_locked(self) -> BaseException | None:
+        """Every background failure not yet raised, as one error (None if there is none):
+        the only one, or a WorkerError listing all of them (``.errors``) with the union of
+        their ``rejected_tickets``, so a second failure is never dropped behind a first."""
+        errors, self._errors = self._errors, []
+        if not errors:
+            return None
+        if len(errors) == 1:
+            return errors[0]
+        tickets = [t for e in errors for t in getattr(e, "rejected_tickets", [])]
+        err = WorkerError(f"{len(errors)} background failures: " + "; ".join(f"({i + 1}) {e}" for i, e in
+                                                                         enumerate(errors)))
+        err.errors = errors  # type: ignore[attr-defined]
+        err.rejected_tickets = tickets  # type: ignore[attr-defined]
+        err.__cause__ = errors[0]
+        return err
+
     def _raise_error_locked(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
+        err = self._take_error_locked()
+        if err is not None:
             raise err
 
     def _raise_error(self) -> None:
@@ -578,11 +593,25 @@ class ExperienceDataPlane:
         self._closed = True
         self._prepared.clear()
         self.buffer.close()
+        with self._cond:
+            later = self._take_error_locked()
         if first_error is None:
-            with self._cond:
-                first_error, self._error = self._error, None
+            first_error = later
+        elif later is not None:  # both reach the caller: nothing is dropped at shutdown either
+            combined = WorkerError(f"close: {first_error}; and then: {later}")
+            combined.errors = [first_error, later]  # type: ignore[attr-defined]
+            combined.rejected_tickets = [*getattr(first_error, "rejected_tickets", []),  # type: ignore[attr-defined]
+                                         *getattr(later, "rejected_tickets", [])]
+            combined.__cause__ = first_error
+            first_error = combined
         if first_error is not None:
             raise first_error
+
+    @property
+    def worker_process_id(self) -> int | None:
+        """The ingestion child's process id with ``worker='process'`` (else None): for
+        monitoring, and for tests that kill it."""
+        return getattr(self._transformer, "pid", None)
 
     @property
     def closed(self) -> bool:

@@ -70,7 +70,7 @@ def _to_numpy(data) -> dict:
     return {k: (v.numpy() if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v) for k, v in data.items()}
 
 
-def _child_main(spec_config: list, hooks_blob: bytes, inq, outq) -> None:  # pragma: no cover - runs in a child
+def _child_main(spec_config: list, hooks_blob: bytes, inq, outq, parent_pid: int) -> None:  # pragma: no cover
     torch.set_num_threads(1)
     try:
         spec = ExperienceSpec.from_config(spec_config)
@@ -80,7 +80,12 @@ def _child_main(spec_config: list, hooks_blob: bytes, inq, outq) -> None:  # pra
         return
     outq.put((0, "ready", None))
     while True:
-        msg = inq.get()
+        try:
+            msg = inq.get(timeout=1.0)
+        except queue_mod.Empty:
+            if os.getppid() != parent_pid:  # the parent died (even by SIGKILL): die with it
+                break
+            continue
         if msg is None:
             break
         tag, rollouts = msg
@@ -98,13 +103,19 @@ def _child_main(spec_config: list, hooks_blob: bytes, inq, outq) -> None:  # pra
 
 
 class ProcessTransformer:
-    """Runs hooks and codecs in a spawned child process (one at a time, in order).
+    """Runs hooks and codecs in a spawned child process (one request at a time, in order).
 
     The constructor returns once the child has imported its modules and unpickled the hooks
     (~1 s): start-up is paid when the schedule is chosen, not by the first rollout, and a
-    child that cannot start fails there with its traceback."""
+    child that cannot start fails there with its traceback.
+
+    Every request carries a tag and only the answer with that tag is taken. A child that
+    dies, or does not answer within ``timeout``, fails its request (the caller reports it)
+    and is replaced by a new child at the next request, so a late answer can never be taken
+    for another request's. The child exits by itself when its parent dies."""
 
     kind = "process"
+    STARTUP_TIMEOUT = 120.0  # importing torch in a fresh interpreter: not a transform's budget
 
     def __init__(self, spec: ExperienceSpec, hooks: list[Callable], *, timeout: float = 60.0):
         try:
@@ -112,46 +123,78 @@ class ProcessTransformer:
         except Exception as exc:
             raise ConfigError("ingest hooks", "picklable callables for worker='process'",
                               f"unpicklable ({exc})", "define hooks at module level, or use worker='thread'") from exc
+        self._spec_config, self._blob = spec.to_config(), blob
+        self.timeout = timeout
+        self._tag = 0
+        self._proc = None
+        self.late_answers_dropped = 0  # answers to requests that had already failed
+        self.restarts = 0              # children started after the first (one died or hung)
+        self._start()
+
+    def _start(self) -> None:
         ctx = mp.get_context("spawn")
         self._inq, self._outq = ctx.Queue(), ctx.Queue()
         env_threads = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         try:
-            self._proc = ctx.Process(target=_child_main, args=(spec.to_config(), blob, self._inq, self._outq),
-                                     name="conduit-ingest", daemon=True)
+            self._proc = ctx.Process(target=_child_main, args=(self._spec_config, self._blob, self._inq, self._outq,
+                                                               os.getpid()), name="conduit-ingest", daemon=True)
             self._proc.start()
         finally:
             if env_threads is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
-        self.timeout = timeout
-        self._tag = 0
         try:
-            self._receive(0, "start up")
+            self._receive(0, "start up", limit=max(self.timeout, self.STARTUP_TIMEOUT))
         except BaseException:
             self.close()
             raise
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None between a child's loss and its replacement)."""
+        return None if self._proc is None else self._proc.pid
+
     def transform(self, rollouts: list[Rollout]) -> list[Encoded]:
+        if self._proc is None or not self._proc.is_alive():
+            # the last child died or was stopped (its request was reported): this one gets a new child
+            self.close()
+            self._start()
+            self.restarts += 1
         self._tag += 1
         sendable = [Rollout(_to_numpy(r.data), r.source, r.policy_version, r.ticket, r.rows, r.info) for r in rollouts]
         self._inq.put((self._tag, sendable))
-        return self._receive(self._tag, "answer")
+        return self._receive(self._tag, f"answer request {self._tag}")
 
-    def _receive(self, expected_tag: int, what: str):
+    def _receive(self, expected_tag: int, what: str, *, limit: float | None = None):
+        """The answer to request ``expected_tag``; an answer to an earlier request (which
+        already failed) is dropped, never taken for this one's."""
         waited = 0.0
+        limit_s = self.timeout if limit is None else limit
         while True:
             try:
                 tag, status, payload = self._outq.get(timeout=0.5)
-                break
             except queue_mod.Empty:
                 waited += 0.5
                 if not self._proc.is_alive():
-                    raise WorkerError(f"the ingestion process died (exit code {self._proc.exitcode}). "
-                                      "Fix: check memory limits and that hooks do not call os._exit.")
-                if waited >= self.timeout:
-                    raise WorkerError(f"the ingestion process did not {what} within {self.timeout:g} s. "
+                    raise WorkerError(
+                        f"the ingestion process died (exit code {self._proc.exitcode}) before it could {what}"
+                        f"{'; the next request starts a new one' if expected_tag else ''}. Fix: check memory "
+                        "limits, that hooks do not call os._exit, and that the script that builds the data plane "
+                        "has an `if __name__ == '__main__':` guard")
+                if waited >= limit_s:
+                    if expected_tag:  # a hung child is replaced: its late answer can never arrive
+                        self._proc.terminate()
+                        self._proc.join(timeout=5)
+                    then = "; it was stopped and the next request starts a new one" if expected_tag else ""
+                    raise WorkerError(f"the ingestion process did not {what} within {limit_s:g} s{then}. "
                                       "Fix: make hooks faster or raise Schedule.timeout.")
-        assert tag == expected_tag
+                continue
+            if tag == expected_tag:
+                break
+            if tag > expected_tag:  # one request is in flight at a time: this cannot happen; never guess
+                raise WorkerError(f"the ingestion process answered request {tag} while {expected_tag} was the "
+                                  "newest. Fix: report this as a Conduit bug.")
+            self.late_answers_dropped += 1
         if status == "error":
             blob, tb = payload
             exc = pickle.loads(blob)
@@ -163,8 +206,9 @@ class ProcessTransformer:
         if self._proc is None:
             return
         try:
-            self._inq.put(None)
-            self._proc.join(timeout=10)
+            if self._proc.is_alive():
+                self._inq.put(None)
+                self._proc.join(timeout=10)
         finally:
             if self._proc.is_alive():
                 self._proc.terminate()

@@ -1,0 +1,133 @@
+"""Fault injection: whatever fails in the background, accepted = stored + reported, and
+every failure reaches the caller (all of them, not the first)."""
+
+import time
+
+import numpy as np
+import pytest
+
+from conduit_core import ExperienceBuffer, ExperienceDataPlane, Schedule, Uniform, WorkerError
+
+from .helpers import SPEC, rollout
+
+
+def make(schedule, **kw):
+    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=1)
+    return ExperienceDataPlane(buffer=buf, schedule=schedule, **kw)
+
+
+def stored_ids(edp):
+    return sorted(int(x) for x in edp.buffer.state_dict()["data"]["obs"][:, 0])
+
+
+def _fail_on_tens(rollouts):  # module level: picklable for the process worker
+    for r in rollouts:
+        if int(r.data["obs"][0, 0]) % 20 == 10:
+            raise ValueError(f"bad rollout {int(r.data['obs'][0, 0])}")
+    return rollouts
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_two_background_failures_both_reach_the_caller(worker):
+    with make(Schedule.overlapped(worker=worker), ingest_hooks=[_fail_on_tens]) as edp:
+        for start in (0, 10, 20, 30, 40):          # 10 and 30 fail
+            edp.ingest(rollout(5, start))
+        deadline = time.monotonic() + 30
+        while edp.metrics().ingest.items_in < 25 and time.monotonic() < deadline:  # both fail before we look
+            time.sleep(0.02)
+        with pytest.raises(WorkerError) as info:
+            edp.flush()
+        err = info.value
+        assert "bad rollout 10" in str(err) and "bad rollout 30" in str(err)
+        assert sorted(err.rejected_tickets) == [1, 3]
+        assert len(err.errors) == 2
+        edp.flush()                                # reported once, each
+        assert stored_ids(edp) == list(range(5)) + list(range(20, 25)) + list(range(40, 45))
+
+
+def _slow_on_ten(rollouts):
+    for r in rollouts:
+        if int(r.data["obs"][0, 0]) == 10:
+            time.sleep(2.5)
+    return rollouts
+
+
+def test_a_process_worker_answer_that_comes_too_late_is_never_taken_for_the_next_one():
+    """Request 2 runs past Schedule.timeout: it is reported as failed, and its late answer
+    must not be stored as request 3's (rows one rollout late) nor break later requests."""
+    with make(Schedule.overlapped(worker="process", timeout=1.0), ingest_hooks=[_slow_on_ten]) as edp:
+        edp.ingest(rollout(5, 0))
+        edp.ingest(rollout(5, 10))                 # slower than the timeout
+        edp.ingest(rollout(5, 20))
+        edp.ingest(rollout(5, 30))
+        with pytest.raises(WorkerError, match="did not answer request") as info:
+            edp.flush(timeout=30)
+        assert info.value.rejected_tickets == [1]
+        edp.flush(timeout=30)
+        ids = edp.buffer.state_dict()["data"]["obs"][:, 0]
+        assert stored_ids(edp) == list(range(5)) + list(range(20, 25)) + list(range(30, 35))
+        # each stored row holds its own data (obs id and next_obs id agree row by row)
+        nxt = edp.buffer.state_dict()["data"]["next_obs"][:, 0]
+        assert np.array_equal(nxt, ids + 1)
+        edp.ingest(rollout(5, 40))
+        edp.flush(timeout=30)
+        assert stored_ids(edp)[-5:] == list(range(40, 45))
+
+
+def test_a_killed_process_worker_is_replaced_and_nothing_else_is_lost():
+    import os
+    import signal
+    with make(Schedule.overlapped(worker="process")) as edp:
+        edp.ingest(rollout(5, 0))
+        edp.flush(timeout=30)
+        child = edp.worker_process_id
+        os.kill(child, signal.SIGKILL)
+        time.sleep(0.5)
+        edp.ingest(rollout(5, 10))               # starts a new child; nothing was in flight
+        edp.ingest(rollout(5, 20))
+        edp.flush(timeout=60)
+        assert stored_ids(edp) == list(range(5)) + list(range(10, 15)) + list(range(20, 25))
+
+
+_ORPHAN_SCRIPT = """
+import sys, time
+sys.path.insert(0, {root!r})
+from conduit_core import ExperienceBuffer, ExperienceDataPlane, Schedule, Uniform
+from tests.core.helpers import SPEC
+if __name__ == "__main__":
+    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=SPEC, capacity=100, selector=Uniform()),
+                              schedule=Schedule.overlapped(worker="process"))
+    print(edp.worker_process_id, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_the_process_worker_dies_with_its_parent_even_after_sigkill(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = tmp_path / "parent.py"
+    script.write_text(_ORPHAN_SCRIPT.format(root=root))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            with open(f"/proc/{child}/stat") as fh:     # a zombie has exited (reaped by init later)
+                if fh.read().split()[2] == "Z":
+                    break
+            time.sleep(0.2)
+        else:
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError("the ingestion child outlived its SIGKILLed parent by 15 s")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
