@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 
 from .batch import Batch
@@ -558,14 +559,21 @@ class ExperienceDataPlane:
         if state.get("edp_version") != EDP_STATE_VERSION:
             raise StateError(f"edp_version: expected {EDP_STATE_VERSION}, got {state.get('edp_version')!r}. "
                              "Fix: load with the Conduit version that wrote the state.")
+        counters = {}
+        for k in ("ticket", "rows", "priority_version"):
+            v = state.get(k)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise StateError(f"{k}: expected an int >= 0, got {v!r}. Fix: the state is damaged; nothing was "
+                                 "loaded")
+            counters[k] = int(v)
         self.flush()
         with self._cond:
+            self.buffer.load_state_dict(state["buffer"])  # all or nothing: raises before it changes anything
             self._discard_prepared_locked()
             self._request = None
-            self.buffer.load_state_dict(state["buffer"])
-            self._ticket = int(state["ticket"])
-            self._accepted_rows = self._committed_rows = int(state["rows"])
-            self._priority_version = int(state["priority_version"])
+            self._ticket = counters["ticket"]
+            self._accepted_rows = self._committed_rows = counters["rows"]
+            self._priority_version = counters["priority_version"]
 
     # ------------------------------------------------------------------ close
     def close(self, *, flush: bool = True, timeout: float | None = None) -> None:

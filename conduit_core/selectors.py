@@ -46,6 +46,9 @@ class Selector(ABC):
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def check_state(self, state: dict) -> None:
+        """Raise StateError if ``state`` cannot be loaded; changes nothing."""
+
     def to_config(self) -> dict:
         return {"name": self.name}
 
@@ -129,6 +132,19 @@ class Prioritized(Selector):
     def load_state_dict(self, state):
         self.index.rebuild(np.asarray(state["leaves"], dtype=np.float64))
         self.max_priority = float(state["max_priority"])
+
+    def check_state(self, state):
+        from .errors import StateError
+        leaves = np.asarray(state.get("leaves")) if isinstance(state, dict) and "leaves" in state else None
+        if leaves is None or leaves.shape != (self.capacity,) or leaves.dtype.kind != "f" \
+                or not (np.isfinite(leaves).all() and (leaves >= 0).all()):
+            raise StateError(f"selector_state.leaves: expected {self.capacity} finite priorities >= 0, got "
+                             f"{'nothing' if leaves is None else f'{leaves.dtype} {leaves.shape}'}. Fix: the state is "
+                             "damaged or from another buffer; nothing was loaded")
+        mp = state.get("max_priority")
+        if not isinstance(mp, (int, float)) or not np.isfinite(mp) or mp <= 0:
+            raise StateError(f"selector_state.max_priority: expected a finite number > 0, got {mp!r}. Fix: the "
+                             "state is damaged; nothing was loaded")
 
     def to_config(self):
         return {"name": self.name, "alpha": self.alpha, "beta": self.beta, "eps": self.eps}

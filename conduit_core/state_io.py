@@ -1,10 +1,13 @@
 """Saving state without pickle: a JSON header plus raw array bytes, in one file.
 
-    b"CONDUIT\\x01" | u64 header length | JSON header | array bytes ...
+    b"CONDUIT\\x02" | u64 header length | u32 CRC-32 of the header | JSON header | array bytes ...
 
 The header is the state's tree with every numpy array replaced by a reference
-(dtype, shape, offset, nbytes). Loading never executes code from the file, so a
-checkpoint from an untrusted place cannot run anything (unlike pickle).
+(dtype, shape, offset, nbytes, CRC-32 of its bytes, and where it sits in the tree).
+Loading never executes code from the file, so a checkpoint from an untrusted place
+cannot run anything (unlike pickle), and it checks every section: a truncated file or a
+flipped bit raises ``StateError`` naming the section, never loads wrong data. Files of
+format 1 (no checksums) still load.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import zlib
 from typing import Any
 
 import numpy as np
@@ -19,24 +23,26 @@ import torch
 
 from .errors import StateError
 
-MAGIC = b"CONDUIT\x01"
+MAGIC_V1 = b"CONDUIT\x01"
+MAGIC = b"CONDUIT\x02"
 _ARRAY = "__conduit_array__"
 
 
-def _flatten(obj: Any, arrays: list[np.ndarray]) -> Any:
+def _flatten(obj: Any, arrays: list[np.ndarray], paths: list[str], path: str = "") -> Any:
     if isinstance(obj, torch.Tensor):
         obj = obj.detach().cpu().numpy()
     if isinstance(obj, np.ndarray):
         arrays.append(np.ascontiguousarray(obj))
+        paths.append(path or "<root>")
         return {_ARRAY: len(arrays) - 1, "dtype": obj.dtype.str, "shape": list(obj.shape)}
     if isinstance(obj, dict):
         for k in obj:
             if not isinstance(k, str):
                 raise StateError(f"state key {k!r}: expected str keys, got {type(k).__name__}. "
                                  "Fix: convert keys to strings in state_dict().")
-        return {k: _flatten(v, arrays) for k, v in obj.items()}
+        return {k: _flatten(v, arrays, paths, f"{path}.{k}" if path else k) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_flatten(v, arrays) for v in obj]
+        return [_flatten(v, arrays, paths, f"{path}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, (np.floating,)):
@@ -49,39 +55,77 @@ def _flatten(obj: Any, arrays: list[np.ndarray]) -> Any:
 
 def dumps(state: dict) -> bytes:
     arrays: list[np.ndarray] = []
-    tree = _flatten(state, arrays)
+    paths: list[str] = []
+    tree = _flatten(state, arrays, paths)
     offset = 0
     refs = []
-    for a in arrays:
-        refs.append({"offset": offset, "nbytes": a.nbytes})
+    for a, path in zip(arrays, paths):
+        raw = memoryview(a).cast("B") if a.nbytes else b""
+        refs.append({"offset": offset, "nbytes": a.nbytes, "crc32": zlib.crc32(raw), "path": path})
         offset += a.nbytes
     header = json.dumps({"tree": tree, "arrays": refs}).encode()
-    parts = [MAGIC, struct.pack("<Q", len(header)), header] + [a.tobytes() for a in arrays]
+    parts = [MAGIC, struct.pack("<QI", len(header), zlib.crc32(header)), header] + [a.tobytes() for a in arrays]
     return b"".join(parts)
 
 
+def _damaged(section: str, how: str) -> StateError:
+    return StateError(f"state file, {section}: {how}. Fix: the file is damaged or truncated; restore it from "
+                      "another copy (nothing was loaded)")
+
+
 def loads(blob: bytes | memoryview) -> dict:
+    """The state in ``blob``, every section checked first (format 2: checksums)."""
     mv = memoryview(blob)
-    if bytes(mv[:8]) != MAGIC:
-        raise StateError("state file: expected a Conduit state (magic CONDUIT\\x01), got other bytes. "
+    magic = bytes(mv[:8])
+    if magic not in (MAGIC, MAGIC_V1):
+        raise StateError("state file: expected a Conduit state (magic CONDUIT\\x01 or \\x02), got other bytes. "
                          "Fix: pass a file written by conduit_core.state_io.save().")
-    (hlen,) = struct.unpack("<Q", mv[8:16])
-    header = json.loads(bytes(mv[16:16 + hlen]))
-    base = 16 + hlen
-    refs = header["arrays"]
+    checked = magic == MAGIC
+    prefix = 20 if checked else 16
+    if len(mv) < prefix:
+        raise _damaged("prefix", f"{len(mv)} bytes, shorter than the {prefix}-byte prefix")
+    if checked:
+        hlen, hcrc = struct.unpack("<QI", mv[8:20])
+    else:
+        (hlen,) = struct.unpack("<Q", mv[8:16])
+    if prefix + hlen > len(mv):
+        raise _damaged("header", f"{hlen} bytes announced, {len(mv) - prefix} present")
+    raw_header = bytes(mv[prefix:prefix + hlen])
+    if checked and zlib.crc32(raw_header) != hcrc:
+        raise _damaged("header", "its checksum does not match")
+    try:
+        header = json.loads(raw_header)
+        refs = header["arrays"]
+        tree = header["tree"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise _damaged("header", f"not a readable header ({type(exc).__name__}: {exc})") from None
+    base = prefix + hlen
+    for i, ref in enumerate(refs):
+        where = ref.get("path", f"array {i}") if isinstance(ref, dict) else f"array {i}"
+        try:
+            lo, n = base + int(ref["offset"]), int(ref["nbytes"])
+        except (KeyError, TypeError, ValueError):
+            raise _damaged(f"array {where}", "its reference is unreadable") from None
+        if lo + n > len(mv) or n < 0:
+            raise _damaged(f"array {where}", f"{n} bytes at offset {lo}, the file has {len(mv)}")
+        if checked and zlib.crc32(mv[lo:lo + n]) != ref.get("crc32"):
+            raise _damaged(f"array {where}", "its checksum does not match (a flipped bit or a partial write)")
 
     def build(node: Any) -> Any:
         if isinstance(node, dict) and _ARRAY in node:
             ref = refs[node[_ARRAY]]
             raw = mv[base + ref["offset"]: base + ref["offset"] + ref["nbytes"]]
-            return np.frombuffer(raw, dtype=np.dtype(node["dtype"])).reshape(node["shape"]).copy()
+            try:
+                return np.frombuffer(raw, dtype=np.dtype(node["dtype"])).reshape(node["shape"]).copy()
+            except (ValueError, TypeError) as exc:
+                raise _damaged(f"array {ref.get('path', node[_ARRAY])}", f"dtype/shape do not fit its bytes ({exc})")
         if isinstance(node, dict):
             return {k: build(v) for k, v in node.items()}
         if isinstance(node, list):
             return [build(v) for v in node]
         return node
 
-    return build(header["tree"])
+    return build(tree)
 
 
 def save(state: dict, path: str | os.PathLike) -> None:

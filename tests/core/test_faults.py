@@ -131,3 +131,91 @@ def test_the_process_worker_dies_with_its_parent_even_after_sigkill(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+# --------------------------------------------------------------------- state: all or nothing
+
+def _filled(selector=None, n=50, capacity=40):
+    from conduit_core import Prioritized
+    buf = ExperienceBuffer(spec=SPEC, capacity=capacity, selector=selector or Prioritized(), seed=3)
+    for i in range(0, n, 5):
+        buf.add(rollout(5, i), source=i % 3)
+    buf.update_priorities(np.arange(10), np.linspace(0.1, 2, 10))
+    return buf
+
+
+def _damage(state, part):
+    import copy
+    s = copy.deepcopy(state)
+    if part == "rng":
+        s["rng"] = {"bit_generator": "PCG64", "state": {"state": "x"}}
+    elif part == "meta":
+        s["meta"]["seq"] = s["meta"]["seq"][:-3]
+    elif part == "meta_slots":
+        s["meta"]["seq"] = s["meta"]["seq"][::-1].copy()
+    elif part == "leaves":
+        s["selector_state"]["leaves"] = s["selector_state"]["leaves"][:-1]
+    elif part == "leaves_nan":
+        s["selector_state"]["leaves"][3] = np.nan
+    elif part == "counters":
+        s["counters"]["head"] = s["counters"]["inserted"] + 1
+    elif part == "counter_type":
+        s["counters"]["inserted"] = 2.5
+    elif part == "data_last":  # the last column damaged: the first ones must not have been written
+        s["data"]["truncated"] = s["data"]["truncated"][:-1]
+    elif part == "open_tail":
+        s["open_tail"] = [["a"]]
+    return s
+
+
+@pytest.mark.parametrize("part", ["rng", "meta", "meta_slots", "leaves", "leaves_nan", "counters", "counter_type",
+                                  "data_last", "open_tail"])
+def test_a_damaged_state_changes_nothing(part):
+    from conduit_core import StateError
+    donor = _filled(n=80)
+    target = _filled(n=50)
+    before = target.state_dict()
+    with pytest.raises(StateError):
+        target.load_state_dict(_damage(donor.state_dict(), part))
+    after = target.state_dict()
+    for k in ("counters", "open_tail", "rng"):
+        assert after[k] == before[k], k
+    for k in before["data"]:
+        assert np.array_equal(after["data"][k], before["data"][k]), k
+    for k in before["meta"]:
+        assert np.array_equal(after["meta"][k], before["meta"][k]), k
+    assert np.array_equal(after["selector_state"]["leaves"], before["selector_state"]["leaves"])
+    target.sample(8)
+
+
+@pytest.mark.parametrize("damage", ["truncate_arrays", "truncate_header", "flip_array_bit", "flip_header_bit",
+                                    "garbage_header"])
+def test_a_damaged_state_file_raises_state_error_naming_the_section(tmp_path, damage):
+    from conduit_core import StateError, state_io
+    path = tmp_path / "s.conduit"
+    state_io.save(_filled().state_dict(), path)
+    raw = bytearray(path.read_bytes())
+    hlen = int.from_bytes(raw[8:16], "little")
+    if damage == "truncate_arrays":
+        raw = raw[:-7]
+    elif damage == "truncate_header":
+        raw = raw[:20 + hlen // 2]
+    elif damage == "flip_array_bit":
+        raw[20 + hlen + 5] ^= 0x10
+    elif damage == "flip_header_bit":
+        raw[20 + hlen // 3] ^= 0x01
+    else:
+        raw[20:20 + hlen] = b"\xff" * hlen
+    path.write_bytes(bytes(raw))
+    with pytest.raises(StateError, match="header|array") as info:
+        state_io.load(path)
+    assert "Fix" in str(info.value)
+
+
+def test_state_files_round_trip_exactly(tmp_path):
+    from conduit_core import state_io
+    a = _filled()
+    state_io.save(a.state_dict(), tmp_path / "s")
+    b = _filled(n=5)
+    b.load_state_dict(state_io.load(tmp_path / "s"))
+    assert np.array_equal(a.sample(16).seqs, b.sample(16).seqs)
