@@ -25,6 +25,7 @@ import torch
 
 from .batch import Batch
 from .episodes import EPISODE_END_RULES, EpisodeSampling
+from .memory import available_bytes, fmt, needed_bytes
 from .errors import (CapacityError, ConfigError, ExperienceTimeout, RateLimitError, RateLimitTimeout,
                      SemanticError, SpecError, StateError)
 from .rate_limiter import RateLimiter
@@ -111,8 +112,9 @@ class ExperienceBuffer(EpisodeSampling):
         if not isinstance(spec, ExperienceSpec):
             raise ConfigError("spec", "an ExperienceSpec", type(spec).__name__,
                               "build one with ExperienceSpec.transition(...) or ExperienceSpec([FieldSpec...])")
-        if int(capacity) < 1:
-            raise ConfigError("capacity", "a positive number of transitions", capacity, "use e.g. capacity=100_000")
+        if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+            raise ConfigError("capacity", "a positive int number of transitions", repr(capacity),
+                              "use e.g. capacity=100_000")
         self.spec = spec
         self.capacity = int(capacity)
         shards = list(shards) if shards else [ShardSpec(Tier.parse(tier), self.capacity)]
@@ -123,6 +125,7 @@ class ExperienceBuffer(EpisodeSampling):
         if not isinstance(self.selector, Selector):
             raise ConfigError("selector", "a Selector (Uniform(), Prioritized(...), Fifo())",
                               type(self.selector).__name__, "pass one of the selectors in conduit_core")
+        _check_memory(self.capacity, spec, shards, isinstance(self.selector, Prioritized))
         self.selector.bind(self.capacity)
         self.rate_limiter = rate_limiter or RateLimiter()
         self.done_fields = tuple(f for f in done_fields if f in spec)
@@ -334,6 +337,7 @@ class ExperienceBuffer(EpisodeSampling):
         if episode_end not in EPISODE_END_RULES:
             raise ConfigError("episode_end", f"one of {EPISODE_END_RULES}", repr(episode_end),
                               "'redraw' for RLlib's prioritized buffer, 'shorten' for its uniform one")
+        self._check_sampling(n_step, gamma, beta)
         self._check_batch_size(batch_size)
         with self._cond:
             self._check_open()
@@ -364,8 +368,33 @@ class ExperienceBuffer(EpisodeSampling):
         return off, weights
 
     def _check_batch_size(self, batch_size: int) -> None:
-        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1:
             raise ConfigError("batch_size", "a positive int", repr(batch_size), "pass e.g. batch_size=32")
+        out = int(batch_size) * self.spec.bytes_per_transition
+        if out < (256 << 20):  # the usual case costs no system call on the hot path
+            return
+        free = available_bytes(Tier.PAGEABLE)
+        if free is not None and out > free:
+            raise CapacityError(f"batch_size: a batch of {batch_size} rows needs {fmt(out)}, {fmt(free)} of host "
+                                "memory is free. Fix: sample smaller batches.")
+
+    @staticmethod
+    def _check_sampling(n_step, gamma: float, beta: float | None) -> None:
+        """Sampling arguments, checked before anything is drawn."""
+        ok = lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+        if n_step is not None:
+            if isinstance(n_step, (tuple, list)):
+                if len(n_step) != 2 or not all(ok(v) for v in n_step) or not 1 <= n_step[0] <= n_step[1]:
+                    raise ConfigError("n_step", "an int >= 1 or (lo, hi) ints with 1 <= lo <= hi (drawn from "
+                                      "[lo, hi))", repr(n_step), "e.g. n_step=3 or n_step=(2, 5)")
+            elif not ok(n_step) or n_step < 1:
+                raise ConfigError("n_step", "an int >= 1 or (lo, hi)", repr(n_step), "e.g. n_step=3 or (2, 5)")
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.floating)) or not 0.0 <= gamma <= 1.0:
+            raise ConfigError("gamma", "a discount in [0, 1]", repr(gamma), "e.g. gamma=0.99")
+        if beta is not None and (isinstance(beta, bool) or not isinstance(beta, (int, float, np.floating))
+                                 or not np.isfinite(beta) or beta < 0):
+            raise ConfigError("beta", "a finite number >= 0 (or None: the selector's)", repr(beta), "e.g. beta=0.4")
 
     def _wait_for_sample(self, n: int, timeout: float | None) -> None:
         rl = self.rate_limiter
@@ -477,9 +506,19 @@ class ExperienceBuffer(EpisodeSampling):
                             "pass one priority per row of the batch")
         with self._cond:
             self._check_open()
+            if slots.size and (slots.min() < 0 or slots.max() >= self.capacity):
+                bad = int(slots[(slots < 0) | (slots >= self.capacity)][0])
+                raise SpecError("slots", f"ring slots in [0, {self.capacity})", bad,
+                                "pass the slots of a delivered Batch (batch.slots) with batch.seqs")
+            stored = self.meta["seq"][slots]
             if seqs is not None:
-                keep = self.meta["seq"][slots] == np.asarray(seqs).reshape(-1)
+                keep = stored == np.asarray(seqs).reshape(-1)
                 slots, pr = slots[keep], pr[keep]
+            elif slots.size and (stored < self._lo()).any():
+                bad = int(slots[stored < self._lo()][0])
+                raise SpecError("slots", "slots that hold a stored row", f"slot {bad} (empty or evicted)",
+                                "pass the slots of a delivered Batch, with its seqs so rows overwritten since "
+                                "are skipped")
             self.selector.update_priorities(slots, pr)
             return int(slots.shape[0])
 
@@ -635,6 +674,27 @@ class ExperienceBuffer(EpisodeSampling):
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def _check_memory(capacity: int, spec: ExperienceSpec, shards, prioritized: bool) -> None:
+    """Refuse a capacity the tiers cannot hold, before anything is allocated: each tier's
+    columns, plus the per-slot metadata (and priority trees) in host or shared memory."""
+    row = spec.stored_bytes_per_transition
+    meta = needed_bytes(capacity, 0, prioritized=prioritized)
+    need: dict[Tier, int] = {}
+    for shard in shards:
+        tier = Tier.PAGEABLE if shard.tier is Tier.PINNED else shard.tier  # pinned pages come from host RAM
+        need[tier] = need.get(tier, 0) + shard.capacity * row
+    shared = any(s.tier is Tier.SHARED for s in shards)
+    need[Tier.SHARED if shared else Tier.PAGEABLE] = need.get(Tier.SHARED if shared else Tier.PAGEABLE, 0) + meta
+    for tier, n in need.items():
+        free = available_bytes(tier)
+        if free is not None and n > free:
+            raise CapacityError(
+                f"capacity: {capacity} transitions of {row} B need {fmt(n)} on tier '{tier.value}' (columns and "
+                f"per-slot metadata{', priority trees' if prioritized else ''}), {fmt(free)} is free there. Fix: "
+                "lower capacity, or place part of it on another tier (shards=[ShardSpec(...), ...]; `conduit plan` "
+                "sizes them).")
 
 
 def _as_int(v: Any) -> int | None:

@@ -219,8 +219,9 @@ class EpisodeSampling:
         shaped ``[B, T, ...]``, with a boolean ``mask`` [B, T] that is False after the
         episode ends (those steps repeat the last real step and must be ignored).
         Starts are chosen by the selector."""
-        if length < 1:
-            raise ConfigError("length", ">= 1", length, "use e.g. length=20")
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 1 <= length <= self.capacity:
+            raise ConfigError("length", f"an int in [1, capacity={self.capacity}]", repr(length),
+                              "use e.g. length=20")
         if self.selector.consumes:
             raise ConfigError("selector", "uniform or prioritized for sample_sequences()", "fifo",
                               "use take() for FIFO data")

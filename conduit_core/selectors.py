@@ -70,10 +70,11 @@ class Prioritized(Selector):
     name = "prioritized"
 
     def __init__(self, *, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6):
-        if alpha < 0:
-            raise ConfigError("Prioritized.alpha", ">= 0", alpha, "use e.g. alpha=0.6 (0 = uniform)")
-        if beta < 0:
-            raise ConfigError("Prioritized.beta", ">= 0", beta, "use e.g. beta=0.4 (0 = no correction)")
+        for name, v, fix in (("alpha", alpha, "use e.g. alpha=0.6 (0 = uniform)"),
+                             ("beta", beta, "use e.g. beta=0.4 (0 = no correction)"),
+                             ("eps", eps, "use e.g. eps=1e-6 (added to every priority; 0 = none)")):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or not np.isfinite(v) or v < 0:
+                raise ConfigError(f"Prioritized.{name}", "a finite number >= 0", repr(v), fix)
         self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
         self.max_priority = 1.0
 
@@ -107,8 +108,8 @@ class Prioritized(Selector):
         if self.index.use_c and pr.shape[0] == np.asarray(slots).reshape(-1).shape[0]:
             from ._sumtree import set_priorities
             idx = np.ascontiguousarray(slots, dtype=np.int64).reshape(-1)
-            mx = set_priorities(self.index._sum, self.index._min, self.index.size, idx, np.ascontiguousarray(pr),
-                                self.alpha, self.eps)
+            mx = -1.0 if (self.eps == 0 and (pr == 0).any()) else set_priorities(
+                self.index._sum, self.index._min, self.index.size, idx, np.ascontiguousarray(pr), self.alpha, self.eps)
             if mx >= 0:
                 self.max_priority = max(self.max_priority, mx)
                 return
@@ -122,6 +123,10 @@ class Prioritized(Selector):
                             "pass |TD error| (add eps); NaN usually means the loss diverged")
         if pr.size == 0:
             return
+        if self.eps == 0 and (pr == 0).any():
+            raise SpecError("priorities", "values > 0 with Prioritized(eps=0)", 0.0,
+                            "floor them (e.g. max(p, 1e-12), as RLlib does) or use eps > 0: a zero priority is "
+                            "never drawn again")
         pr = pr + self.eps
         self.max_priority = max(self.max_priority, float(pr.max()))
         self.index.set(slots, pr ** self.alpha if self.alpha != 1.0 else pr)

@@ -140,7 +140,8 @@ def _filled(selector=None, n=50, capacity=40):
     buf = ExperienceBuffer(spec=SPEC, capacity=capacity, selector=selector or Prioritized(), seed=3)
     for i in range(0, n, 5):
         buf.add(rollout(5, i), source=i % 3)
-    buf.update_priorities(np.arange(10), np.linspace(0.1, 2, 10))
+    k = min(10, n, capacity)
+    buf.update_priorities(np.arange(k), np.linspace(0.1, 2, k))
     return buf
 
 
@@ -219,3 +220,70 @@ def test_state_files_round_trip_exactly(tmp_path):
     b = _filled(n=5)
     b.load_state_dict(state_io.load(tmp_path / "s"))
     assert np.array_equal(a.sample(16).seqs, b.sample(16).seqs)
+
+
+# --------------------------------------------------------------------- bad input, named
+
+@pytest.mark.parametrize("capacity", [2.5, "10", True, 0, -3])
+def test_capacity_must_be_a_positive_int(capacity):
+    from conduit_core import ConfigError
+    with pytest.raises(ConfigError, match="capacity"):
+        ExperienceBuffer(spec=SPEC, capacity=capacity)
+
+
+@pytest.mark.parametrize("tier", ["pageable", "shared"])
+def test_a_capacity_larger_than_the_free_memory_is_refused_before_allocating(tier):
+    from conduit_core import CapacityError
+    with pytest.raises(CapacityError, match=r"free there.*Fix") as info:
+        ExperienceBuffer(spec=SPEC, capacity=10**12, tier=tier)
+    assert "GiB" in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs", [{"n_step": (5, 2)}, {"n_step": 2.7}, {"n_step": "3"}, {"n_step": (1,)},
+                                    {"n_step": 0}, {"n_step": True}, {"gamma": float("nan")}, {"gamma": 5},
+                                    {"beta": -1.0}, {"beta": float("inf")}])
+def test_sampling_arguments_are_checked_with_a_named_error(kwargs):
+    from conduit_core import ConfigError
+    buf = _filled()
+    with pytest.raises(ConfigError, match=next(iter(kwargs))):
+        buf.sample(8, **({"n_step": 1} | kwargs))
+
+
+@pytest.mark.parametrize("kwargs", [{"eps": -1}, {"alpha": float("nan")}, {"beta": float("inf")}, {"alpha": "1"}])
+def test_prioritized_numbers_are_checked(kwargs):
+    from conduit_core import ConfigError, Prioritized
+    with pytest.raises(ConfigError, match=next(iter(kwargs))):
+        Prioritized(**kwargs)
+
+
+def test_zero_priorities_without_eps_are_refused():
+    from conduit_core import Prioritized, SpecError
+    buf = _filled(Prioritized(eps=0.0))
+    with pytest.raises(SpecError, match="eps=0"):
+        buf.update_priorities(np.arange(3), np.array([1.0, 0.0, 2.0]))
+
+
+@pytest.mark.parametrize("slots", [[45], [39], [-1], [1 << 20]])
+def test_priorities_go_only_to_slots_that_hold_data(slots):
+    """A never-written slot would be sampled and return uninitialised memory; a slot past
+    the capacity would break every later sample(). Both are refused, nothing changes."""
+    from conduit_core import SpecError
+    buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=__import__("conduit_core").Prioritized(), seed=1)
+    buf.add(rollout(30, 0))
+    before = buf.state_dict()["selector_state"]["leaves"].copy()
+    with pytest.raises(SpecError, match="slot"):
+        buf.update_priorities(np.array(slots), np.ones(len(slots)))
+    assert np.array_equal(buf.state_dict()["selector_state"]["leaves"], before)
+    buf.sample(16)
+
+
+def test_sequence_length_is_bounded_by_capacity():
+    from conduit_core import ConfigError
+    with pytest.raises(ConfigError, match="length"):
+        _filled().sample_sequences(1, 10**6)
+
+
+def test_a_batch_larger_than_memory_is_refused():
+    from conduit_core import CapacityError
+    with pytest.raises(CapacityError, match="batch_size"):
+        _filled().sample(10**12)
