@@ -1,17 +1,33 @@
 """Saving the replay buffer with the algorithm's checkpoint (RLlib 2.60's new stack drops it).
 
 ``save_to_path`` writes RLlib's checkpoint as usual, then the buffer's state beside it
-as ``conduit_replay_buffer.bin`` (Conduit's pickle-free format). ``restore_from_path``
-(used by ``Algorithm.from_checkpoint`` and ``algo.restore_from_path``) reads it back.
+as ``conduit_replay_buffer.bin`` (Conduit's pickle-free format, a checksum per section),
+through the same pyarrow filesystem RLlib writes to. ``restore_from_path`` (used by
+``Algorithm.from_checkpoint`` and ``algo.restore_from_path``) reads and checks that file
+and loads the buffer (all or nothing) *before* RLlib restores anything: a missing,
+truncated or damaged buffer file fails the restore with ``StateError`` and the algorithm
+is left as it was. ``conduit_rllib.enable(config, restore_missing_buffer=True)`` restores
+a checkpoint that has no buffer file with an empty buffer instead, and logs a warning.
 """
 
 from __future__ import annotations
 
-import os
+import logging
+import pathlib
 
-from conduit_core import ConfigError, state_io
+from conduit_core import ConfigError, StateError, state_io
 
 BUFFER_FILE = "conduit_replay_buffer.bin"
+log = logging.getLogger("conduit_rllib")
+
+
+def _fs(path, filesystem):
+    """(pyarrow filesystem, path within it), as RLlib resolves them."""
+    import pyarrow.fs
+    path = path if isinstance(path, str) else pathlib.Path(path).as_posix()
+    if filesystem is None:
+        filesystem, path = pyarrow.fs.FileSystem.from_uri(path)
+    return filesystem, path
 
 
 class BufferCheckpointMixin:
@@ -20,16 +36,41 @@ class BufferCheckpointMixin:
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False):
         path = super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
         buf = getattr(self, "local_replay_buffer", None)
-        if buf is not None and hasattr(buf, "get_state") and filesystem is None:
-            state_io.save(buf.get_state(), os.path.join(str(path), BUFFER_FILE))
+        if buf is not None and hasattr(buf, "get_state"):
+            fs, where = _fs(path, filesystem)
+            with fs.open_output_stream(f"{where}/{BUFFER_FILE}") as fh:
+                fh.write(state_io.dumps(buf.get_state()))
         return path
 
     def restore_from_path(self, path, *args, **kwargs):
-        super().restore_from_path(path, *args, **kwargs)
-        f = os.path.join(str(path), BUFFER_FILE)
         buf = getattr(self, "local_replay_buffer", None)
-        if buf is not None and os.path.exists(f) and kwargs.get("component") is None:
-            buf.set_state(state_io.load(f))
+        if buf is not None and hasattr(buf, "set_state") and kwargs.get("component") is None:
+            state = self._read_buffer_state(path, kwargs.get("filesystem"), buf)
+            if state is not None:
+                buf.set_state(state)  # all or nothing; before RLlib's own restore changes anything
+        super().restore_from_path(path, *args, **kwargs)
+
+    @staticmethod
+    def _read_buffer_state(path, filesystem, buf):
+        import pyarrow
+        fs, where = _fs(path, filesystem)
+        f = f"{where}/{BUFFER_FILE}"
+        try:
+            with fs.open_input_stream(f) as fh:
+                blob = fh.readall()
+        except (FileNotFoundError, OSError, pyarrow.ArrowException) as exc:
+            if getattr(getattr(buf, "options", None), "restore_missing_buffer", False):
+                log.warning("conduit_rllib: %s has no replay buffer file (%s); restoring with an empty buffer, as "
+                            "restore_missing_buffer=True asks", path, BUFFER_FILE)
+                return None
+            raise StateError(f"checkpoint {path}: expected the replay buffer file {BUFFER_FILE}, it cannot be read "
+                             f"({type(exc).__name__}: {exc}). Fix: restore a complete checkpoint, or pass "
+                             "restore_missing_buffer=True to conduit_rllib.enable() to start from an empty buffer; "
+                             "nothing was restored") from None
+        try:
+            return state_io.loads(blob)
+        except StateError as exc:
+            raise StateError(f"checkpoint {path}: the replay buffer file is damaged: {exc}") from None
 
 
 def check_capacity(algo) -> None:

@@ -23,7 +23,9 @@ class ConduitOptions:
     batches prepared per delivery operator call; ``ingest_granularity``: episodes per
     ingestion operator call (both are what ``schedule='auto'`` tunes). ``autotune_settle``:
     (least, most) learner steps the auto-tuner waits for a steady step time before it
-    calibrates; ``autotune_steps_per_phase``: learner steps per calibration phase."""
+    calibrates; ``autotune_steps_per_phase``: learner steps per calibration phase.
+    ``restore_missing_buffer``: restore a checkpoint without a replay buffer file with an
+    empty buffer and a warning (default: such a restore fails before anything changes)."""
 
     schedule: str = "sequential"
     worker: str = "thread"
@@ -37,6 +39,7 @@ class ConduitOptions:
     ingest_granularity: int = 1
     autotune_settle: tuple[int, int] = (40, 2000)
     autotune_steps_per_phase: int = 40
+    restore_missing_buffer: bool = False
 
     def __post_init__(self) -> None:
         settle = self.autotune_settle

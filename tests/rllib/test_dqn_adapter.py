@@ -190,3 +190,61 @@ def test_a_custom_learner_connector_piece_is_refused_by_name(ray_session):
     cfg.training(add_default_connectors_to_learner_pipeline=False)
     with pytest.raises(ConfigError, match="add_default_connectors_to_learner_pipeline"):
         conduit_rllib.enable(cfg)
+
+
+def test_a_checkpoint_with_a_missing_or_damaged_buffer_fails_before_anything_is_restored(ray_session, tmp_path):
+    import os
+
+    import pyarrow.fs
+
+    from conduit_core import StateError
+    from conduit_rllib.checkpointing import BUFFER_FILE
+    algo = small_dqn().build_algo()
+    other = small_dqn().build_algo()
+    try:
+        algo.train()
+        path = algo.save_to_path(str(tmp_path / "ckpt"))
+        # written through the filesystem RLlib is given, not only to local paths
+        fs_path = algo.save_to_path(str(tmp_path / "ckpt_fs"), filesystem=pyarrow.fs.LocalFileSystem())
+        assert os.path.exists(os.path.join(fs_path, BUFFER_FILE))
+        other.train()
+        other.train()
+        iters, size = other.iteration, len(other.local_replay_buffer)
+        f = os.path.join(path, BUFFER_FILE)
+        blob = open(f, "rb").read()
+        for damage in ("truncated", "flipped", "missing"):
+            if damage == "truncated":
+                open(f, "wb").write(blob[: len(blob) // 2])
+            elif damage == "flipped":
+                raw = bytearray(blob)
+                raw[-100] ^= 0x04
+                open(f, "wb").write(bytes(raw))
+            else:
+                os.remove(f)
+            with pytest.raises(StateError, match="replay buffer") as info:
+                other.restore_from_path(path)
+            assert "Fix" in str(info.value) or "damaged" in str(info.value)
+            assert other.iteration == iters and len(other.local_replay_buffer) == size, damage
+    finally:
+        algo.stop()
+        other.stop()
+
+
+def test_restore_missing_buffer_is_an_explicit_choice(ray_session, tmp_path, caplog):
+    import os
+
+    from conduit_rllib.checkpointing import BUFFER_FILE
+    algo = small_dqn().build_algo()
+    try:
+        algo.train()
+        path = algo.save_to_path(str(tmp_path / "ckpt"))
+        os.remove(os.path.join(path, BUFFER_FILE))
+    finally:
+        algo.stop()
+    fresh = small_dqn(restore_missing_buffer=True).build_algo()
+    try:
+        with caplog.at_level("WARNING", logger="conduit_rllib"):
+            fresh.restore_from_path(path)
+        assert "empty buffer" in caplog.text and len(fresh.local_replay_buffer) == 0
+    finally:
+        fresh.stop()
