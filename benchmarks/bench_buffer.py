@@ -168,9 +168,40 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
                 entry["gather_GBps"] = nbytes / median(t_c) / 1e9
                 entry["gather_fresh_GBps"] = nbytes / median(t_cf) / 1e9
             res[f"B{B}"] = entry
+            if kind == "cartpole":  # the tuned DQN config's sampling: n_step=(2, 5), RLlib's episode-end rule
+                res[f"B{B}_nstep"] = nstep_entry(cb, rb, B, prioritized, calls=calls, reps=reps)
         cf.close()
         cb.close()
     return result
+
+
+def nstep_entry(cb, rb, B: int, prioritized: bool, *, calls: int, reps: int) -> dict:
+    """sample(+update) with n_step=(2, 5) as RLlib's DQN asks: Conduit with RLlib's rule for the
+    buffer kind (prioritized: redraw windows cut by an episode's end; uniform: shorten them)
+    and, for prioritized, with the shortened rule too, to show what the redraw costs."""
+    rule = "redraw" if prioritized else "shorten"
+
+    def c_step(episode_end=rule):
+        b = cb.sample(B, n_step=(2, 5), gamma=0.99, episode_end=episode_end)
+        if prioritized:
+            cb.update_priorities(b.slots, np.random.random(B), seqs=b.seqs)
+        return b
+    t_c = time_per_call(c_step, calls=calls, reps=reps)
+    entry = {"rule": rule, "conduit_s": median(t_c)}
+    if prioritized:
+        t_s = time_per_call(lambda: c_step("shorten"), calls=calls, reps=reps)
+        entry |= {"conduit_shorten_s": median(t_s), "redraw_over_shorten": ratio_stats(t_c, t_s)}
+    if rb is not None:
+        def r_step():
+            eps = rb.sample(num_items=B, n_step=(2, 5), gamma=0.99, beta=0.4 if prioritized else None,
+                            sample_episodes=True)
+            cols_ = rllib_columns(eps)
+            if prioritized:
+                rb.update_priorities(np.random.random(len(eps)))
+            return cols_
+        t_r = time_per_call(r_step, calls=max(3, calls // 50), reps=reps)
+        entry |= {"rllib_s": median(t_r), "speedup": ratio_stats(t_r, t_c)}
+    return entry
 
 
 def capacity_report(*, capacity: int = 20_000, episode_len: int = 400, seed: int = 0) -> dict:
@@ -279,8 +310,15 @@ def render(report: dict) -> str:
                     if "gather_GBps" in e else ""
                 rows.append([kind, tag, f"sample B={B}", f"{e['conduit_s'] * 1e6:.1f} us",
                              f"{e.get('rllib_s', float('nan')) * 1e6:.0f} us", f"{sp:.0f}x", extra])
+                n = r.get(f"B{B}_nstep")
+                if n is not None:
+                    sp = n.get("speedup", {}).get("median", float("nan"))
+                    extra = (f"{n['rule']}: {n['redraw_over_shorten']['median']:.2f}x of shorten "
+                             f"({n['conduit_shorten_s'] * 1e6:.1f} us)" if "conduit_shorten_s" in n else n["rule"])
+                    rows.append([kind, tag, f"sample n=(2,5) B={B}", f"{n['conduit_s'] * 1e6:.1f} us",
+                                 f"{n.get('rllib_s', float('nan')) * 1e6:.0f} us", f"{sp:.0f}x", extra])
     head = f"memcpy bandwidth (256 MiB copy): {report['memcpy_GBps']:.1f} GB/s; medians over {report['args']['reps']} reps\n"
-    return head + fmt_table(rows, ["workload", "selector", "op", "conduit", "rllib", "speedup", "gather"])
+    return head + fmt_table(rows, ["workload", "selector", "op", "conduit", "rllib", "speedup", "gather / rule"])
 
 
 if __name__ == "__main__":
