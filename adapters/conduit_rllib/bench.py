@@ -164,10 +164,8 @@ def render(report: dict) -> str:
     for s in SYSTEMS:
         br = _median_breakdown(rec[s]["breakdown"])
         parts = ", ".join(f"{k} {v:.3f}" for k, v in br.items() if k != "exposed")
-        rets = [r for r in rec[s]["returns"] if r is not None]
         lines.append(f"  {s:8s} exposed {statistics.median(rec[s]['exposed_ms']):7.3f} ms/step ({parts})  "
-                     f"iteration {statistics.median(rec[s]['iter_s']):6.2f} s  "
-                     f"return {rets[-1] if rets else float('nan'):.1f}")
+                     f"iteration {statistics.median(rec[s]['iter_s']):6.2f} s")
     mem = report.get("buffer_bytes_per_transition") or {}
     if mem.get("rllib") and mem.get("conduit"):
         fmt = lambda b: f"{b / 1e3:.1f} KB" if b >= 1000 else f"{b:.0f} B"
@@ -181,6 +179,11 @@ def render(report: dict) -> str:
     if it:
         lines.append(f"  end-to-end iteration time,      conduit/rllib: {it['median']:.3f}x "
                      f"(min {it['min']:.3f}, max {it['max']:.3f})")
+    # One seed's return after a few iterations says nothing about learning speed (seed to
+    # seed it varies more than any data-plane effect): learning is compared over seeds, both
+    # directions, by the convergence check.
+    lines.append("  learning (steps to return 150 over seeds, both directions): CONDUIT_CONVERGENCE_SEEDS=0,1,2,3,4 "
+                 "conduit conformance rllib --level convergence -k 'convergence/*'")
     return "\n".join(lines)
 
 
