@@ -307,9 +307,14 @@ class ExperienceDataPlane:
                                      beta=req.beta, timeout=timeout, episode_end=req.episode_end)
         batches = _split(big, req.batch_size) if g > 1 else [big]
         out = []
-        for i, b in enumerate(batches):
-            b = self._run_delivery_hooks(b)
-            out.append(_Prepared(b, req, rows_committed, pv, token if i == 0 else None, req.batch_size))
+        try:
+            for i, b in enumerate(batches):
+                b = self._run_delivery_hooks(b)
+                out.append(_Prepared(b, req, rows_committed, pv, token if i == 0 else None, req.batch_size))
+        except BaseException:
+            # nothing of this selection is handed out: it does not count as sampled (rate limits stay true)
+            self.buffer.rollback_selection(token, items=total, restore_rng=token is not None)
+            raise
         return out
 
     def _run_delivery_hooks(self, batch: Batch) -> Batch:

@@ -71,6 +71,8 @@ def _to_numpy(data) -> dict:
 
 
 def _child_main(spec_config: list, hooks_blob: bytes, inq, outq, parent_pid: int) -> None:  # pragma: no cover
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; the child stops when told
     torch.set_num_threads(1)
     try:
         spec = ExperienceSpec.from_config(spec_config)

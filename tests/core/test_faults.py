@@ -287,3 +287,34 @@ def test_a_batch_larger_than_memory_is_refused():
     from conduit_core import CapacityError
     with pytest.raises(CapacityError, match="batch_size"):
         _filled().sample(10**12)
+
+
+@pytest.mark.parametrize("granularity", [1, 3])
+def test_a_failed_delivery_hook_does_not_count_as_sampled(granularity):
+    """The hook fails on its 2nd call: with g=1 the 2nd delivery fails, with g=3 the first
+    (its 3 batches are prepared in one call). What failed is not counted as sampled."""
+    calls = {"n": 0}
+
+    def hook(batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("hook failed")
+        return batch
+    with make(Schedule.sequential(delivery_granularity=granularity), delivery_hooks=[hook]) as edp:
+        edp.ingest(rollout(50, 0))
+        with pytest.raises(RuntimeError, match="hook failed"):
+            edp.deliver(8)
+            edp.deliver(8)
+        assert edp.buffer.sampled == (8 if granularity == 1 else 0)
+
+
+def test_ctrl_c_in_the_terminal_does_not_kill_the_process_worker():
+    import os
+    import signal
+    with make(Schedule.overlapped(worker="process")) as edp:
+        pid = edp.worker_process_id
+        os.kill(pid, signal.SIGINT)          # what a terminal's Ctrl-C sends to the whole process group
+        time.sleep(1.0)
+        edp.ingest(rollout(5, 0))
+        edp.flush(timeout=30)
+        assert edp.worker_process_id == pid and stored_ids(edp) == list(range(5))
