@@ -9,8 +9,13 @@ paths; a run that never reaches the threshold counts as its whole budget (censor
 - with 5 or more seeds, a two-sided Mann-Whitney U test must not reject equal
   distributions at 5%.
 
-R is 1.5 with 5 or more seeds and 2.0 with fewer (CI runs 2 seeds: a coarse bound that
-still catches a workload that does not learn, or learns twice as fast). The full run is
+R is 2.0 with 5 or more seeds and 2.5 with fewer (CI runs 2 seeds). The bounds are set
+by the spread of steps-to-threshold across seeds, measured: RLlib DQN CartPole's log-steps
+vary with sd 0.38 (PPO's 0.16). At that spread a correct adapter is flagged about 5% of
+the time with 5 seeds (2% with 2), and the test catches a true 0.6x ratio (what the
+shortened-window bug did) 44% of the time for DQN and 97% for PPO with 5 seeds: learning
+curves are a coarse check. The sharp one is ``equivalence/nstep_matches_native``, which
+compares what is delivered on the same data. The full run is
 ``CONDUIT_CONVERGENCE_SEEDS=0,1,2,3,4 conduit conformance NAME --level convergence -k
 'convergence/*'``; docs/benchmarks.md has its figures and the power of the test.
 
@@ -46,7 +51,7 @@ def seeds() -> tuple[int, ...]:
 
 
 def ratio_bound(n_seeds: int) -> float:
-    return 1.5 if n_seeds >= FULL_SEEDS else 2.0
+    return 2.0 if n_seeds >= FULL_SEEDS else 2.5
 
 
 def compare(native_steps: list[int], conduit_steps: list[int]) -> tuple[float, float | None, float]:
@@ -70,8 +75,9 @@ def convergence(ctx, workload: str, run) -> None:
     steps = lambda rs: [r.env_steps if r.reached else budget for r in rs]
     ns, cs = steps(native), steps(conduit)
     ratio, p, bound = compare(ns, cs)
-    detail = (f"env steps to the threshold over seeds {list(seeds())}: native {ns}, Conduit {cs} "
-              f"(unreached = the {budget}-step budget)")
+    shown = lambda rs: "[" + ", ".join(f"{r.env_steps}" if r.reached else f">{budget} (not reached)"
+                                         for r in rs) + "]"
+    detail = f"env steps to the threshold over seeds {list(seeds())}: native {shown(native)}, Conduit {shown(conduit)}"
     ensure(1 / bound <= ratio <= bound,
            f"Conduit {'learns faster' if ratio < 1 else 'learns slower'} than native: median ratio {ratio:.2f} "
            f"outside [{1 / bound:.2f}, {bound:.2f}]; {detail}")
