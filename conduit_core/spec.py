@@ -59,6 +59,7 @@ class FieldSpec:
     shape: tuple[int, ...] = ()
     dtype: torch.dtype = torch.float32
     codec: Codec = field(default_factory=IdentityCodec)
+    allow_nonfinite: bool = False   # NaN/inf in a float field is refused at ingestion unless allowed
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier() or self.name.startswith("_"):
@@ -99,13 +100,16 @@ class FieldSpec:
         return math.prod(self.stored_shape) * torch.empty((), dtype=self.stored_dtype).element_size()
 
     def to_config(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": dtype_name(self.dtype),
-                "codec": self.codec.to_config()}
+        cfg = {"name": self.name, "shape": list(self.shape), "dtype": dtype_name(self.dtype),
+               "codec": self.codec.to_config()}
+        if self.allow_nonfinite:
+            cfg["allow_nonfinite"] = True
+        return cfg
 
     @staticmethod
     def from_config(cfg: Mapping[str, Any]) -> "FieldSpec":
         return FieldSpec(cfg["name"], tuple(cfg["shape"]), _DTYPES[cfg["dtype"]],
-                         codec_from_config(cfg["codec"]))
+                         codec_from_config(cfg["codec"]), bool(cfg.get("allow_nonfinite", False)))
 
 
 class ExperienceSpec:
@@ -220,6 +224,8 @@ class ExperienceSpec:
                                 f"cast it, e.g. x.astype(np.{dtype_name(f.dtype)}) or "
                                 f"x.to(torch.{dtype_name(f.dtype)}), or declare dtype "
                                 f"{actual_dtype} in the spec")
+            if f.dtype.is_floating_point and not f.allow_nonfinite and col.shape[0]:
+                _check_finite(name, col)
             if n is None:
                 n = col.shape[0]
             elif col.shape[0] != n:
@@ -227,6 +233,26 @@ class ExperienceSpec:
                                 "give every field the same number of transitions")
             columns[name] = col
         return int(n or 0), columns
+
+
+def _check_finite(name: str, col) -> None:
+    """Refuse NaN/inf: one reduction over the column (a finite sum means no NaN or inf);
+    only a non-finite sum, overflow included, pays the exact element check."""
+    if isinstance(col, torch.Tensor):
+        if bool(torch.isfinite(col.sum())) or bool(torch.isfinite(col).all()):
+            return
+        bad = int(torch.nonzero(~torch.isfinite(col.reshape(col.shape[0], -1)).all(dim=1))[0])
+        value = col.reshape(col.shape[0], -1)[bad][~torch.isfinite(col.reshape(col.shape[0], -1)[bad])][0].item()
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(col.sum()) or np.isfinite(col).all():
+                return
+        flat = col.reshape(col.shape[0], -1)
+        bad = int(np.flatnonzero(~np.isfinite(flat).all(axis=1))[0])
+        value = flat[bad][~np.isfinite(flat[bad])][0]
+    raise SpecError(name, "finite values", f"{value} in row {bad}",
+                    f"fix the producer (NaN usually means a diverged model or a broken env), or declare "
+                    f"FieldSpec({name!r}, ..., allow_nonfinite=True) if non-finite values are data")
 
 
 def as_tensor(x: Any) -> torch.Tensor:

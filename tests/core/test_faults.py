@@ -318,3 +318,36 @@ def test_ctrl_c_in_the_terminal_does_not_kill_the_process_worker():
         edp.ingest(rollout(5, 0))
         edp.flush(timeout=30)
         assert edp.worker_process_id == pid and stored_ids(edp) == list(range(5))
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_non_finite_data_is_refused_by_default_and_names_the_row(value, as_torch):
+    import torch
+    from conduit_core import SpecError
+    buf = ExperienceBuffer(spec=SPEC, capacity=100)
+    r = rollout(5)
+    r["obs"][3, 2] = value
+    if as_torch:
+        r = {k: torch.from_numpy(v) for k, v in r.items()}
+    with pytest.raises(SpecError, match=r"obs: expected finite values.*row 3.*allow_nonfinite"):
+        buf.add(r)
+    assert len(buf) == 0
+
+
+def test_non_finite_values_are_stored_when_the_field_allows_them():
+    import torch
+    from conduit_core import ExperienceSpec, FieldSpec
+    spec = ExperienceSpec([FieldSpec("x", (2,), torch.float32, allow_nonfinite=True)])
+    buf = ExperienceBuffer(spec=spec, capacity=10)
+    buf.add({"x": np.array([[np.inf, 1.0]], np.float32)})
+    assert np.isinf(buf.sample(1)["x"].numpy()[0, 0])
+    assert ExperienceSpec.from_config(spec.to_config()) == spec
+
+
+def test_large_finite_values_whose_sum_overflows_are_accepted():
+    buf = ExperienceBuffer(spec=SPEC, capacity=100)
+    r = rollout(5)
+    r["obs"][:, 2] = 3e38
+    buf.add(r)
+    assert len(buf) == 5
