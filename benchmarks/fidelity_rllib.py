@@ -19,7 +19,8 @@ import json
 import os
 
 import numpy as np
-from scipy.stats import chi2_contingency
+
+from conformance.stats import two_sample_chi2
 
 
 def cartpole_chunks(episodes: int, fragment: int, seed: int, open_last: int = 4):
@@ -87,25 +88,6 @@ def summary(rows, lengths, *, uniform: bool):
             "cats": cats}
 
 
-def chi2_p(a, b) -> float:
-    cats = sorted(set(a) | set(b))
-    ca, cb = dict.fromkeys(cats, 0), dict.fromkeys(cats, 0)
-    for c in a:
-        ca[c] += 1
-    for c in b:
-        cb[c] += 1
-    table, rest = [], [0, 0]
-    for c in cats:
-        if ca[c] + cb[c] < 20:
-            rest[0] += ca[c]
-            rest[1] += cb[c]
-        else:
-            table.append([ca[c], cb[c]])
-    if sum(rest):
-        table.append(rest)
-    return float(chi2_contingency(np.array(table).T).pvalue)
-
-
 def measure(prioritized: bool, chunks, where, lengths, *, draws: int, seed: int) -> dict:
     from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
     from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
@@ -130,11 +112,11 @@ def measure(prioritized: bool, chunks, where, lengths, *, draws: int, seed: int)
     conduit.close()
     sn, sc = summary(nat, lengths, uniform=not prioritized), summary(con, lengths, uniform=not prioritized)
     res = {"rllib": {k: v for k, v in sn.items() if k != "cats"}, "conduit": {k: v for k, v in sc.items() if k != "cats"},
-           "p_conduit_vs_rllib": chi2_p(sn["cats"], sc["cats"]), "draws": len(nat)}
+           "p_conduit_vs_rllib": two_sample_chi2(sn["cats"], sc["cats"]), "draws": len(nat)}
     if old:
         so = summary(old, lengths, uniform=False)
         res["conduit_shortened_rule"] = {k: v for k, v in so.items() if k != "cats"}
-        res["p_shortened_rule_vs_rllib"] = chi2_p(sn["cats"], so["cats"])
+        res["p_shortened_rule_vs_rllib"] = two_sample_chi2(sn["cats"], so["cats"])
     return res
 
 

@@ -16,6 +16,7 @@ timeout and end in a clear error, never a hang.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any, Mapping, Sequence
@@ -116,6 +117,7 @@ class ExperienceBuffer(EpisodeSampling):
             raise ConfigError("capacity", "a positive int number of transitions", repr(capacity),
                               "use e.g. capacity=100_000")
         self.spec = spec
+        self._row_bytes = spec.bytes_per_transition  # delivered bytes per row (checked per sample: cached)
         self.capacity = int(capacity)
         shards = list(shards) if shards else [ShardSpec(Tier.parse(tier), self.capacity)]
         if sum(s.capacity for s in shards) != self.capacity:
@@ -371,7 +373,7 @@ class ExperienceBuffer(EpisodeSampling):
         if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) \
                 or batch_size < 1:
             raise ConfigError("batch_size", "a positive int", repr(batch_size), "pass e.g. batch_size=32")
-        out = int(batch_size) * self.spec.bytes_per_transition
+        out = int(batch_size) * self._row_bytes
         if out < (256 << 20):  # the usual case costs no system call on the hot path
             return
         free = available_bytes(Tier.PAGEABLE)
@@ -382,6 +384,9 @@ class ExperienceBuffer(EpisodeSampling):
     @staticmethod
     def _check_sampling(n_step, gamma: float, beta: float | None) -> None:
         """Sampling arguments, checked before anything is drawn."""
+        if type(n_step) is int and n_step >= 1 and type(gamma) is float and 0.0 <= gamma <= 1.0 \
+                and (beta is None or (type(beta) is float and 0.0 <= beta < math.inf)):
+            return  # the usual call, decided without a function call
         ok = lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
         if n_step is not None:
             if isinstance(n_step, (tuple, list)):

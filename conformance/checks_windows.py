@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from .harness import DeliveredRows, Session, SyntheticRollout, reward_of
 from .registry import CheckSkipped, check, ensure
+from .stats import two_sample_chi2
 
 P_MIN = 1e-3          # seeded draws; a right distribution fails this one time in a thousand
 GAMMA = 0.9
@@ -141,29 +141,6 @@ def _give_priorities(session: Session, n_items: int) -> None:
     ensure(False, f"only {len(seen)} of {n_items} stored items were ever delivered")
 
 
-def _chi2(a: list, b: list) -> float:
-    """Two-sample chi-square over categories; categories seen fewer than 20 times are pooled."""
-    cats = sorted(set(a) | set(b))
-    ca = dict.fromkeys(cats, 0)
-    cb = dict.fromkeys(cats, 0)
-    for c in a:
-        ca[c] += 1
-    for c in b:
-        cb[c] += 1
-    table, rest = [], [0, 0]
-    for c in cats:
-        if ca[c] + cb[c] < 20:
-            rest[0] += ca[c]
-            rest[1] += cb[c]
-        else:
-            table.append([ca[c], cb[c]])
-    if rest[0] + rest[1]:
-        table.append(rest)
-    if len(table) < 2:
-        return 1.0
-    return float(stats.chi2_contingency(np.array(table).T).pvalue)
-
-
 def _selectors(ctx) -> list[bool]:
     return [False] + ([True] if "prioritized" in ctx.harness.capabilities else [])
 
@@ -210,11 +187,11 @@ def nstep_matches_native(ctx) -> None:
                 a = _draw(nat, 6000, n_step=n_step)
                 b = _draw(s, 6000, n_step=n_step)
                 kind = "prioritized" if prioritized else "uniform"
-                p = _chi2(truth.categories(a), truth.categories(b))
+                p = two_sample_chi2(truth.categories(a), truth.categories(b))
                 ensure(p > P_MIN, f"{kind}, n_step={n_step}: windows (steps left, length) are drawn differently "
                                   f"from the native path (chi-square p={p:.2e}); e.g. windows cut by an episode's "
                                   "end shortened where the framework redraws them, or the reverse")
-                pi = _chi2(np.asarray(a.ids).astype(int).tolist(), np.asarray(b.ids).astype(int).tolist())
+                pi = two_sample_chi2(np.asarray(a.ids).astype(int).tolist(), np.asarray(b.ids).astype(int).tolist())
                 ensure(pi > P_MIN, f"{kind}, n_step={n_step}: start items are drawn differently from the native "
                                    f"path (chi-square p={pi:.2e})")
         finally:

@@ -10,36 +10,14 @@ the test can tell the two apart."""
 
 import numpy as np
 import pytest
-from scipy.stats import chi2_contingency
 
 from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
+from conformance.stats import two_sample_chi2
 
 from .rllib_episodes import check_rows_against_truth, make_chunks, rows_from_conduit, rows_from_rllib
 
 P_BOUND = 1e-3       # a true difference this test misses has p above this; equal distributions fail 0.1%
 DRAWS = 12_000
-
-
-def chi2_p(a: list[tuple], b: list[tuple]) -> float:
-    """Two-sample chi-square over categories, merging the rarest into one bin (expected >= 5)."""
-    cats = sorted(set(a) | set(b))
-    ca = {c: 0 for c in cats}
-    cb = dict(ca)
-    for c in a:
-        ca[c] += 1
-    for c in b:
-        cb[c] += 1
-    order = sorted(cats, key=lambda c: ca[c] + cb[c])
-    table, rest = [], [0, 0]
-    for c in order:
-        if ca[c] + cb[c] < 20:
-            rest[0] += ca[c]
-            rest[1] += cb[c]
-        else:
-            table.append([ca[c], cb[c]])
-    if sum(rest):
-        table.append(rest)
-    return float(chi2_contingency(np.array(table).T)[1])
 
 
 def fill(native, conduit, chunks):
@@ -102,7 +80,7 @@ def test_prioritized_windows_match_rllib(n_step):
     b = concat(draw(conduit, rows_from_conduit, n_step=n_step, gamma=gamma))
     check_rows_against_truth(b, truth, gamma)
     check_rows_against_truth(a, truth, gamma)  # RLlib's prioritized rows are true windows too
-    p = chi2_p(a.categories(truth), b.categories(truth))
+    p = two_sample_chi2(a.categories(truth), b.categories(truth))
     assert p > P_BOUND, f"n_step={n_step}: Conduit's windows differ from RLlib's (chi-square p={p:.2g})"
     assert abs(a.terminated.mean() - b.terminated.mean()) < 4 * np.sqrt(a.terminated.mean() / DRAWS) + 1e-3
 
@@ -113,10 +91,10 @@ def test_prioritized_with_unequal_priorities_and_weights_match_rllib():
     a = concat(draw(native, rows_from_rllib, n_step=(2, 5), gamma=gamma, beta=beta))
     b = concat(draw(conduit, rows_from_conduit, n_step=(2, 5), gamma=gamma, beta=beta))
     check_rows_against_truth(b, truth, gamma)
-    p = chi2_p(a.categories(truth), b.categories(truth))
+    p = two_sample_chi2(a.categories(truth), b.categories(truth))
     assert p > P_BOUND, f"categories differ (p={p:.2g})"
     items = lambda r: list(zip(r.episode.tolist(), r.t.tolist()))
-    p_items = chi2_p(items(a), items(b))
+    p_items = two_sample_chi2(items(a), items(b))
     assert p_items > P_BOUND, f"which items are drawn differs under unequal priorities (p={p_items:.2g})"
     # the importance weight of an item is a function of its priority: equal in both buffers
     wa = {(e, t): w for e, t, w in zip(a.episode, a.t, a.weight)}
@@ -137,7 +115,7 @@ def test_the_shortened_window_rule_is_told_apart():
         from conduit_rllib.replay_buffer import DeliveredBatch
         shortened.append(rows_from_conduit([DeliveredBatch(b)]))
     s = concat(shortened)
-    assert chi2_p(a.categories(truth), s.categories(truth)) < 1e-6
+    assert two_sample_chi2(a.categories(truth), s.categories(truth)) < 1e-6
     assert s.terminated.mean() > 1.5 * a.terminated.mean()
 
 
@@ -160,7 +138,7 @@ def test_uniform_window_starts_and_lengths_match_rllib():
     check_rows_against_truth(b, truth, gamma)
     true_len = lambda r: np.minimum(r.k, np.array([len(truth[e]) for e in r.episode]) - r.t)
     cat = lambda r, k: list(zip((np.array([len(truth[e]) for e in r.episode]) - r.t - k).tolist(), k.tolist()))
-    p = chi2_p(cat(a, true_len(a)), cat(b, b.k))
+    p = two_sample_chi2(cat(a, true_len(a)), cat(b, b.k))
     assert p > P_BOUND, f"(start, length) distribution differs from RLlib's uniform buffer (p={p:.2g})"
 
 
