@@ -78,9 +78,12 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         return Prioritized(alpha=self.alpha, beta=self.beta, eps=0.0) if self.prioritized else Uniform()
 
     def _build(self, first_cols: dict[str, np.ndarray]) -> None:
-        spec = spec_for(first_cols, obs_codec=self.options.obs_codec)
-        selector = self._selector()
-        buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, tier=self.options.tier,
+        self._build_for(spec_for(first_cols, obs_codec=self.options.obs_codec))
+
+    def _build_for(self, spec) -> None:
+        """The data plane (and, for schedule='auto', its tuner) for ``spec``: the one place
+        both a first add() and a restore build it, so a restored run is the run it saved."""
+        buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=self._selector(), tier=self.options.tier,
                                seed=self._seed, reuse_outputs=self.options.reuse_outputs)
         self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())
         if self.options.schedule == "auto":
@@ -216,11 +219,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                              "Fix: restore a checkpoint written with conduit_rllib enabled.")
         if state["edp"] is not None:
             if self.edp is None:
-                spec = ExperienceSpec.from_config(state["spec"])
-                selector = self._selector()
-                buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, tier=self.options.tier,
-                                       seed=self._seed, reuse_outputs=self.options.reuse_outputs)
-                self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())
+                self._build_for(ExperienceSpec.from_config(state["spec"]))
             self.edp.load_state_dict(state["edp"])
         self._sources = {k: int(v) for k, v in state["sources"]}
         self._next_source = int(state["next_source"])

@@ -186,3 +186,15 @@ def test_episodes_leave_the_count_when_their_last_step_is_evicted():
     restored = ConduitEpisodeReplayBuffer(capacity=60, prioritized=True, seed=1)
     restored.set_state(conduit.get_state())
     assert restored.get_num_episodes() == conduit.get_num_episodes()
+
+
+def test_a_restored_auto_schedule_buffer_keeps_its_tuner():
+    """The restore path built its data plane without the auto-tuner, so a restored
+    schedule='auto' run silently stayed sequential."""
+    chunks, _ = make_chunks(4)
+    a = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, seed=1, conduit={"schedule": "auto"})
+    for c in chunks:
+        a.add([c])
+    b = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, seed=1, conduit={"schedule": "auto"})
+    b.set_state(a.get_state())
+    assert a.tuner is not None and b.tuner is not None
