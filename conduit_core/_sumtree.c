@@ -27,15 +27,22 @@ static int get_buf(PyObject *obj, Py_buffer *view, const char *fmts, int writabl
     return 0;
 }
 
+/* The smaller of a and b ignoring zeros (the min tree keeps the smallest positive priority;
+ * 0 means no item below, so a fresh tree of zero pages needs no initialisation). */
+static inline double min_positive(double a, double b) {
+    if (a == 0.0) return b;
+    if (b == 0.0) return a;
+    return a < b ? a : b;
+}
+
 /* Set leaf i to v (0 = not sampleable) and fix the sums and minimums of its ancestors. */
 static void set_leaf(double *sum, double *mn, Py_ssize_t size, long long i, double v) {
     Py_ssize_t node = (Py_ssize_t)(i + size);
     sum[node] = v;
-    mn[node] = v > 0.0 ? v : INFINITY;
+    mn[node] = v > 0.0 ? v : 0.0;
     for (node >>= 1; node >= 1; node >>= 1) {
         sum[node] = sum[2 * node] + sum[2 * node + 1];
-        double a = mn[2 * node], b = mn[2 * node + 1];
-        mn[node] = a < b ? a : b;
+        mn[node] = min_positive(mn[2 * node], mn[2 * node + 1]);
     }
 }
 

@@ -142,8 +142,10 @@ class ExperienceBuffer(EpisodeSampling):
                 self._meta_segments.append(seg)
                 arr = seg.tensor.numpy()
             else:
-                arr = np.empty(self.capacity, dtype=np.int64)
-            arr.fill(-1)
+                # zero pages are mapped on first write: an empty buffer of any capacity costs
+                # (almost) nothing. A never-written slot holds 0, which no check takes for a
+                # row: a row is live iff lo <= seq < inserted and seq % capacity == its slot.
+                arr = np.zeros(self.capacity, dtype=np.int64)
             self.meta[name] = arr
         self.rng = np.random.default_rng(seed)
         self._seed = seed
@@ -170,6 +172,10 @@ class ExperienceBuffer(EpisodeSampling):
         if self.selector.consumes:
             return self._inserted - self._head
         return self._inserted - self._lo()
+
+    def _live(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        """Which of ``slots`` (holding ``seqs`` in the metadata) hold a stored row."""
+        return (seqs >= self._lo()) & (seqs < self._inserted) & (seqs % self.capacity == slots)
 
     def _lo(self) -> int:
         """Seq of the oldest row still stored (ring eviction or early eviction)."""
@@ -519,8 +525,8 @@ class ExperienceBuffer(EpisodeSampling):
             if seqs is not None:
                 keep = stored == np.asarray(seqs).reshape(-1)
                 slots, pr = slots[keep], pr[keep]
-            elif slots.size and (stored < self._lo()).any():
-                bad = int(slots[stored < self._lo()][0])
+            elif slots.size and not (live := self._live(slots, stored)).all():
+                bad = int(slots[~live][0])
                 raise SpecError("slots", "slots that hold a stored row", f"slot {bad} (empty or evicted)",
                                 "pass the slots of a delivered Batch, with its seqs so rows overwritten since "
                                 "are skipped")
@@ -563,9 +569,11 @@ class ExperienceBuffer(EpisodeSampling):
             enc, meta, c, stored = checked["data"], checked["meta"], checked["counters"], checked["stored"]
             if stored:
                 self.storage.write(0, enc, stored)
+            written = min(self._inserted, self.capacity)  # slots this buffer wrote before: cleared past `stored`
             for k in _META:
-                self.meta[k].fill(-1)
                 self.meta[k][:stored] = meta[k]
+                if written > stored:
+                    self.meta[k][stored:written] = 0
             self._inserted, self._sampled = c["inserted"], c["sampled"]
             self._head, self._dropped_stale = c["head"], c["dropped_stale"]
             self._floor, self._evicted_early = c["floor"], c["evicted_early"]

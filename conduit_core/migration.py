@@ -97,7 +97,7 @@ class Migration:
         the oldest live row. A background migration does this in its own thread, so the
         learner never waits for an actor to start."""
         self.storage = ColumnarStorage(spec=self.buffer.spec, shards=self.shards)
-        self.meta = {k: np.full(self.capacity, -1, dtype=np.int64) for k in _META}
+        self.meta = {k: np.zeros(self.capacity, dtype=np.int64) for k in _META}  # lazy, as the buffer's
         b = self.buffer
         with b.lock:
             try:

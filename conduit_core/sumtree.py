@@ -27,8 +27,10 @@ class PriorityIndex:
     def __init__(self, capacity: int, *, use_c: bool | None = None):
         self.capacity = int(capacity)
         self.size = 1 << max(1, (self.capacity - 1).bit_length())
+        # Both trees start as zero pages, mapped on first write (an empty index costs nothing).
+        # The min tree keeps the smallest *positive* priority; 0 means "no item below".
         self._sum = np.zeros(2 * self.size, dtype=np.float64)
-        self._min = np.full(2 * self.size, np.inf, dtype=np.float64)
+        self._min = np.zeros(2 * self.size, dtype=np.float64)
         self.use_c = HAVE_C if use_c is None else (use_c and HAVE_C)
 
     # --------------------------------------------------------------- queries
@@ -38,7 +40,9 @@ class PriorityIndex:
 
     @property
     def min(self) -> float:
-        return float(self._min[1])
+        """The smallest positive priority (inf when no item has one)."""
+        m = float(self._min[1])
+        return m if m > 0 else float("inf")
 
     def trees(self) -> tuple[np.ndarray, np.ndarray, int]:
         """(sum tree, min tree, leaf offset): the arrays native walks read (node 1 is the
@@ -68,11 +72,11 @@ class PriorityIndex:
             raise IndexError("priority index out of range")
         node = idx + self.size
         self._sum[node] = vals  # numpy: the last duplicate wins, as in C
-        self._min[node] = np.where(self._sum[node] > 0, self._sum[node], np.inf)
+        self._min[node] = self._sum[node]
         node = np.unique(node >> 1)
         while node[0] >= 1:
             self._sum[node] = self._sum[2 * node] + self._sum[2 * node + 1]
-            self._min[node] = np.minimum(self._min[2 * node], self._min[2 * node + 1])
+            self._min[node] = _min_positive(self._min[2 * node], self._min[2 * node + 1])
             if node[0] == 1:
                 break
             node = np.unique(node >> 1)
@@ -111,11 +115,16 @@ class PriorityIndex:
         self._sum[:] = 0
         self._sum[self.size: self.size + leaves.shape[0]] = leaves
         lv = self._sum[self.size:]
-        self._min[:] = np.inf
-        self._min[self.size:] = np.where(lv > 0, lv, np.inf)
+        self._min[:] = 0
+        self._min[self.size:] = lv
         n = self.size
         while n > 1:
             half = n // 2
             self._sum[half:n] = self._sum[n:2 * n:2] + self._sum[n + 1:2 * n:2]
-            self._min[half:n] = np.minimum(self._min[n:2 * n:2], self._min[n + 1:2 * n:2])
+            self._min[half:n] = _min_positive(self._min[n:2 * n:2], self._min[n + 1:2 * n:2])
             n = half
+
+
+def _min_positive(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise: the smaller of a and b ignoring zeros (0 where both are 0)."""
+    return np.where(a == 0, b, np.where(b == 0, a, np.minimum(a, b)))
