@@ -189,7 +189,8 @@ fail:
  *
  * Selection and the n-step walk in one pass, for items first.. of the output. Each attempt
  * takes one uniform for the item (prioritized: the prefix-sum search over the tree; else
- * slot (lo + floor(u * count)) % cap) and, when n_hi - n_lo > 1, one for its n in
+ * slot (lo + floor(u * count)) % cap, drawn again if that row was removed) and, when
+ * n_hi - n_lo > 1, one for its n in
  * [n_lo, n_hi). The walk follows the episode links as nstep() does. With `redraw`, an
  * attempt whose window is cut short (the episode ends, or its next step is not stored yet)
  * is dropped and the item drawn again, n included: RLlib's PrioritizedEpisodeReplayBuffer
@@ -257,6 +258,10 @@ static PyObject *sample_windows(PyObject *self, PyObject *args) {
                 long long off = (long long)(u[j++] * (double)count);
                 if (off >= count) off = count - 1;
                 start = (lo + off) % cap;
+                if (seq[start] != lo + off) {  /* a removed row (ExperienceBuffer.evict): draw again */
+                    if (need == 2) j++;
+                    continue;
+                }
             }
             long long n = n_lo;
             if (need == 2) {

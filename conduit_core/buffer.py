@@ -157,6 +157,7 @@ class ExperienceBuffer(EpisodeSampling):
                                   # were not carried over by a capacity-growing migration
         self._migration = None    # an active Migration (see migration.py) receives every insert
         self._evicted_early = 0
+        self._holes = 0           # rows inside [lo, inserted) removed by evict(): not stored any more
         self._open_tail: dict[int, int] = {}  # source -> seq of its last item if the episode goes on
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
@@ -171,7 +172,7 @@ class ExperienceBuffer(EpisodeSampling):
         """Items currently stored (for FIFO: not yet consumed)."""
         if self.selector.consumes:
             return self._inserted - self._head
-        return self._inserted - self._lo()
+        return self._inserted - self._lo() - self._holes
 
     def _live(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         """Which of ``slots`` (holding ``seqs`` in the metadata) hold a stored row."""
@@ -235,6 +236,10 @@ class ExperienceBuffer(EpisodeSampling):
                 pending = self.storage.plan_frames(enc, n)
                 self._evict_for_frames(pending, n)
                 self.storage.commit_frames(pending)
+            if self._holes:  # rows the ring now overwrites leave the window: so do holes among them
+                lo, new_lo = self._lo(), max(first + n - self.capacity, self._floor, 0)
+                if new_lo > lo:
+                    self._holes -= self._count_holes(lo, new_lo)
             self.storage.write(start, enc, n)
             prev_tail = self._open_tail.get(int(source))
             self._write_meta(first, n, enc, int(source), int(policy_version))
@@ -250,6 +255,44 @@ class ExperienceBuffer(EpisodeSampling):
         done = write_meta_rows(self.meta, self.capacity, first, n, enc, self.done_fields, source, version, prev)
         if done is None or not done[-1]:
             self._open_tail[source] = first + n - 1
+
+    # -------------------------------------------------------------- eviction
+    def evict(self, seqs) -> int:
+        """Remove stored rows before the ring would overwrite them: a framework's own
+        eviction rule (RLlib's is whole oldest episodes) on top of the ring's. Rows already
+        gone are skipped. Removed rows are never delivered again (uniform selection redraws
+        a removed slot; a prioritized one has priority 0); the ring reuses their slots in
+        turn. Returns how many rows were removed."""
+        if self.selector.consumes:
+            raise ConfigError("evict()", "a replay buffer (uniform or prioritized)", "fifo",
+                              "FIFO data leaves when it is taken; use take()")
+        seqs = np.unique(np.asarray(seqs, dtype=np.int64).reshape(-1))
+        with self._cond:
+            self._check_open()
+            slots = seqs % self.capacity
+            live = (self.meta["seq"][slots] == seqs) & self._live(slots, seqs)  # this very row is stored
+            seqs, slots = seqs[live], slots[live]
+            if not seqs.size:
+                return 0
+            self.meta["seq"][slots] = -1
+            self.meta["next_seq"][slots] = -1
+            self.selector.on_evict(slots)
+            if self._migration is not None:
+                self._migration.on_evict(seqs)
+            self._holes += int(seqs.size)
+            self._cond.notify_all()
+            return int(seqs.size)
+
+    def _count_holes(self, lo: int, hi: int) -> int:
+        """Removed rows among seqs [lo, hi) (each slot holds its seq while the row is stored)."""
+        seqs = np.arange(lo, hi, dtype=np.int64)
+        return int(np.count_nonzero(self.meta["seq"][seqs % self.capacity] != seqs))
+
+    def recount_holes(self) -> None:
+        """Recompute the removed-row count from the metadata (after a layout change)."""
+        with self._cond:
+            lo = self._lo()
+            self._holes = self._count_holes(lo, self._inserted) if self._inserted > lo else 0
 
     @property
     def migrating(self) -> bool:
@@ -282,6 +325,8 @@ class ExperienceBuffer(EpisodeSampling):
                                 "unconsumed on-policy rows. Fix: consume first or raise frame_budget.")
         seqs = np.arange(a, new_floor, dtype=np.int64)
         slots = seqs % cap
+        if self._holes:
+            self._holes -= self._count_holes(a, new_floor)
         self.meta["seq"][slots] = -1
         self.meta["next_seq"][slots] = -1
         if isinstance(self.selector, Prioritized):
@@ -371,9 +416,27 @@ class ExperienceBuffer(EpisodeSampling):
             return self.selector.select(batch_size, self.size, self.rng, beta=beta)
         lo = self._lo()
         off, weights = self.selector.select(batch_size, self._inserted - lo, self.rng)
+        if self._holes:
+            return self._redraw_holes(lo, off), weights
         if self._floor > max(self._inserted - self.capacity, 0):  # early eviction: a shifted window
             return (lo + off) % self.capacity, weights
         return off, weights
+
+    def _redraw_holes(self, lo: int, off: np.ndarray) -> np.ndarray:
+        """Uniform over the stored rows when some were removed: offsets that fall on a removed
+        row are drawn again (each round keeps the live ones, so the result is uniform)."""
+        window = self._inserted - lo
+        seqs = lo + off
+        for _ in range(1000):
+            dead = self.meta["seq"][seqs % self.capacity] != seqs
+            if not dead.any():
+                return seqs % self.capacity
+            seqs[dead] = lo + self.rng.integers(0, window, int(dead.sum()))
+        live = np.arange(lo, self._inserted, dtype=np.int64)
+        live = live[self.meta["seq"][live % self.capacity] == live]
+        dead = self.meta["seq"][seqs % self.capacity] != seqs
+        seqs[dead] = live[self.rng.integers(0, live.size, int(dead.sum()))]
+        return seqs % self.capacity
 
     def _check_batch_size(self, batch_size: int) -> None:
         if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) \
@@ -550,7 +613,7 @@ class ExperienceBuffer(EpisodeSampling):
                 "selector_state": self.selector.state_dict(),
                 "counters": {"inserted": self._inserted, "sampled": self._sampled, "head": self._head,
                              "dropped_stale": self._dropped_stale, "floor": self._floor,
-                             "evicted_early": self._evicted_early},
+                             "evicted_early": self._evicted_early, "holes": self._holes},
                 "pools": {name: pool.state() for name, pool in self.storage.pools.items()},
                 "open_tail": [[int(k), int(v)] for k, v in self._open_tail.items()],
                 "rng": self.rng.bit_generator.state,
@@ -577,6 +640,7 @@ class ExperienceBuffer(EpisodeSampling):
             self._inserted, self._sampled = c["inserted"], c["sampled"]
             self._head, self._dropped_stale = c["head"], c["dropped_stale"]
             self._floor, self._evicted_early = c["floor"], c["evicted_early"]
+            self._holes = c["holes"]
             for name, pstate in checked["pools"].items():
                 self.storage.pools[name].load(pstate)
             self._open_tail = checked["open_tail"]
@@ -615,8 +679,8 @@ class ExperienceBuffer(EpisodeSampling):
                              "Fix: build the buffer with the same selector.")
         raw = state["counters"]
         c = {}
-        for k in ("inserted", "sampled", "head", "dropped_stale", "floor", "evicted_early"):
-            v = _as_int(raw.get(k, 0) if k in ("floor", "evicted_early") else raw.get(k))
+        for k in ("inserted", "sampled", "head", "dropped_stale", "floor", "evicted_early", "holes"):
+            v = _as_int(raw.get(k, 0) if k in ("floor", "evicted_early", "holes") else raw.get(k))
             if v is None or v < 0:
                 raise bad(f"counters.{k}", "an int >= 0", raw.get(k))
             c[k] = v

@@ -154,6 +154,9 @@ class EpisodeSampling:
                 off = min(int(u[j] * float(count)), count - 1)
                 j += 1
                 start = (lo + off) % cap
+                if int(seq[start]) != lo + off:  # a removed row: draw again
+                    j += need - 1
+                    continue
             n = n_lo
             if need == 2:
                 n = min(n_lo + int(u[j] * float(n_hi - n_lo)), n_hi - 1)

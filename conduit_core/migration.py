@@ -150,6 +150,14 @@ class Migration:
                                                           most=self.max_rows)
             return self.cursor >= self.until
 
+    def on_evict(self, seqs: np.ndarray) -> None:
+        """Rows removed from the buffer during the migration: removed here too where already
+        copied or dual-written (rows not copied yet carry the removal over with the copy)."""
+        slots = seqs % self.capacity
+        written = self.meta["seq"][slots] == seqs
+        for k in ("seq", "next_seq"):
+            self.meta[k][slots[written]] = -1
+
     def run(self) -> None:
         while not self.step():
             pass
@@ -175,6 +183,7 @@ class Migration:
                 seg.close()
             b._meta_segments = []
             b._migration = None
+            b.recount_holes()
             self.done = True
             b._cond.notify_all()
         old_storage.close()

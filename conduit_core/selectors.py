@@ -36,6 +36,9 @@ class Selector(ABC):
     def select(self, batch_size: int, size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
         ...
 
+    def on_evict(self, slots: np.ndarray) -> None:
+        """The rows at ``slots`` were removed: they must not be selected again."""
+
     def update_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         raise ConfigError("selector", "a prioritized selector for update_priorities", self.name,
                           "build the buffer with selector=Prioritized(...) or stop updating priorities")
@@ -84,6 +87,9 @@ class Prioritized(Selector):
 
     def on_insert(self, start, n, size):
         self.index.set_range(start, n, self.max_priority ** self.alpha)
+
+    def on_evict(self, slots):
+        self.index.set(slots, 0.0)
 
     def select(self, batch_size, size, rng, *, beta: float | None = None):
         beta = self.beta if beta is None else beta
