@@ -507,6 +507,17 @@ class ExperienceDataPlane:
                     self._errors.append(err)
                     self._cond.notify_all()
 
+    # -------------------------------------------------------------- eviction
+    def evict(self, seqs) -> int:
+        """Remove stored rows by seq (``ExperienceBuffer.evict``), after storing what was
+        accepted; batches prepared ahead are discarded, so none can deliver a removed row."""
+        self._check_usable()
+        self.flush()
+        with self._op_lock:
+            with self._cond:
+                self._discard_prepared_locked()
+                return self.buffer.evict(seqs)
+
     # ------------------------------------------------------------ errors/state
     def _take_error_locked(self) -> BaseException | None:
         """Every background failure not yet raised, as one error (None if there is none):

@@ -285,3 +285,25 @@ def overlap_same_multiset(ctx: Ctx) -> None:
     for src in set(src_of.values()):
         ensure([i for i in a.tolist() if src_of[int(i)] == src] == [i for i in b.tolist() if src_of[int(i)] == src],
                f"overlapped ingestion changed source {src}'s order")
+
+
+@check("equivalence/eviction_matches_native", needs=("native", "replay"))
+def eviction_matches_native(ctx: Ctx) -> None:
+    """At a capacity the data overflows, the adapter keeps exactly what the native path keeps
+    (after every ingest): the framework's eviction rule, not the ring's, decides what leaves."""
+    rolls = ctx.rollouts(n_rollouts=40, max_len=9)
+    for capacity in (12, 40):
+        nat = ctx.harness.native_session(seed=ctx.seed, capacity=capacity)
+        if nat is None:
+            raise CheckSkipped("the harness has no native path")
+        with _closing(ctx.session(capacity=capacity)) as s, _closing(nat):
+            for i, r in enumerate(rolls):
+                s.ingest(r)
+                nat.ingest(r)
+                s.flush()
+                a = np.sort(np.asarray(s.stored_ids()).astype(np.int64))
+                b = np.sort(np.asarray(nat.stored_ids()).astype(np.int64))
+                ensure(np.array_equal(a, b),
+                       f"capacity {capacity}, after rollout {i}: the adapter holds {a.size} transitions, the native "
+                       f"path {b.size}; only the adapter holds {np.setdiff1d(a, b)[:6].tolist()}, only the native "
+                       f"path {np.setdiff1d(b, a)[:6].tolist()} (whole-episode vs per-step eviction?)")

@@ -18,7 +18,8 @@ def stored_ids(edp: ExperienceDataPlane, id_field: str = "obs") -> np.ndarray:
     edp.flush()
     state = edp.buffer.state_dict()
     seq = state["meta"]["seq"]
-    order = np.argsort(seq)
+    kept = seq >= 0                  # removed rows (evict, early eviction) hold -1
+    order = np.flatnonzero(kept)[np.argsort(seq[kept])]
     ids = np.asarray(state["data"][id_field])[order]
     ids = ids.reshape(ids.shape[0], -1)[:, 0]
     seq = seq[order]

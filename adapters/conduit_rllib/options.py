@@ -25,7 +25,9 @@ class ConduitOptions:
     (least, most) learner steps the auto-tuner waits for a steady step time before it
     calibrates; ``autotune_steps_per_phase``: learner steps per calibration phase.
     ``restore_missing_buffer``: restore a checkpoint without a replay buffer file with an
-    empty buffer and a warning (default: such a restore fails before anything changes)."""
+    empty buffer and a warning (default: such a restore fails before anything changes).
+    ``ring_slack``: the ring holds ``capacity * (1 + ring_slack)`` slots so that RLlib's
+    whole-episode eviction decides what leaves, not the ring (see ``episode_ledger``)."""
 
     schedule: str = "sequential"
     worker: str = "thread"
@@ -40,6 +42,7 @@ class ConduitOptions:
     autotune_settle: tuple[int, int] = (40, 2000)
     autotune_steps_per_phase: int = 40
     restore_missing_buffer: bool = False
+    ring_slack: float = 0.25
 
     def __post_init__(self) -> None:
         settle = self.autotune_settle
@@ -56,6 +59,10 @@ class ConduitOptions:
                               "use 'auto' (lossless uint8 for k/255 pixels) or None")
         if not isinstance(self.reuse_outputs, int) or self.reuse_outputs < 0:
             raise ConfigError("reuse_outputs", "an int >= 0", repr(self.reuse_outputs), "use 2, or 0 for fresh memory")
+        if isinstance(self.ring_slack, bool) or not isinstance(self.ring_slack, (int, float)) \
+                or not 0 <= self.ring_slack <= 4:
+            raise ConfigError("ring_slack", "a number in [0, 4]", repr(self.ring_slack),
+                              "use e.g. 0.25 (a ring 25% larger than capacity)")
         self.to_schedule()  # validates schedule/worker/staleness/depth
 
     @classmethod

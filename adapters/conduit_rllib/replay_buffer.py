@@ -10,7 +10,6 @@ tensors directly, skipping the episode re-batching.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import Prioritize
 from conduit_core import Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, Rollout, Uniform
 
 from .columns import episode_columns, spec_for
+from .episode_ledger import EpisodeLedger
 from .options import ConduitOptions
 
 
@@ -62,12 +62,11 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.batch_size_B = batch_size_B
         self.edp: ExperienceDataPlane | None = None  # built on the first add (the spec comes from the data)
         self.tuner = None
-        self._sources: dict[str, int] = {}
+        self._sources: dict[str, int] = {}       # RLlib episode id -> source, while the episode runs
+        self._source_ids: dict[int, str] = {}    # and back
         self._next_source = 0
-        # episode (source) -> seq of its last stored step, oldest last step first: an episode
-        # is stored while that step is (RLlib's get_num_episodes counts done episodes too)
-        self._episode_last: OrderedDict[int, int] = OrderedDict()
-        self._episodes_evicted = 0
+        self.ledger = EpisodeLedger()            # stored episodes and RLlib's eviction rule
+        self._ring = self.capacity + int(np.ceil(self.capacity * self.options.ring_slack))
         self._last: Batch | None = None
         self._added = 0
         self._sampled = 0
@@ -83,7 +82,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
     def _build_for(self, spec) -> None:
         """The data plane (and, for schedule='auto', its tuner) for ``spec``: the one place
         both a first add() and a restore build it, so a restored run is the run it saved."""
-        buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=self._selector(), tier=self.options.tier,
+        buf = ExperienceBuffer(spec=spec, capacity=self._ring, selector=self._selector(), tier=self.options.tier,
                                seed=self._seed, reuse_outputs=self.options.reuse_outputs)
         self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())
         if self.options.schedule == "auto":
@@ -94,10 +93,12 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
     # -------------------------------------------------------------- ingestion
     def add(self, episodes, weight=None) -> None:
         """Ingest RLlib episodes (chunks of them: RLlib hands over each episode's new steps),
-        ``ingest_granularity`` episodes per ingestion operator call, in the order given."""
+        ``ingest_granularity`` episodes per ingestion operator call, in the order given.
+        First, RLlib's eviction rule: whole oldest episodes leave while the steps would exceed
+        ``capacity`` (a new chunk of an episode evicted here is dropped, as RLlib drops it)."""
         if not isinstance(episodes, (list, tuple)):
             episodes = [episodes]
-        group: list[Rollout] = []
+        chunks = []
         for ep in episodes:
             n = len(ep)
             if n == 0:
@@ -108,22 +109,47 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             src = self._sources.get(ep.id_)
             if src is None:
                 src = self._sources[ep.id_] = self._next_source
+                self._source_ids[src] = ep.id_
                 self._next_source += 1
+            chunks.append((ep, cols, src, n))
+        if not chunks:
+            return
+        evict, drop = self.ledger.plan([(src, n) for _, _, src, n in chunks], self.capacity)
+        for src in evict:
+            self._evict_episode(src)
+        keep = [c for c in chunks if c[2] not in drop]
+        for ep, _, src, _ in chunks:
+            if ep.is_done or src in drop:  # over, or evicted: its id starts a new episode if it comes back
+                self._forget_source(src)
+        cutoff = self._added + sum(n for *_, n in keep) - self._ring  # seqs below it: overwritten by the ring
+        if cutoff > 0:
+            for src in self.ledger.ring_conflicts(cutoff):
+                self._evict_episode(src, early=True)
+            self.ledger.forget_below(cutoff)
+        group: list[Rollout] = []
+        for _, cols, src, n in keep:
             group.append(Rollout(cols, source=src, rows=n))
-            if ep.is_done:
-                self._sources.pop(ep.id_, None)  # the episode is over: its id will not come back
             if len(group) >= self.edp.schedule.ingest_granularity:
                 self._ingest(group)
                 group = []
         if group:
             self._ingest(group)
 
+    def _forget_source(self, src: int) -> None:
+        ep_id = self._source_ids.pop(src, None)
+        if ep_id is not None and self._sources.get(ep_id) == src:
+            del self._sources[ep_id]
+
+    def _evict_episode(self, src: int, *, early: bool = False) -> None:
+        ranges = self.ledger.remove(src, early=early)
+        self._forget_source(src)
+        self.edp.evict(np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in ranges]))
+
     def _ingest(self, group: list[Rollout]) -> None:
         self.edp.ingest_many(group)  # raises before accepting anything of a group it refuses
         for r in group:  # accepted rows take the next seqs, in order (this buffer is their only writer)
+            self.ledger.record(r.source, self._added, r.rows)
             self._added += r.rows
-            self._episode_last[r.source] = self._added - 1
-            self._episode_last.move_to_end(r.source)
 
     # --------------------------------------------------------------- delivery
     def sample(self, num_items: int | None = None, *, batch_size_B: int | None = None,
@@ -182,25 +208,17 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         return self._sampled
 
     def get_num_episodes(self, module_id=None) -> int:
-        """Episodes with a stored step (done or running), as RLlib counts them."""
-        self._forget_evicted_episodes()
-        return len(self._episode_last)
+        """Episodes stored (done or running), as RLlib counts them."""
+        return len(self.ledger.episodes)
 
     def get_num_episodes_evicted(self, module_id=None) -> int:
-        self._forget_evicted_episodes()
-        return self._episodes_evicted
+        return self.ledger.evicted_episodes
 
-    def _forget_evicted_episodes(self) -> None:
-        if self.edp is None:
-            return
-        buf = self.edp.buffer
-        oldest = buf.inserted - len(buf)  # seq of the oldest stored step
-        while self._episode_last:
-            src, last = next(iter(self._episode_last.items()))
-            if last >= oldest:
-                break
-            self._episode_last.popitem(last=False)
-            self._episodes_evicted += 1
+    def eviction_report(self) -> dict:
+        """Episodes and steps evicted; ``early``: episodes evicted because the ring would have
+        cut them (not RLlib's rule: raise ``ring_slack`` if this is not 0)."""
+        return {"episodes": self.ledger.evicted_episodes, "steps": self.ledger.evicted_rows,
+                "early": self.ledger.early_episodes}
 
     # ------------------------------------------------------------------ state
     def get_state(self) -> dict[str, Any]:
@@ -209,8 +227,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                 "spec": None if self.edp is None else self.edp.buffer.spec.to_config(),
                 "sources": [[k, v] for k, v in self._sources.items()], "next_source": self._next_source,
                 "added": self._added, "sampled": self._sampled,
-                "episode_last": [[k, v] for k, v in self._episode_last.items()],
-                "episodes_evicted": self._episodes_evicted}
+                "ledger": self.ledger.state(), "source_ids": [[k, v] for k, v in self._source_ids.items()]}
 
     def set_state(self, state: dict[str, Any]) -> None:
         from conduit_core import ExperienceSpec, StateError
@@ -224,8 +241,9 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self._sources = {k: int(v) for k, v in state["sources"]}
         self._next_source = int(state["next_source"])
         self._added, self._sampled = int(state["added"]), int(state["sampled"])
-        self._episode_last = OrderedDict((int(k), int(v)) for k, v in state.get("episode_last", []))
-        self._episodes_evicted = int(state.get("episodes_evicted", 0))
+        if "ledger" in state:
+            self.ledger.load(state["ledger"])
+        self._source_ids = {int(k): v for k, v in state.get("source_ids", [])}
 
     def close(self) -> None:
         if self.edp is not None:

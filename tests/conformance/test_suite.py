@@ -94,7 +94,7 @@ def test_scaffolded_adapter_passes_the_suite_out_of_the_box(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, env={**__import__("os").environ,
                                                                           "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "11 passed" in r.stdout
+    assert "12 passed" in r.stdout
 
 
 class TestExampleAdapterThroughTheBaseClass(ConformanceTests):

@@ -68,6 +68,16 @@ class PrioritiesOnWrongRows(ConduitEpisodeReplayBuffer):
         super().update_priorities(np.roll(np.asarray(priorities), 1), module_id)
 
 
+class RingEviction(ConduitEpisodeReplayBuffer):
+    """Leaves eviction to the ring (oldest steps) instead of RLlib's whole oldest episodes."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._ring = self.capacity
+        self.ledger.plan = lambda new, capacity: ([], set())
+        self.ledger.ring_conflicts = lambda cutoff: []
+
+
 def _with_columns(fn):
     return type("Mutant", (ConduitEpisodeReplayBuffer,), {"columns_of": staticmethod(fn)})
 
@@ -81,6 +91,7 @@ MUTATIONS = {
     "drop_every_10th_transition": (lambda: _with_columns(_DropEvery10th()), "ingest/exactly_once"),
     "unnormalised_weights": (lambda: UnnormalisedWeights, "deliver/importance_weights"),
     "priorities_on_wrong_rows": (lambda: PrioritiesOnWrongRows, "deliver/prioritized_distribution"),
+    "eviction_per_step_not_per_episode": (lambda: RingEviction, "equivalence/eviction_matches_native"),
 }
 
 
@@ -97,7 +108,8 @@ class MutantHarness(RLlibHarness):
                                           "reuse_outputs": 0}))
 
 
-REPLAY_CHECKS = ["ingest/*", "deliver/*", "equivalence/nstep_matches_native", "equivalence/sequential_matches_native"]
+REPLAY_CHECKS = ["ingest/*", "deliver/*", "equivalence/nstep_matches_native", "equivalence/sequential_matches_native",
+                 "equivalence/eviction_matches_native"]
 
 
 def test_unmutated_adapter_passes_the_replay_checks():

@@ -1,0 +1,103 @@
+"""RLlib's eviction rule, as bookkeeping over Conduit's ring: which episodes are stored,
+where their steps sit (seq ranges), and which to evict when new steps come in.
+
+RLlib's episode buffers hold whole episodes in the order they first arrived and, when an
+``add()`` takes them past ``capacity`` steps, evict the oldest episodes, whole, until the
+steps fit or one episode is left (an episode longer than capacity is held, overflowing);
+a new chunk of an episode evicted in the same call is dropped, and later chunks of it
+start a new episode (``PrioritizedEpisodeReplayBuffer.add``). Conduit's ring would evict
+the oldest *steps* instead. The ledger makes the decisions (pure: ``plan``); the buffer
+carries them out with ``ExperienceBuffer.evict``.
+
+The ring itself is larger than ``capacity`` (``ring_slack``), so what RLlib keeps stays
+stored; if the ring would still overwrite a stored step (episodes interleaved across many
+env runners, or one episode longer than the ring), ``ring_conflicts`` names the episodes
+it would cut and the buffer evicts them whole (counted: a deviation from RLlib's rule).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EpisodeRecord:
+    rows: int = 0                                   # steps stored
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # (first seq, steps)
+
+    def seqs(self) -> list[range]:
+        return [range(first, first + n) for first, n in self.chunks]
+
+
+class EpisodeLedger:
+    def __init__(self) -> None:
+        self.episodes: OrderedDict[int, EpisodeRecord] = OrderedDict()  # source -> record, first arrival order
+        self.rows = 0                                # steps stored
+        self.evicted_episodes = 0
+        self.evicted_rows = 0
+        self.early_episodes = 0                      # evicted because the ring would cut them (not RLlib's rule)
+        self._by_seq: deque[tuple[int, int, int]] = deque()  # (first seq, steps, source), in seq order
+
+    # ------------------------------------------------------------- decisions (pure)
+    def plan(self, new: list[tuple[int, int]], capacity: int) -> tuple[list[int], set[int]]:
+        """RLlib's rule for one ``add()`` of chunks ``new`` = [(source, steps), ...]: the
+        stored episodes to evict (oldest first) and the new chunks' sources to drop."""
+        total = self.rows + sum(n for _, n in new)
+        new_sources = [s for s, _ in new]
+        remaining = set(self.episodes) | set(new_sources)
+        evict: list[int] = []
+        for src, rec in self.episodes.items():
+            if total <= capacity or len(remaining) == 1:
+                break
+            evict.append(src)
+            remaining.discard(src)
+            total -= rec.rows + sum(n for s, n in new if s == src)
+        return evict, set(evict) & set(new_sources)
+
+    def ring_conflicts(self, cutoff: int) -> list[int]:
+        """Stored episodes with a step below seq ``cutoff`` (the ring is about to overwrite it)."""
+        out = []
+        for first, n, src in self._by_seq:
+            if first >= cutoff:
+                break
+            if src in self.episodes and src not in out:
+                out.append(src)
+        return out
+
+    # ------------------------------------------------------------- bookkeeping
+    def record(self, source: int, first: int, n: int) -> None:
+        rec = self.episodes.get(source)
+        if rec is None:
+            rec = self.episodes[source] = EpisodeRecord()
+        rec.rows += n
+        rec.chunks.append((first, n))
+        self.rows += n
+        self._by_seq.append((first, n, source))
+
+    def remove(self, source: int, *, early: bool = False) -> list[range]:
+        """Forget an episode; returns the seq ranges of its steps (for ``evict``)."""
+        rec = self.episodes.pop(source)
+        self.rows -= rec.rows
+        self.evicted_episodes += 1
+        self.evicted_rows += rec.rows
+        self.early_episodes += early
+        return rec.seqs()
+
+    def forget_below(self, cutoff: int) -> None:
+        """Drop index entries wholly below ``cutoff`` (the ring has reused their slots)."""
+        while self._by_seq and self._by_seq[0][0] + self._by_seq[0][1] <= cutoff:
+            self._by_seq.popleft()
+
+    # ------------------------------------------------------------------- state
+    def state(self) -> dict:
+        return {"episodes": [[s, r.rows, [list(c) for c in r.chunks]] for s, r in self.episodes.items()],
+                "by_seq": [list(x) for x in self._by_seq], "rows": self.rows,
+                "evicted": [self.evicted_episodes, self.evicted_rows, self.early_episodes]}
+
+    def load(self, state: dict) -> None:
+        self.episodes = OrderedDict((int(s), EpisodeRecord(int(rows), [(int(a), int(b)) for a, b in chunks]))
+                                    for s, rows, chunks in state["episodes"])
+        self._by_seq = deque((int(a), int(b), int(c)) for a, b, c in state["by_seq"])
+        self.rows = int(state["rows"])
+        self.evicted_episodes, self.evicted_rows, self.early_episodes = (int(x) for x in state["evicted"])
