@@ -351,3 +351,65 @@ def test_large_finite_values_whose_sum_overflows_are_accepted():
     r["obs"][:, 2] = 3e38
     buf.add(r)
     assert len(buf) == 5
+
+
+
+def _fail_marked(rollouts):
+    for r in rollouts:
+        if float(r.data["obs"][0, 1]) == 1.0:       # tag 1: this rollout's transform fails
+            raise ValueError(f"injected failure in rollout starting at {int(r.data['obs'][0, 0])}")
+    return rollouts
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 12), st.booleans(), st.booleans()), min_size=1, max_size=30),
+       st.sampled_from([1, 3]))
+def test_accepted_is_stored_plus_reported_under_any_failure_schedule(schedule, granularity):
+    """Property (overlapped, thread worker): rollouts of random sizes, some failing in the
+    background, flushes at random points. Every accepted rollout is either stored exactly
+    once or named in a raised error's rejected_tickets; nothing else, nothing twice."""
+    edp = make(Schedule.overlapped(ingest_granularity=granularity), ingest_hooks=[_fail_marked])
+    reported: set[int] = set()
+    tickets: dict[int, tuple[int, int]] = {}     # ticket -> (first id, rows)
+    nxt = 0
+    starts = []                                   # (first id, fails) of every rollout offered
+    try:
+        for n, fails, flush in schedule:
+            starts.append((nxt, fails))
+            r = rollout(n, nxt, source_tag=1.0 if fails else 0.0)
+            ticket = len(tickets)
+            try:
+                edp.ingest(r)          # raises an earlier rollout's failure before accepting this one
+            except WorkerError as exc:
+                reported |= set(exc.rejected_tickets)
+                nxt += n
+                continue
+            tickets[ticket] = (nxt, n)
+            nxt += n
+            if flush:
+                try:
+                    edp.flush(timeout=30)
+                except WorkerError as exc:
+                    reported |= set(exc.rejected_tickets)
+        while True:
+            try:
+                edp.flush(timeout=30)
+                break
+            except WorkerError as exc:
+                reported |= set(exc.rejected_tickets)
+        ids = stored_ids(edp)
+    finally:
+        try:
+            edp.close()
+        except WorkerError as exc:
+            reported |= set(exc.rejected_tickets)
+    want_stored = sorted(i for t, (first, n) in tickets.items() if t not in reported for i in range(first, first + n))
+    assert ids == want_stored                                    # stored exactly once, unless reported
+    failing = {t for t, (first, n) in tickets.items() if any(first == f for f, fl in starts if fl)}
+    # a failing rollout may take its group's neighbours with it (a group is transformed at once);
+    # every failing one is reported, and no rollout is both stored and reported
+    assert failing <= reported
