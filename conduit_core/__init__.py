@@ -4,11 +4,12 @@ Imports no RL framework; needs torch and numpy only.
 """
 
 from .batch import Batch
-from .buffer import ExperienceBuffer, prioritized_replay, queue, replay
+from .buffer import ExperienceBuffer, ShardLoss, prioritized_replay, queue, replay
 from .codecs import AffineCodec, Codec, IdentityCodec
 from .edp import DeliveryRequest, ExperienceDataPlane
 from .errors import (CapacityError, ClosedError, CodecError, ConduitError, ConfigError, ExperienceTimeout,
-                     RateLimitError, RateLimitTimeout, SemanticError, SpecError, StateError, WorkerError)
+                     RateLimitError, RateLimitTimeout, SemanticError, ShardLost, SpecError, StateError,
+                     WorkerError)
 from .hooks import Rollout
 from .metrics import ControlPointMetrics, MetricsSnapshot
 from .rate_limiter import RateLimiter
@@ -25,7 +26,8 @@ __all__ = [
     "AffineCodec", "Batch", "CapacityError", "ClosedError", "Codec", "CodecError", "ConduitError", "ConfigError",
     "ControlPointMetrics", "DeliveryRequest", "ExperienceBuffer", "ExperienceDataPlane", "ExperienceSpec",
     "ExperienceTimeout", "FieldSpec", "Fifo", "IdentityCodec", "MetricsSnapshot", "Prioritized", "RateLimitError",
-    "RateLimitTimeout", "RateLimiter", "Rollout", "Schedule", "SemanticError", "Selector", "ShardSpec",
+    "RateLimitTimeout", "RateLimiter", "Rollout", "Schedule", "SemanticError", "Selector", "ShardLoss", "ShardLost",
+    "ShardSpec",
     "SpecError", "StateError", "Tier", "Uniform", "WorkerError", "cuda_available", "even_shards",
     "prioritized_replay", "queue", "replay", "__version__",
 ]

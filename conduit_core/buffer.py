@@ -16,9 +16,12 @@ timeout and end in a clear error, never a hang.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -27,7 +30,7 @@ import torch
 from .batch import Batch
 from .episodes import EPISODE_END_RULES, EpisodeSampling
 from .memory import available_bytes, fmt, needed_bytes
-from .errors import (CapacityError, ConfigError, ExperienceTimeout, RateLimitError, RateLimitTimeout,
+from .errors import (ShardLost, CapacityError, ConfigError, ExperienceTimeout, RateLimitError, RateLimitTimeout,
                      SemanticError, SpecError, StateError)
 from .rate_limiter import RateLimiter
 from .selectors import Fifo, Prioritized, Selector, Uniform, selector_from_config
@@ -36,6 +39,25 @@ from .storage import ColumnarStorage, ShardSpec
 from .tiers import Tier
 
 SCHEMA_VERSION = 1
+log = logging.getLogger("conduit")
+
+
+@dataclass(frozen=True)
+class ShardLoss:
+    """A remote shard lost: its rows left the buffer (they are not in len(), never delivered)."""
+
+    shard: int
+    node_resource: str | None
+    rows: int
+    seq_range: tuple[int, int] | None
+    cause: str
+    replaced_on: str
+    at: float
+
+    def describe(self) -> str:
+        where = f"seqs {self.seq_range[0]}..{self.seq_range[1]}" if self.seq_range else "no stored rows"
+        return (f"remote shard {self.shard} (node resource {self.node_resource!r}) lost {self.rows} rows ({where}): "
+                f"{self.cause}; replaced by an empty shard on node {self.replaced_on[:12]}")
 _META = ("seq", "version", "source", "next_seq")
 
 
@@ -158,6 +180,7 @@ class ExperienceBuffer(EpisodeSampling):
         self._migration = None    # an active Migration (see migration.py) receives every insert
         self._evicted_early = 0
         self._holes = 0           # rows inside [lo, inserted) removed by evict(): not stored any more
+        self._losses: list[ShardLoss] = []  # remote shards lost (actor died, node left), with their rows
         self._open_tail: dict[int, int] = {}  # source -> seq of its last item if the episode goes on
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
@@ -240,7 +263,7 @@ class ExperienceBuffer(EpisodeSampling):
                 lo, new_lo = self._lo(), max(first + n - self.capacity, self._floor, 0)
                 if new_lo > lo:
                     self._holes -= self._count_holes(lo, new_lo)
-            self.storage.write(start, enc, n)
+            self._with_lost_shards(lambda: self.storage.write(start, enc, n), keep_from=first + n - self.capacity)
             prev_tail = self._open_tail.get(int(source))
             self._write_meta(first, n, enc, int(source), int(policy_version))
             if self._migration is not None:  # dual write: the new layout gets every insert too
@@ -255,6 +278,41 @@ class ExperienceBuffer(EpisodeSampling):
         done = write_meta_rows(self.meta, self.capacity, first, n, enc, self.done_fields, source, version, prev)
         if done is None or not done[-1]:
             self._open_tail[source] = first + n - 1
+
+    # ------------------------------------------------------------ lost shards
+    def _with_lost_shards(self, op, *, keep_from: int | None = None):
+        """Run a storage operation (under the lock); when a remote shard turns out lost, its
+        rows leave the buffer (reported in ``losses``), a new empty shard takes its place,
+        and the operation runs again. ``keep_from``: rows below this seq are being
+        overwritten by the operation itself, so they are not counted as lost."""
+        for _ in range(len(self.storage.shards) + 1):
+            try:
+                return op()
+            except ShardLost as lost:
+                self._lose_shard(lost, self._lo() if keep_from is None else max(self._lo(), keep_from))
+        return op()
+
+    def _lose_shard(self, lost: ShardLost, keep_from: int) -> None:
+        s = lost.shard
+        slots = np.arange(int(self.storage.bounds[s]), int(self.storage.bounds[s + 1]), dtype=np.int64)
+        seqs = self.meta["seq"][slots]
+        gone = seqs[self._live(slots, seqs) & (seqs >= keep_from)]
+        self.evict(gone)
+        loss = ShardLoss(shard=s, node_resource=lost.node, rows=int(gone.size),
+                         seq_range=(int(gone.min()), int(gone.max())) if gone.size else None,
+                         cause=f"{type(lost.cause).__name__}: {lost.cause}", replaced_on="(not replaced)",
+                         at=time.time())
+        self._losses.append(loss)  # recorded before the replacement, which may fail in turn
+        log.warning("conduit: %s", loss.describe())
+        node = self.storage.replace_shard(s)
+        self._losses[-1] = dataclasses.replace(loss, replaced_on=node)
+
+    @property
+    def losses(self) -> list["ShardLoss"]:
+        """Every remote shard lost so far: which, its rows (count and seq range), the cause,
+        and where the empty shard that replaced it runs."""
+        with self._cond:
+            return list(self._losses)
 
     # -------------------------------------------------------------- eviction
     def evict(self, seqs) -> int:
@@ -395,16 +453,17 @@ class ExperienceBuffer(EpisodeSampling):
         with self._cond:
             self._check_open()
             self._wait_for_sample(batch_size, timeout)
-            if n_step is not None and episode_end == "redraw":
-                slots, weights, ret, last, steps = self._sample_windows(batch_size, n_step, gamma, beta,
-                                                                        redraw=True)
-                data = self._gather_windows(slots, ret, last, steps, device)
-            elif n_step is None:
+
+            def draw():
+                if n_step is not None and episode_end == "redraw":
+                    slots, weights, ret, last, steps = self._sample_windows(batch_size, n_step, gamma, beta,
+                                                                            redraw=True)
+                    return slots, weights, self._gather_windows(slots, ret, last, steps, device)
                 slots, weights = self._select(batch_size, beta)
-                data = self._gather(slots, device, fields)
-            else:
-                slots, weights = self._select(batch_size, beta)
-                data = self._gather_n_step(slots, n_step, gamma, device)
+                if n_step is None:
+                    return slots, weights, self._gather(slots, device, fields)
+                return slots, weights, self._gather_n_step(slots, n_step, gamma, device)
+            slots, weights, data = self._with_lost_shards(draw)
             self._sampled += batch_size
             self._cond.notify_all()
             return Batch(data, slots=slots, seqs=self.meta["seq"][slots], versions=self.meta["version"][slots],
@@ -603,8 +662,9 @@ class ExperienceBuffer(EpisodeSampling):
         with self._cond:
             self._check_open()
             stored = min(self._inserted, self.capacity)
+            rows = self._with_lost_shards(lambda: self.storage.read_rows(0, stored))  # what survives
             data = {k: v.cpu().numpy() if v.dtype != torch.bfloat16 else v.view(torch.int16).numpy()
-                    for k, v in self.storage.read_rows(0, stored).items()}
+                    for k, v in rows.items()}
             return {
                 "schema_version": SCHEMA_VERSION,
                 "spec": self.spec.to_config(),

@@ -507,6 +507,11 @@ class ExperienceDataPlane:
                     self._errors.append(err)
                     self._cond.notify_all()
 
+    @property
+    def losses(self):
+        """Remote shards lost so far, with their rows (``ExperienceBuffer.losses``)."""
+        return self.buffer.losses
+
     # -------------------------------------------------------------- eviction
     def evict(self, seqs) -> int:
         """Remove stored rows by seq (``ExperienceBuffer.evict``), after storing what was

@@ -232,18 +232,22 @@ class EpisodeSampling:
         with self._cond:
             self._check_open()
             self._wait_for_sample(batch_size, timeout)
-            starts, weights = self._select(batch_size, None)
-            grid = np.empty((batch_size, length), dtype=np.int64)
-            mask = np.zeros((batch_size, length), dtype=bool)
-            cur = starts.copy()
-            alive = np.ones(batch_size, dtype=bool)
-            for t in range(length):
-                grid[:, t] = cur
-                mask[:, t] = alive
-                nxt, ok = self._successors(cur)
-                alive = alive & ok
-                cur = np.where(alive, nxt, cur)
-            data = self._gather(grid, device)
+
+            def draw():
+                starts, weights = self._select(batch_size, None)
+                grid = np.empty((batch_size, length), dtype=np.int64)
+                mask = np.zeros((batch_size, length), dtype=bool)
+                cur = starts.copy()
+                alive = np.ones(batch_size, dtype=bool)
+                for t in range(length):
+                    grid[:, t] = cur
+                    mask[:, t] = alive
+                    nxt, ok = self._successors(cur)
+                    alive = alive & ok
+                    cur = np.where(alive, nxt, cur)
+                data = self._gather(grid, device)
+                return starts, weights, grid, mask, data
+            starts, weights, grid, mask, data = self._with_lost_shards(draw)
             dev = torch.device(device) if device is not None else torch.device("cpu")
             data["mask"] = torch.from_numpy(mask).to(dev)
             self._sampled += batch_size

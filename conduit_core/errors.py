@@ -71,3 +71,13 @@ class StateError(ConduitError, ValueError):
 
 class SemanticError(ConduitError, RuntimeError):
     """A call would break an RL semantic guard (policy-version isolation, consume-once)."""
+
+
+class ShardLost(ConduitError, RuntimeError):
+    """A remote shard's actor is gone (it died, or its node left the cluster). The buffer
+    handles it (its rows leave, a new empty shard takes its place, the loss is recorded in
+    ``ExperienceBuffer.losses``); it reaches a caller only where that is not possible."""
+
+    def __init__(self, shard: int, node: str | None, cause: BaseException):
+        self.shard, self.node, self.cause = shard, node, cause
+        super().__init__(f"remote shard {shard} (node resource {node!r}) is lost: {type(cause).__name__}: {cause}")

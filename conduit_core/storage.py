@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from .errors import CapacityError, ConfigError
+from .errors import CapacityError, ConfigError, ShardLost
 from .framestack import FramePool, FrameStackCodec, PooledDecoder, frames_of, pool_frames
 from .spec import ExperienceSpec, as_tensor
 from .staging import PinnedStaging, check_access, device_alias, take_into
@@ -206,7 +206,7 @@ class ColumnarStorage:
                 part = {name: (src.numpy() if isinstance(src, torch.Tensor) else np.asarray(src))[done: done + run]
                         for name, src in columns.items()}
                 names, pieces = cut_columns(self.spec, part, run)
-                ray.get(self.actors[shard].write_pieces.remote(slot - lo, run, names, *pieces))
+                self._remote_get(shard, lambda a: a.write_pieces.remote(slot - lo, run, names, *pieces))
                 done += run
                 slot = (slot + run) % self.capacity
                 continue
@@ -294,9 +294,45 @@ class ColumnarStorage:
             if pos.size:
                 layout = reply_layout(self.spec, names, pos.size)
                 k = sum(len(p) for _, p in layout)
-                refs = actor.gather_columns.options(num_returns=k).remote(flat[pos] - self.bounds[s], names)
+                try:
+                    refs = actor.gather_columns.options(num_returns=k).remote(flat[pos] - self.bounds[s], names)
+                except ray.exceptions.RayActorError as exc:
+                    raise ShardLost(s, self.shards[s].node, exc) from exc
                 calls[s] = (pos, layout, refs if k > 1 else [refs])
-        return {s: (pos, join_reply(layout, ray.get(refs))) for s, (pos, layout, refs) in calls.items()}
+        return {s: (pos, join_reply(layout, self._remote_get(s, lambda a, r=refs: r)))
+                for s, (pos, layout, refs) in calls.items()}
+
+    def _remote_get(self, shard: int, call):
+        """``ray.get`` of ``call(actor)``; an actor that died (or whose node left) is ShardLost."""
+        import ray
+        try:
+            return ray.get(call(self.actors[shard]))
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            raise ShardLost(shard, self.shards[shard].node, exc) from exc
+
+    def replace_shard(self, shard: int, *, timeout: float = 60.0) -> str:
+        """A new, empty actor for a lost remote shard: on its node if that is still there,
+        else on any node. Returns the Ray node id it runs on."""
+        import ray
+
+        from .remote import spawn, wait_ready
+        try:
+            ray.kill(self.actors[shard])
+        except Exception:  # noqa: BLE001 - it is gone already
+            pass
+        for node in (self.shards[shard].node, None):
+            actor = spawn(self.spec.to_config(), self.shards[shard].capacity, node)
+            try:
+                wait_ready({shard: actor}, {shard: node}, timeout=timeout if node is None else min(timeout, 15.0))
+            except Exception:  # noqa: BLE001 - that node is gone too: try anywhere
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001
+                    pass
+                continue
+            self.actors[shard] = actor
+            return ray.get(actor.node_id.remote())
+        raise ShardLost(shard, self.shards[shard].node, RuntimeError("no node could host its replacement"))
 
     def _gather_stored(self, name: str, slots: np.ndarray, out: np.ndarray | None,
                        target: torch.device, remote: dict | None = None) -> torch.Tensor:

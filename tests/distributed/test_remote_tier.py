@@ -161,3 +161,74 @@ def test_a_wide_gather_comes_back_in_pieces_and_reassembles(cluster):
         np.testing.assert_array_equal(b["reward"].numpy(), b.seqs.astype(np.float32))
     finally:
         buf.close()
+
+
+def _fill(buf, rows=120):
+    for i in range(0, rows, 10):
+        buf.add(rollout(10, i), source=i // 10 % 3)
+
+
+@pytest.mark.parametrize("selector", [None, Prioritized()])
+def test_a_killed_remote_shard_is_reported_and_the_buffer_goes_on(cluster, selector):
+    """The remote shard's actor dies: the next call finds out, its rows leave the buffer
+    (len() true, never delivered), the loss is reported exactly (rows, seq range, shard,
+    cause), an empty shard replaces it, and inserts, deliveries and state_dict go on."""
+    buf = two_tier(selector)
+    try:
+        _fill(buf)                                  # seqs 40..119 stored: 40..79 at slots 40..79 (remote)
+        remote = {int(s) for s in buf.state_dict()["meta"]["seq"][40:80]}
+        ray.kill(buf.storage.actors[1], no_restart=True)
+        b = buf.sample(256)                         # discovers the loss, goes on with the local shard
+        ids = set(b["obs"][:, 0].numpy().astype(int).tolist())
+        assert ids and not ids & remote
+        assert len(buf) == 40
+        (loss,) = buf.losses
+        assert loss.shard == 1 and loss.rows == 40 and loss.seq_range == (min(remote), max(remote))
+        assert "Actor" in loss.cause or "actor" in loss.cause
+        buf.add(rollout(50, 120))                   # wraps onto the replacement shard
+        assert len(buf) == 80
+        state = buf.state_dict()                    # what survives is saved
+        local = ExperienceBuffer(spec=SPEC, capacity=80, selector=type(buf.selector)() if selector else None)
+        local.load_state_dict(state)
+        assert len(local) == 80
+        got = set(local.sample(512)["obs"][:, 0].numpy().astype(int).tolist())
+        assert got <= set(range(90, 170)) - remote
+        local.close()
+    finally:
+        buf.close()
+
+
+def test_an_insert_that_finds_the_shard_lost_keeps_its_rows(cluster):
+    buf = two_tier()
+    try:
+        _fill(buf, rows=40)                         # local shard only
+        ray.kill(buf.storage.actors[1], no_restart=True)
+        buf.add(rollout(20, 40))                    # lands on the remote range: finds it lost, rewrites
+        assert len(buf) == 60 and buf.losses[0].rows == 0
+        b = buf.sample(4000)          # every one of 60 rows drawn (a miss has probability ~1e-27)
+        assert set(b["obs"][:, 0].numpy().astype(int).tolist()) == set(range(60))
+    finally:
+        buf.close()
+
+
+def test_a_node_that_leaves_the_cluster_takes_only_its_rows(cluster):
+    node = cluster.add_node(num_cpus=1, resources={"conduit_node_gone": 1}, object_store_memory=96 << 20)
+    cluster.wait_for_nodes()
+    shards = [ShardSpec("pageable", 40), ShardSpec("remote", 40, node="conduit_node_gone")]
+    buf = ExperienceBuffer(spec=SPEC, capacity=80, shards=shards, seed=0)
+    try:
+        _fill(buf, rows=80)
+        gone_node = ray.get(buf.storage.actors[1].node_id.remote())
+        cluster.remove_node(node)
+        b = buf.sample(256)
+        assert set(b["obs"][:, 0].numpy().astype(int).tolist()) <= set(range(40))
+        (loss,) = buf.losses
+        assert loss.rows == 40 and loss.seq_range == (40, 79)
+        assert loss.replaced_on != gone_node                     # its replacement runs elsewhere
+        buf.add(rollout(40, 80))                                 # slots 0..39 (local): the remote range stays empty
+        assert len(buf) == 40
+        buf.add(rollout(40, 120))                                # slots 40..79: the replacement shard
+        assert len(buf) == 80
+        assert set(buf.sample(6000)["obs"][:, 0].numpy().astype(int).tolist()) == set(range(80, 160))
+    finally:
+        buf.close()
