@@ -157,18 +157,25 @@ class ExperienceBuffer(EpisodeSampling):
         host_shared = any(s.tier is Tier.SHARED for s in shards)
         self._meta_segments = []
         self.meta: dict[str, np.ndarray] = {}
-        for name in _META:
-            if host_shared:
-                from .tiers import SharedSegment
-                seg = SharedSegment((self.capacity,), torch.int64)
-                self._meta_segments.append(seg)
-                arr = seg.tensor.numpy()
-            else:
-                # zero pages are mapped on first write: an empty buffer of any capacity costs
-                # (almost) nothing. A never-written slot holds 0, which no check takes for a
-                # row: a row is live iff lo <= seq < inserted and seq % capacity == its slot.
-                arr = np.zeros(self.capacity, dtype=np.int64)
-            self.meta[name] = arr
+        try:
+            for name in _META:
+                if host_shared:
+                    from .tiers import SharedSegment
+                    seg = SharedSegment((self.capacity,), torch.int64)
+                    self._meta_segments.append(seg)
+                    arr = seg.tensor.numpy()
+                else:
+                    # zero pages are mapped on first write: an empty buffer of any capacity costs
+                    # (almost) nothing. A never-written slot holds 0, which no check takes for a
+                    # row: a row is live iff lo <= seq < inserted and seq % capacity == its slot.
+                    arr = np.zeros(self.capacity, dtype=np.int64)
+                self.meta[name] = arr
+        except BaseException:  # a constructor that fails part-way returns what it took, at once
+            self.meta = {}
+            for seg in self._meta_segments:
+                seg.close()
+            self.storage.close()
+            raise
         self.rng = np.random.default_rng(seed)
         self._seed = seed
         self._inserted = 0        # items ever inserted (== next seq)

@@ -95,14 +95,15 @@ sys.path.insert(0, {root!r})
 from conduit_core import ExperienceBuffer, ExperienceDataPlane, Schedule, Uniform
 from tests.core.helpers import SPEC
 if __name__ == "__main__":
-    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=SPEC, capacity=100, selector=Uniform()),
+    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=SPEC, capacity=100, selector=Uniform(), tier="shared"),
                               schedule=Schedule.overlapped(worker="process"))
-    print(edp.worker_process_id, flush=True)
+    import glob
+    print(edp.worker_process_id, " ".join(sorted(glob.glob("/dev/shm/conduit_*"))), flush=True)
     time.sleep(120)
 """
 
 
-def test_the_process_worker_dies_with_its_parent_even_after_sigkill(tmp_path):
+def test_the_process_worker_and_shared_memory_die_with_their_parent_even_after_sigkill(tmp_path):
     import os
     import signal
     import subprocess
@@ -110,9 +111,13 @@ def test_the_process_worker_dies_with_its_parent_even_after_sigkill(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = tmp_path / "parent.py"
     script.write_text(_ORPHAN_SCRIPT.format(root=root))
+    import glob
+    before = set(glob.glob("/dev/shm/conduit_*"))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        child = int(parent.stdout.readline())
+        line = parent.stdout.readline().split()
+        child, segments = int(line[0]), set(line[1:]) - before
+        assert segments                                       # the shared tier's segments exist
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(timeout=10)
         deadline = time.monotonic() + 15
@@ -128,6 +133,11 @@ def test_the_process_worker_dies_with_its_parent_even_after_sigkill(tmp_path):
         else:
             os.kill(child, signal.SIGKILL)
             raise AssertionError("the ingestion child outlived its SIGKILLed parent by 15 s")
+        # with the child gone, Python's resource tracker unlinks the parent's shared segments
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(os.path.exists(p) for p in segments):
+            time.sleep(0.2)
+        assert not [p for p in segments if os.path.exists(p)], "shared segments outlived the SIGKILLed parent"
     finally:
         if parent.poll() is None:
             parent.kill()
