@@ -219,7 +219,8 @@ def with_transferqueue(fn):
     import transfer_queue as tq
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if not ray.is_initialized():
-        ray.init(num_cpus=4, object_store_memory=1 << 30, include_dashboard=False, log_to_driver=False)
+        from conduit_core.ray_local import init_local
+        init_local(num_cpus=4, object_store_memory=1 << 30, log_to_driver=False)
     t0 = time.perf_counter()
     tq.init()
     init_s = time.perf_counter() - t0

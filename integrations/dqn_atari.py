@@ -35,7 +35,8 @@ def main(args: Args) -> None:
     import conduit_rllib
     from conduit_rllib.atari import dqn_atari
 
-    ray.init(num_cpus=2, object_store_memory=256 << 20, include_dashboard=False, log_to_driver=False)
+    from conduit_core.ray_local import init_local
+    init_local(num_cpus=2, object_store_memory=256 << 20, log_to_driver=False)  # loopback only
     config = dqn_atari(seed=args.seed, game=args.game, learning_starts=500, iteration_steps=250)
     if not args.native:
         conduit_rllib.enable(config, obs_codec="auto")     # lossless uint8 frames, stored once

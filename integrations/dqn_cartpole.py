@@ -34,7 +34,8 @@ def main(args: Args) -> None:
     import conduit_rllib
     from conduit_rllib import workloads
 
-    ray.init(num_cpus=2, object_store_memory=256 << 20, include_dashboard=False, log_to_driver=False)
+    from conduit_core.ray_local import init_local
+    init_local(num_cpus=2, object_store_memory=256 << 20, log_to_driver=False)  # loopback only
     # 1. RLlib's tuned DQN CartPole config, unchanged.
     config = workloads.dqn_cartpole(seed=args.seed)
     # 2. One call routes the experience path through Conduit (sequential: RLlib's exact semantics).

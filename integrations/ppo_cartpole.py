@@ -34,7 +34,8 @@ def main(args: Args) -> None:
     import conduit_rllib
     from conduit_rllib import workloads
 
-    ray.init(num_cpus=2, object_store_memory=256 << 20, include_dashboard=False, log_to_driver=False)
+    from conduit_core.ray_local import init_local
+    init_local(num_cpus=2, object_store_memory=256 << 20, log_to_driver=False)  # loopback only
     config = workloads.ppo_cartpole(seed=args.seed)       # RLlib's tuned PPO CartPole example
     if not args.native:
         conduit_rllib.enable(config)                       # learner class + checkpointing

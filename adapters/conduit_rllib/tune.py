@@ -205,7 +205,8 @@ def main(argv=None):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=256 << 20, include_dashboard=False, log_to_driver=False)
+        from conduit_core.ray_local import init_local
+        init_local(num_cpus=2, object_store_memory=256 << 20, log_to_driver=False)
     configs = enumerate_configs()
     by_label = {c.label: c for c in configs}
     cores = os.cpu_count() or 2
