@@ -33,7 +33,7 @@ import torch
 
 from .batch import Batch
 from .buffer import ExperienceBuffer
-from .errors import ClosedError, ConfigError, ExperienceTimeout, SpecError, WorkerError
+from .errors import CapacityError, ClosedError, ConfigError, ExperienceTimeout, SpecError, WorkerError
 from .hooks import Rollout
 from .metrics import MetricsRecorder, MetricsSnapshot
 from .schedule import Schedule
@@ -200,7 +200,14 @@ class ExperienceDataPlane:
                     group.append(Rollout(r.data, r.source, r.policy_version, ticket, as_numpy_rows(r.data), r.info))
                 rows = sum(r.rows for r in group)
                 enc = InlineTransformer(self.buffer.spec, self._ingest_hooks).transform(group)
-                self._commit(enc, timeout)
+                try:
+                    self._commit(enc, timeout)
+                except BaseException as exc:
+                    # the rollouts stored before the failure stay stored, and are counted as such
+                    stored = set(getattr(exc, "stored_tickets", ()))
+                    self._accepted_rows += sum(r.rows for r in group if r.ticket in stored)
+                    self._committed_rows = self._accepted_rows
+                    raise
                 self._accepted_rows += rows
                 self._committed_rows = self._accepted_rows
                 self._metrics.add_busy("ingest", time.perf_counter() - t0, items_in=rows,
@@ -212,9 +219,20 @@ class ExperienceDataPlane:
                 for r in rollouts]
 
     def _commit(self, encoded: list[Encoded], timeout: float | None) -> None:
+        """Store encoded rollouts in order. A rollout larger than the buffer fails the call
+        before anything is stored; a later failure (a rate-limit timeout) leaves the earlier
+        rollouts stored and names them in the error's ``stored_tickets``."""
         for e in encoded:
-            self.buffer.add_encoded(e.columns, e.n, source=e.source, policy_version=e.policy_version,
-                                    timeout=timeout)
+            if e.n > self.buffer.capacity:
+                raise CapacityError(f"rollout {e.ticket}: expected at most capacity={self.buffer.capacity} "
+                                    f"transitions, got {e.n}. Fix: raise the capacity or ingest it in smaller pieces")
+        for i, e in enumerate(encoded):
+            try:
+                self.buffer.add_encoded(e.columns, e.n, source=e.source, policy_version=e.policy_version,
+                                        timeout=timeout)
+            except BaseException as exc:
+                exc.stored_tickets = [x.ticket for x in encoded[:i]]  # type: ignore[attr-defined]
+                raise
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every accepted rollout is stored (visible to delivery)."""

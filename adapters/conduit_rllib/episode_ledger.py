@@ -13,6 +13,10 @@ The ring itself is larger than ``capacity`` (``ring_slack``), so what RLlib keep
 stored; if the ring would still overwrite a stored step (episodes interleaved across many
 env runners, or one episode longer than the ring), ``ring_conflicts`` names the episodes
 it would cut and the buffer evicts them whole (counted: a deviation from RLlib's rule).
+
+Seqs are counted by the adapter (the n-th stored step has seq n): the adapter is the
+buffer's only writer, refuses bad input before accepting it, and records a chunk only once
+it is stored (a group that fails part-way names the rollouts it stored).
 """
 
 from __future__ import annotations

@@ -146,10 +146,16 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.edp.evict(np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in ranges]))
 
     def _ingest(self, group: list[Rollout]) -> None:
-        self.edp.ingest_many(group)  # raises before accepting anything of a group it refuses
-        for r in group:  # accepted rows take the next seqs, in order (this buffer is their only writer)
-            self.ledger.record(r.source, self._added, r.rows)
-            self._added += r.rows
+        try:
+            self.edp.ingest_many(group)  # refuses bad input before storing any of the group
+            stored = len(group)
+        except BaseException as exc:
+            stored = len(getattr(exc, "stored_tickets", ()))  # a later failure: the first ones are stored
+            raise
+        finally:
+            for r in group[:stored]:  # stored rows take the next seqs, in order (this buffer is their only writer)
+                self.ledger.record(r.source, self._added, r.rows)
+                self._added += r.rows
 
     # --------------------------------------------------------------- delivery
     def sample(self, num_items: int | None = None, *, batch_size_B: int | None = None,

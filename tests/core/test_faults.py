@@ -423,3 +423,15 @@ def test_accepted_is_stored_plus_reported_under_any_failure_schedule(schedule, g
     # a failing rollout may take its group's neighbours with it (a group is transformed at once);
     # every failing one is reported, and no rollout is both stored and reported
     assert failing <= reported
+
+
+def test_a_group_with_a_rollout_larger_than_the_buffer_stores_nothing_and_counts_nothing():
+    from conduit_core import CapacityError, Rollout
+    buf = ExperienceBuffer(spec=SPEC, capacity=30, selector=Uniform())
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential())
+    with pytest.raises(CapacityError, match="capacity=30"):
+        edp.ingest_many([Rollout(rollout(5, 0)), Rollout(rollout(40, 5))])
+    assert len(buf) == 0 and edp.metrics().ingest.items_in == 0
+    edp.ingest_many([Rollout(rollout(5, 0))])
+    assert len(buf) == 5
+    edp.close()
