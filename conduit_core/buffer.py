@@ -266,11 +266,13 @@ class ExperienceBuffer(EpisodeSampling):
                 pending = self.storage.plan_frames(enc, n)
                 self._evict_for_frames(pending, n)
                 self.storage.commit_frames(pending)
-            if self._holes:  # rows the ring now overwrites leave the window: so do holes among them
+            leaving = 0  # removed rows among those the ring now overwrites: they leave the window
+            if self._holes:
                 lo, new_lo = self._lo(), max(first + n - self.capacity, self._floor, 0)
                 if new_lo > lo:
-                    self._holes -= self._count_holes(lo, new_lo)
+                    leaving = self._count_holes(lo, new_lo)
             self._with_lost_shards(lambda: self.storage.write(start, enc, n), keep_from=first + n - self.capacity)
+            self._holes -= leaving  # only once the write happened: a failed insert changes nothing
             prev_tail = self._open_tail.get(int(source))
             self._write_meta(first, n, enc, int(source), int(policy_version))
             if self._migration is not None:  # dual write: the new layout gets every insert too
@@ -287,16 +289,22 @@ class ExperienceBuffer(EpisodeSampling):
             self._open_tail[source] = first + n - 1
 
     # ------------------------------------------------------------ lost shards
-    def _with_lost_shards(self, op, *, keep_from: int | None = None):
+    def _with_lost_shards(self, op, *, keep_from: int | None = None, then=None):
         """Run a storage operation (under the lock); when a remote shard turns out lost, its
         rows leave the buffer (reported in ``losses``), a new empty shard takes its place,
-        and the operation runs again. ``keep_from``: rows below this seq are being
-        overwritten by the operation itself, so they are not counted as lost."""
+        and the operation runs again (after ``then()``, e.g. waiting until enough rows are
+        left to sample). ``keep_from``: rows below this seq are being overwritten by the
+        operation itself, so they are not counted as lost. A FIFO buffer cannot skip lost
+        on-policy rows without breaking its order: there the loss is raised."""
         for _ in range(len(self.storage.shards) + 1):
             try:
                 return op()
             except ShardLost as lost:
+                if self.selector.consumes:
+                    raise
                 self._lose_shard(lost, self._lo() if keep_from is None else max(self._lo(), keep_from))
+                if then is not None:
+                    then()
         return op()
 
     def _lose_shard(self, lost: ShardLost, keep_from: int) -> None:
@@ -390,8 +398,8 @@ class ExperienceBuffer(EpisodeSampling):
                                 "unconsumed on-policy rows. Fix: consume first or raise frame_budget.")
         seqs = np.arange(a, new_floor, dtype=np.int64)
         slots = seqs % cap
-        if self._holes:
-            self._holes -= self._count_holes(a, new_floor)
+        if self._holes:  # from the current low end: the rows the ring overwrites now count here too
+            self._holes -= self._count_holes(self._lo(), new_floor)
         self.meta["seq"][slots] = -1
         self.meta["next_seq"][slots] = -1
         if isinstance(self.selector, Prioritized):
@@ -455,6 +463,8 @@ class ExperienceBuffer(EpisodeSampling):
         if episode_end not in EPISODE_END_RULES:
             raise ConfigError("episode_end", f"one of {EPISODE_END_RULES}", repr(episode_end),
                               "'redraw' for RLlib's prioritized buffer, 'shorten' for its uniform one")
+        if isinstance(n_step, list):
+            n_step = tuple(n_step)
         self._check_sampling(n_step, gamma, beta)
         self._check_batch_size(batch_size)
         with self._cond:
@@ -470,7 +480,8 @@ class ExperienceBuffer(EpisodeSampling):
                 if n_step is None:
                     return slots, weights, self._gather(slots, device, fields)
                 return slots, weights, self._gather_n_step(slots, n_step, gamma, device)
-            slots, weights, data = self._with_lost_shards(draw)
+            slots, weights, data = self._with_lost_shards(
+                draw, then=lambda: self._wait_for_sample(batch_size, timeout))
             self._sampled += batch_size
             self._cond.notify_all()
             return Batch(data, slots=slots, seqs=self.meta["seq"][slots], versions=self.meta["version"][slots],
@@ -790,6 +801,15 @@ class ExperienceBuffer(EpisodeSampling):
         pools = state.get("pools", {}) or {}
         if set(pools) != set(self.storage.pools):
             raise bad("pools", f"frame pools {sorted(self.storage.pools)}", sorted(pools))
+        for name, pstate in pools.items():
+            pool = self.storage.pools[name]
+            fr = np.asarray(pstate.get("frames")) if isinstance(pstate, Mapping) else None
+            cur, last = (_as_int(pstate.get("cursor")), _as_int(pstate.get("last_id"))) if fr is not None else (None, None)
+            if fr is None or fr.dtype != pool.frames.dtype or fr.shape[1:] != tuple(pool.frame_shape) \
+                    or fr.shape[0] > pool.capacity or cur is None or last is None or cur < fr.shape[0]:
+                raise bad(f"pools.{name}", f"up to {pool.capacity} frames of {tuple(pool.frame_shape)} "
+                          f"{pool.frames.dtype} and a cursor >= their number",
+                          "nothing" if fr is None else f"{fr.dtype} {fr.shape}, cursor {pstate.get('cursor')!r}")
         try:
             open_tail = {int(k): int(v) for k, v in state["open_tail"]}
         except (TypeError, ValueError):

@@ -485,7 +485,8 @@ class ExperienceDataPlane:
                     self._commit(enc, None)
                     out_items = sum(e.n for e in enc)
                 except BaseException as exc:  # noqa: BLE001 - reported to the caller
-                    tickets = [r.ticket for r in group]
+                    stored = set(getattr(exc, "stored_tickets", ()))  # stored before the failure: not rejected
+                    tickets = [r.ticket for r in group if r.ticket not in stored]
                     with self._cond:
                         err = WorkerError(f"ingestion of rollouts {tickets} failed in the background: "
                                           f"{type(exc).__name__}: {exc}")

@@ -247,7 +247,8 @@ class EpisodeSampling:
                     cur = np.where(alive, nxt, cur)
                 data = self._gather(grid, device)
                 return starts, weights, grid, mask, data
-            starts, weights, grid, mask, data = self._with_lost_shards(draw)
+            starts, weights, grid, mask, data = self._with_lost_shards(
+                draw, then=lambda: self._wait_for_sample(batch_size, timeout))
             dev = torch.device(device) if device is not None else torch.device("cpu")
             data["mask"] = torch.from_numpy(mask).to(dev)
             self._sampled += batch_size

@@ -215,6 +215,11 @@ class ProcessTransformer:
             if self._proc.is_alive():
                 self._proc.terminate()
                 self._proc.join(timeout=5)
+            if self._proc.exitcode not in (0, None):
+                # a child that died or was stopped may not have read what the feeder threads
+                # still hold: joining them would block for ever
+                self._inq.cancel_join_thread()
+                self._outq.cancel_join_thread()
             self._inq.close()
             self._outq.close()
             self._inq.join_thread()

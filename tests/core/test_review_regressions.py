@@ -1,0 +1,167 @@
+"""Regressions found by reviewing the removal (evict), lost-shard and state changes: each
+test failed before its fix."""
+
+import numpy as np
+import pytest
+
+from conduit_core import (ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Prioritized, Schedule, StateError,
+                          Uniform, WorkerError)
+from conduit_core import episodes as episodes_mod
+
+from .helpers import SPEC, rollout
+from .test_framestack import episode, fill, make
+
+
+def true_size(buf):
+    slots = np.arange(buf.capacity)
+    return int(buf._live(slots, buf.meta["seq"][slots]).sum())  # noqa: SLF001 - the invariant under test
+
+
+def test_removed_rows_are_counted_right_when_the_frame_pool_and_the_ring_evict_together():
+    buf = make(40, budget=1.0, selector=Uniform())
+    rng = np.random.default_rng(0)
+    gid = 0
+    for step in range(300):
+        t = 8 if (step // 5) % 2 == 0 else 1
+        st = episode(t, rng)
+        term = np.zeros(t, bool)
+        term[-1] = True
+        buf.add({"obs": st[:t], "next_obs": st[1:], "action": np.arange(gid, gid + t),
+                 "reward": np.zeros(t, np.float32), "terminated": term, "truncated": np.zeros(t, bool)})
+        gid += t
+        lo = buf.inserted - len(buf)
+        buf.evict([lo + 1, lo + 2])
+        assert len(buf) == true_size(buf), step
+
+
+def test_a_failed_insert_leaves_the_removed_row_count_as_it_was():
+    buf = ExperienceBuffer(spec=SPEC, capacity=10, selector=Uniform(), seed=1)
+    buf.add(rollout(10, 0))
+    buf.evict([0])
+    write = buf.storage.write
+    buf.storage.write = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("device write failed"))
+    with pytest.raises(RuntimeError):
+        buf.add(rollout(1, 100))
+    buf.storage.write = write
+    assert len(buf) == 9
+    assert (buf.sample(300).seqs != -1).all()
+
+
+def test_a_background_group_failing_part_way_reports_only_what_was_not_stored():
+    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=1)
+    add, calls = buf.add_encoded, [0]
+
+    def flaky(*a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise TimeoutError("rate-limit timeout on the 2nd rollout of the group")
+        return add(*a, **k)
+    buf.add_encoded = flaky
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(ingest_granularity=3))
+    with edp._cond:  # noqa: SLF001 - holds the worker so the three rollouts form one group
+        for s in (0, 10, 20):
+            edp.ingest(rollout(5, s))
+    with pytest.raises(WorkerError) as info:
+        edp.flush(timeout=30)
+    assert info.value.rejected_tickets == [1, 2]
+    assert sorted(int(x) for x in buf.state_dict()["data"]["obs"][:, 0]) == list(range(5))
+    edp.close()
+
+
+def test_a_damaged_frame_pool_state_changes_nothing():
+    rng = np.random.default_rng(0)
+    a, b = make(100), make(100)
+    fill(a, rng, [30, 20])
+    fill(b, rng, [10])
+    st = a.state_dict()
+    st["pools"]["frames"] = dict(st["pools"]["frames"])
+    st["pools"]["frames"]["frames"] = st["pools"]["frames"]["frames"][:, :5]
+    before = (b.inserted, len(b))
+    with pytest.raises(StateError, match="pools"):
+        b.load_state_dict(st)
+    assert (b.inserted, len(b)) == before
+
+
+@pytest.mark.parametrize("n_step", [[2, 4], [3, 3]])
+def test_n_step_as_a_list_works(n_step):
+    buf = ExperienceBuffer(spec=SPEC, capacity=100, selector=Prioritized(), seed=1)
+    buf.add(rollout(50, 0, done_at=49))
+    for end in ("shorten", "redraw"):
+        assert buf.sample(8, n_step=n_step, episode_end=end)["n_step"].numel() == 8
+
+
+def test_the_native_window_pass_equals_its_python_reference():
+    """The C sample_windows and the Python reference consume the same uniforms the same way:
+    same slots, weights, returns, last slots, steps, and RNG state after, over random buffers
+    (uniform and prioritized, with removed rows, episodes ending terminated or truncated)."""
+    spec = ExperienceSpec.transition(obs_shape=(2,))
+    rng0 = np.random.default_rng(5)
+    for trial in range(40):
+        sel = Uniform() if trial % 2 else Prioritized(alpha=0.7)
+        buf = ExperienceBuffer(spec=spec, capacity=int(rng0.integers(20, 80)), selector=sel, seed=trial)
+        for c in range(int(rng0.integers(3, 12))):
+            n = int(rng0.integers(1, 15))
+            buf.add({"obs": np.zeros((n, 2), np.float32), "next_obs": np.zeros((n, 2), np.float32),
+                     "action": np.arange(n), "reward": rng0.random(n).astype(np.float32),
+                     "terminated": rng0.random(n) < 0.15, "truncated": rng0.random(n) < 0.05}, source=c % 3)
+        lo = buf.inserted - len(buf)
+        buf.evict(rng0.integers(lo, buf.inserted, 3))
+        if isinstance(sel, Prioritized):
+            s = np.flatnonzero(buf.selector.index.leaves() > 0)
+            buf.update_priorities(s, rng0.random(s.size) + 0.1)
+        if len(buf) == 0:
+            continue
+        outs = []
+        for native in (True, False):
+            state = buf.rng.bit_generator.state
+            saved = episodes_mod._c_sample_windows
+            if not native:
+                episodes_mod._c_sample_windows = None
+            try:
+                r = buf._sample_windows(16, (1, 4), 0.9, None, redraw=True)  # noqa: SLF001 - the unit under test
+            finally:
+                episodes_mod._c_sample_windows = saved
+            outs.append((r, buf.rng.bit_generator.state))
+            buf.rng.bit_generator.state = state
+        (a, sa), (b, sb) = outs
+        assert sa == sb, trial
+        for x, y in zip(a, b):
+            assert (x is None and y is None) or np.array_equal(x, y), trial
+
+
+def _lose_on_first_call(storage, method):
+    from conduit_core import ShardLost
+    orig, calls = getattr(storage, method), [0]
+
+    def once(*a, **k):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ShardLost(0, None, RuntimeError("actor died"))
+        return orig(*a, **k)
+    setattr(storage, method, once)
+    storage.replace_shard = lambda s: "node-x"
+
+
+@pytest.mark.parametrize("selector", [Uniform, Prioritized])
+def test_sampling_after_every_row_was_lost_is_a_clear_error_not_empty_rows(selector):
+    """A shard loss that takes every stored row: the retried draw must not read the empty
+    replacement (prioritized: rows of seq -1 with NaN weights; uniform: a raw ValueError)."""
+    from conduit_core import RateLimiter
+    from conduit_core.errors import RateLimitError
+    buf = ExperienceBuffer(spec=SPEC, capacity=100, selector=selector(), seed=1,
+                           rate_limiter=RateLimiter(on_limit="raise"))
+    buf.add(rollout(20, 0))
+    _lose_on_first_call(buf.storage, "gather")
+    with pytest.raises(RateLimitError, match="holds 0 items"):
+        buf.sample(4)
+    assert len(buf) == 0 and buf.losses[0].rows == 20
+
+
+def test_a_fifo_buffer_raises_the_loss_it_cannot_skip():
+    from conduit_core import Fifo, ShardLost
+    buf = ExperienceBuffer(spec=SPEC, capacity=100, selector=Fifo(), seed=1)
+    buf.add(rollout(5, 0))
+    _lose_on_first_call(buf.storage, "write")
+    with pytest.raises(ShardLost):
+        buf.add(rollout(5, 10))
+    assert len(buf) == 5
