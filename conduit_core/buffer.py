@@ -58,7 +58,7 @@ class ShardLoss:
         where = f"seqs {self.seq_range[0]}..{self.seq_range[1]}" if self.seq_range else "no stored rows"
         return (f"remote shard {self.shard} (node resource {self.node_resource!r}) lost {self.rows} rows ({where}): "
                 f"{self.cause}; replaced by an empty shard on node {self.replaced_on[:12]}")
-_META = ("seq", "version", "source", "next_seq")
+META_FIELDS = ("seq", "version", "source", "next_seq")  # per-slot metadata, one int64 each
 
 
 class OutputPool:
@@ -158,7 +158,7 @@ class ExperienceBuffer(EpisodeSampling):
         self._meta_segments = []
         self.meta: dict[str, np.ndarray] = {}
         try:
-            for name in _META:
+            for name in META_FIELDS:
                 if host_shared:
                     from .tiers import SharedSegment
                     seg = SharedSegment((self.capacity,), torch.int64)
@@ -711,7 +711,7 @@ class ExperienceBuffer(EpisodeSampling):
             if stored:
                 self.storage.write(0, enc, stored)
             written = min(self._inserted, self.capacity)  # slots this buffer wrote before: cleared past `stored`
-            for k in _META:
+            for k in META_FIELDS:
                 self.meta[k][:stored] = meta[k]
                 if written > stored:
                     self.meta[k][stored:written] = 0
@@ -781,7 +781,7 @@ class ExperienceBuffer(EpisodeSampling):
                 raise bad(f"data.{f.name}", f"dtype {want}", t.dtype)
             enc[f.name] = t.view(torch.bfloat16) if f.stored_dtype == torch.bfloat16 else t
         meta = {}
-        for k in _META:
+        for k in META_FIELDS:
             m = state["meta"].get(k) if isinstance(state["meta"], Mapping) else None
             m = None if m is None else np.asarray(m)
             if m is None or m.shape != (stored,) or m.dtype.kind not in "iu":

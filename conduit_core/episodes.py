@@ -254,7 +254,7 @@ class EpisodeSampling:
             self._sampled += batch_size
             self._cond.notify_all()
             return Batch(data, slots=starts, seqs=self.meta["seq"][starts], versions=self.meta["version"][starts],
-                         weights=None if weights is None else torch.from_numpy(weights),
+                         weights=None if weights is None else torch.from_numpy(weights).to(dev),
                          inserted_at_selection=self._inserted)
 
     # ------------------------------------------------------------- FIFO take

@@ -31,11 +31,11 @@ from typing import Sequence
 
 import numpy as np
 
+from .buffer import META_FIELDS
 from .errors import ConfigError, StateError
 from .selectors import Prioritized
 from .storage import ColumnarStorage, ShardSpec
 
-_META = ("seq", "version", "source", "next_seq")
 FIRST_CHUNK_BYTES = 256 << 10   # the first adaptive chunk, before any timing is known
 MAX_CHUNK_BYTES = 64 << 20
 
@@ -97,7 +97,7 @@ class Migration:
         the oldest live row. A background migration does this in its own thread, so the
         learner never waits for an actor to start."""
         self.storage = ColumnarStorage(spec=self.buffer.spec, shards=self.shards)
-        self.meta = {k: np.zeros(self.capacity, dtype=np.int64) for k in _META}  # lazy, as the buffer's
+        self.meta = {k: np.zeros(self.capacity, dtype=np.int64) for k in META_FIELDS}  # lazy, as the buffer's
         b = self.buffer
         with b.lock:
             try:
@@ -137,7 +137,7 @@ class Migration:
                 cols = {f.name: b.storage._gather_stored(f.name, old_slots, None, _cpu()) for f in b.spec}
                 self.storage.write(lo % self.capacity, cols, end - lo)
                 new_slots = seqs % self.capacity
-                for k in _META:
+                for k in META_FIELDS:
                     self.meta[k][new_slots] = b.meta[k][old_slots]
             self.cursor = max(end, lo)
             held = time.perf_counter() - t0
