@@ -12,6 +12,7 @@ Example: Atari observations that a framework normalises to float32 ``k / 255`` t
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -170,8 +171,14 @@ class AffineCodec(Codec):
         return y
 
     def decode_into(self, out: torch.Tensor, stored_view: torch.Tensor) -> torch.Tensor:
-        """Decode a (possibly strided) stored view into ``out``: one cast-and-copy pass,
-        then the arithmetic in place (the same ops, so bit-identical to ``decode``)."""
+        """Decode a (possibly strided) stored view into ``out``. Where the scale is a power of
+        two (``q / 128 - 1``, RLlib's Atari frames; ``q / 256``), ``q * scale + offset`` is
+        exact for every q, so it runs as one fused pass (read q, write x); otherwise one
+        cast-and-copy pass, then the arithmetic in place. Both bit-identical to ``decode``."""
+        fused = self._fused(out.dtype)
+        if fused is not None:
+            alpha, offset = fused
+            return torch.add(offset, stored_view, alpha=alpha, out=out)
         out.copy_(stored_view)
         if self.divisor is not None:
             out.div_(self.divisor)
@@ -180,6 +187,27 @@ class AffineCodec(Codec):
         if self.offset:
             out.add_(self.offset)
         return out
+
+    def _fused(self, dtype: torch.dtype):
+        """(alpha, offset tensor) when ``offset + alpha * q`` equals the decoding for every
+        stored q (alpha a power of two: every product exact), checked value by value against
+        the lookup table once per dtype; else None."""
+        cache = self.__dict__.setdefault("_fused_cache", {})
+        if dtype in cache:
+            return cache[dtype]
+        alpha = 1.0 / self.divisor if self.divisor is not None else self.scale
+        mant, _ = math.frexp(abs(alpha)) if alpha else (0.0, 0)
+        result = None
+        if dtype.is_floating_point and mant == 0.5:
+            lo, hi = _INT_RANGES[self.stored]
+            offset = torch.tensor(self.offset, dtype=dtype)
+            q = torch.arange(lo, hi + 1).to(self.stored)
+            got = torch.add(offset, q, alpha=alpha)
+            want = self._decode_arith(q, dtype)
+            if got.dtype == dtype and torch.equal(got.view(-1), want.view(-1)):
+                result = (alpha, offset)
+        cache[dtype] = result
+        return result
 
     def _lut(self, dtype: torch.dtype) -> np.ndarray:
         """decode(q) for every q of the stored type, indexed by q - min: one gather decodes
@@ -215,7 +243,7 @@ class AffineCodec(Codec):
         return isinstance(other, AffineCodec) and self.to_config() == other.to_config()
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_luts"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_luts", "_fused_cache")}
 
     def __hash__(self):
         return hash(tuple(sorted(self.to_config().items())))
