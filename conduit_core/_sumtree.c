@@ -121,6 +121,29 @@ static int get_any(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writ
     return 0;
 }
 
+/* The n-step walk from slot `start`, up to n steps: follow the episode links, stopping at a
+ * done step, a missing successor, or one overwritten since (seq[next] != next_seq[cur]), and
+ * sum gamma^k * r. Writes the last slot and the steps taken; returns the discounted return.
+ * The one definition both nstep() and sample_windows() use. */
+static double walk(const long long *seq, const long long *next, const float *rew, const unsigned char *term,
+                   const unsigned char *trunc, long long cap, long long start, long long n, double gamma,
+                   long long *last, long long *steps) {
+    long long cur = start, k = 1;
+    double r = rew[cur];
+    while (k < n && !term[cur] && !trunc[cur]) {
+        long long ns = next[cur];
+        if (ns < 0) break;
+        long long nslot = ns % cap;
+        if (seq[nslot] != ns) break;
+        r += pow(gamma, (double)k) * (double)rew[nslot];
+        cur = nslot;
+        k++;
+    }
+    *last = cur;
+    *steps = k;
+    return r;
+}
+
 /*
  * nstep(seq, next_seq, reward:f32, term:u8, trunc:u8, capacity, slots, n, gamma,
  *       out_return:f64, out_last:i64, out_steps:i64)
@@ -157,20 +180,8 @@ static PyObject *nstep(PyObject *self, PyObject *args) {
         int bad = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < b; i++) {
-            long long cur = slots[i];
-            if (cur < 0 || cur >= cap) { bad = 1; break; }
-            double r = rew[cur];
-            long long k = 1;
-            while (k < nn[i] && !term[cur] && !trunc[cur]) {
-                long long ns = next[cur];
-                if (ns < 0) break;
-                long long nslot = ns % cap;
-                if (seq[nslot] != ns) break;
-                r += pow(gamma, (double)k) * (double)rew[nslot];
-                cur = nslot;
-                k++;
-            }
-            ret[i] = r; last[i] = cur; steps[i] = k;
+            if (slots[i] < 0 || slots[i] >= cap) { bad = 1; break; }
+            ret[i] = walk(seq, next, rew, term, trunc, cap, slots[i], nn[i], gamma, &last[i], &steps[i]);
         }
         Py_END_ALLOW_THREADS
         for (int j = 0; j < got; j++) PyBuffer_Release(all[j]);
@@ -269,17 +280,8 @@ static PyObject *sample_windows(PyObject *self, PyObject *args) {
                 if (n >= n_hi) n = n_hi - 1;
             }
             if (start < 0 || start >= cap) { bad = 1; break; }
-            long long cur = start, k = 1;
-            double r = rew[cur];
-            while (k < n && !term[cur] && !trunc[cur]) {
-                long long ns = next[cur];
-                if (ns < 0) break;
-                long long nslot = ns % cap;
-                if (seq[nslot] != ns) break;
-                r += pow(gamma, (double)k) * (double)rew[nslot];
-                cur = nslot;
-                k++;
-            }
+            long long cur, k;
+            double r = walk(seq, next, rew, term, trunc, cap, start, n, gamma, &cur, &k);
             if (redraw && k < n) continue;
             oslot[i] = start; ow[i] = w; oret[i] = r; olast[i] = cur; osteps[i] = k;
             i++;
