@@ -91,7 +91,9 @@ def write_meta_rows(meta: dict, cap: int, first: int, n: int, enc: Mapping[str, 
     done = None
     for f in done_fields:
         d = enc[f]
-        d = (d.cpu().numpy() if isinstance(d, torch.Tensor) else d).reshape(n)
+        # an item that is a chunk of steps (a done field of shape (T,) or (T, 1)) ends its episode
+        # when its last step does: the link to the source's next item follows the last step
+        d = (d.cpu().numpy() if isinstance(d, torch.Tensor) else d).reshape(n, -1)[:, -1]
         if d.dtype != np.bool_:
             d = d.astype(bool)
         done = d if done is None else (done | d)
@@ -244,18 +246,26 @@ class ExperienceBuffer(EpisodeSampling):
                    for name, c in cols.items()}
 
     def add(self, batch: Mapping[str, Any], *, source: int = 0, policy_version: int = 0,
-            timeout: float | None = None) -> int:
+            timeout: float | None = None, priorities: Any = None) -> int:
         """Store a batch of transitions (one source's, in time order). Returns the first seq.
 
+        ``priorities`` (prioritized selectors only): one initial priority per item instead of the
+        running max (e.g. from a TD error the actor computed, as SRL's buffer does).
         Validation and encoding happen before anything is written: a rejected batch
         leaves the buffer untouched."""
         n, enc = self.encode(batch)
-        return self.add_encoded(enc, n, source=source, policy_version=policy_version, timeout=timeout)
+        return self.add_encoded(enc, n, source=source, policy_version=policy_version, timeout=timeout,
+                                priorities=priorities)
 
     def add_encoded(self, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0, policy_version: int = 0,
-                    timeout: float | None = None) -> int:
+                    timeout: float | None = None, priorities: Any = None) -> int:
         if n == 0:
             return self._inserted
+        if priorities is not None:
+            if self._migration is not None:
+                raise ConfigError("priorities", "no initial priorities while a migration runs", "priorities",
+                                  "wait for the migration to finish, or add without priorities")
+            priorities = self.selector.check_initial_priorities(n, priorities)  # before anything is written
         with self._cond:
             self._check_open()
             self._wait_for_insert(n, timeout)
@@ -279,6 +289,8 @@ class ExperienceBuffer(EpisodeSampling):
                 self._migration.on_insert(first, enc, n, int(source), int(policy_version), prev_tail)
             self._inserted += n
             self.selector.on_insert(start, n, min(self._inserted, self.capacity))
+            if priorities is not None:
+                self.selector.set_initial_priorities((start + np.arange(n)) % self.capacity, priorities)
             self._cond.notify_all()
             return first
 
@@ -467,6 +479,10 @@ class ExperienceBuffer(EpisodeSampling):
             n_step = tuple(n_step)
         self._check_sampling(n_step, gamma, beta)
         self._check_batch_size(batch_size)
+        if n_step is not None and episode_end == "redraw" and getattr(self.selector, "stratified", False):
+            raise ConfigError("episode_end", "'shorten' with Prioritized(stratified=True)", "'redraw'",
+                              "the redraw walk draws items independently (RLlib's rule): use "
+                              "Prioritized(stratified=False) for it")
         with self._cond:
             self._check_open()
             self._wait_for_sample(batch_size, timeout)

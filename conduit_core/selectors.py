@@ -43,26 +43,40 @@ class Selector(ABC):
         raise ConfigError("selector", "a prioritized selector for update_priorities", self.name,
                           "build the buffer with selector=Prioritized(...) or stop updating priorities")
 
-    def state_dict(self) -> dict:
-        return {}
+    def check_initial_priorities(self, n: int, priorities) -> np.ndarray:
+        """Validate priorities given with an insert of ``n`` items (instead of the running max);
+        returns them as float64. Changes nothing."""
+        raise ConfigError("priorities", "no priorities at insert for a non-prioritized selector", self.name,
+                          "build the buffer with selector=Prioritized(...) or add without priorities")
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-    def check_state(self, state: dict) -> None:
-        """Raise StateError if ``state`` cannot be loaded; changes nothing."""
-
-    def to_config(self) -> dict:
-        return {"name": self.name}
+    def set_initial_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """Set checked initial priorities of the items just inserted at ``slots``."""
+        raise NotImplementedError
 
 
 class Uniform(Selector):
-    """Uniform over every stored item, with replacement (RLlib's and Reverb's default)."""
+    """Uniform over every stored item: with replacement (RLlib's and Reverb's default), or
+    ``replace=False``: no item twice within one batch (SRL's replay buffers, TorchRL's
+    ``SamplerWithoutReplacement`` per batch)."""
 
     name = "uniform"
 
+    def __init__(self, *, replace: bool = True):
+        if not isinstance(replace, (bool, np.bool_)):
+            raise ConfigError("Uniform.replace", "True or False", repr(replace),
+                              "pass replace=False to draw distinct items per batch")
+        self.replace = bool(replace)
+
     def select(self, batch_size, size, rng):
-        return rng.integers(0, size, batch_size, dtype=np.int64), None
+        if self.replace:
+            return rng.integers(0, size, batch_size, dtype=np.int64), None
+        if batch_size > size:
+            raise ConfigError("batch_size", f"at most the {size} stored items (Uniform(replace=False))",
+                              batch_size, "wait until more items are stored (a warm-up) or draw with replacement")
+        return rng.choice(size, batch_size, replace=False).astype(np.int64), None
+
+    def to_config(self):
+        return {"name": self.name, "replace": self.replace}
 
 
 class Prioritized(Selector):
@@ -72,14 +86,26 @@ class Prioritized(Selector):
 
     name = "prioritized"
 
-    def __init__(self, *, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6):
+    def __init__(self, *, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6, stratified: bool = False):
         for name, v, fix in (("alpha", alpha, "use e.g. alpha=0.6 (0 = uniform)"),
                              ("beta", beta, "use e.g. beta=0.4 (0 = no correction)"),
                              ("eps", eps, "use e.g. eps=1e-6 (added to every priority; 0 = none)")):
             if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or not np.isfinite(v) or v < 0:
                 raise ConfigError(f"Prioritized.{name}", "a finite number >= 0", repr(v), fix)
+        if not isinstance(stratified, (bool, np.bool_)):
+            raise ConfigError("Prioritized.stratified", "True or False", repr(stratified),
+                              "True draws one item from each of batch_size equal slices of the priority mass")
         self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
+        # stratified: item i of a batch is drawn from the i-th of batch_size equal slices of the total
+        # mass (SRL's and Schaul et al.'s proportional sampling); otherwise independent draws (RLlib)
+        self.stratified = bool(stratified)
         self.max_priority = 1.0
+
+    def _masses(self, batch_size: int, total: float, rng: np.random.Generator) -> np.ndarray:
+        u = rng.random(batch_size)
+        if self.stratified:
+            return (u + np.arange(batch_size)) * (total / batch_size)
+        return u * total
 
     def bind(self, capacity):
         super().bind(capacity)
@@ -98,10 +124,11 @@ class Prioritized(Selector):
             from ._sumtree import select_weighted
             slots = np.empty(batch_size, dtype=np.int64)
             weights = np.empty(batch_size, dtype=np.float32)
-            select_weighted(self.index._sum, self.index._min, self.index.size, rng.random(batch_size) * total,
+            select_weighted(self.index._sum, self.index._min, self.index.size,
+                            np.minimum(self._masses(batch_size, total, rng), np.nextafter(total, 0)),
                             float(beta), slots, weights)
             return slots, weights
-        slots = self.index.find_prefixsum(rng.random(batch_size) * total)
+        slots = self.index.find_prefixsum(np.minimum(self._masses(batch_size, total, rng), np.nextafter(total, 0)))
         if beta == 0.0:
             return slots, np.ones(batch_size, dtype=np.float32)
         p = self.index.get(slots) / total
@@ -137,6 +164,23 @@ class Prioritized(Selector):
         self.max_priority = max(self.max_priority, float(pr.max()))
         self.index.set(slots, pr ** self.alpha if self.alpha != 1.0 else pr)
 
+    def check_initial_priorities(self, n, priorities):
+        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if pr.shape[0] != n:
+            raise SpecError("priorities", f"{n} values (one per inserted item)", pr.shape[0],
+                            "pass one priority per item of the insert")
+        if not (np.isfinite(pr).all() and (pr + self.eps > 0).all()):
+            bad = pr[~np.isfinite(pr) | (pr + self.eps <= 0)][0]
+            raise SpecError("priorities", "finite values > 0 (with eps)", float(bad),
+                            "pass |TD error| or leave the priorities out for the running max")
+        return pr
+
+    def set_initial_priorities(self, slots, priorities):
+        """Priorities given at insert replace the running max for those items; they do not raise
+        the running max (only updates do, as in SRL's buffer, which computes them from TD errors)."""
+        pr = priorities + self.eps
+        self.index.set(np.asarray(slots, dtype=np.int64), pr ** self.alpha if self.alpha != 1.0 else pr)
+
     def state_dict(self):
         return {"leaves": self.index.leaves().copy(), "max_priority": self.max_priority}
 
@@ -158,7 +202,8 @@ class Prioritized(Selector):
                              "state is damaged; nothing was loaded")
 
     def to_config(self):
-        return {"name": self.name, "alpha": self.alpha, "beta": self.beta, "eps": self.eps}
+        return {"name": self.name, "alpha": self.alpha, "beta": self.beta, "eps": self.eps,
+                "stratified": self.stratified}
 
 
 class Fifo(Selector):
@@ -177,9 +222,10 @@ class Fifo(Selector):
 def selector_from_config(cfg: dict) -> Selector:
     name = cfg.get("name")
     if name == "uniform":
-        return Uniform()
+        return Uniform(replace=cfg.get("replace", True))
     if name == "prioritized":
-        return Prioritized(alpha=cfg["alpha"], beta=cfg["beta"], eps=cfg["eps"])
+        return Prioritized(alpha=cfg["alpha"], beta=cfg["beta"], eps=cfg["eps"],
+                           stratified=cfg.get("stratified", False))
     if name == "fifo":
         return Fifo()
     raise ConfigError("selector", "'uniform', 'prioritized' or 'fifo'", repr(name), "use a known selector")

@@ -62,9 +62,11 @@ class FieldSpec:
     allow_nonfinite: bool = False   # NaN/inf in a float field is refused at ingestion unless allowed
 
     def __post_init__(self) -> None:
-        if not self.name or not self.name.isidentifier() or self.name.startswith("_"):
-            raise SpecError("field name", "a Python identifier not starting with '_'",
-                            repr(self.name), "rename the field (names starting with '_' are reserved)")
+        parts = self.name.split(".") if isinstance(self.name, str) else [""]
+        if not all(p.isidentifier() and not p.startswith("_") for p in parts):
+            raise SpecError("field name", "Python identifiers not starting with '_', joined by '.' for nested "
+                            "fields (e.g. 'obs' or 'obs.pixels')", repr(self.name),
+                            "rename the field (names starting with '_' are reserved)")
         shape = tuple(int(s) for s in self.shape)
         if any(s <= 0 for s in shape):
             raise SpecError(f"{self.name}.shape", "positive dimensions", shape, "fix the shape")
