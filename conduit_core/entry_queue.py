@@ -147,7 +147,7 @@ class EntryQueue:
             self._slot_of[order], self._owner[self._filling] = self._filling, order
             self._info[order] = (time.time(), self._filling_version, 0)
             self._order.add(order, self.reuses)
-            self._filling = None
+            self._filling, self._filled, self._filling_version = None, 0, None
             self._counts["entries_formed"] += 1
             while len(self._order) > self.max_entries:
                 victim = self._order.victim()

@@ -1,0 +1,332 @@
+"""SRL's four buffer kinds on Conduit's core, behind SRL's ``Buffer`` interface.
+
+``put`` runs on the trainer worker's main thread (``consume_to``), ``get``/``empty``/``qsize``/
+``update_priorities`` on its training thread; SRL's own buffers have no lock, these are
+thread-safe. Neither ``put`` nor ``get`` blocks. Entries are SRL's ``ReplayEntry`` with the
+same field values SRL's buffers give (``reuses_left``, ``reuses``, ``receive_time``,
+``sampling_indices``), samples time-major ``[T, B, ...]`` rebuilt as SRL rebuilds them.
+
+Deliberate differences from SRL's own buffers, each for correctness (and each shown by a test
+in ``tests/srl``):
+
+- SRL's prioritized buffer sums the priority mass over ``[0, total_chunks - 1)``
+  (``SegmentTree.reduce`` excludes its end), so the chunk in the last filled slot is never drawn
+  (while filling: the newest one). Here every stored chunk can be drawn, with probability
+  exactly ``p_i^alpha / sum_j p_j^alpha``.
+- SRL's uniform buffer with ``batch_length < sample_length`` sorts the flattened gather indices
+  (``_slicing``), which mixes steps of different chunks into one column. That case is refused
+  here (``ConfigError``) rather than reproduced.
+- Queue entries are views into preallocated slots (no stacking at the B-th put, no copy at
+  ``get``); a served entry's memory stays valid for ``lease_depth`` further gets.
+"""
+
+from __future__ import annotations
+
+import math
+import queue as queue_module
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from conduit_core.buffer import ExperienceBuffer
+from conduit_core.entry_queue import EntryQueue
+from conduit_core.errors import ConfigError, SpecError
+from conduit_core.selectors import Prioritized, Uniform
+from conduit_core.spec import ExperienceSpec, FieldSpec
+
+from . import samples
+
+_DEFAULT = object()  # SRL's defaults differ per kind; an explicit None means "no batching"
+QUEUE_KINDS = ("simple_queue", "priority_queue")
+REPLAY_KINDS = ("simple_replay_buffer", "prioritized_replay_buffer")
+
+
+def _replay_entry(**kw):
+    from rlsrl.base.buffer import ReplayEntry
+    return ReplayEntry(**kw)
+
+
+def _max_size(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise ConfigError(f"{name}.max_size", "a number >= 1", repr(value), "pass SRL's max_size (entries)")
+    return math.inf if value == math.inf else int(value)
+
+
+class ConduitQueueBuffer:
+    """``simple_queue`` and ``priority_queue`` on an :class:`EntryQueue`."""
+
+    def __init__(self, kind: str = "priority_queue", *, max_size: float | None = None, reuses: int = 1,
+                 batch_size: Any = _DEFAULT, lease_depth: int = 2, **_ignored):
+        if kind not in QUEUE_KINDS:
+            raise ConfigError("kind", f"one of {QUEUE_KINDS}", repr(kind), "use ConduitReplayBuffer for replay kinds")
+        self.kind = kind
+        if kind == "priority_queue":
+            # SRL: PriorityQueueBuffer(max_size=16, reuses=1, batch_size=1); `if self.batch_size:` stacks
+            batch_size = 1 if batch_size is _DEFAULT else batch_size
+            self._queue = EntryQueue(max_entries=_max_size(16 if max_size is None else max_size, kind),
+                                     batch_size=batch_size or None, reuses=reuses, serve="freshest",
+                                     overflow="drop_lowest", lease_depth=lease_depth)
+        else:
+            batch_size = None if batch_size is _DEFAULT else batch_size
+            # SRL: SimpleQueueBuffer(batch_size=None, max_size=1e9): FIFO, the oldest dropped beyond max_size
+            self._queue = EntryQueue(max_entries=_max_size(1e9 if max_size is None else max_size, kind),
+                                     batch_size=batch_size or None, reuses=1, serve="oldest",
+                                     overflow="drop_oldest", lease_depth=lease_depth)
+        self.batch_size, self.reuses = batch_size, reuses
+
+    def put(self, x) -> bool | None:
+        """Returns what SRL's buffer of this kind returns: the priority queue True when the put formed
+        a batch (False without batching), the simple queue None."""
+        flat = samples.flatten(x)
+        formed = self._queue.put(flat, policy_version=samples.min_version(flat))
+        if self.kind == "simple_queue":
+            return None
+        return formed and bool(self.batch_size)
+
+    def get(self):
+        entry = self._queue.get()
+        if entry is None:
+            if self.kind == "simple_queue":
+                raise queue_module.Empty  # what SRL's SimpleQueueBuffer.get raises when empty
+            raise AssertionError("attempting to get from empty buffer.")  # SRL's PriorityQueueBuffer
+        sample = samples.rebuild(entry.columns)
+        if self.kind == "simple_queue":  # SRL reports these for its FIFO queue
+            return _replay_entry(reuses_left=0, reuses=0, receive_time=time.time(), sample=sample)
+        return _replay_entry(reuses_left=entry.reuses_left, reuses=entry.reuses, receive_time=entry.receive_time,
+                             sample=sample)
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    def full(self) -> bool:
+        return self._queue.qsize() >= self._queue.max_entries
+
+    def stats(self) -> dict[str, int]:
+        """Every sample put is served, queued, pending, or counted as dropped (overflow)."""
+        return self._queue.stats()
+
+
+class ConduitReplayBuffer:
+    """``simple_replay_buffer`` / ``prioritized_replay_buffer`` on an :class:`ExperienceBuffer` whose
+    items are whole samples (chunks of ``sample_length`` steps)."""
+
+    def __init__(self, kind: str = "simple_replay_buffer", *, max_size: int, batch_size: int,
+                 warmup_transitions: int, seed: int = 0, sample_length: int | None = None,
+                 batch_length: int | None = None, burn_in_steps: int = 0, alpha: float = 0.6, beta: float = 0.4,
+                 beta_scheduler=None, max_priority: float = 1.0, priority_interpolation_eta: float | None = None,
+                 **_ignored):
+        if kind not in REPLAY_KINDS:
+            raise ConfigError("kind", f"one of {REPLAY_KINDS}", repr(kind), "use ConduitQueueBuffer for queue kinds")
+        for name, v in (("max_size", max_size), ("batch_size", batch_size)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ConfigError(f"{kind}.{name}", "an integer >= 1", repr(v), f"pass SRL's {name}")
+        self.kind, self.prioritized = kind, kind == "prioritized_replay_buffer"
+        if self.prioritized:
+            if sample_length is None:
+                raise ConfigError(f"{kind}.sample_length", "the sample length T", None,
+                                  "pass sample_length (SRL's prioritized buffer needs it too)")
+            if alpha < 0:
+                raise ConfigError(f"{kind}.alpha", "a number >= 0", alpha, "use alpha=0.6")
+            if beta <= 0:
+                raise ConfigError(f"{kind}.beta", "a number > 0", beta, "use beta=0.4")
+            if beta_scheduler is not None and beta_scheduler.init_value != beta:
+                raise ConfigError(f"{kind}.beta_scheduler.init_value", beta, beta_scheduler.init_value,
+                                  "start the scheduler at beta")
+            batch_length = sample_length
+        self._max_size, self._batch_size = int(max_size), int(batch_size)
+        self._warmup, self._seed = int(warmup_transitions), int(seed)
+        self._sample_length, self._batch_length = sample_length, batch_length
+        self._burn_in, self._eta = int(burn_in_steps), priority_interpolation_eta
+        self._alpha, self._beta, self._beta_scheduler = float(alpha), float(beta), beta_scheduler
+        self._max_priority = float(max_priority)
+        self._training_steps = 0
+        self._lock = threading.Lock()
+        self._buffer: ExperienceBuffer | None = None
+        self._template: dict[str, Any] | None = None    # flat name -> None (a field SRL left out) or FieldSpec
+        self._replay_times = np.zeros(self._max_size, dtype=np.int64)
+        self._delivered: dict[int, int] = {}            # slot -> seq of the last get (priority updates check it)
+
+    # ---------------------------------------------------------------- SRL's interface
+    def put(self, x) -> None:
+        if hasattr(x, "policy_name"):
+            x.policy_name = None  # as SRL's replay buffers do (a non-numeric field)
+        flat = samples.flatten(x)
+        with self._lock:
+            if self._buffer is None:
+                self._build(flat)
+            cols, length = {}, None
+            for name, spec in self._template.items():
+                v = flat.get(name)
+                if spec is None:
+                    if v is not None:
+                        raise SpecError(name, "None (as in the first sample)", type(v).__name__,
+                                        "keep the set of fields the same in every sample")
+                    continue
+                if v is None:
+                    raise SpecError(name, f"an array of shape {spec.shape}", None,
+                                    "keep the set of fields the same in every sample")
+                cols[name] = np.asarray(v)[None]
+                length = cols[name].shape[1] if cols[name].ndim > 1 else length
+            if set(flat) - set(self._template):
+                raise SpecError("sample fields", sorted(self._template), sorted(flat),
+                                "keep the set of fields the same in every sample")
+            priorities = self._initial_priority(flat) if self.prioritized else None
+            first = self._buffer.add(cols, priorities=priorities)
+            self._replay_times[first % self._max_size] = 0
+
+    def get(self):
+        with self._lock:
+            beta = self._beta if self.prioritized else None
+            batch = self._buffer.sample(self._batch_size, beta=beta, timeout=0)  # get never blocks
+            slots = batch.slots
+            self._delivered = dict(zip(slots.tolist(), batch.seqs.tolist()))
+            reuses = float(self._replay_times[slots].mean())
+            if not self.prioritized:
+                self._replay_times[slots] += 1
+        columns = dict.fromkeys(self._template)
+        for name in batch:
+            columns[name] = batch[name].transpose(0, 1).contiguous().numpy()  # [B, T, ...] -> [T, B, ...]
+        sample = samples.rebuild(columns)
+        if self.prioritized:
+            sample.register_metadata(sampling_weight=batch.weights.numpy().astype(np.float32))
+            return _replay_entry(reuses_left=-1, sample=sample, receive_time=-1, sampling_indices=slots,
+                                 reuses=reuses)
+        return _replay_entry(reuses_left=-1, sample=sample, receive_time=-1, reuses=reuses)
+
+    def update_priorities(self, idxes, priorities) -> int:
+        """Priorities for the chunks of the last ``get`` (by ``sampling_indices``); a chunk overwritten
+        since is skipped. Returns how many were updated."""
+        if not self.prioritized:
+            raise ConfigError("update_priorities", "a prioritized_replay_buffer", self.kind,
+                              "configure buffer_name='prioritized_replay_buffer'")
+        idxes = np.asarray(idxes, dtype=np.int64).reshape(-1)
+        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if idxes.shape != (self._batch_size,) or pr.shape != (self._batch_size,):
+            raise SpecError("priorities", f"shape ({self._batch_size},) for idxes and priorities",
+                            f"{idxes.shape} and {pr.shape}", "pass one priority per chunk of the last get")
+        if not (np.isfinite(pr).all() and (pr > 0).all()):
+            raise SpecError("priorities", "finite values > 0", pr[~(np.isfinite(pr) & (pr > 0))][0],
+                            "pass |TD error| + a small epsilon")
+        with self._lock:
+            unknown = [i for i in idxes.tolist() if i not in self._delivered]
+            if unknown:
+                raise SpecError("idxes", "sampling_indices of the last get()", unknown[:4],
+                                "pass the ReplayEntry.sampling_indices of the batch the priorities are for")
+            seqs = np.array([self._delivered[i] for i in idxes.tolist()], dtype=np.int64)
+            self._replay_times[idxes] += 1
+            updated = self._buffer.update_priorities(idxes, pr, seqs=seqs)
+            self._max_priority = max(self._max_priority, float(pr.max()))
+            self._training_steps += 1
+            if self._beta_scheduler is not None:
+                self._beta = self._beta_scheduler.get(self._training_steps)
+            return updated
+
+    def qsize(self) -> int:
+        return self._stored_chunks() * (self._sample_length or 0)
+
+    def empty(self) -> bool:
+        return self._stored_chunks() * (self._sample_length or 0) < self._warmup or \
+            self._stored_chunks() < (self._batch_size if not self.prioritized else 1)
+
+    def full(self) -> bool:
+        return self._stored_chunks() == self._max_size
+
+    @property
+    def n_chunks_per_sample(self) -> int:
+        return 1
+
+    # ---------------------------------------------------------------- internals
+    def _stored_chunks(self) -> int:
+        return 0 if self._buffer is None else len(self._buffer)
+
+    def _build(self, flat: dict[str, Any]) -> None:
+        first = next((np.asarray(v) for v in flat.values() if v is not None), None)
+        length = None if first is None or first.ndim == 0 else first.shape[0]
+        if self._sample_length is None:
+            self._sample_length = length
+        if self._batch_length is None:
+            self._batch_length = self._sample_length
+        if length != self._sample_length:
+            raise SpecError("sample length", self._sample_length, length,
+                            "send samples of the configured sample_length (SRL's sample_steps)")
+        if self._batch_length != self._sample_length:
+            raise ConfigError(f"{self.kind}.batch_length", f"equal to sample_length={self._sample_length}",
+                              self._batch_length,
+                              "train on whole samples: SRL's own _slicing mixes steps of different samples "
+                              "into one column when batch_length < sample_length (it sorts the flattened "
+                              "gather indices), so Conduit refuses it instead of reproducing it")
+        template, specs = {}, []
+        for name, v in flat.items():
+            if v is None:
+                template[name] = None
+                continue
+            arr = np.asarray(v)
+            if arr.dtype.kind in "OUSV":
+                raise SpecError(name, "a numeric or bool array", f"dtype {arr.dtype}",
+                                "drop non-numeric fields before the replay buffer (SRL drops policy_name)")
+            if arr.ndim == 0 or arr.shape[0] != self._sample_length:
+                raise SpecError(f"{name}.shape", f"({self._sample_length}, ...) (time first)", arr.shape,
+                                "send time-major samples of sample_length steps")
+            fs = FieldSpec(name, tuple(arr.shape), torch.from_numpy(np.zeros(0, arr.dtype)).dtype,
+                           allow_nonfinite=True)  # SRL stores what it is given
+            template[name] = fs
+            specs.append(fs)
+        selector = (Prioritized(alpha=self._alpha, beta=self._beta, eps=0.0, stratified=True)
+                    if self.prioritized else Uniform(replace=False))
+        if self.prioritized:
+            selector.max_priority = self._max_priority
+        self._template = template
+        self._buffer = ExperienceBuffer(spec=ExperienceSpec(specs), capacity=self._max_size, selector=selector,
+                                        seed=self._seed, done_fields=())
+
+    def _initial_priority(self, flat: dict[str, Any]) -> list[float] | None:
+        """SRL's rule: from the sample's TD errors ``|ret - value|`` after burn-in, interpolated between
+        their max and mean by ``priority_interpolation_eta``; without ``analyzed_result.ret``, the
+        running max priority (left to the selector)."""
+        ret, value = flat.get("analyzed_result.ret"), flat.get("analyzed_result.value")
+        if ret is None:
+            return None
+        if self._eta is None:
+            raise ConfigError(f"{self.kind}.priority_interpolation_eta", "a number in [0, 1]", None,
+                              "set priority_interpolation_eta (SRL needs it when samples carry analyzed_result.ret)")
+        td = np.abs(np.asarray(ret) - np.asarray(value)).squeeze(-1)[self._burn_in:]
+        return [float(self._eta * td.max() + (1 - self._eta) * td.mean())]
+
+
+def make_buffer(name: str, *, lease_depth: int = 2, seed_offset: int = 0, **buffer_args):
+    """SRL's ``make_buffer`` names and arguments, Conduit's buffers. A prioritized replay buffer is
+    also an instance of SRL's ``PrioritizedReplayBuffer`` (SRL's trainer thread sends priorities only
+    to those), built as a subclass whose every method is Conduit's."""
+    if name in QUEUE_KINDS:
+        return ConduitQueueBuffer(name, lease_depth=lease_depth, **buffer_args)
+    if name == "simple_replay_buffer":
+        args = dict(buffer_args)
+        args["seed"] = args.get("seed", 0) + seed_offset
+        return ConduitReplayBuffer(name, **args)
+    if name == "prioritized_replay_buffer":
+        args = dict(buffer_args)
+        args["seed"] = args.get("seed", 0) + seed_offset
+        return _prioritized_class()(name, **args)
+    raise ConfigError("buffer_name", f"one of {QUEUE_KINDS + REPLAY_KINDS}", repr(name),
+                      "use one of SRL's buffer names")
+
+
+_PRIORITIZED_CLASS = None
+
+
+def _prioritized_class():
+    global _PRIORITIZED_CLASS
+    if _PRIORITIZED_CLASS is None:
+        try:
+            from rlsrl.base.buffer import PrioritizedReplayBuffer as SRLPrioritized
+            bases = (ConduitReplayBuffer, SRLPrioritized)
+        except ImportError:
+            bases = (ConduitReplayBuffer,)
+        _PRIORITIZED_CLASS = type("ConduitPrioritizedReplayBuffer", bases, {"__module__": __name__})
+    return _PRIORITIZED_CLASS

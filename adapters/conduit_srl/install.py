@@ -1,0 +1,53 @@
+"""How Conduit plugs into SRL: SRL has no buffer plug-in point (``rlsrl.base.buffer.make_buffer``
+knows four names), so ``enable`` replaces that factory in the launching process; SRL's trainer
+worker calls it through the module (``buffer_api.make_buffer``) after the workers fork, so every
+trainer worker builds Conduit's buffers. Nothing in SRL's tree changes; ``disable`` restores it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conduit_core.errors import ConfigError
+
+_original = None
+_options: dict[str, Any] = {}
+
+
+def enable(*, lease_depth: int = 2, seed_offset: int = 0) -> None:
+    """Make SRL's ``make_buffer`` build Conduit's buffers (all four kinds).
+
+    ``lease_depth``: gets after which a served queue entry's memory may be reused (2 covers SRL's
+    one-step prefetching trainers; see ``conduit_core.entry_queue``)."""
+    global _original, _options
+    try:
+        from rlsrl.base import buffer as srl_buffer
+    except ImportError as e:
+        raise ConfigError("conduit_srl.enable", "SRL importable (module rlsrl)", f"ImportError: {e}",
+                          "build SRL's venv with ../shared/srl/setup-srl-venv.sh SRC VENV and run there") from e
+    from .buffers import make_buffer
+    _options = dict(lease_depth=lease_depth, seed_offset=seed_offset)
+    if _original is None:
+        _original = srl_buffer.make_buffer
+
+    def conduit_make_buffer(name, **buffer_args):
+        return make_buffer(name, **buffer_args, **_options)
+
+    conduit_make_buffer.__conduit__ = True
+    srl_buffer.make_buffer = conduit_make_buffer
+
+
+def disable() -> None:
+    """Give SRL back its own ``make_buffer``."""
+    global _original
+    if _original is not None:
+        from rlsrl.base import buffer as srl_buffer
+        srl_buffer.make_buffer = _original
+        _original = None
+
+
+def enabled() -> bool:
+    try:
+        from rlsrl.base import buffer as srl_buffer
+    except ImportError:
+        return False
+    return getattr(srl_buffer.make_buffer, "__conduit__", False)

@@ -1,0 +1,254 @@
+"""Conduit's SRL buffers against SRL's own, on the same puts (real SRL, its venv).
+
+Queue kinds are deterministic: the same schedule of puts and gets must give the same served
+samples, in the same order, with the same ``reuses_left``/``reuses``, the same ``qsize`` and
+``empty`` after every step. Replay kinds are random: their distributions are compared with
+chi-square tests, and every delivered chunk is checked against what was put."""
+
+import math
+import queue
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import conduit_srl
+from conduit_srl.buffers import ConduitQueueBuffer, ConduitReplayBuffer, make_buffer
+from rlsrl.api.trainer import SampleBatch
+from rlsrl.base import buffer as srl_buffer
+from rlsrl.base import namedarray
+from rlsrl.base.namedarray import NamedArray
+
+T = 5
+
+
+@pytest.fixture(autouse=True)
+def cpu_pin_memory(monkeypatch):
+    """SRL's replay buffers pin their storage (rlsrl/base/buffer.py: .pin_memory()), which raises
+    without CUDA; on this CPU machine pinning is the identity (what the CPU shim for runs does)."""
+    import torch
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+
+
+class Obs(NamedArray):
+    def __init__(self, obs, mask=None):
+        super().__init__(obs=obs, mask=mask)
+
+
+class Analyzed(NamedArray):
+    def __init__(self, ret, value):
+        super().__init__(ret=ret, value=value)
+
+
+def sample(i: int, *, version: int = 0, ret=True) -> SampleBatch:
+    """A sample whose every field encodes its id ``i`` (nested obs, a None leaf, bool and int fields)."""
+    return SampleBatch(
+        obs=Obs(obs=np.full((T, 3), i, np.float32) + np.arange(T, dtype=np.float32)[:, None]),
+        on_reset=np.zeros((T, 1), np.uint8), done=(np.arange(T) == i % T).reshape(T, 1),
+        truncated=np.zeros((T, 1), np.uint8), action=None, reward=np.full((T, 1), float(i), np.float32),
+        analyzed_result=Analyzed(ret=np.full((T, 1), i + 1.0, np.float32) if ret else None,
+                                 value=np.full((T, 1), 0.5, np.float32)),
+        policy_version_steps=np.full((T, 1), version, np.int64))
+
+
+def ident(s) -> list[int]:
+    """The sample ids of an entry's batch columns."""
+    r = np.asarray(s.reward)
+    return [int(v) for v in (r[0, :, 0] if r.ndim == 3 else r[0:1, 0])]
+
+
+def same_structure(a, b, path=""):
+    assert type(a) is type(b) or (isinstance(a, NamedArray) and isinstance(b, NamedArray)), path
+    if isinstance(a, NamedArray):
+        assert a._fields == b._fields, (path, a._fields, b._fields)
+        for k in a._fields:
+            same_structure(a[k], b[k], f"{path}.{k}")
+    elif a is None:
+        assert b is None, path
+    else:
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), (path, a.dtype, b.dtype, a.shape,
+                                                                                 b.shape)
+
+
+@pytest.mark.parametrize("kind,args", [
+    ("priority_queue", dict(max_size=4, reuses=3, batch_size=2)),
+    ("priority_queue", dict(max_size=2, reuses=1, batch_size=1)),
+    ("priority_queue", dict(max_size=3, reuses=2, batch_size=None)),
+    ("priority_queue", dict()),
+    ("simple_queue", dict(max_size=3, batch_size=2)),
+    ("simple_queue", dict(max_size=5)),
+])
+def test_queue_kinds_serve_what_srl_serves(kind, args):
+    """200 random schedules of puts and gets: identical service, counters and sizes."""
+    rng = np.random.default_rng(0)
+    for schedule in range(200):
+        ours = ConduitQueueBuffer(kind, **args)
+        theirs = srl_buffer.make_buffer(kind, **args)
+        put_id = 0
+        for op in rng.random(40):
+            if op < 0.55:
+                s = sample(put_id)
+                put_id += 1
+                assert ours.put(s) == theirs.put(sample(put_id - 1)) or kind == "simple_queue"
+            elif not theirs.empty():
+                a, b = ours.get(), theirs.get()
+                assert ident(a.sample) == ident(b.sample), (schedule, put_id)
+                assert (a.reuses_left, a.reuses) == (b.reuses_left, b.reuses)
+                same_structure(a.sample, b.sample)
+            else:
+                with pytest.raises((AssertionError, queue.Empty)):
+                    ours.get()
+            assert ours.qsize() == theirs.qsize() and ours.empty() == theirs.empty()
+        st = ours.stats()
+        assert st["samples_put"] == put_id
+        per = args.get("batch_size") or 1
+        assert st["samples_put"] == (st["entries_formed"] * per + st["pending_samples"])
+
+
+def test_queue_entry_rebuilt_exactly_as_srl_builds_it():
+    ours, theirs = ConduitQueueBuffer("priority_queue", batch_size=3), srl_buffer.make_buffer(
+        "priority_queue", batch_size=3)
+    for i in range(3):
+        ours.put(sample(i))
+        theirs.put(sample(i))
+    a, b = ours.get(), theirs.get()
+    same_structure(a.sample, b.sample)
+    assert a.sample.obs.obs.shape == (T, 3, 3)  # time-major [T, B, ...]
+
+
+def test_served_views_stay_valid_for_the_lease_while_puts_go_on():
+    """A trainer with a one-step prefetcher still reads entry n while entry n+1 is served:
+    puts that overflow the queue must not overwrite either."""
+    ours = ConduitQueueBuffer("priority_queue", max_size=1, reuses=1, batch_size=2, lease_depth=2)
+    ours.put(sample(0)); ours.put(sample(1))
+    first = ours.get().sample
+    ours.put(sample(2)); ours.put(sample(3))
+    second = ours.get().sample
+    for i in range(4, 40):  # many overflowing puts
+        ours.put(sample(i))
+    assert ident(first) == [0, 1] and ident(second) == [2, 3]
+    assert float(first.obs.obs[0, 1, 0]) == 1.0 and float(second.obs.obs[0, 0, 0]) == 2.0
+
+
+def chi2_same(a_counts, b_counts):
+    keep = (a_counts + b_counts) > 0
+    table = np.stack([a_counts[keep], b_counts[keep]])
+    return stats.chi2_contingency(table)[1]
+
+
+def test_uniform_replay_matches_srl_distribution_and_contents():
+    n, B = 12, 4
+    args = dict(max_size=n, batch_size=B, warmup_transitions=B * T, seed=1, sample_length=T, batch_length=T)
+    ours, theirs = ConduitReplayBuffer("simple_replay_buffer", **args), srl_buffer.make_buffer(
+        "simple_replay_buffer", **args)
+    for i in range(n + 5):  # wraps: ids 5..16 stored
+        ours.put(sample(i)); theirs.put(sample(i))
+    assert ours.qsize() == theirs.qsize() and ours.empty() == theirs.empty()
+    ca, cb = np.zeros(n + 5), np.zeros(n + 5)
+    for _ in range(3000):
+        a, b = ours.get().sample, theirs.get().sample
+        ia, ib = ident(a), ident(b)
+        assert len(set(ia)) == B and len(set(ib)) == B  # without replacement, both
+        ca[ia] += 1
+        cb[ib] += 1
+        # every delivered chunk is the stored sample, field for field
+        for col, i in enumerate(ia):
+            ref = sample(i)
+            assert np.array_equal(a.obs.obs[:, col], ref.obs.obs)
+            assert np.array_equal(a.done[:, col], ref.done)
+    assert ca[:5].sum() == 0 and cb[:5].sum() == 0
+    assert chi2_same(ca, cb) > 1e-3
+
+
+def test_prioritized_replay_matches_priorities_exactly_and_srl_except_its_last_slot():
+    """Conduit draws chunk i with probability p_i^alpha / sum p^alpha (goodness of fit), as SRL
+    does for every chunk but the one in its last filled slot, which SRL never draws (its sum
+    over [0, total-1) excludes it): shown here, and Conduit matches SRL on the others."""
+    n, B, alpha = 8, 4, 0.7
+    args = dict(max_size=n, sample_length=T, batch_size=B, warmup_transitions=T, seed=3, alpha=alpha, beta=0.5,
+                priority_interpolation_eta=0.9)
+    ours, theirs = make_buffer("prioritized_replay_buffer", **args), srl_buffer.make_buffer(
+        "prioritized_replay_buffer", **args)
+    assert isinstance(ours, srl_buffer.PrioritizedReplayBuffer)  # SRL's trainer sends it priorities
+    for i in range(n):
+        ours.put(sample(i)); theirs.put(sample(i))
+    # the initial priority is SRL's TD rule: |ret - value| = i + 0.5
+    p = (np.arange(n) + 0.5) ** alpha
+    ca, cb = np.zeros(n), np.zeros(n)
+    draws = 4000
+    for _ in range(draws):
+        a, b = ours.get(), theirs.get()
+        np.add.at(ca, ident(a.sample), 1)   # a chunk may be drawn twice in a batch
+        np.add.at(cb, ident(b.sample), 1)
+        w = a.sample.metadata["sampling_weight"]
+        ids = ident(a.sample)
+        expect = (p[ids] / p.min()) ** -0.5
+        assert np.allclose(w, expect, rtol=1e-5)
+    assert cb[n - 1] == 0 and ca[n - 1] > 0           # SRL's excluded slot; Conduit draws it
+    assert stats.chisquare(ca, ca.sum() * p / p.sum()).pvalue > 1e-3
+    q = p[: n - 1] / p[: n - 1].sum()
+    assert stats.chisquare(cb[: n - 1], cb.sum() * q).pvalue > 1e-3
+
+
+def test_prioritized_update_moves_the_distribution_as_in_srl():
+    n, B = 6, 2
+    args = dict(max_size=n, sample_length=T, batch_size=B, warmup_transitions=T, seed=0, alpha=1.0, beta=0.4)
+    ours = make_buffer("prioritized_replay_buffer", **args)
+    for i in range(n):
+        ours.put(sample(i, ret=False))
+    e = ours.get()
+    ids = ident(e.sample)
+    assert ours.update_priorities(e.sampling_indices, np.array([50.0] * B)) == B
+    counts = np.zeros(n)
+    for _ in range(2000):
+        np.add.at(counts, ident(ours.get().sample), 1)
+    hot = counts[ids].sum() / counts.sum()
+    # with stratified draws a pair at p=50 among 1s: each draw picks a hot one w.p. 100/(100+n-2)
+    assert hot > 0.9
+    with pytest.raises(Exception, match="sampling_indices of the last get"):
+        ours.update_priorities(np.array([99, 98]), np.array([1.0, 1.0]))
+
+
+def test_batch_length_shorter_than_sample_length_is_refused_with_the_reason():
+    ours = ConduitReplayBuffer("simple_replay_buffer", max_size=4, batch_size=2, warmup_transitions=0,
+                               batch_length=2)
+    with pytest.raises(Exception, match="mixes steps of different samples"):
+        ours.put(sample(0))
+
+
+def test_srl_slicing_mixes_chunks_when_batch_length_is_shorter():
+    """The reason for the refusal above, shown on SRL's own buffer: a column mixes samples."""
+    theirs = srl_buffer.SimpleReplayBuffer(max_size=4, batch_size=4, warmup_transitions=0, seed=0,
+                                           sample_length=T, batch_length=2)
+    for i in range(4):
+        theirs.put(sample(i))
+    mixed = 0
+    for _ in range(50):
+        r = np.asarray(theirs.get().sample.reward)[:, :, 0]
+        mixed += int((r[0] != r[1]).any())
+    assert mixed > 0
+
+
+def test_enable_routes_srl_make_buffer_and_disable_restores_it():
+    original = srl_buffer.make_buffer
+    conduit_srl.enable()
+    try:
+        assert conduit_srl.enabled()
+        assert isinstance(srl_buffer.make_buffer("priority_queue", batch_size=2), ConduitQueueBuffer)
+    finally:
+        conduit_srl.disable()
+    assert srl_buffer.make_buffer is original and not conduit_srl.enabled()
+
+
+def test_buffer_pickles_with_its_queued_entries():
+    import pickle
+    ours = ConduitQueueBuffer("priority_queue", batch_size=2, reuses=2, max_size=4)
+    for i in range(5):
+        ours.put(sample(i))
+    back = pickle.loads(pickle.dumps(ours))
+    assert back.qsize() == ours.qsize()
+    while not ours.empty():
+        a, b = ours.get(), back.get()
+        assert ident(a.sample) == ident(b.sample) and a.reuses_left == b.reuses_left
