@@ -1,0 +1,186 @@
+"""EntryQueue: reuse / overflow / staleness rules against a plain reference model, the
+accounting invariant (every sample put is served, queued, pending or counted dropped), and
+the leases that keep served views intact while puts go on."""
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conduit_core.entry_queue import EntryQueue
+from conduit_core.errors import CapacityError, ConfigError, SpecError
+from conduit_core.nested import flatten, unflatten
+from conduit_core.reuse_order import ReuseOrder
+
+T = 3
+
+
+def sample(i):
+    return {"obs.pixels": np.full((T, 2), i, np.float32), "reward": np.full((T, 1), i, np.int64), "info": None}
+
+
+class Reference:
+    """The rules written the obvious way: a list of [reuses_left, order, ids] scanned each time."""
+
+    def __init__(self, max_entries, batch, reuses, serve, overflow):
+        self.q, self.pending, self.order = [], [], 0
+        self.max, self.batch, self.reuses, self.serve, self.overflow = max_entries, batch, reuses, serve, overflow
+
+    def put(self, i):
+        self.pending.append(i)
+        if len(self.pending) < self.batch:
+            return False
+        if self.overflow == "reject" and len(self.q) >= self.max:
+            self.pending.pop()
+            raise CapacityError("full")
+        self.q.append([self.reuses, self.order, self.pending])
+        self.order, self.pending = self.order + 1, []
+        while len(self.q) > self.max:
+            if self.overflow == "drop_oldest":
+                victim = min(self.q, key=lambda e: e[1])
+            else:
+                victim = min(self.q, key=lambda e: (e[0], e[1]))
+            self.q.remove(victim)
+        return True
+
+    def get(self):
+        if not self.q:
+            return None
+        sign = 1 if self.serve == "freshest" else -1
+        e = max(self.q, key=lambda e: (e[0], sign * e[1]))
+        e[0] -= 1
+        if e[0] == 0:
+            self.q.remove(e)
+        return e[2], e[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(max_entries=st.integers(1, 5), batch=st.integers(1, 3), reuses=st.integers(1, 4),
+       serve=st.sampled_from(["freshest", "oldest"]), overflow=st.sampled_from(["drop_lowest", "drop_oldest", "reject"]),
+       ops=st.lists(st.booleans(), max_size=60), lease=st.integers(0, 3))
+def test_rules_match_the_reference_and_every_sample_is_accounted_for(max_entries, batch, reuses, serve, overflow,
+                                                                     ops, lease):
+    q = EntryQueue(max_entries=max_entries, batch_size=batch, reuses=reuses, serve=serve, overflow=overflow,
+                   lease_depth=lease)
+    ref = Reference(max_entries, batch, reuses, serve, overflow)
+    held, put_id, rejected = [], 0, 0
+    for is_put in ops:
+        if is_put:
+            try:
+                expect = ref.put(put_id)
+            except CapacityError:
+                with pytest.raises(CapacityError):
+                    q.put(sample(put_id))
+                rejected += 1
+                continue
+            assert q.put(sample(put_id)) == expect
+            put_id += 1
+        else:
+            expect, e = ref.get(), q.get()
+            if expect is None:
+                assert e is None
+                continue
+            ids, left = expect
+            got = [int(v) for v in e.columns["reward"][0, :, 0]]
+            assert got == ids and e.reuses_left == left
+            assert e.columns["info"] is None and e.columns["obs.pixels"].shape == (T, batch, 2)
+            held.append((ids, e.columns))
+            held = held[-lease:] if lease else []
+        assert q.qsize() == len(ref.q)
+        # the leased views still hold what they held when served
+        for ids, cols in held:
+            assert [int(v) for v in cols["reward"][0, :, 0]] == ids
+    s = q.stats()
+    assert s["samples_put"] == put_id and s["rejected"] == rejected
+    assert s["entries_formed"] * batch + s["pending_samples"] == put_id
+    served_entries_max = s["entries_formed"] * reuses
+    assert s["served"] <= served_entries_max
+
+
+def test_version_window_drops_stale_entries_unserved_and_counts_them():
+    q = EntryQueue(max_entries=10, batch_size=1, reuses=2, max_version_lag=1)
+    for v in range(4):
+        q.put(sample(v), policy_version=v)
+    e = q.get(current_version=3)
+    assert e.policy_version == 3
+    seen = [q.get(current_version=3).policy_version for _ in range(2)]
+    assert seen == [2, 3] and q.get(current_version=3).policy_version == 2  # most reuses left first
+    assert q.get(current_version=3) is None
+    s = q.stats()
+    assert s["dropped_stale"] == 2 and s["dropped_stale_samples"] == 2 and s["served"] == 4
+
+
+def test_reject_refuses_the_put_and_keeps_everything_already_accepted():
+    q = EntryQueue(max_entries=1, batch_size=2, overflow="reject")
+    q.put(sample(0)); q.put(sample(1)); q.put(sample(2))
+    with pytest.raises(CapacityError, match="max_entries=1"):
+        q.put(sample(3))
+    assert q.stats()["pending_samples"] == 1 and q.qsize() == 1
+    assert [int(v) for v in q.get().columns["reward"][0, :, 0]] == [0, 1]
+    assert q.put(sample(3)) is True
+
+
+def test_bad_samples_name_the_field_and_change_nothing():
+    q = EntryQueue(max_entries=4, batch_size=2)
+    q.put(sample(0))
+    bad = sample(1)
+    bad["obs.pixels"] = np.zeros((T + 1, 2), np.float32)
+    with pytest.raises(SpecError, match=r"obs\.pixels\.shape"):
+        q.put(bad)
+    extra = dict(sample(1), more=np.zeros(T))
+    with pytest.raises(SpecError, match="extra"):
+        q.put(extra)
+    assert q.stats()["samples_put"] == 1 and q.stats()["pending_samples"] == 1
+    for kw, field in ((dict(max_entries=0), "max_entries"), (dict(max_entries=2, reuses=0), "reuses"),
+                      (dict(max_entries=2, serve="lifo"), "serve"), (dict(max_entries=2, overflow="x"), "overflow"),
+                      (dict(max_entries=2, batch_size=0), "batch_size")):
+        with pytest.raises(ConfigError, match=field):
+            EntryQueue(**kw)
+
+
+def test_unbounded_queue_grows_lazily_and_batch_major_layout():
+    q = EntryQueue(max_entries=math.inf, batch_size=2, serve="oldest", time_major=False)
+    for i in range(100):
+        q.put(sample(i))
+    assert q.qsize() == 50
+    e = q.get()
+    assert e.columns["obs.pixels"].shape == (2, T, 2) and int(e.columns["reward"][1, 0, 0]) == 1
+
+
+def test_pickle_keeps_queued_and_partial_entries():
+    q = EntryQueue(max_entries=3, batch_size=2, reuses=2)
+    for i in range(5):
+        q.put(sample(i), policy_version=i)
+    q.get()
+    back = pickle.loads(pickle.dumps(q))
+    assert back.stats() == q.stats()
+    assert back.put(sample(5)) is True
+    assert q.put(sample(5)) is True
+    while (a := q.get()) is not None:
+        b = back.get()
+        assert a.order == b.order and a.reuses_left == b.reuses_left and a.policy_version == b.policy_version
+        assert np.array_equal(a.columns["obs.pixels"], b.columns["obs.pixels"])
+    assert back.get() is None
+
+
+def test_reuse_order_victims():
+    o = ReuseOrder("freshest", "drop_lowest")
+    for order, r in ((0, 2), (1, 1), (2, 2), (3, 1)):
+        o.add(order, r)
+    assert o.peek() == (2, 2) and o.victim() == 1
+    o2 = ReuseOrder("oldest", "drop_lowest")
+    for order, r in ((0, 2), (1, 1), (2, 2), (3, 1)):
+        o2.add(order, r)
+    assert o2.peek() == (0, 2) and o2.victim() == 1
+
+
+@given(st.recursive(st.integers(), lambda kids: st.dictionaries(
+    st.text("abcxyz", min_size=1, max_size=3), kids, min_size=1, max_size=3), max_leaves=10))
+def test_nested_names_round_trip(tree):
+    if not isinstance(tree, dict):
+        tree = {"x": tree}
+    assert unflatten(flatten(tree)) == tree
+    assert flatten(unflatten(flatten(tree))) == flatten(tree)

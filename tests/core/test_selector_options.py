@@ -1,0 +1,72 @@
+"""Selector options SRL's replay kinds need, as general core features: sampling without
+replacement, stratified proportional draws, initial priorities at insert; and chunk items
+(fields of shape (T, ...), dotted names, a per-step done field)."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from conduit_core import ExperienceBuffer, ExperienceSpec, FieldSpec, Prioritized, Uniform
+from conduit_core.errors import ConfigError, SpecError
+
+T = 4
+SPEC = ExperienceSpec([FieldSpec("obs.obs", (T, 2)), FieldSpec("done", (T, 1), torch.bool)])
+
+
+def chunk(i, done_last=False):
+    d = np.zeros((1, T, 1), bool)
+    d[0, -1, 0] = done_last
+    return {"obs.obs": np.full((1, T, 2), i, np.float32), "done": d}
+
+
+def test_uniform_without_replacement_never_repeats_within_a_batch():
+    b = ExperienceBuffer(spec=SPEC, capacity=10, selector=Uniform(replace=False), done_fields=("done",))
+    for i in range(10):
+        b.add(chunk(i))
+    counts = np.zeros(10)
+    for _ in range(500):
+        s = b.sample(6)
+        assert len(set(s.slots.tolist())) == 6
+        np.add.at(counts, s.slots, 1)
+    assert stats.chisquare(counts).pvalue > 1e-3
+    with pytest.raises(ConfigError, match="batch_size"):
+        b.sample(11)
+
+
+def test_stratified_prioritized_matches_priorities_and_initial_priorities_apply():
+    b = ExperienceBuffer(spec=SPEC, capacity=8, selector=Prioritized(alpha=0.5, beta=0.4, eps=0.0, stratified=True),
+                         done_fields=("done",))
+    pr = np.arange(1.0, 9.0)
+    for i in range(8):
+        b.add(chunk(i), priorities=[pr[i]])
+    counts = np.zeros(8)
+    for _ in range(1500):
+        s = b.sample(4)
+        np.add.at(counts, s.slots, 1)
+        p = pr[s.slots] ** 0.5
+        assert np.allclose(s.weights.numpy(), (p / (pr.min() ** 0.5)) ** -0.4, rtol=1e-5)
+    expect = pr ** 0.5 / (pr ** 0.5).sum()
+    assert stats.chisquare(counts, counts.sum() * expect).pvalue > 1e-3
+    with pytest.raises(ConfigError, match="episode_end"):
+        b.sample(2, n_step=2, episode_end="redraw")
+
+
+def test_initial_priorities_are_checked_before_anything_is_written():
+    b = ExperienceBuffer(spec=SPEC, capacity=4, selector=Prioritized(eps=0.0), done_fields=("done",))
+    for bad in ([0.0], [float("nan")], [1.0, 2.0]):
+        with pytest.raises(SpecError, match="priorities"):
+            b.add(chunk(0), priorities=bad)
+    assert len(b) == 0
+    u = ExperienceBuffer(spec=SPEC, capacity=4, done_fields=("done",))
+    with pytest.raises(ConfigError, match="priorities"):
+        u.add(chunk(0), priorities=[1.0])
+    assert len(u) == 0
+
+
+def test_dotted_names_and_per_step_done_of_chunk_items():
+    with pytest.raises(SpecError, match="field name"):
+        FieldSpec("obs._private", (1,))
+    b = ExperienceBuffer(spec=SPEC, capacity=8, done_fields=("done",))
+    b.add({k: np.concatenate([chunk(0)[k], chunk(1, done_last=True)[k], chunk(2)[k]]) for k in chunk(0)})
+    assert len(b) == 3 and b.sample(2)["obs.obs"].shape == (2, T, 2)
