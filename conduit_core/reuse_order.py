@@ -44,7 +44,7 @@ class ReuseOrder:
         self.serve, self.overflow = serve, overflow
         self._sign = 1 if serve == "freshest" else -1
         self._keys: list[tuple[int, int]] = []      # ascending; the last one is served next
-        self._reuses: dict[int, int] = {}           # order -> reuses_left; insertion-ordered = oldest first
+        self._reuses: dict[int, int] = {}           # order -> reuses_left
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -75,8 +75,8 @@ class ReuseOrder:
 
     def victim(self) -> int:
         """The entry an overflow drops (``overflow`` must not be 'reject')."""
-        if self.overflow == "drop_oldest":
-            return next(iter(self._reuses))
+        if self.overflow == "drop_oldest":  # orders grow with insertion: the smallest is the oldest
+            return min(self._reuses)
         if self.serve == "freshest":      # ascending (reuses_left, order): the first is the lowest
             reuses_left, signed = self._keys[0]
             return signed

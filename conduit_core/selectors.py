@@ -53,6 +53,18 @@ class Selector(ABC):
         """Set checked initial priorities of the items just inserted at ``slots``."""
         raise NotImplementedError
 
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def check_state(self, state: dict) -> None:
+        """Raise StateError if ``state`` cannot be loaded; changes nothing."""
+
+    def to_config(self) -> dict:
+        return {"name": self.name}
+
 
 class Uniform(Selector):
     """Uniform over every stored item: with replacement (RLlib's and Reverb's default), or

@@ -123,6 +123,10 @@ class ConduitReplayBuffer:
                  **_ignored):
         if kind not in REPLAY_KINDS:
             raise ConfigError("kind", f"one of {REPLAY_KINDS}", repr(kind), "use ConduitQueueBuffer for queue kinds")
+        self._config = dict(kind=kind, max_size=max_size, batch_size=batch_size, warmup_transitions=warmup_transitions,
+                            seed=seed, sample_length=sample_length, batch_length=batch_length,
+                            burn_in_steps=burn_in_steps, alpha=alpha, beta=beta, beta_scheduler=beta_scheduler,
+                            max_priority=max_priority, priority_interpolation_eta=priority_interpolation_eta)
         for name, v in (("max_size", max_size), ("batch_size", batch_size)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ConfigError(f"{kind}.{name}", "an integer >= 1", repr(v), f"pass SRL's {name}")
@@ -150,7 +154,6 @@ class ConduitReplayBuffer:
         self._buffer: ExperienceBuffer | None = None
         self._template: dict[str, Any] | None = None    # flat name -> None (a field SRL left out) or FieldSpec
         self._replay_times = np.zeros(self._max_size, dtype=np.int64)
-        self._delivered: dict[int, int] = {}            # slot -> seq of the last get (priority updates check it)
 
     # ---------------------------------------------------------------- SRL's interface
     def put(self, x) -> None:
@@ -180,12 +183,15 @@ class ConduitReplayBuffer:
             first = self._buffer.add(cols, priorities=priorities)
             self._replay_times[first % self._max_size] = 0
 
-    def get(self):
+    def get(self, batch_size: int | None = None):
+        """SRL's ``get``. ``batch_size`` (an extension; default: the configured one) lets a harness
+        draw other sizes. ``sampling_indices`` are the chunks' insertion numbers (seqs): SRL passes
+        them back to ``update_priorities`` untouched, and a seq names one chunk for ever, so a
+        priority for a chunk that was overwritten since is skipped, never written to its successor."""
         with self._lock:
             beta = self._beta if self.prioritized else None
-            batch = self._buffer.sample(self._batch_size, beta=beta, timeout=0)  # get never blocks
+            batch = self._buffer.sample(batch_size or self._batch_size, beta=beta, timeout=0)  # never blocks
             slots = batch.slots
-            self._delivered = dict(zip(slots.tolist(), batch.seqs.tolist()))
             reuses = float(self._replay_times[slots].mean())
             if not self.prioritized:
                 self._replay_times[slots] += 1
@@ -195,32 +201,34 @@ class ConduitReplayBuffer:
         sample = samples.rebuild(columns)
         if self.prioritized:
             sample.register_metadata(sampling_weight=batch.weights.numpy().astype(np.float32))
-            return _replay_entry(reuses_left=-1, sample=sample, receive_time=-1, sampling_indices=slots,
-                                 reuses=reuses)
+            return _replay_entry(reuses_left=-1, sample=sample, receive_time=-1,
+                                 sampling_indices=np.asarray(batch.seqs, dtype=np.int64), reuses=reuses)
         return _replay_entry(reuses_left=-1, sample=sample, receive_time=-1, reuses=reuses)
 
     def update_priorities(self, idxes, priorities) -> int:
-        """Priorities for the chunks of the last ``get`` (by ``sampling_indices``); a chunk overwritten
-        since is skipped. Returns how many were updated."""
+        """Priorities for delivered chunks, by their ``sampling_indices``; a chunk overwritten since is
+        skipped. Returns how many were updated."""
         if not self.prioritized:
             raise ConfigError("update_priorities", "a prioritized_replay_buffer", self.kind,
                               "configure buffer_name='prioritized_replay_buffer'")
         idxes = np.asarray(idxes, dtype=np.int64).reshape(-1)
         pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
-        if idxes.shape != (self._batch_size,) or pr.shape != (self._batch_size,):
-            raise SpecError("priorities", f"shape ({self._batch_size},) for idxes and priorities",
-                            f"{idxes.shape} and {pr.shape}", "pass one priority per chunk of the last get")
+        if idxes.shape != pr.shape:
+            raise SpecError("priorities", f"shape {idxes.shape} (one per sampling index)", pr.shape,
+                            "pass one priority per chunk of the get")
         if not (np.isfinite(pr).all() and (pr > 0).all()):
             raise SpecError("priorities", "finite values > 0", pr[~(np.isfinite(pr) & (pr > 0))][0],
                             "pass |TD error| + a small epsilon")
         with self._lock:
-            unknown = [i for i in idxes.tolist() if i not in self._delivered]
-            if unknown:
-                raise SpecError("idxes", "sampling_indices of the last get()", unknown[:4],
+            inserted = self._buffer.inserted
+            if idxes.size and (idxes.min() < 0 or idxes.max() >= inserted):
+                raise SpecError("idxes", f"sampling_indices of delivered chunks (seqs in [0, {inserted}))",
+                                idxes[(idxes < 0) | (idxes >= inserted)][:4].tolist(),
                                 "pass the ReplayEntry.sampling_indices of the batch the priorities are for")
-            seqs = np.array([self._delivered[i] for i in idxes.tolist()], dtype=np.int64)
-            self._replay_times[idxes] += 1
-            updated = self._buffer.update_priorities(idxes, pr, seqs=seqs)
+            slots = idxes % self._max_size
+            live = self._buffer.update_priorities(slots, pr, seqs=idxes)
+            self._replay_times[slots[idxes >= inserted - self._max_size]] += 1  # the chunks still stored
+            updated = live
             self._max_priority = max(self._max_priority, float(pr.max()))
             self._training_steps += 1
             if self._beta_scheduler is not None:
@@ -240,6 +248,32 @@ class ConduitReplayBuffer:
     @property
     def n_chunks_per_sample(self) -> int:
         return 1
+
+    @property
+    def experience_buffer(self) -> ExperienceBuffer | None:
+        """The core buffer holding the chunks (None before the first put)."""
+        return self._buffer
+
+    def stats(self) -> dict[str, int]:
+        return {"chunks_put": 0 if self._buffer is None else self._buffer.inserted, "stored": self._stored_chunks()}
+
+    # ---------------------------------------------------------------- pickling (SRL's save_buffer_on_exit)
+    def __getstate__(self) -> dict:
+        with self._lock:
+            return dict(config=self._config, template=self._template, replay_times=self._replay_times.copy(),
+                        training_steps=self._training_steps, beta=self._beta, max_priority=self._max_priority,
+                        buffer=None if self._buffer is None else self._buffer.state_dict())
+
+    def __setstate__(self, state: dict) -> None:
+        cfg = dict(state["config"])
+        self.__init__(cfg.pop("kind"), **cfg)
+        self._replay_times[:] = state["replay_times"]
+        self._training_steps, self._beta, self._max_priority = (state["training_steps"], state["beta"],
+                                                                state["max_priority"])
+        if state["buffer"] is not None:
+            self._template = state["template"]
+            self._make_buffer([fs for fs in self._template.values() if fs is not None])
+            self._buffer.load_state_dict(state["buffer"])
 
     # ---------------------------------------------------------------- internals
     def _stored_chunks(self) -> int:
@@ -277,11 +311,14 @@ class ConduitReplayBuffer:
                            allow_nonfinite=True)  # SRL stores what it is given
             template[name] = fs
             specs.append(fs)
+        self._template = template
+        self._make_buffer(specs)
+
+    def _make_buffer(self, specs: list[FieldSpec]) -> None:
         selector = (Prioritized(alpha=self._alpha, beta=self._beta, eps=0.0, stratified=True)
                     if self.prioritized else Uniform(replace=False))
         if self.prioritized:
             selector.max_priority = self._max_priority
-        self._template = template
         self._buffer = ExperienceBuffer(spec=ExperienceSpec(specs), capacity=self._max_size, selector=selector,
                                         seed=self._seed, done_fields=())
 
@@ -328,5 +365,14 @@ def _prioritized_class():
             bases = (ConduitReplayBuffer, SRLPrioritized)
         except ImportError:
             bases = (ConduitReplayBuffer,)
-        _PRIORITIZED_CLASS = type("ConduitPrioritizedReplayBuffer", bases, {"__module__": __name__})
+        _PRIORITIZED_CLASS = type("ConduitPrioritizedReplayBuffer", bases,
+                                  {"__module__": __name__, "__qualname__": "ConduitPrioritizedReplayBuffer"})
     return _PRIORITIZED_CLASS
+
+
+def __getattr__(name: str):
+    """``conduit_srl.buffers.ConduitPrioritizedReplayBuffer``, built on first use (so pickle finds it
+    without this module importing SRL at import time)."""
+    if name == "ConduitPrioritizedReplayBuffer":
+        return _prioritized_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

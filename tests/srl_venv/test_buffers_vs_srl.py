@@ -207,8 +207,38 @@ def test_prioritized_update_moves_the_distribution_as_in_srl():
     hot = counts[ids].sum() / counts.sum()
     # with stratified draws a pair at p=50 among 1s: each draw picks a hot one w.p. 100/(100+n-2)
     assert hot > 0.9
-    with pytest.raises(Exception, match="sampling_indices of the last get"):
+    with pytest.raises(Exception, match="sampling_indices of delivered chunks"):
         ours.update_priorities(np.array([99, 98]), np.array([1.0, 1.0]))
+
+
+def test_a_priority_for_an_overwritten_chunk_never_reaches_its_successor():
+    """sampling_indices are seqs: SRL's slot indices would send a late update to whatever chunk
+    took the slot since; here it is skipped and counted out."""
+    n = 4
+    ours = make_buffer("prioritized_replay_buffer", max_size=n, sample_length=T, batch_size=2, warmup_transitions=T,
+                       alpha=1.0)
+    for i in range(n):
+        ours.put(sample(i, ret=False))
+    e = ours.get()
+    for i in range(n, 2 * n):  # overwrite every chunk
+        ours.put(sample(i, ret=False))
+    assert ours.update_priorities(e.sampling_indices, np.array([1e6, 1e6])) == 0
+    counts = np.zeros(2 * n)
+    for _ in range(400):
+        np.add.at(counts, ident(ours.get().sample), 1)
+    assert counts[:n].sum() == 0 and stats.chisquare(counts[n:]).pvalue > 1e-3
+
+
+def test_replay_buffer_pickles_and_delivers_the_same_afterwards():
+    import pickle
+    for kind, extra in (("simple_replay_buffer", {}), ("prioritized_replay_buffer", dict(alpha=0.6))):
+        ours = make_buffer(kind, max_size=6, sample_length=T, batch_size=3, warmup_transitions=T, seed=2, **extra)
+        for i in range(8):
+            ours.put(sample(i, ret=False))
+        ours.get()
+        back = pickle.loads(pickle.dumps(ours))
+        for _ in range(5):
+            assert ident(ours.get().sample) == ident(back.get().sample)
 
 
 def test_batch_length_shorter_than_sample_length_is_refused_with_the_reason():
