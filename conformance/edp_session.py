@@ -16,14 +16,20 @@ from .harness import Delivered
 def stored_ids(edp: ExperienceDataPlane, id_field: str = "obs") -> np.ndarray:
     """Ids of what the buffer holds now, in insertion order (FIFO: the unconsumed part)."""
     edp.flush()
-    state = edp.buffer.state_dict()
+    return stored_ids_of_buffer(edp.buffer, id_field)
+
+
+def stored_ids_of_buffer(buffer, id_field: str = "obs") -> np.ndarray:
+    """Ids an ExperienceBuffer holds now, in insertion order (the first element of each row's
+    ``id_field``; FIFO: the unconsumed part)."""
+    state = buffer.state_dict()
     seq = state["meta"]["seq"]
     kept = seq >= 0                  # removed rows (evict, early eviction) hold -1
     order = np.flatnonzero(kept)[np.argsort(seq[kept])]
     ids = np.asarray(state["data"][id_field])[order]
     ids = ids.reshape(ids.shape[0], -1)[:, 0]
     seq = seq[order]
-    if edp.buffer.selector.consumes:
+    if buffer.selector.consumes:
         ids = ids[seq >= state["counters"]["head"]]
     return ids.astype(np.int64)
 

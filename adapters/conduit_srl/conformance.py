@@ -1,0 +1,150 @@
+"""The SRL adapter's conformance harness, with SRL's own replay buffers as the native oracle.
+
+Runs where SRL imports (its venv: ``tests/srl_venv/test_srl_conformance.py``). Each synthetic
+transition becomes one SRL sample of one step (a ``SampleBatch`` with a nested ``obs.obs``), put
+through the buffer SRL's trainer worker would use; a delivery is a sequence of SRL ``get``s of
+``GET_SIZE`` chunks (SRL's buffers draw a fixed batch size), and the ids are read back from the
+rebuilt, time-major sample. Priority updates go back per get through ``sampling_indices``, as
+SRL's trainer thread sends them. The queue kinds are checked against SRL's queues schedule by
+schedule in ``tests/srl_venv/test_buffers_vs_srl.py`` (their semantics are deterministic)."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from conformance import Delivered, Harness, Session, SyntheticRollout
+
+GET_SIZE = 8
+
+
+def transitions(columns: dict) -> list:
+    """One SRL ``SampleBatch`` of T=1 per row of the suite's columns."""
+    from rlsrl.api.trainer import SampleBatch
+    from rlsrl.base.namedarray import NamedArray
+
+    class Obs(NamedArray):
+        def __init__(self, obs):
+            super().__init__(obs=obs)
+
+    n = columns["obs"].shape[0]
+    out = []
+    for i in range(n):
+        out.append(SampleBatch(
+            obs=Obs(obs=np.asarray(columns["obs"][i:i + 1])),
+            action=np.asarray(columns["action"][i:i + 1]).reshape(1, 1),
+            reward=np.asarray(columns["reward"][i:i + 1], dtype=np.float32).reshape(1, 1),
+            done=np.asarray(columns["terminated"][i:i + 1]).reshape(1, 1),
+            truncated=np.asarray(columns["truncated"][i:i + 1]).reshape(1, 1),
+            policy_version_steps=np.zeros((1, 1), np.int64)))
+    return out
+
+
+class ReplaySession(Session):
+    """One SRL replay buffer (Conduit's or SRL's own) driven as SRL's trainer worker drives it."""
+
+    def __init__(self, buffer, *, stored_ids):
+        self.buffer = buffer
+        self._stored_ids = stored_ids
+
+    def ingest(self, rollout: SyntheticRollout) -> None:
+        self.ingest_raw(rollout.columns(), source=rollout.source)
+
+    def ingest_raw(self, columns, *, source: int = 0) -> None:
+        for s in transitions(columns):
+            self.buffer.put(s)
+
+    def deliver(self, batch_size, *, policy_version=None) -> Delivered:
+        ids, weights, gets = [], [], []
+        for _ in range(-(-(batch_size or GET_SIZE) // GET_SIZE)):
+            entry = self.buffer.get()
+            ids.append(np.asarray(entry.sample.obs.obs)[0, :, 0])
+            w = entry.sample.metadata.get("sampling_weight")
+            weights.append(np.ones(len(ids[-1]), np.float32) if w is None else np.asarray(w))
+            gets.append(entry.sampling_indices)
+        return Delivered(ids=np.concatenate(ids).astype(np.int64)[:batch_size],
+                         weights=np.concatenate(weights)[:batch_size], handle=gets)
+
+    def update_priorities(self, delivered, priorities) -> None:
+        pr = np.asarray(priorities, dtype=np.float64)
+        for k, idx in enumerate(delivered.handle):
+            chunk = pr[k * GET_SIZE:(k + 1) * GET_SIZE]
+            if chunk.size == GET_SIZE:
+                self.buffer.update_priorities(idx, chunk)
+
+    def stored_ids(self):
+        return self._stored_ids(self.buffer)
+
+    def state(self):
+        return pickle.dumps(self.buffer)
+
+    def load_state(self, state) -> None:
+        self.buffer = pickle.loads(state)
+
+
+def conduit_stored_ids(buffer) -> np.ndarray:
+    core = buffer.experience_buffer
+    if core is None:
+        return np.zeros(0, np.int64)
+    from conformance.edp_session import stored_ids_of_buffer
+    return stored_ids_of_buffer(core, "obs.obs")
+
+
+def srl_stored_ids(buffer) -> np.ndarray:
+    """SRL's ring in insertion order (read from its arrays: SRL has no listing)."""
+    total = buffer._total_chunks
+    if buffer._buffer is None or total == 0:
+        return np.zeros(0, np.int64)
+    ids = np.asarray(buffer._buffer.obs.obs)[0, :, 0]
+    order = np.arange(total) if total < buffer._max_size else (np.arange(total) + buffer._ptr) % total
+    return ids[order].astype(np.int64)
+
+
+class SRLHarness(Harness):
+    name = "conduit_srl"
+    version = "0.1.0"
+    framework = "srl"
+    capabilities = frozenset({"replay", "prioritized", "native", "state"})
+
+    def __init__(self):
+        import rlsrl
+        self.framework_version = getattr(rlsrl, "__version__", "b3b01ea")
+
+    @staticmethod
+    def _args(kind: str, capacity: int, seed: int, alpha: float) -> dict:
+        args = dict(max_size=capacity, batch_size=GET_SIZE, warmup_transitions=0, seed=seed, sample_length=1)
+        if kind == "prioritized_replay_buffer":
+            args.update(alpha=alpha, beta=0.4)
+        else:
+            args.update(batch_length=1)
+        return args
+
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+                schedule="sequential", staleness=0) -> Session:
+        from .buffers import make_buffer
+        kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"
+        return ReplaySession(make_buffer(kind, **self._args(kind, capacity, seed, alpha)),
+                             stored_ids=conduit_stored_ids)
+
+    def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False):
+        from rlsrl.base.buffer import PrioritizedReplayBuffer, SimpleReplayBuffer
+        _cpu_pinning()
+        kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"
+        cls = PrioritizedReplayBuffer if prioritized else SimpleReplayBuffer  # SRL's own, even while enabled
+        return ReplaySession(cls(**self._args(kind, capacity, seed, alpha)), stored_ids=srl_stored_ids)
+
+
+def _cpu_pinning() -> None:
+    """SRL's replay buffers pin their storage, which raises without CUDA: pinning is the identity
+    on a CPU-only machine (the oracle's data path is otherwise unchanged)."""
+    import torch
+    if not torch.cuda.is_available() and not getattr(torch.Tensor.pin_memory, "__conduit_cpu__", False):
+        def pin_memory(self, *a, **k):
+            return self
+        pin_memory.__conduit_cpu__ = True
+        torch.Tensor.pin_memory = pin_memory
+
+
+def harness() -> SRLHarness:
+    return SRLHarness()

@@ -1,0 +1,9 @@
+"""The conformance suite over the SRL adapter, SRL's own replay buffers as the native oracle."""
+
+from conformance import ConformanceTests
+
+
+class TestSRLConformance(ConformanceTests):
+    def make_harness(self):
+        from conduit_srl.conformance import harness
+        return harness()
