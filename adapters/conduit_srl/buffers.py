@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import queue as queue_module
+from collections import OrderedDict
 import threading
 import time
 from typing import Any
@@ -76,12 +77,17 @@ class ConduitQueueBuffer:
                                      batch_size=batch_size or None, reuses=1, serve="oldest",
                                      overflow="drop_oldest", lease_depth=lease_depth)
         self.batch_size, self.reuses = batch_size, reuses
+        self._codec: samples.SampleCodec | None = None
+        self._rebuilt: OrderedDict[int, Any] = OrderedDict()  # entry order -> its rebuilt sample (reuses)
 
     def put(self, x) -> bool | None:
         """Returns what SRL's buffer of this kind returns: the priority queue True when the put formed
         a batch (False without batching), the simple queue None."""
-        flat = samples.flatten(x)
-        formed = self._queue.put(flat, policy_version=samples.min_version(flat))
+        if self._codec is None:
+            self._codec = samples.SampleCodec(x)
+        flat = self._codec.flatten(x)
+        # SRL's staleness rule runs on its trainer thread (preemption_steps), not in its buffers
+        formed = self._queue.put(flat)
         if self.kind == "simple_queue":
             return None
         return formed and bool(self.batch_size)
@@ -92,7 +98,14 @@ class ConduitQueueBuffer:
             if self.kind == "simple_queue":
                 raise queue_module.Empty  # what SRL's SimpleQueueBuffer.get raises when empty
             raise AssertionError("attempting to get from empty buffer.")  # SRL's PriorityQueueBuffer
-        sample = samples.rebuild(entry.columns)
+        # a reused entry comes back as the same sample object, as from SRL's priority queue
+        sample = self._rebuilt.pop(entry.order, None)
+        if sample is None:
+            sample = self._codec.rebuild(entry.columns)
+        if entry.reuses_left > 0:
+            self._rebuilt[entry.order] = sample
+            while len(self._rebuilt) > 64:
+                self._rebuilt.popitem(last=False)
         if self.kind == "simple_queue":  # SRL reports these for its FIFO queue
             return _replay_entry(reuses_left=0, reuses=0, receive_time=time.time(), sample=sample)
         return _replay_entry(reuses_left=entry.reuses_left, reuses=entry.reuses, receive_time=entry.receive_time,
@@ -100,6 +113,12 @@ class ConduitQueueBuffer:
 
     def empty(self) -> bool:
         return self._queue.empty()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_rebuilt"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _rebuilt=OrderedDict())
 
     def qsize(self) -> int:
         return self._queue.qsize()
@@ -154,12 +173,15 @@ class ConduitReplayBuffer:
         self._buffer: ExperienceBuffer | None = None
         self._template: dict[str, Any] | None = None    # flat name -> None (a field SRL left out) or FieldSpec
         self._replay_times = np.zeros(self._max_size, dtype=np.int64)
+        self._codec: samples.SampleCodec | None = None
 
     # ---------------------------------------------------------------- SRL's interface
     def put(self, x) -> None:
         if hasattr(x, "policy_name"):
             x.policy_name = None  # as SRL's replay buffers do (a non-numeric field)
-        flat = samples.flatten(x)
+        if self._codec is None:
+            self._codec = samples.SampleCodec(x)
+        flat = self._codec.flatten(x)
         with self._lock:
             if self._buffer is None:
                 self._build(flat)
@@ -198,7 +220,7 @@ class ConduitReplayBuffer:
         columns = dict.fromkeys(self._template)
         for name in batch:
             columns[name] = batch[name].transpose(0, 1).contiguous().numpy()  # [B, T, ...] -> [T, B, ...]
-        sample = samples.rebuild(columns)
+        sample = self._codec.rebuild(columns)
         if self.prioritized:
             sample.register_metadata(sampling_weight=batch.weights.numpy().astype(np.float32))
             return _replay_entry(reuses_left=-1, sample=sample, receive_time=-1,
@@ -260,7 +282,8 @@ class ConduitReplayBuffer:
     # ---------------------------------------------------------------- pickling (SRL's save_buffer_on_exit)
     def __getstate__(self) -> dict:
         with self._lock:
-            return dict(config=self._config, template=self._template, replay_times=self._replay_times.copy(),
+            return dict(config=self._config, template=self._template, codec=self._codec,
+                        replay_times=self._replay_times.copy(),
                         training_steps=self._training_steps, beta=self._beta, max_priority=self._max_priority,
                         buffer=None if self._buffer is None else self._buffer.state_dict())
 
@@ -270,6 +293,7 @@ class ConduitReplayBuffer:
         self._replay_times[:] = state["replay_times"]
         self._training_steps, self._beta, self._max_priority = (state["training_steps"], state["beta"],
                                                                 state["max_priority"])
+        self._codec = state["codec"]
         if state["buffer"] is not None:
             self._template = state["template"]
             self._make_buffer([fs for fs in self._template.values() if fs is not None])
