@@ -94,6 +94,7 @@ class EntryQueue:
         self._lock = threading.Lock()
         self._layout: dict[str, _Field] | None = None
         self._chunks: list[dict[str, np.ndarray]] = []
+        self._views: dict[int, dict[str, np.ndarray]] = {}      # slot -> its array views
         self._objects: dict[int, dict[str, list]] = {}       # slot -> name -> per-sample Python objects
         self._free: list[int] = []
         self._next_slot = 0
@@ -216,7 +217,7 @@ class EntryQueue:
         """Release the storage. Views handed out before stay valid (numpy keeps them alive)."""
         with self._lock:
             self._closed = True
-            self._chunks, self._objects = [], {}
+            self._chunks, self._objects, self._views = [], {}, {}
 
     # ---------------------------------------------------------------- pickling
     def __getstate__(self) -> dict:
@@ -284,12 +285,20 @@ class EntryQueue:
     def _cell(self, slot: int) -> tuple[dict[str, np.ndarray], int]:
         return self._chunks[slot // _CHUNK], slot % _CHUNK
 
+    def _slot_views(self, slot: int) -> dict[str, np.ndarray]:
+        """The slot's array views (cached: a slot's memory never moves)."""
+        views = self._views.get(slot)
+        if views is None:
+            chunk, i = self._cell(slot)
+            views = self._views[slot] = {name: a[i] for name, a in chunk.items()}
+        return views
+
     def _write(self, slot: int, b: int, cols: Mapping[str, Any]) -> None:
-        chunk, i = self._cell(slot)
+        views = self._slot_views(slot)
         for name, f in self._layout.items():
             value = cols[name]
             if f.kind == "array":
-                dst = chunk[name][i]
+                dst = views[name]
                 if self.batch_size is None:
                     dst[...] = value
                 elif self.time_major and f.shape:
@@ -314,11 +323,11 @@ class EntryQueue:
                 self._objects.setdefault(slot, {})[name] = list(saved[name])
 
     def _view(self, slot: int) -> dict[str, Any]:
-        chunk, i = self._cell(slot)
+        views = self._slot_views(slot)
         out = {}
         for name, f in self._layout.items():
             if f.kind == "array":
-                out[name] = chunk[name][i]
+                out[name] = views[name]
             elif f.kind == "none":
                 out[name] = None
             else:
@@ -365,6 +374,16 @@ def _layout_of(sample: Mapping[str, Any]) -> dict[str, _Field]:
 
 
 def _check(sample: Mapping[str, Any], layout: Mapping[str, _Field]) -> dict[str, Any]:
+    if sample.keys() == layout.keys():  # the common case: exact arrays of the first sample's shape and dtype
+        for name, f in layout.items():
+            v = sample[name]
+            if f.kind == "array":
+                if type(v) is not np.ndarray or v.shape != f.shape or v.dtype != f.dtype:
+                    break
+            elif f.kind == "none" and v is not None:
+                break
+        else:
+            return sample
     if set(sample) != set(layout):
         missing, extra = sorted(set(layout) - set(sample)), sorted(set(sample) - set(layout))
         raise SpecError("sample fields", sorted(layout), f"missing {missing}, extra {extra}",
