@@ -9,7 +9,8 @@
     conduit plan --transition-bytes B --capacity N [--topology a100x8]   the placement and its costs
     conduit tune dqn-synthetic|rllib-dqn   cost model: predicted vs measured for every configuration
 
-Subcommands that need a framework import it lazily and say how to install it.
+``bench``/``tune`` workloads and the ``conformance``/``new-adapter`` commands come from the packages
+that own them (entry points); the core imports none of them. A missing framework is named with the fix.
 """
 
 from __future__ import annotations
@@ -32,44 +33,55 @@ def _cmd_info(_args: list[str]) -> int:
     return 0
 
 
-BENCHES = {
-    "buffer": ("benchmarks.bench_buffer", "main", "conduit-edp"),
-    "rllib-dqn": ("conduit_rllib.bench", "main_dqn", "conduit-edp[rllib]"),
-    "rllib-ppo": ("conduit_rllib.bench", "main_ppo", "conduit-edp[rllib]"),
-    "rllib-dqn-atari": ("conduit_rllib.bench", "main_dqn_atari", "conduit-edp[rllib]"),
-}
+# Workloads, tuning campaigns and extra commands are contributed by the packages that own them
+# (benchmarks, conduit_rllib, the conformance suite...) through entry points, so the core imports
+# none of them: pyproject.toml's [project.entry-points."conduit.bench" | "conduit.tune" | "conduit.commands"].
+BENCH_GROUP, TUNE_GROUP, COMMAND_GROUP = "conduit.bench", "conduit.tune", "conduit.commands"
+
+
+def _contributed(group: str) -> dict:
+    from importlib.metadata import entry_points
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def _load(ep, what: str):
+    try:
+        return ep.load()
+    except ImportError as exc:
+        package = ep.value.split(":")[0].split(".")[0]
+        print(f"{what}: cannot import {ep.value} ({exc}). Fix: install what {package} needs, e.g. "
+              f"pip install -e '.[{'rllib' if 'rllib' in package else 'verl' if 'verl' in package else 'test'}]'",
+              file=sys.stderr)
+        return None
+
+
+def _dispatch(group: str, prog: str, args: list[str], blurb: str) -> int:
+    found = _contributed(group)
+    if not args or args[0] in ("-h", "--help"):
+        print(f"usage: {prog} {{{','.join(sorted(found)) or '(none installed)'}}} [options]\n\n{blurb}")
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in found:
+        print(f"{prog}: unknown workload {name!r}; expected one of {sorted(found)} (contributed by the installed "
+              f"packages through the {group!r} entry points; reinstall with pip install -e . if one is missing)",
+              file=sys.stderr)
+        return 2
+    fn = _load(found[name], f"{prog} {name}")
+    if fn is None:
+        return 2
+    rc = fn(rest)
+    return rc if isinstance(rc, int) else 0
 
 
 def _cmd_bench(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help"):
-        print("usage: conduit bench {" + ",".join(BENCHES) + "} [options]\n\n"
-              "Runs a workload side by side with its baseline and prints ratios. "
-              "`conduit bench WORKLOAD --help` lists the options.")
-        return 0 if args else 2
-    name, rest = args[0], args[1:]
-    if name not in BENCHES:
-        print(f"conduit bench: unknown workload {name!r}; expected one of {sorted(BENCHES)}", file=sys.stderr)
-        return 2
-    module, func, extra = BENCHES[name]
-    import importlib
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        print(f"conduit bench {name}: cannot import {module} ({exc}). Fix: pip install '{extra}'", file=sys.stderr)
-        return 2
-    getattr(mod, func)(rest)
-    return 0
+    return _dispatch(BENCH_GROUP, "conduit bench", args, "Runs a workload side by side with its baseline and "
+                     "prints ratios. `conduit bench WORKLOAD --help` lists the options.")
 
 
-def _cmd_conformance(args: list[str]) -> int:
-    try:
-        from conformance.cli import main as conformance_main
-    except ImportError as exc:
-        missing = getattr(exc, "name", None) or str(exc)
-        print(f"conduit conformance: the conformance suite cannot load: {missing} is missing ({exc}). "
-              "Fix: pip install 'conduit-edp[test]' (pytest, hypothesis, scipy)", file=sys.stderr)
-        return 2
-    return conformance_main(args)
+def _cmd_tune(args: list[str]) -> int:
+    return _dispatch(TUNE_GROUP, "conduit tune", args, "Profiles briefly, predicts every configuration (placement "
+                     "x overlap x granularity) with the cost model, measures them all and prints predicted vs "
+                     "measured.")
 
 
 def _cmd_probe(args: list[str]) -> int:
@@ -136,32 +148,16 @@ def _cmd_plan(args: list[str]) -> int:
     return 0
 
 
-def _cmd_tune(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help"):
-        print("usage: conduit tune {dqn-synthetic,rllib-dqn} [--dims ...]\n\nProfiles briefly, predicts every "
-              "configuration (placement x overlap x granularity) with the cost model, measures them all and "
-              "prints predicted vs measured.")
-        return 0 if args else 2
-    if args[0] == "rllib-dqn":
-        from conduit_rllib.tune import main as rllib_tune
-        rllib_tune(args[1:])
-        return 0
-    if args[0] != "dqn-synthetic":
-        print(f"conduit tune: unknown workload {args[0]!r}; expected 'dqn-synthetic' or 'rllib-dqn'",
-              file=sys.stderr)
-        return 2
-    from benchmarks.bench_tune import main as tune_main
-    tune_main(args[1:])
-    return 0
+BUILTIN = {"info": _cmd_info, "bench": _cmd_bench, "probe": _cmd_probe, "plan": _cmd_plan, "tune": _cmd_tune}
 
 
-def _cmd_new_adapter(args: list[str]) -> int:
-    from conformance.scaffold import main as scaffold_main
-    return scaffold_main(args)
-
-
-COMMANDS = {"info": _cmd_info, "bench": _cmd_bench, "conformance": _cmd_conformance,
-            "new-adapter": _cmd_new_adapter, "probe": _cmd_probe, "plan": _cmd_plan, "tune": _cmd_tune}
+def _commands() -> dict:
+    """The core's commands plus those contributed through ``conduit.commands`` (conformance, new-adapter)."""
+    cmds = dict(BUILTIN)
+    for name, ep in _contributed(COMMAND_GROUP).items():
+        cmds.setdefault(name, lambda args, ep=ep, name=name: (lambda fn: 2 if fn is None else fn(args))(
+            _load(ep, f"conduit {name}")))
+    return cmds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         epilog="commands: info | bench WORKLOAD | conformance ADAPTER | new-adapter NAME | probe | plan | tune "
                "WORKLOAD  (each takes --help)")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    parser.add_argument("command", nargs="?", choices=sorted(COMMANDS))
+    commands = _commands()
+    parser.add_argument("command", nargs="?", choices=sorted(commands))
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     if ns.version:
@@ -181,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command is None:
         parser.print_help()
         return 0
-    return COMMANDS[ns.command](ns.args)
+    return commands[ns.command](ns.args)
 
 
 if __name__ == "__main__":  # pragma: no cover
