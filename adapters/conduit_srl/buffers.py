@@ -78,7 +78,7 @@ class ConduitQueueBuffer:
                                      overflow="drop_oldest", lease_depth=lease_depth)
         self.batch_size, self.reuses = batch_size, reuses
         self._codec: samples.SampleCodec | None = None
-        self._rebuilt: OrderedDict[int, Any] = OrderedDict()  # entry order -> its rebuilt sample (reuses)
+        self._rebuilt: OrderedDict[int, Any] = OrderedDict()  # entry order -> its ReplayEntry (reuses)
 
     def put(self, x) -> bool | None:
         """Returns what SRL's buffer of this kind returns: the priority queue True when the put formed
@@ -98,18 +98,22 @@ class ConduitQueueBuffer:
             if self.kind == "simple_queue":
                 raise queue_module.Empty  # what SRL's SimpleQueueBuffer.get raises when empty
             raise AssertionError("attempting to get from empty buffer.")  # SRL's PriorityQueueBuffer
-        # a reused entry comes back as the same sample object, as from SRL's priority queue
-        sample = self._rebuilt.pop(entry.order, None)
-        if sample is None:
-            sample = self._codec.rebuild(entry.columns)
+        if self.kind == "simple_queue":  # SRL reports these for its FIFO queue
+            return _replay_entry(reuses_left=0, reuses=0, receive_time=time.time(),
+                                 sample=self._codec.rebuild(entry.columns))
+        # a reused entry comes back as the same ReplayEntry, its counters updated in place, as from
+        # SRL's priority queue (what a trainer computed on the sample persists across its reuses)
+        replay_entry = self._rebuilt.pop(entry.order, None)
+        if replay_entry is None:
+            replay_entry = _replay_entry(reuses_left=entry.reuses_left, reuses=entry.reuses,
+                                         receive_time=entry.receive_time, sample=self._codec.rebuild(entry.columns))
+        else:
+            replay_entry.reuses_left, replay_entry.reuses = entry.reuses_left, entry.reuses
         if entry.reuses_left > 0:
-            self._rebuilt[entry.order] = sample
+            self._rebuilt[entry.order] = replay_entry
             while len(self._rebuilt) > 64:
                 self._rebuilt.popitem(last=False)
-        if self.kind == "simple_queue":  # SRL reports these for its FIFO queue
-            return _replay_entry(reuses_left=0, reuses=0, receive_time=time.time(), sample=sample)
-        return _replay_entry(reuses_left=entry.reuses_left, reuses=entry.reuses, receive_time=entry.receive_time,
-                             sample=sample)
+        return replay_entry
 
     def empty(self) -> bool:
         return self._queue.empty()

@@ -107,6 +107,16 @@ def test_queue_kinds_serve_what_srl_serves(kind, args):
         assert st["samples_put"] == (st["entries_formed"] * per + st["pending_samples"])
 
 
+def test_a_reused_entry_is_the_same_object_with_its_counters_updated_in_place():
+    ours, theirs = (ConduitQueueBuffer("priority_queue", batch_size=1, reuses=2),
+                    srl_buffer.make_buffer("priority_queue", batch_size=1, reuses=2))
+    for b in (ours, theirs):
+        b.put(sample(0))
+        first = b.get()
+        second = b.get()
+        assert first is second and first.reuses_left == 0 and first.reuses == 2
+
+
 def test_queue_entry_rebuilt_exactly_as_srl_builds_it():
     ours, theirs = ConduitQueueBuffer("priority_queue", batch_size=3), srl_buffer.make_buffer(
         "priority_queue", batch_size=3)
