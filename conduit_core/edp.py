@@ -587,7 +587,9 @@ class ExperienceDataPlane:
         """Flush, drop prepared batches (undoing their draws), then the buffer's state plus
         the data plane's counters."""
         self.flush()
-        with self._cond:
+        # the delivery operator's lock first: a prefetch in flight has drawn from the RNG but not yet
+        # queued its batch, so it must land (and be undone below) before the RNG is saved
+        with self._op_lock, self._cond:
             self._discard_prepared_locked()
             self._request = None
             return {"edp_version": EDP_STATE_VERSION, "buffer": self.buffer.state_dict(),
@@ -607,10 +609,11 @@ class ExperienceDataPlane:
                                  "loaded")
             counters[k] = int(v)
         self.flush()
-        with self._cond:
-            self.buffer.load_state_dict(state["buffer"])  # all or nothing: raises before it changes anything
+        with self._op_lock, self._cond:
+            # undo prepared draws first: undoing them after the load would put back the old RNG state
             self._discard_prepared_locked()
             self._request = None
+            self.buffer.load_state_dict(state["buffer"])  # all or nothing: raises before it changes anything
             self._ticket = counters["ticket"]
             self._accepted_rows = self._committed_rows = counters["rows"]
             self._priority_version = counters["priority_version"]

@@ -165,3 +165,33 @@ def test_a_fifo_buffer_raises_the_loss_it_cannot_skip():
     with pytest.raises(ShardLost):
         buf.add(rollout(5, 10))
     assert len(buf) == 5
+
+
+def test_state_round_trip_with_a_prefetch_in_flight_and_load_into_a_prefetching_plane():
+    """state_dict waits for an in-flight prefetch (its draw is undone before the RNG is saved), and
+    loading into a plane with prepared batches keeps the loaded RNG (the undo happens first)."""
+    import torch
+    from conduit_core import ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Prioritized, Schedule
+    spec = ExperienceSpec.transition(obs_shape=(3,))
+
+    def plane(seed):
+        return ExperienceDataPlane(buffer=ExperienceBuffer(spec=spec, capacity=100, selector=Prioritized(), seed=seed),
+                                   schedule=Schedule.overlapped())
+
+    def rollout(n, base):
+        return {"obs": np.arange(base, base + n, dtype=np.float32)[:, None].repeat(3, 1),
+                "next_obs": np.zeros((n, 3), np.float32), "action": np.zeros(n, np.int64),
+                "reward": np.zeros(n, np.float32), "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
+    for _ in range(20):
+        a, b = plane(3), plane(9)
+        for i in range(5):
+            a.ingest(rollout(6, 6 * i), source=i)
+            b.ingest(rollout(6, 6 * i), source=i)
+        a.deliver(4)
+        b.deliver(4)  # b now has a prefetch prepared (or in flight) when the state is loaded
+        b.load_state_dict(a.state_dict())
+        for _ in range(3):
+            x, y = a.deliver(8), b.deliver(8)
+            assert all(torch.equal(x[k], y[k]) for k in x)
+        a.close()
+        b.close()
