@@ -69,8 +69,11 @@ class EntryQueue:
 
     def __init__(self, *, max_entries: float, batch_size: int | None = None, reuses: int = 1,
                  serve: str = "freshest", overflow: str = "drop_lowest", max_version_lag: float | None = None,
-                 lease_depth: int = 2, time_major: bool = True):
+                 lease_depth: int = 2, time_major: bool = True, adopt: bool = False):
         check_rules(serve, overflow)
+        if adopt and batch_size is not None:
+            raise ConfigError("adopt", "False when batch_size is set", True,
+                              "adopt=True keeps each put's own arrays as its entry: only for batch_size=None")
         if isinstance(max_entries, bool) or not isinstance(max_entries, (int, float)) or not (
                 max_entries == math.inf or (max_entries >= 1 and float(max_entries).is_integer())):
             raise ConfigError("max_entries", "an integer >= 1 or math.inf", repr(max_entries),
@@ -90,6 +93,10 @@ class EntryQueue:
         self.max_entries = max_entries
         self.batch_size, self.reuses = batch_size, reuses
         self.max_version_lag, self.lease_depth, self.time_major = max_version_lag, lease_depth, time_major
+        # adopt: an entry of one sample keeps the arrays the caller put (handed over, not copied), as a
+        # framework's own queue keeps the object; for samples that arrive already batched (SRL's
+        # buffer_zero_copy stream) a copy into a slot would only cost bandwidth
+        self.adopt = bool(adopt)
         self._order = ReuseOrder(serve, overflow)
         self._lock = threading.Lock()
         self._layout: dict[str, _Field] | None = None
@@ -211,6 +218,8 @@ class EntryQueue:
     @property
     def nbytes(self) -> int:
         with self._lock:
+            if self.adopt:
+                return sum(a.nbytes for views in self._views.values() for a in views.values())
             return sum(a.nbytes for chunk in self._chunks for a in chunk.values())
 
     def close(self) -> None:
@@ -231,7 +240,8 @@ class EntryQueue:
                 partial = (self._filled, self._filling_version, self._saved(self._filling))
             cfg = dict(max_entries=self.max_entries, batch_size=self.batch_size, reuses=self.reuses,
                        serve=self._order.serve, overflow=self._order.overflow,
-                       max_version_lag=self.max_version_lag, lease_depth=self.lease_depth, time_major=self.time_major)
+                       max_version_lag=self.max_version_lag, lease_depth=self.lease_depth, time_major=self.time_major,
+                       adopt=self.adopt)
             return dict(config=cfg, layout=self._layout, queued=queued, partial=partial,
                         next_order=self._next_order, counts=dict(self._counts), closed=self._closed)
 
@@ -262,7 +272,7 @@ class EntryQueue:
         if slot >= self._bound():  # pragma: no cover - the accounting above makes this unreachable
             raise RuntimeError(f"EntryQueue: slot {slot} beyond the bound {self._bound()}")
         self._next_slot += 1
-        if slot // _CHUNK >= len(self._chunks):
+        if not self.adopt and slot // _CHUNK >= len(self._chunks):
             self._chunks.append(self._allocate(int(min(_CHUNK, self._bound() - slot))))
         return slot
 
@@ -294,6 +304,12 @@ class EntryQueue:
         return views
 
     def _write(self, slot: int, b: int, cols: Mapping[str, Any]) -> None:
+        if self.adopt:
+            self._views[slot] = {name: _as_array(cols[name]) for name, f in self._layout.items() if f.kind == "array"}
+            for name, f in self._layout.items():
+                if f.kind == "object":
+                    self._objects.setdefault(slot, {})[name] = [cols[name]]
+            return
         views = self._slot_views(slot)
         for name, f in self._layout.items():
             value = cols[name]
@@ -309,16 +325,18 @@ class EntryQueue:
                 self._objects.setdefault(slot, {}).setdefault(name, [None] * (self.batch_size or 1))[b] = value
 
     def _saved(self, slot: int) -> dict[str, Any]:
-        chunk, i = self._cell(slot)
+        views = self._slot_views(slot)
         objects = self._objects.get(slot, {})
-        return {name: (chunk[name][i].copy() if f.kind == "array" else list(objects.get(name, [])))
+        return {name: (views[name].copy() if f.kind == "array" else list(objects.get(name, [])))
                 for name, f in self._layout.items() if f.kind != "none"}
 
     def _fill_from(self, slot: int, saved: Mapping[str, Any]) -> None:
-        chunk, i = self._cell(slot)
+        if self.adopt:
+            self._views[slot] = {name: saved[name] for name, f in self._layout.items() if f.kind == "array"}
+        views = self._slot_views(slot)
         for name, f in self._layout.items():
-            if f.kind == "array":
-                chunk[name][i][...] = saved[name]
+            if f.kind == "array" and not self.adopt:
+                views[name][...] = saved[name]
             elif f.kind == "object" and saved[name]:
                 self._objects.setdefault(slot, {})[name] = list(saved[name])
 
@@ -354,6 +372,8 @@ class EntryQueue:
         if slot in self._leased or slot == self._filling or slot in self._owner:
             return
         self._objects.pop(slot, None)
+        if self.adopt:
+            self._views.pop(slot, None)  # the adopted arrays go with their entry
         self._free.append(slot)
 
 

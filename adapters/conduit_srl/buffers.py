@@ -69,13 +69,15 @@ class ConduitQueueBuffer:
             batch_size = 1 if batch_size is _DEFAULT else batch_size
             self._queue = EntryQueue(max_entries=_max_size(16 if max_size is None else max_size, kind),
                                      batch_size=batch_size or None, reuses=reuses, serve="freshest",
-                                     overflow="drop_lowest", lease_depth=lease_depth)
+                                     overflow="drop_lowest", lease_depth=lease_depth, adopt=not batch_size)
         else:
             batch_size = None if batch_size is _DEFAULT else batch_size
             # SRL: SimpleQueueBuffer(batch_size=None, max_size=1e9): FIFO, the oldest dropped beyond max_size
+            # without batching (SRL's buffer_zero_copy: the shared-memory stream hands over whole batches)
+            # an entry keeps the arrays it was given, as SRL's queue keeps the object: no copy
             self._queue = EntryQueue(max_entries=_max_size(1e9 if max_size is None else max_size, kind),
                                      batch_size=batch_size or None, reuses=1, serve="oldest",
-                                     overflow="drop_oldest", lease_depth=lease_depth)
+                                     overflow="drop_oldest", lease_depth=lease_depth, adopt=not batch_size)
         self.batch_size, self.reuses = batch_size, reuses
         self._codec: samples.SampleCodec | None = None
         self._rebuilt: OrderedDict[int, Any] = OrderedDict()  # entry order -> its ReplayEntry (reuses)

@@ -54,6 +54,7 @@ class Args:
     warmup: float = 10.0           # seconds after the trainer's first get excluded from the rates
     threads: int = 1               # OMP/torch threads per worker (2 cores, ~5 processes)
     quiet: bool = False
+    zero_copy: bool = False        # SRL's buffer_zero_copy: the shm stream batches, the buffer is a simple_queue
 
 
 # ---------------------------------------------------------------------------- child: SRL's launcher
@@ -77,7 +78,7 @@ def _child(args: Args, trial: str, port: int, state_dir: str) -> None:
     parameter_db.PytorchFilesystemParameterDB.ROOT = os.path.join(state_dir, "marl_checkpoints/")
 
     experiment.register(EXPERIMENT, seed=args.seed, stream=args.stream, actors=args.actors,
-                        envs_per_actor=args.envs_per_actor, port=port, buffer_zero_copy=False,
+                        envs_per_actor=args.envs_per_actor, port=port, buffer_zero_copy=args.zero_copy,
                         buffer_name="priority_queue",
                         buffer_args=dict(batch_size=args.batch_size, reuses=args.reuses, max_size=args.max_size))
     sys.argv = ["srl-local", "run", "-e", EXPERIMENT, "-f", trial, "--wandb_mode", "disabled",
@@ -263,6 +264,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=d.warmup)
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--zero-copy", action="store_true",
+                   help="SRL's buffer_zero_copy (shm stream only): batching and reuses move into the stream")
     p.add_argument("--_child", nargs=2, metavar=("TRIAL", "PORT"), help=argparse.SUPPRESS)
     return p
 

@@ -184,3 +184,17 @@ def test_nested_names_round_trip(tree):
         tree = {"x": tree}
     assert unflatten(flatten(tree)) == tree
     assert flatten(unflatten(flatten(tree))) == flatten(tree)
+
+
+def test_adopt_keeps_the_put_arrays_without_copying_and_accounts_for_them():
+    q = EntryQueue(max_entries=2, batch_size=None, overflow="drop_oldest", serve="oldest", adopt=True)
+    samples = [sample(i) for i in range(3)]
+    for s in samples:
+        q.put(s)
+    assert q.stats()["dropped_overflow"] == 1 and q.qsize() == 2
+    e = q.get()
+    assert e.columns["obs.pixels"] is samples[1]["obs.pixels"] and e.columns["info"] is None
+    back = pickle.loads(pickle.dumps(q))
+    assert np.array_equal(back.get().columns["reward"], samples[2]["reward"])
+    with pytest.raises(ConfigError, match="adopt"):
+        EntryQueue(max_entries=2, batch_size=2, adopt=True)
