@@ -55,6 +55,7 @@ class Args:
     threads: int = 1               # OMP/torch threads per worker (2 cores, ~5 processes)
     quiet: bool = False
     zero_copy: bool = False        # SRL's buffer_zero_copy: the shm stream batches, the buffer is a simple_queue
+    kill_actor_after: float = 0.0  # > 0: SIGKILL the actor worker(s) this many seconds into the run (fault test)
 
 
 # ---------------------------------------------------------------------------- child: SRL's launcher
@@ -147,9 +148,12 @@ def launch(args: Args) -> dict:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        killed: list[dict] = []
         try:
             while time.time() - t_launch < args.seconds and proc.poll() is None:
                 time.sleep(0.5)
+                if args.kill_actor_after > 0 and not killed and time.time() - t_launch >= args.kill_actor_after:
+                    killed = _kill_actors(out)
         finally:   # also on SIGTERM / Ctrl-C: nothing of the run is left behind
             t_stop = time.time()
             _kill_group(proc.pid)
@@ -162,11 +166,25 @@ def launch(args: Args) -> dict:
                     pass
             shutil.rmtree(state_dir, ignore_errors=True)
     summary = summarize(out, t_launch=t_launch, t_stop=t_stop, warmup=args.warmup)
-    summary.update(args=asdict(args), trial=trial, child_rc=proc.returncode,
+    summary.update(args=asdict(args), trial=trial, child_rc=proc.returncode, actors_killed=killed,
                    child_exited_early=t_stop - t_launch < args.seconds - 1, leftover_processes=leftover)
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2)
     return summary
+
+
+def _kill_actors(out: str) -> list[dict]:
+    """SIGKILL every actor worker, found by the returns file its environments write
+    (``returns_<pid>.jsonl``: only actor processes host environments)."""
+    killed = []
+    for path in glob.glob(os.path.join(out, "returns", "returns_*.jsonl")):
+        pid = int(os.path.basename(path)[len("returns_"):-len(".jsonl")])
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append({"pid": pid, "t": time.time()})
+        except ProcessLookupError:
+            pass
+    return killed
 
 
 def _argv(args: Args) -> list[str]:
@@ -222,6 +240,7 @@ def summarize(out: str, *, t_launch: float, t_stop: float, warmup: float = 10.0,
                 s["put_us_per_step"] = 1e6 * d["put_s"] / max(d["put_steps"], 1)
                 s["samples_put_per_s"] = d["puts"] / dt if dt > 0 else None
         s["totals"] = {k: v for k, v in h[-1].items() if k != "t"} if h else {}
+        s["buffer_accounting"] = st.get("buffer_accounting")  # Conduit's: every sample put, accounted for
     eps = [e for e in _returns(out) if e["t"] <= t_stop]
     rets = [e["ret"] for e in eps]
     s["episodes"] = len(eps)
@@ -264,6 +283,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=d.warmup)
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--kill-actor-after", type=float, default=d.kill_actor_after,
+                   help="SIGKILL the actor worker(s) this many seconds in (fault test: the trainer must keep and "
+                        "count everything it received)")
     p.add_argument("--zero-copy", action="store_true",
                    help="SRL's buffer_zero_copy (shm stream only): batching and reuses move into the stream")
     p.add_argument("--_child", nargs=2, metavar=("TRIAL", "PORT"), help=argparse.SUPPRESS)

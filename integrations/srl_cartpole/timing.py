@@ -112,9 +112,10 @@ class TimedBuffer:
     def write(self) -> None:
         with self._lock:
             self._history.append(self.snapshot())
+            stats = getattr(self._inner, "stats", None)  # Conduit's buffers account for every sample put
             payload = dict(pid=os.getpid(), label=self._label, buffer=type(self._inner).__module__ + "." +
                            type(self._inner).__qualname__, t0=self._t0, first_get=self._first_get,
-                           history=self._history)
+                           history=self._history, buffer_accounting=stats() if callable(stats) else None)
             tmp = f"{self._stats_path}.tmp"
             with open(tmp, "w") as fh:
                 json.dump(payload, fh)
