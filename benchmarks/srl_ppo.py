@@ -70,7 +70,8 @@ def run_arm(python: str, arm: str, seed: int, a, out: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.srl_ppo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1, both arms each")
+    p.add_argument("--seeds", type=int, default=3, help="seeds FIRST..FIRST+N-1, both arms each")
+    p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--seconds", type=float, default=90.0, help="wall time of each run")
     p.add_argument("--stream", choices=["shm", "zmq"], default="shm")
     p.add_argument("--warmup", type=float, default=10.0)
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     t0 = time.time()
-    for seed in range(a.seeds):
+    for seed in range(a.first_seed, a.first_seed + a.seeds):
         order = ARMS if seed % 2 == 0 else ARMS[::-1]
         for arm in order:
             out = os.path.abspath(os.path.join(a.out, f"{arm}-{a.stream}-s{seed}"))
