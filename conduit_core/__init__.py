@@ -6,7 +6,7 @@ Imports no RL framework; needs torch and numpy only.
 from .batch import Batch
 from .buffer import ExperienceBuffer, ShardLoss, prioritized_replay, queue, replay
 from .codecs import AffineCodec, Codec, IdentityCodec
-from .edp import DeliveryRequest, ExperienceDataPlane
+from .edp import ExperienceDataPlane
 from .errors import (CapacityError, ClosedError, CodecError, ConduitError, ConfigError, ExperienceTimeout,
                      RateLimitError, RateLimitTimeout, SemanticError, ShardLost, SpecError, StateError,
                      WorkerError)
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AffineCodec", "Batch", "CapacityError", "ClosedError", "Codec", "CodecError", "ConduitError", "ConfigError",
-    "ControlPointMetrics", "DeliveryRequest", "ExperienceBuffer", "ExperienceDataPlane", "ExperienceSpec",
+    "ControlPointMetrics", "ExperienceBuffer", "ExperienceDataPlane", "ExperienceSpec",
     "ExperienceTimeout", "FieldSpec", "Fifo", "IdentityCodec", "MetricsSnapshot", "Prioritized", "RateLimitError",
     "RateLimitTimeout", "RateLimiter", "Rollout", "Schedule", "SemanticError", "Selector", "ShardLoss", "ShardLost",
     "ShardSpec",

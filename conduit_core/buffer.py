@@ -33,7 +33,7 @@ from .memory import available_bytes, fmt, needed_bytes
 from .errors import (ShardLost, CapacityError, ConfigError, ExperienceTimeout, RateLimitError, RateLimitTimeout,
                      SemanticError, SpecError, StateError)
 from .rate_limiter import RateLimiter
-from .selectors import Fifo, Prioritized, Selector, Uniform, selector_from_config
+from .selectors import Fifo, Prioritized, Selector, Uniform
 from .spec import ExperienceSpec
 from .storage import ColumnarStorage, ShardSpec
 from .tiers import Tier

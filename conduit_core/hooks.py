@@ -15,9 +15,8 @@ be picklable (module-level functions or objects of importable classes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
-from .batch import Batch
 
 
 @dataclass
@@ -30,14 +29,6 @@ class Rollout:
     ticket: int = -1                 # acceptance order, assigned by the data plane
     rows: int = 0                    # input rows, counted at acceptance (for staleness)
     info: dict = field(default_factory=dict)
-
-
-class IngestHook(Protocol):
-    def __call__(self, rollouts: list[Rollout]) -> list[Rollout]: ...
-
-
-class DeliveryHook(Protocol):
-    def __call__(self, batch: Batch) -> Batch: ...
 
 
 def run_ingest_hooks(hooks: list[Callable], rollouts: list[Rollout]) -> list[Rollout]:

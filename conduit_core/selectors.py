@@ -229,15 +229,3 @@ class Fifo(Selector):
 
     def select(self, batch_size, size, rng):  # pragma: no cover - the buffer drives FIFO itself
         raise NotImplementedError("FIFO selection is positional; the buffer handles it")
-
-
-def selector_from_config(cfg: dict) -> Selector:
-    name = cfg.get("name")
-    if name == "uniform":
-        return Uniform(replace=cfg.get("replace", True))
-    if name == "prioritized":
-        return Prioritized(alpha=cfg["alpha"], beta=cfg["beta"], eps=cfg["eps"],
-                           stratified=cfg.get("stratified", False))
-    if name == "fifo":
-        return Fifo()
-    raise ConfigError("selector", "'uniform', 'prioritized' or 'fifo'", repr(name), "use a known selector")
