@@ -8,6 +8,7 @@
     conduit probe                      measure this machine's memory tiers and links
     conduit plan --transition-bytes B --capacity N [--topology a100x8]   the placement and its costs
     conduit tune dqn-synthetic|rllib-dqn   cost model: predicted vs measured for every configuration
+    conduit simulate [--cluster a100|frontier] [--workload ...]   scaling to 1,024 GPUs on paper
 
 ``bench``/``tune`` workloads and the ``conformance``/``new-adapter`` commands come from the packages
 that own them (entry points); the core imports none of them. A missing framework is named with the fix.
@@ -148,7 +149,82 @@ def _cmd_plan(args: list[str]) -> int:
     return 0
 
 
-BUILTIN = {"info": _cmd_info, "bench": _cmd_bench, "probe": _cmd_probe, "plan": _cmd_plan, "tune": _cmd_tune}
+def _cmd_simulate(args: list[str]) -> int:
+    from .simulate import CLUSTERS, WORKLOADS, assumptions, simulate
+    p = argparse.ArgumentParser(prog="conduit simulate",
+                                description="Strong and weak scaling of the experience path and of the iteration "
+                                            "time, 8 to 1,024 GPUs, from the node presets and stated assumptions "
+                                            "(on paper: nothing here is measured).")
+    p.add_argument("--cluster", choices=sorted(CLUSTERS), action="append")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
+    p.add_argument("--scaling", choices=["weak", "strong"], action="append")
+    p.add_argument("--schedule", choices=["sequential", "overlapped"], default="sequential")
+    p.add_argument("--json", default=None, help="write every point (all schedules) here")
+    p.add_argument("--plot", default=None, help="write a PNG of the iteration time (needs matplotlib)")
+    a = p.parse_args(args)
+    points = []
+    for cluster in a.cluster or ["a100", "frontier"]:
+        for workload in a.workload or ["dqn-atari", "grpo-llm"]:
+            for line in assumptions(cluster, workload):
+                print(f"# {line}")
+            for scaling in a.scaling or ["weak", "strong"]:
+                pts = simulate(cluster, workload, scaling=scaling)
+                points += pts
+                rows = {}
+                for q in pts:
+                    if q.schedule == a.schedule:
+                        rows.setdefault(q.gpus, {})[q.layout] = q
+                print(f"{cluster} {workload} {scaling} scaling ({a.schedule}): ms per iteration "
+                      f"[experience path], samples/s, sharded vs central")
+                print(f"  {'GPUs':>5s} {'batch/GPU':>9s} {'central':>20s} {'sharded':>20s} {'speedup':>8s} "
+                      f"{'sharded eff.':>12s}")
+                first = None
+                for g, r in sorted(rows.items()):
+                    c, s = r["central"], r["sharded"]
+                    first = first or s
+                    ideal = first.samples_per_s * g / first.gpus
+                    print(f"  {g:5d} {s.per_gpu_batch:9.1f} {c.iteration_s * 1e3:9.2f} [{c.experience_s * 1e3:8.2f}]"
+                          f" {s.iteration_s * 1e3:9.2f} [{s.experience_s * 1e3:8.2f}] "
+                          f"{c.iteration_s / s.iteration_s:7.2f}x {s.samples_per_s / ideal:11.0%}")
+            print()
+    if a.json:
+        import json
+        with open(a.json, "w") as fh:
+            json.dump([q.to_dict() for q in points], fh, indent=1)
+        print(f"wrote {a.json}")
+    if a.plot:
+        _plot_simulation(points, a.schedule, a.plot)
+    return 0
+
+
+def _plot_simulation(points, schedule: str, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("conduit simulate --plot: matplotlib is not installed. Fix: pip install matplotlib", file=sys.stderr)
+        return
+    keys = sorted({(q.cluster, q.workload, q.scaling) for q in points})
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for layout, style in (("central", "--o"), ("sharded", "-s")):
+            pts = sorted((q for q in points if (q.cluster, q.workload, q.scaling) == key and q.layout == layout
+                          and q.schedule == schedule), key=lambda q: q.gpus)
+            ax.plot([q.gpus for q in pts], [q.iteration_s * 1e3 for q in pts], style, label=layout, ms=3)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{key[0].split()[0]} {key[1]} {key[2]}", fontsize=8)
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel("ms / iteration")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+BUILTIN = {"info": _cmd_info, "bench": _cmd_bench, "probe": _cmd_probe, "plan": _cmd_plan, "tune": _cmd_tune,
+           "simulate": _cmd_simulate}
 
 
 def _commands() -> dict:
@@ -165,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="conduit", description="Conduit: the Experience Data Plane for distributed RL.",
         epilog="commands: info | bench WORKLOAD | conformance ADAPTER | new-adapter NAME | probe | plan | tune "
-               "WORKLOAD  (each takes --help)")
+               "WORKLOAD | simulate  (each takes --help)")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     commands = _commands()
     parser.add_argument("command", nargs="?", choices=sorted(commands))
