@@ -1,11 +1,12 @@
-"""SRL's buffers vs Conduit's on the trainer worker's two threads, same samples, one run.
+"""SRL's buffers vs Conduit's: the work of the trainer worker's two threads, same samples, one run.
 
     $CONDUIT_SRL_PYTHON -m benchmarks.srl_buffers            # SRL's venv (../shared/srl); ~1 min
 
 For each workload (a MAPPO CartPole sample and an Atari-sized one, both time-major with SRL's
 field layout), the same samples are put into SRL's ``PriorityQueueBuffer`` (its default kind)
 and into Conduit's, as ``consume_to`` puts them on the main thread, and every formed batch is
-taken with ``get`` as the training thread takes it. Printed per workload: put cost per sample
+taken with ``get`` as the training thread takes it; both run on one thread here, so contention for
+Conduit's lock between a put and a get is not in these figures. Printed per workload: put cost per sample
 (main thread; SRL's includes the ``np.stack`` at every B-th put), get cost per batch (training
 thread), and their ratios Conduit/SRL; medians over ``--reps`` repetitions. Also the replay
 kinds (uniform and prioritized ``get`` of B chunks + priority update).
@@ -66,6 +67,7 @@ def time_queue(buffer, samples, batches: int, warmup: int) -> tuple[float, float
             t_put += time.perf_counter() - t0
             n_put += 1
         while not buffer.empty():
+            e = None  # the previous batch is freed here, outside the timed get (SRL's stacks are 46 MB on Atari)
             t0 = time.perf_counter()
             e = buffer.get()
             _ = e.sample.obs.obs  # the trainer touches the data

@@ -94,6 +94,7 @@ class ExperienceDataPlane:
         self._pending: deque[Rollout] = deque()
         self._prepared: deque[_Prepared] = deque()
         self._request: DeliveryRequest | None = None
+        self._prefetch_in_flight = False  # the worker is drawing a batch ahead (under _op_lock)
         self._accepted_rows = 0
         self._committed_rows = 0
         self._ticket = 0
@@ -508,12 +509,17 @@ class ExperienceDataPlane:
                     with self._cond:
                         if not self._want_prefetch_locked() or self._stop:
                             continue
+                        self._prefetch_in_flight = True  # state_dict waits for its draw to be queued
                     t0 = time.perf_counter()
-                    prepared = self._run_delivery_operator(req, 0.001)
-                    with self._cond:
-                        # Validity is checked when handed out (guards), not here.
-                        self._prepared.extend(prepared)
-                        self._cond.notify_all()
+                    try:
+                        prepared = self._run_delivery_operator(req, 0.001)
+                        with self._cond:
+                            # Validity is checked when handed out (guards), not here.
+                            self._prepared.extend(prepared)
+                    finally:
+                        with self._cond:
+                            self._prefetch_in_flight = False
+                            self._cond.notify_all()
                 self._metrics.add_busy("deliver", time.perf_counter() - t0,
                                        items_out=sum(p.items for p in prepared))
             except Exception as exc:  # noqa: BLE001
@@ -587,9 +593,11 @@ class ExperienceDataPlane:
         """Flush, drop prepared batches (undoing their draws), then the buffer's state plus
         the data plane's counters."""
         self.flush()
-        # the delivery operator's lock first: a prefetch in flight has drawn from the RNG but not yet
-        # queued its batch, so it must land (and be undone below) before the RNG is saved
-        with self._op_lock, self._cond:
+        with self._cond:
+            # a prefetch in flight has drawn from the RNG but not queued its batch yet: let it land (it is
+            # undone below) before the RNG is saved. Only the worker's prefetch: a caller's own deliver
+            # hands its draw out, and may wait for data for as long as it likes.
+            self._cond.wait_for(lambda: not self._prefetch_in_flight)
             self._discard_prepared_locked()
             self._request = None
             return {"edp_version": EDP_STATE_VERSION, "buffer": self.buffer.state_dict(),
@@ -609,7 +617,8 @@ class ExperienceDataPlane:
                                  "loaded")
             counters[k] = int(v)
         self.flush()
-        with self._op_lock, self._cond:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._prefetch_in_flight)
             # undo prepared draws first: undoing them after the load would put back the old RNG state
             self._discard_prepared_locked()
             self._request = None

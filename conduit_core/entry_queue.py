@@ -9,7 +9,9 @@ that receives data). ``get`` never blocks and never copies: it returns views of 
 Why leases: the trainer computes on those views while the receiving thread keeps putting. An
 entry that leaves the queue (its reuses spent, or dropped on overflow) keeps its slot until
 ``lease_depth`` later gets have happened, so memory the trainer may still read is never
-overwritten (2 covers a trainer with a one-step prefetcher, as SRL's MAPPO has).
+overwritten. The contract counts gets, not training steps: a consumer that keeps a served batch
+across more than ``lease_depth - 1`` further gets (SRL's MAPPO prefetcher holds one; SRL's trainer
+thread also gets and skips stale samples without a step) must copy it or raise ``lease_depth``.
 
 Which entry is served and which is dropped is decided by :class:`ReuseOrder` (pure); staleness
 is a version-lag window checked at ``get``. Every drop is counted in :meth:`stats`: nothing
@@ -114,7 +116,7 @@ class EntryQueue:
         self._filling_version: int | None = None
         self._next_order = 0
         self._closed = False
-        self._counts = dict(samples_put=0, entries_formed=0, served=0, dropped_overflow=0,
+        self._counts = dict(samples_put=0, entries_formed=0, served=0, retired=0, dropped_overflow=0,
                             dropped_overflow_samples=0, dropped_stale=0, dropped_stale_samples=0, rejected=0)
 
     # ------------------------------------------------------------------ public
@@ -192,9 +194,15 @@ class EntryQueue:
                 self._order.add(order, reuses_left)
             else:
                 self._depart(order)
+                self._counts["retired"] += 1
             self._counts["served"] += 1
             return Entry(columns=self._view(slot), reuses_left=reuses_left, reuses=reuses,
                          receive_time=receive_time, policy_version=version, order=order)
+
+    def __contains__(self, order: int) -> bool:
+        """Whether the entry of this ``order`` is still queued (formed, reuses left, not dropped)."""
+        with self._lock:
+            return order in self._order
 
     def qsize(self) -> int:
         """Entries queued now (formed and with reuses left)."""
@@ -210,7 +218,10 @@ class EntryQueue:
             return self._filled if self._filling is not None else 0
 
     def stats(self) -> dict[str, int]:
-        """Counters: every put sample is served, queued, pending, or counted in a ``dropped_*``."""
+        """Counters. Samples: ``samples_put = entries_formed * batch + pending_samples``; entries:
+        ``entries_formed = retired + queued + dropped_overflow + dropped_stale`` (``retired``: served all
+        their reuses); ``served`` counts gets (an entry is served up to ``reuses`` times). An entry dropped
+        on overflow may have been served before (drop-lowest picks the one with the fewest reuses left)."""
         with self._lock:
             return dict(self._counts, queued=len(self._order),
                         pending_samples=self._filled if self._filling is not None else 0)
@@ -227,12 +238,16 @@ class EntryQueue:
         with self._lock:
             self._closed = True
             self._chunks, self._objects, self._views = [], {}, {}
+            self._order, self._slot_of, self._owner, self._info = ReuseOrder(self._order.serve, self._order.overflow), \
+                {}, {}, {}
 
     # ---------------------------------------------------------------- pickling
     def __getstate__(self) -> dict:
         """Queued entries (copied, in serve order), the partial entry and the counters: what
         SRL's ``save_buffer_on_exit`` pickles. Leases are not kept (no trainer holds views)."""
         with self._lock:
+            if self._closed:
+                raise ClosedError("EntryQueue: a closed queue has no data to save. Fix: save it before close().")
             queued = [(order, r, self._info[order], self._saved(self._slot_of[order]))
                       for order, r in self._order.orders()]
             partial = None

@@ -181,10 +181,12 @@ class Prioritized(Selector):
         if pr.shape[0] != n:
             raise SpecError("priorities", f"{n} values (one per inserted item)", pr.shape[0],
                             "pass one priority per item of the insert")
-        if not (np.isfinite(pr).all() and (pr + self.eps > 0).all()):
-            bad = pr[~np.isfinite(pr) | (pr + self.eps <= 0)][0]
-            raise SpecError("priorities", "finite values > 0 (with eps)", float(bad),
-                            "pass |TD error| or leave the priorities out for the running max")
+        if not (np.isfinite(pr).all() and (pr >= 0).all()):
+            bad = pr[~np.isfinite(pr) | (pr < 0)][0]
+            raise SpecError("priorities", "finite values >= 0", float(bad),
+                            "pass |TD error| or leave the priorities out for the running max; NaN usually means "
+                            "the values diverged")
+        # a zero (with eps=0) is stored as SRL stores it: the item is not drawn until its priority is raised
         return pr
 
     def set_initial_priorities(self, slots, priorities):

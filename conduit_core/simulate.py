@@ -2,9 +2,10 @@
 
 Pure functions, no I/O: :func:`simulate` returns one :class:`Point` per GPU count and layout;
 ``conduit simulate`` prints them with every assumption beside them. Nothing here is measured: it is
-the cost model's arithmetic carried to clusters this project cannot run on, so each number is only
-as good as the assumptions it prints (link bandwidths from the presets' sources, the workload's
-sizes and rates, the learner's compute time per step).
+byte-and-bandwidth arithmetic over the node presets (the cost model's transfer terms; not its fitted
+per-operator costs) carried to clusters this project cannot run on, so each number is only as good
+as the assumptions it prints (link and memory bandwidths with their sources, the workload's sizes
+and rates, the learner's compute time per step).
 
 Model, per learner step, data-parallel learners (one per GPU), ``nodes = gpus / gpus_per_node``:
 
@@ -46,6 +47,8 @@ class Cluster:
     nic_GBps_per_node: float      # all of a node's NICs, one direction
     nic_latency_us: float
     source: str
+    memory_GBps_per_node: float   # what a buffer node's memory sustains for many concurrent copies
+    memory_source: str
 
     @property
     def host_to_gpu_GBps(self) -> float:
@@ -53,26 +56,35 @@ class Cluster:
 
     @property
     def gpu_to_gpu_GBps(self) -> float:
-        """The slowest direct GPU-GPU link inside the node (a ring is as fast as its slowest hop)."""
-        return min(l.bandwidth_GBps for l in self.node.links if l.src.startswith("gpu") and l.dst.startswith("gpu")
-                   and l.src != l.dst)
-
-    @property
-    def host_copy_GBps(self) -> float:
-        return self.node.link("host", "host").bandwidth_GBps
+        """The bandwidth of the best ring through the node's GPUs: a ring is as fast as its slowest
+        hop, so the best one maximises that (searched over every cycle; 8 GPUs: 5,040)."""
+        import itertools
+        gpus = sorted(t.name for t in self.node.tiers if t.kind == "device")
+        bw = {(l.src, l.dst): l.bandwidth_GBps for l in self.node.links}
+        best = 0.0
+        for rest in itertools.permutations(gpus[1:]):
+            cycle = (gpus[0],) + rest + (gpus[0],)
+            best = max(best, min(bw.get((a, b), 0.0) for a, b in zip(cycle, cycle[1:])))
+        return best
 
 
 def a100_cluster() -> Cluster:
     return Cluster("DGX A100 SuperPOD", PRESETS["a100x8"](), 8, nic_GBps_per_node=8 * 25.0, nic_latency_us=5.0,
                    source="DGX A100: 8x ConnectX-6 HDR InfiniBand 200 Gb/s (25 GB/s) compute NICs per node "
-                          "(NVIDIA DGX A100 user guide)")
+                          "(NVIDIA DGX A100 user guide)",
+                   memory_GBps_per_node=150.0,
+                   memory_source="2x EPYC 7742, 16 DDR4-3200 channels: 410 GB/s peak, ~150 GB/s assumed for "
+                                 "concurrent copies (read + write, NUMA)")
 
 
 def frontier_cluster() -> Cluster:
     return Cluster("Frontier (HPE Cray EX, MI250X)", PRESETS["mi250x8"](), 8, nic_GBps_per_node=4 * 25.0,
                    nic_latency_us=3.0,
                    source="Frontier node: 4x HPE Slingshot 200 Gb/s (25 GB/s) NICs, one per MI250X "
-                          "(OLCF Frontier user guide)")
+                          "(OLCF Frontier user guide)",
+                   memory_GBps_per_node=75.0,
+                   memory_source="64-core EPYC 7A53, 8 DDR4-3200 channels: 205 GB/s peak, ~75 GB/s assumed for "
+                                 "concurrent copies")
 
 
 CLUSTERS = {"a100": a100_cluster, "frontier": frontier_cluster}
@@ -159,11 +171,11 @@ def experience_s(c: Cluster, w: Workload, gpus: int, layout: str, per_gpu_batch:
     out_bytes = per_gpu_batch * w.row_bytes_delivered             # per GPU per step
     h2d = out_bytes / (c.host_to_gpu_GBps * GB)                   # each GPU's own PCIe/IF link, in parallel
     if layout == "central":
-        # every insert and every batch crosses the buffer node's NICs (its own node's GPUs excepted),
-        # and its host memory copies the whole cluster's inserts and batches
+        # every insert comes in and every batch goes out through the buffer node's NICs (its own node's
+        # GPUs excepted; the two directions overlap), and its memory copies the whole cluster's rows
         remote = (gpus - local) / gpus
-        net = gpus * (ins_bytes + out_bytes) * remote / (c.nic_GBps_per_node * GB)
-        mem = gpus * (ins_bytes + out_bytes) / (c.host_copy_GBps * GB)
+        net = gpus * max(ins_bytes, out_bytes) * remote / (c.nic_GBps_per_node * GB)
+        mem = gpus * (ins_bytes + out_bytes) / (c.memory_GBps_per_node * GB)
         parts = {"network": net, "buffer_node_memory": mem, "host_to_gpu": h2d}
         return net + mem + h2d, parts
     if layout == "sharded":
@@ -171,7 +183,7 @@ def experience_s(c: Cluster, w: Workload, gpus: int, layout: str, per_gpu_batch:
         # a learner's remote rows are spread over the other nodes; each node sends and receives
         # local * out_bytes * remote per step through its own NICs (duplex: the two directions overlap)
         net = local * out_bytes * remote / (c.nic_GBps_per_node * GB) + (c.nic_latency_us * 1e-6 if nodes > 1 else 0)
-        mem = local * (ins_bytes + out_bytes) / (c.host_copy_GBps * GB)   # this node's shard only
+        mem = local * (ins_bytes + out_bytes) / (c.memory_GBps_per_node * GB)   # this node's shard only
         parts = {"network": net, "shard_memory": mem, "host_to_gpu": h2d}
         return net + mem + h2d, parts
     raise ConfigError("layout", "'central' or 'sharded'", repr(layout), "use one of the two layouts")
@@ -221,8 +233,10 @@ def assumptions(cluster: str, workload: str) -> list[str]:
     return [
         f"cluster: {c.name}; node preset {c.node.name} ({c.node.source})",
         f"network: {c.nic_GBps_per_node:.0f} GB/s per node per direction, {c.nic_latency_us:.0f} us ({c.source})",
-        f"inside a node: host->GPU {c.host_to_gpu_GBps:.0f} GB/s (pinned), slowest GPU-GPU link "
-        f"{c.gpu_to_gpu_GBps:.0f} GB/s, host memory copies {c.host_copy_GBps:.0f} GB/s",
+        f"inside a node: host->GPU {c.host_to_gpu_GBps:.0f} GB/s (pinned), best GPU ring {c.gpu_to_gpu_GBps:.0f} GB/s "
+        f"per hop, buffer memory {c.memory_GBps_per_node:.0f} GB/s ({c.memory_source})",
+        "sensitivity: the central layout's time is mostly the buffer node's memory and NICs; halving or doubling "
+        "the memory figure scales its memory term by 2x or 0.5x (see breakdown in --json)",
         f"workload {w.name}: {w.row_bytes_stored / 1e3:.1f} kB stored / {w.row_bytes_delivered / 1e3:.1f} kB "
         f"delivered per row, batch {w.per_gpu_batch}/GPU, {w.inserts_per_step:g} inserts per step per GPU, "
         f"compute {w.compute_s_per_sample * 1e6:.0f} us/sample, gradients {w.grad_bytes / 1e6:.0f} MB",

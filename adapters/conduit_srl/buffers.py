@@ -60,7 +60,7 @@ class ConduitQueueBuffer:
     """``simple_queue`` and ``priority_queue`` on an :class:`EntryQueue`."""
 
     def __init__(self, kind: str = "priority_queue", *, max_size: float | None = None, reuses: int = 1,
-                 batch_size: Any = _DEFAULT, lease_depth: int = 2, **_ignored):
+                 batch_size: Any = _DEFAULT, lease_depth: int = 2):
         if kind not in QUEUE_KINDS:
             raise ConfigError("kind", f"one of {QUEUE_KINDS}", repr(kind), "use ConduitReplayBuffer for replay kinds")
         self.kind = kind
@@ -80,7 +80,7 @@ class ConduitQueueBuffer:
                                      overflow="drop_oldest", lease_depth=lease_depth, adopt=not batch_size)
         self.batch_size, self.reuses = batch_size, reuses
         self._codec: samples.SampleCodec | None = None
-        self._rebuilt: OrderedDict[int, Any] = OrderedDict()  # entry order -> its ReplayEntry (reuses)
+        self._rebuilt: OrderedDict[int, Any] = OrderedDict()  # queued entry's order -> its ReplayEntry (reuses)
 
     def put(self, x) -> bool | None:
         """Returns what SRL's buffer of this kind returns: the priority queue True when the put formed
@@ -113,8 +113,8 @@ class ConduitQueueBuffer:
             replay_entry.reuses_left, replay_entry.reuses = entry.reuses_left, entry.reuses
         if entry.reuses_left > 0:
             self._rebuilt[entry.order] = replay_entry
-            while len(self._rebuilt) > 64:
-                self._rebuilt.popitem(last=False)
+        for order in [o for o in self._rebuilt if o not in self._queue]:  # dropped on overflow since
+            del self._rebuilt[order]
         return replay_entry
 
     def empty(self) -> bool:
@@ -144,8 +144,7 @@ class ConduitReplayBuffer:
     def __init__(self, kind: str = "simple_replay_buffer", *, max_size: int, batch_size: int,
                  warmup_transitions: int, seed: int = 0, sample_length: int | None = None,
                  batch_length: int | None = None, burn_in_steps: int = 0, alpha: float = 0.6, beta: float = 0.4,
-                 beta_scheduler=None, max_priority: float = 1.0, priority_interpolation_eta: float | None = None,
-                 **_ignored):
+                 beta_scheduler=None, max_priority: float = 1.0, priority_interpolation_eta: float | None = None):
         if kind not in REPLAY_KINDS:
             raise ConfigError("kind", f"one of {REPLAY_KINDS}", repr(kind), "use ConduitQueueBuffer for queue kinds")
         self._config = dict(kind=kind, max_size=max_size, batch_size=batch_size, warmup_transitions=warmup_transitions,
@@ -191,7 +190,7 @@ class ConduitReplayBuffer:
         with self._lock:
             if self._buffer is None:
                 self._build(flat)
-            cols, length = {}, None
+            cols = {}
             for name, spec in self._template.items():
                 v = flat.get(name)
                 if spec is None:
@@ -203,7 +202,6 @@ class ConduitReplayBuffer:
                     raise SpecError(name, f"an array of shape {spec.shape}", None,
                                     "keep the set of fields the same in every sample")
                 cols[name] = np.asarray(v)[None]
-                length = cols[name].shape[1] if cols[name].ndim > 1 else length
             if set(flat) - set(self._template):
                 raise SpecError("sample fields", sorted(self._template), sorted(flat),
                                 "keep the set of fields the same in every sample")
@@ -254,10 +252,8 @@ class ConduitReplayBuffer:
                                 idxes[(idxes < 0) | (idxes >= inserted)][:4].tolist(),
                                 "pass the ReplayEntry.sampling_indices of the batch the priorities are for")
             slots = idxes % self._max_size
-            live = self._buffer.update_priorities(slots, pr, seqs=idxes)
+            updated = self._buffer.update_priorities(slots, pr, seqs=idxes)
             self._replay_times[slots[idxes >= inserted - self._max_size]] += 1  # the chunks still stored
-            updated = live
-            self._max_priority = max(self._max_priority, float(pr.max()))
             self._training_steps += 1
             if self._beta_scheduler is not None:
                 self._beta = self._beta_scheduler.get(self._training_steps)
@@ -316,6 +312,8 @@ class ConduitReplayBuffer:
             self._sample_length = length
         if self._batch_length is None:
             self._batch_length = self._sample_length
+        # what was inferred is part of the configuration: an unpickled buffer must know it
+        self._config.update(sample_length=self._sample_length, batch_length=self._batch_length)
         if length != self._sample_length:
             raise SpecError("sample length", self._sample_length, length,
                             "send samples of the configured sample_length (SRL's sample_steps)")

@@ -68,10 +68,11 @@ class ReplaySession(Session):
 
     def update_priorities(self, delivered, priorities) -> None:
         pr = np.asarray(priorities, dtype=np.float64)
+        if pr.size % GET_SIZE:
+            raise ValueError(f"the SRL harness delivers in gets of {GET_SIZE}: ask for a multiple of it, "
+                             f"got priorities for {pr.size} rows")
         for k, idx in enumerate(delivered.handle):
-            chunk = pr[k * GET_SIZE:(k + 1) * GET_SIZE]
-            if chunk.size == GET_SIZE:
-                self.buffer.update_priorities(idx, chunk)
+            self.buffer.update_priorities(idx, pr[k * GET_SIZE:(k + 1) * GET_SIZE])
 
     def stored_ids(self):
         return self._stored_ids(self.buffer)

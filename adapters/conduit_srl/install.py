@@ -24,6 +24,12 @@ def enable(*, lease_depth: int = 2, seed_offset: int = 0) -> None:
     except ImportError as e:
         raise ConfigError("conduit_srl.enable", "SRL importable (module rlsrl)", f"ImportError: {e}",
                           "build SRL's venv with ../shared/srl/setup-srl-venv.sh SRC VENV and run there") from e
+    import multiprocessing
+    method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+    if method != "fork":
+        raise ConfigError("multiprocessing start method", "'fork' (SRL's workers inherit the swapped make_buffer)",
+                          repr(method), "call multiprocessing.set_start_method('fork') before enable(); with "
+                          "spawn or forkserver the workers would silently build SRL's own buffers")
     from .buffers import make_buffer
     _options = dict(lease_depth=lease_depth, seed_offset=seed_offset)
     if _original is None:

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-VERSION_FIELD = "policy_version_steps"
 
 
 def _is_node(v: Any) -> bool:
@@ -95,14 +94,3 @@ def _tree(names: list[str]) -> list:
 
 def _build(tree: list, columns: dict[str, Any], NamedArray) -> Any:
     return NamedArray(**{k: (_build(v, columns, NamedArray) if isinstance(v, list) else columns[v]) for k, v in tree})
-
-
-def min_version(flat: dict[str, Any]) -> int | None:
-    """The oldest policy version in a sample, ignoring negative (unset) entries: the quantity
-    SRL's trainer thread compares with ``preemption_steps`` (``min_of(..., ignore_negative=True)``)."""
-    v = flat.get(VERSION_FIELD)
-    if v is None:
-        return None
-    v = np.asarray(v)
-    v = v[v >= 0]
-    return int(v.min()) if v.size else None

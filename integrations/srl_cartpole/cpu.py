@@ -24,11 +24,8 @@ _saved: dict = {}
 class CPUPrefetcher:
     """``PyTorchGPUPrefetcher``'s interface and one-step delay, on the CPU.
 
-    ``push(sample)`` keeps ``sample`` and its tensors (``torch.from_numpy(x).float()``, as the GPU
-    prefetcher converts them after its copy) and returns the previous pair, or None on the first
-    call. Float32 fields share memory with the numpy sample (no device copy on a CPU): the buffer's
-    arrays must stay valid for one more ``get`` (SRL's queues hand out fresh stacks; Conduit's queue
-    entries stay valid for ``lease_depth`` = 2 gets)."""
+    ``push(sample)`` keeps ``sample`` and float32 copies of its arrays (the GPU prefetcher's device copy,
+    on the host) and returns the previous pair, or None on the first call."""
 
     def __init__(self):
         self.nex_numpy_sample = None
@@ -38,7 +35,9 @@ class CPUPrefetcher:
     def _preload(self, sample):
         from rlsrl.base.namedarray import recursive_apply
         self.nex_numpy_sample = sample
-        self.nex_torch_sample = recursive_apply(sample, lambda x: torch.from_numpy(x).float())
+        # a copy, as the GPU prefetcher's device copy is: the batch outlives the buffer's get (SRL's
+        # trainer thread may get and skip stale samples while this one waits for its step)
+        self.nex_torch_sample = recursive_apply(sample, lambda x: torch.tensor(x, dtype=torch.float32))
 
     def push(self, sample):
         if not self.initialized_prefetching:

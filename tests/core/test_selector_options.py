@@ -54,7 +54,7 @@ def test_stratified_prioritized_matches_priorities_and_initial_priorities_apply(
 
 def test_initial_priorities_are_checked_before_anything_is_written():
     b = ExperienceBuffer(spec=SPEC, capacity=4, selector=Prioritized(eps=0.0), done_fields=("done",))
-    for bad in ([0.0], [float("nan")], [1.0, 2.0]):
+    for bad in ([-1.0], [float("nan")], [1.0, 2.0]):
         with pytest.raises(SpecError, match="priorities"):
             b.add(chunk(0), priorities=bad)
     assert len(b) == 0

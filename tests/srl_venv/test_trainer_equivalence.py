@@ -75,35 +75,54 @@ def cpu_shims():
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize("reuses,max_size", [(1, 3), (2, 2)])
-def test_mappo_parameters_bitwise_equal_through_either_buffer(reuses, max_size):
+def _train_both(reuses: int, max_size: int, lease_depth: int = 2) -> dict:
     from rlsrl.base import buffer as srl_buffer
     torch.set_num_threads(1)
     arms = {}
     for arm in ("srl", "conduit"):
         rng = np.random.default_rng(7)
         kw = dict(max_size=max_size, reuses=reuses, batch_size=B)
-        buf = srl_buffer.PriorityQueueBuffer(**kw) if arm == "srl" else ConduitQueueBuffer("priority_queue", **kw)
+        buf = (srl_buffer.PriorityQueueBuffer(**kw) if arm == "srl"
+               else ConduitQueueBuffer("priority_queue", lease_depth=lease_depth, **kw))
         trainer = _trainer(seed=3)
         sched = np.random.default_rng(11)
         trajectory = []
-        for _ in range(30):
-            for _ in range(int(sched.integers(0, 3 * B))):  # a burst of puts, possibly overflowing
-                buf.put(_sample(rng))
-            if buf.empty():
-                continue
-            entry = buf.get()
-            for _ in range(int(sched.integers(0, 2 * B))):  # more puts before the step trains on the last batch
-                buf.put(_sample(rng))
-            trainer.step(entry.sample)
-            trajectory.append(torch.cat([p.detach().reshape(-1).clone() for p in trainer.policy.net.parameters()]))
+        try:
+            for _ in range(30):
+                for _ in range(int(sched.integers(0, 3 * B))):  # a burst of puts, possibly overflowing
+                    buf.put(_sample(rng))
+                if buf.empty():
+                    continue
+                entry = buf.get()
+                for _ in range(int(sched.integers(0, 2 * B))):  # more puts before the step trains on the last batch
+                    buf.put(_sample(rng))
+                trainer.step(entry.sample)
+                trajectory.append(torch.cat([p.detach().reshape(-1).clone()
+                                             for p in trainer.policy.net.parameters()]))
+        finally:
+            del trainer  # SRL's Trainer.__del__ destroys the process group
+            import gc
+            gc.collect()
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
         arms[arm] = trajectory
-        del trainer  # SRL's Trainer.__del__ destroys the process group
-        import gc
-        gc.collect()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    return arms
+
+
+@pytest.mark.parametrize("reuses,max_size", [(1, 3), (2, 2)])
+def test_mappo_parameters_bitwise_equal_through_either_buffer(reuses, max_size):
+    arms = _train_both(reuses, max_size)
     assert len(arms["srl"]) == len(arms["conduit"]) > 10
     for step, (a, b) in enumerate(zip(arms["srl"], arms["conduit"])):
         assert torch.equal(a, b), f"parameters differ after step {step}"
     assert not torch.equal(arms["srl"][0], arms["srl"][-1])  # it did train
+
+
+def test_the_check_catches_memory_reused_under_the_trainer():
+    """Mutation: no lease (lease_depth=0), so the batch the prefetcher holds is overwritten by the
+    puts before its step: SRL's GAE checks trip on it, or the parameters differ."""
+    try:
+        arms = _train_both(1, 3, lease_depth=0)
+    except AssertionError:
+        return  # SRL's own data checks refused the overwritten batch
+    assert any(not torch.equal(a, b) for a, b in zip(arms["srl"], arms["conduit"]))
