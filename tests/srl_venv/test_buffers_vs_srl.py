@@ -292,3 +292,30 @@ def test_buffer_pickles_with_its_queued_entries():
     while not ours.empty():
         a, b = ours.get(), back.get()
         assert ident(a.sample) == ident(b.sample) and a.reuses_left == b.reuses_left
+
+
+def test_unpickled_replay_buffer_with_an_inferred_sample_length_is_not_empty_forever():
+    import pickle
+    ours = ConduitReplayBuffer("simple_replay_buffer", max_size=6, batch_size=2, warmup_transitions=2 * T)
+    for i in range(4):
+        ours.put(sample(i, ret=False))
+    back = pickle.loads(pickle.dumps(ours))
+    assert back.qsize() == ours.qsize() == 4 * T and not back.empty()
+    back.put(sample(9, ret=False))
+    assert back.qsize() == 5 * T
+
+
+def test_a_zero_td_error_is_stored_as_srl_stores_it():
+    args = dict(max_size=4, sample_length=T, batch_size=2, warmup_transitions=T, priority_interpolation_eta=0.9)
+    ours = make_buffer("prioritized_replay_buffer", **args)
+    zero = sample(0)
+    zero.analyzed_result.ret[:] = zero.analyzed_result.value  # |ret - value| = 0
+    ours.put(zero)  # SRL stores 0**alpha; a put must not kill the trainer worker
+    ours.put(sample(1))
+    assert ours.qsize() == 2 * T
+    assert all(0 not in ident(ours.get().sample) for _ in range(50))
+
+
+def test_unknown_buffer_arguments_are_errors_as_in_srl():
+    with pytest.raises(TypeError):
+        ConduitQueueBuffer("priority_queue", resuses=2)
