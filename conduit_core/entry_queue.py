@@ -4,7 +4,7 @@ Samples of ``T`` steps arrive one at a time (``put``); every ``batch_size`` of t
 entry, stored *time-major* ``[T, B, ...]`` (or batch-major ``[B, T, ...]``) in preallocated
 slots: each put is one strided copy per field into its column of the entry, so forming a batch
 costs nothing at the end (SRL stacks all ``B`` samples when the last one arrives, on the thread
-that receives data). ``get`` never blocks and never copies: it returns views of the entry's slot.
+that receives data). ``get`` never waits for data and never copies: it returns views of the entry's slot.
 
 Why leases: the trainer computes on those views while the receiving thread keeps putting. An
 entry that leaves the queue (its reuses spent, or dropped on overflow) keeps its slot until

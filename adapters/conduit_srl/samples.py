@@ -10,7 +10,8 @@ It is flattened on ``put`` into dotted names in the sample's own order (what SRL
 :class:`SampleCodec` learns the nesting from the first sample and then walks it without
 recursion or per-call string work (SRL's generic functions cost ~20 us to flatten and ~57 us to
 rebuild a MAPPO sample, which the buffer would pay per put and per get); a sample with another
-nesting falls back to the generic path, so nothing is refused that SRL accepts.
+nesting falls back to the generic path. (One thing SRL accepts is refused by the queue: a field that
+is ``None`` in the first sample and an array later, which SRL zero-fills per batch.)
 """
 
 from __future__ import annotations
