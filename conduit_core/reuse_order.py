@@ -1,5 +1,5 @@
-"""Which queued entry is served next, and which one an overflow drops: the pure decisions of an
-:class:`~conduit_core.entry_queue.EntryQueue`, kept apart from its storage and its lock.
+"""Which queued entry is served next, and which one an overflow drops: the decisions of an
+:class:`~conduit_core.entry_queue.EntryQueue` (an index of keys, no data, no threads), kept apart from its storage and lock.
 
 An entry is known by its ``order`` (a strictly increasing insertion number, so larger = fresher)
 and its ``reuses_left``. Two serve rules:
