@@ -1,5 +1,6 @@
 """Which queued entry is served next, and which one an overflow drops: the decisions of an
-:class:`~conduit_core.entry_queue.EntryQueue` (an index of keys, no data, no threads), kept apart from its storage and lock.
+:class:`~conduit_core.entry_queue.EntryQueue` (an index of keys, no data, no threads), kept apart
+from its storage and its lock.
 
 An entry is known by its ``order`` (a strictly increasing insertion number, so larger = fresher)
 and its ``reuses_left``. Two serve rules:
