@@ -17,7 +17,11 @@ in ``tests/srl``):
   (``_slicing``), which mixes steps of different chunks into one column. That case is refused
   here (``ConfigError``) rather than reproduced.
 - Queue entries are views into preallocated slots (no stacking at the B-th put, no copy at
-  ``get``); a served entry's memory stays valid for ``lease_depth`` further gets.
+  ``get``); a served entry's memory stays valid for ``lease_depth`` further gets. An unbatched entry
+  keeps the put's arrays but comes back in a plain ``NamedArray`` (SRL hands back the object put).
+- The uniform replay kind reports ``empty()`` until ``batch_size`` chunks are stored (SRL's would
+  raise in ``np.random.choice`` without replacement); ``reuses`` (replay counts) skip chunks
+  overwritten since their draw.
 """
 
 from __future__ import annotations
@@ -133,7 +137,8 @@ class ConduitQueueBuffer:
         return self._queue.qsize() >= self._queue.max_entries
 
     def stats(self) -> dict[str, int]:
-        """Every sample put is served, queued, pending, or counted as dropped (overflow)."""
+        """The queue's counters (see ``EntryQueue.stats``): every sample put is in a formed entry or
+        pending; every formed entry is retired, queued, or counted as dropped."""
         return self._queue.stats()
 
 
