@@ -16,11 +16,11 @@ timeout and end in a clear error, never a hang.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
 import time
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -58,6 +58,8 @@ class ShardLoss:
         where = f"seqs {self.seq_range[0]}..{self.seq_range[1]}" if self.seq_range else "no stored rows"
         return (f"remote shard {self.shard} (node resource {self.node_resource!r}) lost {self.rows} rows ({where}): "
                 f"{self.cause}; replaced by an empty shard on node {self.replaced_on[:12]}")
+
+
 META_FIELDS = ("seq", "version", "source", "next_seq")  # per-slot metadata, one int64 each
 
 

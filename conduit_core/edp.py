@@ -364,6 +364,14 @@ class ExperienceDataPlane:
             self._discard_prepared_locked()
         return None
 
+    def _drop_prepared_locked(self) -> None:
+        """Let a prefetch in flight queue its batch (it has drawn from the RNG and the rows already),
+        then drop every prepared batch, undoing their draws. For everything that changes what a
+        prepared batch would be (state, rows, layout). Only the worker's prefetch is waited for: a
+        caller's own deliver hands its draw out, and may wait for data as long as it likes."""
+        self._cond.wait_for(lambda: not self._prefetch_in_flight)
+        self._discard_prepared_locked()
+
     def _discard_prepared_locked(self) -> None:
         """Drop every prepared batch, undoing their selection as if never made."""
         if not self._prepared:
@@ -411,7 +419,7 @@ class ExperienceDataPlane:
             self._transformer.close()
             self._transformer = None
         with self._cond:
-            self._discard_prepared_locked()
+            self._drop_prepared_locked()
             self._request = None
             self._stop = False
             self.schedule = schedule
@@ -432,7 +440,7 @@ class ExperienceDataPlane:
         from .migration import MAX_CHUNK_BYTES, BackgroundMigration, begin_migration
         self._check_usable()
         with self._cond:
-            self._discard_prepared_locked()
+            self._drop_prepared_locked()
         m = begin_migration(self.buffer, shards=shards, capacity=capacity, max_hold_s=max_hold_s,
                             chunk_bytes=chunk_bytes if background else MAX_CHUNK_BYTES, start=not background)
         if background:
@@ -509,7 +517,7 @@ class ExperienceDataPlane:
                     with self._cond:
                         if not self._want_prefetch_locked() or self._stop:
                             continue
-                        self._prefetch_in_flight = True  # state_dict waits for its draw to be queued
+                        self._prefetch_in_flight = True  # _drop_prepared_locked waits for its draw to be queued
                     t0 = time.perf_counter()
                     try:
                         prepared = self._run_delivery_operator(req, 0.001)
@@ -543,10 +551,9 @@ class ExperienceDataPlane:
         accepted; batches prepared ahead are discarded, so none can deliver a removed row."""
         self._check_usable()
         self.flush()
-        with self._op_lock:
-            with self._cond:
-                self._discard_prepared_locked()
-                return self.buffer.evict(seqs)
+        with self._cond:
+            self._drop_prepared_locked()
+            return self.buffer.evict(seqs)
 
     # ------------------------------------------------------------ errors/state
     def _take_error_locked(self) -> BaseException | None:
@@ -594,11 +601,7 @@ class ExperienceDataPlane:
         the data plane's counters."""
         self.flush()
         with self._cond:
-            # a prefetch in flight has drawn from the RNG but not queued its batch yet: let it land (it is
-            # undone below) before the RNG is saved. Only the worker's prefetch: a caller's own deliver
-            # hands its draw out, and may wait for data for as long as it likes.
-            self._cond.wait_for(lambda: not self._prefetch_in_flight)
-            self._discard_prepared_locked()
+            self._drop_prepared_locked()  # before the RNG is saved
             self._request = None
             return {"edp_version": EDP_STATE_VERSION, "buffer": self.buffer.state_dict(),
                     "ticket": self._ticket, "rows": self._accepted_rows,
@@ -618,9 +621,8 @@ class ExperienceDataPlane:
             counters[k] = int(v)
         self.flush()
         with self._cond:
-            self._cond.wait_for(lambda: not self._prefetch_in_flight)
             # undo prepared draws first: undoing them after the load would put back the old RNG state
-            self._discard_prepared_locked()
+            self._drop_prepared_locked()
             self._request = None
             self.buffer.load_state_dict(state["buffer"])  # all or nothing: raises before it changes anything
             self._ticket = counters["ticket"]

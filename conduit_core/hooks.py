@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 
-
 @dataclass
 class Rollout:
     """One push from an actor: a time-ordered batch of transitions from one source."""

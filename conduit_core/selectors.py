@@ -114,10 +114,10 @@ class Prioritized(Selector):
         self.max_priority = 1.0
 
     def _masses(self, batch_size: int, total: float, rng: np.random.Generator) -> np.ndarray:
+        """Prefix-sum targets in [0, total): independent, or one per equal slice (stratified)."""
         u = rng.random(batch_size)
-        if self.stratified:
-            return (u + np.arange(batch_size)) * (total / batch_size)
-        return u * total
+        m = (u + np.arange(batch_size)) * (total / batch_size) if self.stratified else u * total
+        return np.minimum(m, np.nextafter(total, 0))  # rounding must not reach past the last item
 
     def bind(self, capacity):
         super().bind(capacity)
@@ -137,10 +137,9 @@ class Prioritized(Selector):
             slots = np.empty(batch_size, dtype=np.int64)
             weights = np.empty(batch_size, dtype=np.float32)
             select_weighted(self.index._sum, self.index._min, self.index.size,
-                            np.minimum(self._masses(batch_size, total, rng), np.nextafter(total, 0)),
-                            float(beta), slots, weights)
+                            self._masses(batch_size, total, rng), float(beta), slots, weights)
             return slots, weights
-        slots = self.index.find_prefixsum(np.minimum(self._masses(batch_size, total, rng), np.nextafter(total, 0)))
+        slots = self.index.find_prefixsum(self._masses(batch_size, total, rng))
         if beta == 0.0:
             return slots, np.ones(batch_size, dtype=np.float32)
         p = self.index.get(slots) / total
