@@ -1,7 +1,8 @@
-"""Builds the one C helper (conduit_core._sumtree); everything else is in pyproject.toml.
+"""Builds the C helpers (conduit_core._sumtree: priority trees and n-step walks; conduit_core._frames:
+frame stacks out of a frame pool); everything else is in pyproject.toml.
 
-If no C compiler is available the build still succeeds and Conduit falls back to the
-pure-numpy prioritized index (slower, same results).
+If no C compiler is available the build still succeeds and Conduit falls back to numpy
+(slower, same results).
 """
 
 from setuptools import Extension, setup
@@ -23,6 +24,7 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("conduit_core._sumtree", ["conduit_core/_sumtree.c"], extra_compile_args=["-O3"])],
+    ext_modules=[Extension("conduit_core._sumtree", ["conduit_core/_sumtree.c"], extra_compile_args=["-O3"]),
+                 Extension("conduit_core._frames", ["conduit_core/_frames.c"], extra_compile_args=["-O3"])],
     cmdclass={"build_ext": OptionalBuildExt},
 )

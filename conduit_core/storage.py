@@ -241,10 +241,14 @@ class ColumnarStorage:
         result: dict[str, torch.Tensor] = {}
         for name in names:
             f = self.spec[name]
+            dec = self.decoders[name]
+            if isinstance(dec, PooledDecoder):  # frame ids stay on the host; the stacks go to the target
+                ids = self._gather_stored(name, slots, None, _CPU, remote)
+                result[name] = dec.decode(ids, f.dtype, device=target)
+                continue
             stored = self._gather_stored(name, slots, None if out is None else out.get(name), target, remote)
             if stored.device != target:
                 stored = stored.to(target, non_blocking=stored.is_pinned())
-            dec = self.decoders[name]
             result[name] = stored if dec is None else dec.decode(stored, f.dtype)
         return result
 
@@ -255,6 +259,9 @@ class ColumnarStorage:
         on_host = target.type == "cpu"
         for name, view, codec, dtype in self._plan:
             if fields is not None and name not in fields:
+                continue
+            if isinstance(codec, PooledDecoder):  # frame ids stay on the host; the stacks go to the target
+                result[name] = codec.decode(torch.from_numpy(view.take(slots, axis=0)), dtype, device=target)
                 continue
             if not on_host:
                 t = self._to_device(name, 0, slots, target)

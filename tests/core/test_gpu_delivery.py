@@ -148,3 +148,18 @@ def test_staging_ring_waits_for_a_slot_before_refilling_it_and_never_aliases_it(
     assert st.nbytes() == (3 + 10) * 4 * 4
     st.close()
     assert st.nbytes() == 0
+
+
+@cuda
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_frame_stacks_cross_as_uint8_and_decode_on_the_device_bit_exact(axis):
+    """Atari stacks reach a GPU learner as uint8 frames and are decoded there: the same floats as the host decode."""
+    from .test_framestack import assert_exact, fill, make
+
+    rng = np.random.default_rng(0)
+    buf = make(2000, axis=axis)
+    truth = fill(buf, rng, [300, 250], axis=axis)
+    on_gpu = buf.sample(256, device="cuda")
+    assert on_gpu["obs"].device.type == "cuda" and on_gpu["obs"].dtype == torch.float32
+    assert_exact(on_gpu.to("cpu"), truth)
+    buf.close()

@@ -1,0 +1,115 @@
+/*
+ * Frame stacks out of a frame pool, in one pass, in C.
+ *
+ * A frame pool stores each frame once; a stored stack is the id of its last frame. A
+ * learner wants the k frames of each stack side by side, in the field's layout
+ * (k last, as RLlib's Atari [84, 84, 4]; or k first), and often decoded to float32.
+ * In numpy that is a take of B*k frames, a transposing copy and a decode pass, three
+ * trips through memory with the transpose writing at a stride of k. Here each output
+ * row is written once, in order, reading its k source frames side by side; the decode
+ * is a 256-entry table the codec computed with its own decode, so it is exact by
+ * construction for any uint8 codec. The GIL is released.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_K 64
+
+static int get(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *what) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0) return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a contiguous buffer of %zd-byte items, got %zd-byte items",
+                     what, itemsize, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* gather_stacks(frames u8[F, P], last_ids i64[B], k, k_last, lut f32[256] or None, out u8|f32[B, ...]) */
+static PyObject *gather_stacks(PyObject *self, PyObject *args) {
+    PyObject *o_frames, *o_ids, *o_lut, *o_out;
+    Py_ssize_t k;
+    int k_last;
+    if (!PyArg_ParseTuple(args, "OOnpOO", &o_frames, &o_ids, &k, &k_last, &o_lut, &o_out)) return NULL;
+    if (k < 1 || k > MAX_K) return PyErr_Format(PyExc_ValueError, "k: expected 1..%d, got %zd", MAX_K, k);
+    Py_buffer fr, ids, lut, out;
+    int has_lut = o_lut != Py_None;
+    if (get(o_frames, &fr, 1, 0, "frames") < 0) return NULL;
+    if (get(o_ids, &ids, 8, 0, "last_ids") < 0) { PyBuffer_Release(&fr); return NULL; }
+    if (has_lut && get(o_lut, &lut, 4, 0, "lut") < 0) { PyBuffer_Release(&fr); PyBuffer_Release(&ids); return NULL; }
+    if (get(o_out, &out, has_lut ? 4 : 1, 1, "out") < 0) {
+        PyBuffer_Release(&fr); PyBuffer_Release(&ids); if (has_lut) PyBuffer_Release(&lut); return NULL;
+    }
+    Py_ssize_t F = fr.ndim >= 1 ? fr.shape[0] : 0;
+    Py_ssize_t P = F ? fr.len / F : 0;
+    Py_ssize_t B = ids.len / 8;
+    const char *err = NULL;
+    if (has_lut && lut.len != 256 * 4) err = "lut: expected 256 float32 values";
+    else if (out.len != B * k * P * (has_lut ? 4 : 1)) err = "out: expected B * k * frame size items";
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, err);
+    } else {
+        const uint8_t *frames = (const uint8_t *)fr.buf;
+        const int64_t *last = (const int64_t *)ids.buf;
+        const float *table = has_lut ? (const float *)lut.buf : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        const uint8_t *src[MAX_K];
+        for (Py_ssize_t b = 0; b < B; b++) {
+            for (Py_ssize_t j = 0; j < k; j++) {
+                int64_t id = (last[b] - k + 1 + j) % F;
+                if (id < 0) id += F;
+                src[j] = frames + id * P;
+            }
+            if (!k_last) {               /* [k, P]: k row copies (decoded or not) */
+                for (Py_ssize_t j = 0; j < k; j++) {
+                    if (table) {
+                        float *o = (float *)out.buf + (b * k + j) * P;
+                        for (Py_ssize_t p = 0; p < P; p++) o[p] = table[src[j][p]];
+                    } else {
+                        memcpy((uint8_t *)out.buf + (b * k + j) * P, src[j], P);
+                    }
+                }
+            } else if (table && k == 4) { /* [P, 4], decoded: RLlib's Atari layout */
+                float *o = (float *)out.buf + b * 4 * P;
+                const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
+                for (Py_ssize_t p = 0; p < P; p++) {
+                    o[4 * p] = table[s0[p]]; o[4 * p + 1] = table[s1[p]];
+                    o[4 * p + 2] = table[s2[p]]; o[4 * p + 3] = table[s3[p]];
+                }
+            } else if (table) {
+                float *o = (float *)out.buf + b * k * P;
+                for (Py_ssize_t p = 0; p < P; p++)
+                    for (Py_ssize_t j = 0; j < k; j++) o[k * p + j] = table[src[j][p]];
+            } else if (k == 4) {          /* [P, 4] uint8: the bytes a GPU learner decodes itself */
+                uint8_t *o = (uint8_t *)out.buf + b * 4 * P;
+                const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
+                for (Py_ssize_t p = 0; p < P; p++) {
+                    o[4 * p] = s0[p]; o[4 * p + 1] = s1[p]; o[4 * p + 2] = s2[p]; o[4 * p + 3] = s3[p];
+                }
+            } else {
+                uint8_t *o = (uint8_t *)out.buf + b * k * P;
+                for (Py_ssize_t p = 0; p < P; p++)
+                    for (Py_ssize_t j = 0; j < k; j++) o[k * p + j] = src[j][p];
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&fr); PyBuffer_Release(&ids); PyBuffer_Release(&out);
+    if (has_lut) PyBuffer_Release(&lut);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"gather_stacks", gather_stacks, METH_VARARGS,
+     "gather_stacks(frames, last_ids, k, k_last, lut, out): stacks in the field's layout, decoded through lut if given"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_frames", "frame stacks out of a frame pool", -1, methods};
+
+PyMODINIT_FUNC PyInit__frames(void) { return PyModule_Create(&module); }
