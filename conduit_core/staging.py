@@ -16,6 +16,7 @@ measured by ``benchmarks/bench_gpu_tiers.py``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +65,9 @@ def device_alias(pinned: torch.Tensor, device: torch.device | str) -> torch.Tens
     if alias.data_ptr() != pinned.data_ptr():  # pragma: no cover - a torch that copied instead of aliasing
         raise RuntimeError("device_alias: torch copied the pinned memory instead of mapping it")
     return alias
+
+
+_ALIGN = 64  # bytes: where each column of a packed copy starts
 
 
 @dataclass
@@ -117,6 +121,28 @@ class PinnedStaging:
         else:
             slot.event.record()
         return out
+
+    def copy_packed(self, name: str, parts: list[tuple], device: torch.device) -> list[torch.Tensor]:
+        """Several columns in one page-locked slot and one asynchronous copy: ``parts`` is a list
+        of ``(fill, rows, shape, dtype)``; returns one device tensor per part (disjoint views of
+        one allocation). For small batches the per-copy cost dominates: one copy, not one per field."""
+        spans, total = [], 0
+        for fill, rows, shape, dtype in parts:
+            n = rows * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            spans.append((total, n))
+            total += -(-n // _ALIGN) * _ALIGN              # each part starts aligned for any dtype
+        slot = self._slot(name, total, (), torch.uint8)
+        for (fill, rows, shape, dtype), (off, n) in zip(parts, spans):
+            fill(slot.host[off:off + n].view(dtype).view(rows, *shape))
+        dev = slot.host[:total].to(device, non_blocking=True, copy=True)
+        if slot.event is None:
+            slot.event = self._event()
+        if device.type == "cuda":
+            slot.event.record(torch.cuda.current_stream(device))
+        else:
+            slot.event.record()
+        return [dev[off:off + n].view(dtype).view(rows, *shape)
+                for (_, rows, shape, dtype), (off, n) in zip(parts, spans)]
 
     def nbytes(self) -> int:
         return sum(s.host.numel() * s.host.element_size() for ring in self._rings.values() for s in ring if s)

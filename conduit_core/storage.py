@@ -238,15 +238,16 @@ class ColumnarStorage:
             return self._gather_fast(slots, target, out, fields)
         names = list(fields if fields is not None else self.columns)
         remote = self._gather_remote(slots.reshape(-1), names) if self.actors else None
+        route = None if self._single_host else _Route(self, slots.reshape(-1))  # once for every field
         result: dict[str, torch.Tensor] = {}
         for name in names:
             f = self.spec[name]
             dec = self.decoders[name]
             if isinstance(dec, PooledDecoder):  # frame ids stay on the host; the stacks go to the target
-                ids = self._gather_stored(name, slots, None, _CPU, remote)
+                ids = self._gather_stored(name, slots, None, _CPU, remote, route)
                 result[name] = dec.decode(ids, f.dtype, device=target)
                 continue
-            stored = self._gather_stored(name, slots, None if out is None else out.get(name), target, remote)
+            stored = self._gather_stored(name, slots, None if out is None else out.get(name), target, remote, route)
             if stored.device != target:
                 stored = stored.to(target, non_blocking=stored.is_pinned())
             result[name] = stored if dec is None else dec.decode(stored, f.dtype)
@@ -257,13 +258,25 @@ class ColumnarStorage:
         target, into page-locked staging and on with an asynchronous copy)."""
         result = {}
         on_host = target.type == "cpu"
+        staged = not on_host and self.shards[0].access != "mapped"
+        if staged:  # every staged column in one page-locked slot and one asynchronous copy
+            names = [name for name, _, codec, _ in self._plan
+                     if (fields is None or name in fields) and not isinstance(codec, PooledDecoder)]
+            cols = [self.columns[name][0] for name in names]
+            parts = [(take_into(col, self._np[name][0], slots), slots.shape[0], tuple(col.shape[1:]), col.dtype)
+                     for name, col in zip(names, cols)]
+            if self._staging is None:
+                self._staging = PinnedStaging()
+            staged = dict(zip(names, self._staging.copy_packed("rows", parts, target)))
         for name, view, codec, dtype in self._plan:
             if fields is not None and name not in fields:
                 continue
             if isinstance(codec, PooledDecoder):  # frame ids stay on the host; the stacks go to the target
                 result[name] = codec.decode(torch.from_numpy(view.take(slots, axis=0)), dtype, device=target)
                 continue
-            if not on_host:
+            if staged:
+                t = staged[name]
+            elif not on_host:
                 t = self._to_device(name, 0, slots, target)
             elif view is not None:
                 t = torch.from_numpy(view.take(slots, axis=0) if out is None else view.take(slots, axis=0, out=out[name], mode="clip"))
@@ -342,7 +355,7 @@ class ColumnarStorage:
         raise ShardLost(shard, self.shards[shard].node, RuntimeError("no node could host its replacement"))
 
     def _gather_stored(self, name: str, slots: np.ndarray, out: np.ndarray | None,
-                       target: torch.device, remote: dict | None = None) -> torch.Tensor:
+                       target: torch.device, remote: dict | None = None, route: _Route | None = None) -> torch.Tensor:
         flat = slots.reshape(-1)
         lead = slots.shape
         if self._single_host:
@@ -358,24 +371,28 @@ class ColumnarStorage:
         # Several shards (or a device shard): gather each shard's part where it lives,
         # then assemble on the target device, moving only the stored (encoded) bytes.
         f = self.spec[name]
-        res_t = torch.empty((flat.shape[0], *f.stored_shape), dtype=f.stored_dtype, device=target)
-        shard_ids = self.shard_of(flat)
+        route = route if route is not None else _Route(self, flat)
         if self.actors and remote is None:
             remote = self._gather_remote(flat, [name])
-        for s in np.unique(shard_ids):
+        if route.whole is not None and route.whole not in self.actors:  # one local shard: no scatter
+            return self._shard_part(name, route.whole, route, target).view(*lead, *f.stored_shape)
+        res_t = torch.empty((flat.shape[0], *f.stored_shape), dtype=f.stored_dtype, device=target)
+        for s, pos, _ in route.parts:
             if s in self.actors:
-                pos, cols = remote[int(s)]
-                res_t[torch.from_numpy(pos).to(target)] = torch.from_numpy(np.require(cols[name], requirements='W')).to(target)
-                continue
-            pos = np.nonzero(shard_ids == s)[0]
-            local = flat[pos] - self.bounds[s]
-            col = self.columns[name][s]
-            if target.type == "cuda" and col.device.type == "cpu":
-                part = self._to_device(name, int(s), local, target)
+                _, cols = remote[s]
+                part = torch.from_numpy(np.require(cols[name], requirements='W')).to(target)
             else:
-                part = torch.index_select(col, 0, torch.from_numpy(local).to(col.device)).to(target)
-            res_t[torch.from_numpy(pos).to(target)] = part
+                part = self._shard_part(name, s, route, target)
+            res_t[route.index(("pos", s), pos, target)] = part
         return res_t.view(*lead, *f.stored_shape)
+
+    def _shard_part(self, name: str, s: int, route: _Route, target: torch.device) -> torch.Tensor:
+        """The rows of local shard ``s`` that ``route`` wants, on ``target``."""
+        local = route.local(s)
+        col = self.columns[name][s]
+        if target.type == "cuda" and col.device.type == "cpu":
+            return self._to_device(name, s, local, target)
+        return torch.index_select(col, 0, route.index(("local", s), local, col.device)).to(target)
 
     # ---------------------------------------------------------------- close
     def close(self) -> None:
@@ -399,3 +416,27 @@ class ColumnarStorage:
                 except Exception:  # the cluster may already be gone
                     pass
             self.actors = {}
+
+
+class _Route:
+    """Where the rows of one gather live: per shard, their positions in the batch and their
+    local slots, with index tensors moved to a device once per gather, not once per field."""
+
+    def __init__(self, storage: ColumnarStorage, flat: np.ndarray):
+        shard_ids = storage.shard_of(flat)
+        self.parts: list[tuple[int, np.ndarray, np.ndarray]] = []
+        for s in np.unique(shard_ids):
+            pos = np.nonzero(shard_ids == s)[0]
+            self.parts.append((int(s), pos, flat[pos] - storage.bounds[s]))
+        self.whole = self.parts[0][0] if len(self.parts) == 1 else None   # one shard holds every row
+        self._local = {s: local for s, _, local in self.parts}
+        self._tensors: dict[tuple, torch.Tensor] = {}
+
+    def local(self, shard: int) -> np.ndarray:
+        return self._local[shard]
+
+    def index(self, key: tuple, arr: np.ndarray, device: torch.device) -> torch.Tensor:
+        t = self._tensors.get((key, str(device)))
+        if t is None:
+            t = self._tensors[(key, str(device))] = torch.from_numpy(arr).to(device)
+        return t

@@ -150,6 +150,29 @@ def test_staging_ring_waits_for_a_slot_before_refilling_it_and_never_aliases_it(
     assert st.nbytes() == 0
 
 
+def test_packed_staging_copies_every_column_once_aligned_and_never_aliases_the_slot():
+    """Small batches: all columns in one slot and one copy; each comes back as its own rows and dtype."""
+    _RecordingEvent.log = []
+    st = PinnedStaging(depth=2, pin=False, event=_RecordingEvent)
+    rng = np.random.default_rng(0)
+    cols = {"obs": rng.random((50, 3, 5), dtype=np.float32), "action": rng.integers(0, 9, 50),
+            "done": rng.random(50) < 0.5, "reward": rng.random(50).astype(np.float16)}
+    results = []
+    for k in range(3):  # slots 0, 1, 0: the third refill waits for slot 0's copy
+        slots = rng.integers(0, 50, 7 + k)
+        parts = [(lambda out, c=c, sl=slots: np.take(c, sl, axis=0, out=out.numpy()), slots.shape[0], c.shape[1:],
+                  torch.from_numpy(c).dtype) for c in cols.values()]
+        outs = st.copy_packed("rows", parts, torch.device("cpu"))
+        results.append((slots, outs))
+        for out in outs:
+            assert out.data_ptr() % 64 == outs[0].data_ptr() % 64  # every column starts aligned
+    for slots, outs in results:  # each batch kept its rows after its slot was refilled
+        for c, out in zip(cols.values(), outs):
+            assert out.dtype == torch.from_numpy(c).dtype and torch.equal(out, torch.from_numpy(c[slots]))
+    assert [e for e in _RecordingEvent.log if e[0] == "wait"] == [("wait", 0)]
+    st.close()
+
+
 @cuda
 @pytest.mark.parametrize("axis", [-1, 0])
 def test_frame_stacks_cross_as_uint8_and_decode_on_the_device_bit_exact(axis):
