@@ -17,7 +17,7 @@ measured by ``benchmarks/bench_gpu_tiers.py``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -68,12 +68,14 @@ def device_alias(pinned: torch.Tensor, device: torch.device | str) -> torch.Tens
 
 
 _ALIGN = 64  # bytes: where each column of a packed copy starts
+_LAYOUTS_KEPT = 32  # packed layouts (batch sizes x fields) remembered before starting over
 
 
 @dataclass
 class _Slot:
     host: torch.Tensor
     event: "torch.cuda.Event | None" = None
+    views: dict = field(default_factory=dict)   # packed layouts' host views into ``host``
 
 
 class PinnedStaging:
@@ -96,6 +98,7 @@ class PinnedStaging:
         self._event = event if event is not None else torch.cuda.Event
         self._rings: dict[str, list[_Slot | None]] = {}
         self._next: dict[str, int] = {}
+        self._layouts: dict[tuple, tuple[list, int]] = {}   # packed layout -> (spans, total bytes)
 
     def _slot(self, name: str, rows: int, shape: tuple[int, ...], dtype: torch.dtype) -> _Slot:
         ring = self._rings.setdefault(name, [None] * self.depth)
@@ -126,23 +129,32 @@ class PinnedStaging:
         """Several columns in one page-locked slot and one asynchronous copy: ``parts`` is a list
         of ``(fill, rows, shape, dtype)``; returns one device tensor per part (disjoint views of
         one allocation). For small batches the per-copy cost dominates: one copy, not one per field."""
-        spans, total = [], 0
-        for fill, rows, shape, dtype in parts:
-            n = rows * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-            spans.append((total, n))
-            total += -(-n // _ALIGN) * _ALIGN              # each part starts aligned for any dtype
+        layout = tuple((rows, tuple(shape), dtype) for _, rows, shape, dtype in parts)
+        spans, total = self._layouts.get(layout, (None, 0))
+        if spans is None:
+            spans = []
+            for rows, shape, dtype in layout:
+                n = rows * math.prod(shape) * dtype.itemsize
+                spans.append((total, n))
+                total += -(-n // _ALIGN) * _ALIGN          # each part starts aligned for any dtype
+            if len(self._layouts) >= _LAYOUTS_KEPT:  # batch sizes that vary without end: forget, don't grow
+                self._layouts.clear()
+            self._layouts[layout] = (spans, total)
         slot = self._slot(name, total, (), torch.uint8)
-        for (fill, rows, shape, dtype), (off, n) in zip(parts, spans):
-            fill(slot.host[off:off + n].view(dtype).view(rows, *shape))
+        views = slot.views.get(layout)
+        if views is None:  # the host side of this layout, made once per slot
+            if len(slot.views) >= _LAYOUTS_KEPT:
+                slot.views.clear()
+            views = slot.views[layout] = [slot.host[off:off + n].view(dtype).view(rows, *shape)
+                                          for (rows, shape, dtype), (off, n) in zip(layout, spans)]
+        for (fill, *_), view in zip(parts, views):
+            fill(view)
         dev = slot.host[:total].to(device, non_blocking=True, copy=True)
         if slot.event is None:
             slot.event = self._event()
-        if device.type == "cuda":
-            slot.event.record(torch.cuda.current_stream(device))
-        else:
-            slot.event.record()
+        slot.event.record(torch.cuda.current_stream(dev.device)) if device.type == "cuda" else slot.event.record()
         return [dev[off:off + n].view(dtype).view(rows, *shape)
-                for (_, rows, shape, dtype), (off, n) in zip(parts, spans)]
+                for (rows, shape, dtype), (off, n) in zip(layout, spans)]
 
     def nbytes(self) -> int:
         return sum(s.host.numel() * s.host.element_size() for ring in self._rings.values() for s in ring if s)
