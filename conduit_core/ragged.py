@@ -1,0 +1,275 @@
+"""Keyed rows of variable length, stored by column: the storage of a key-value experience store.
+
+verl's stages (rollout, reward, old/ref log-prob, advantage) each write some fields of the same
+rows, addressed by integer keys that the store does not choose; a row's fields are sequences of
+different lengths (a prompt, a response, its log-probs). A ``RaggedStore`` keeps each field in
+one flat byte arena, rows back to back, with per-slot (start, bytes, length) arrays, so writing a
+batch is one copy per field and reading a batch is one gather per field (``_segments`` in C, one
+memcpy per row) plus its offsets: no per-row Python either way. Fields that are not tensors
+(strings, dicts) are kept as object arrays.
+
+A batch travels as a ``Column``: the rows' bytes back to back, each row's byte count and its
+length along the first dimension (what a jagged tensor's offsets are made of), and the element
+dtype and inner shape. The store copies what it is given and hands out fresh arrays.
+
+Overwriting a field leaves its old bytes dead in the arena; when dead bytes outnumber live ones
+the arena is compacted (live rows copied in slot order), so memory stays within 2x of the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError
+
+try:
+    from ._segments import gather_segments as _c_gather_segments
+except ImportError:  # pragma: no cover - no C compiler where it was installed
+    _c_gather_segments = None
+
+
+def gather_segments(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The byte segments ``src[starts[i] : starts[i] + lengths[i]]``, in order, in one new array."""
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    out = np.empty(int(lengths.sum()), dtype=np.uint8)
+    if _c_gather_segments is not None:
+        _c_gather_segments(src, starts, lengths, out)
+    elif out.size:
+        first = np.cumsum(lengths) - lengths
+        out[:] = src[np.repeat(starts - first, lengths) + np.arange(out.size)]
+    return out
+
+
+@dataclass
+class Column:
+    """Rows of one field, back to back: ``data`` (uint8 bytes, or an object array for
+    ``kind="object"``), ``nbytes`` and ``lengths`` per row (int64), the element ``dtype`` (a
+    name such as 'float32' or 'bfloat16'), the ``inner`` shape after the first dimension and
+    ``scalar`` (rows are single elements, delivered stacked rather than jagged)."""
+
+    kind: str
+    data: np.ndarray
+    nbytes: np.ndarray | None = None
+    lengths: np.ndarray | None = None
+    dtype: str = ""
+    inner: tuple[int, ...] = ()
+    scalar: bool = False
+
+    @property
+    def rows(self) -> int:
+        return len(self.data) if self.kind == "object" else len(self.nbytes)
+
+    def select(self, positions: np.ndarray) -> "Column":
+        """The rows at ``positions`` (in that order), as a new Column."""
+        if self.kind == "object":
+            return Column("object", self.data[positions])
+        starts = np.cumsum(self.nbytes) - self.nbytes
+        return Column("tensor", gather_segments(self.data, starts[positions], self.nbytes[positions]),
+                      self.nbytes[positions], self.lengths[positions], self.dtype, self.inner, self.scalar)
+
+
+class _TensorField:
+    def __init__(self, dtype: str, inner: tuple[int, ...], scalar: bool, slots: int):
+        self.dtype, self.inner, self.scalar = dtype, inner, scalar
+        self.arena = np.empty(1 << 16, dtype=np.uint8)
+        self.end = 0                                   # bytes used in the arena
+        self.start = np.full(slots, -1, dtype=np.int64)  # -1: this slot has no value for the field
+        self.nbytes = np.zeros(slots, dtype=np.int64)
+        self.length = np.zeros(slots, dtype=np.int64)
+        self.live = 0                                  # bytes of rows still referenced
+
+    def grow_slots(self, slots: int) -> None:
+        pad = slots - self.start.size
+        self.start = np.concatenate([self.start, np.full(pad, -1, dtype=np.int64)])
+        self.nbytes = np.concatenate([self.nbytes, np.zeros(pad, dtype=np.int64)])
+        self.length = np.concatenate([self.length, np.zeros(pad, dtype=np.int64)])
+
+    def drop(self, slots: np.ndarray) -> None:
+        had = self.start[slots] >= 0
+        self.live -= int(self.nbytes[slots][had].sum())
+        self.start[slots] = -1
+        self.nbytes[slots] = 0
+        self.length[slots] = 0
+
+    def write(self, slots: np.ndarray, col: Column) -> None:
+        self.drop(slots)
+        need = int(col.data.size)
+        if self.end + need > self.arena.size:
+            self._compact(extra=need)
+        self.arena[self.end:self.end + need] = col.data
+        self.start[slots] = self.end + np.cumsum(col.nbytes) - col.nbytes
+        self.nbytes[slots] = col.nbytes
+        self.length[slots] = col.lengths
+        self.end += need
+        self.live += need
+
+    def _compact(self, extra: int) -> None:
+        """Copy the live rows, in slot order, into an arena with room for ``extra`` more bytes
+        (at least twice live + extra: a compaction pays for itself before the next one)."""
+        held = np.nonzero(self.start >= 0)[0]
+        size = 1 << 16
+        while size < 2 * (self.live + extra):
+            size *= 2
+        packed = gather_segments(self.arena, self.start[held], self.nbytes[held])
+        arena = np.empty(size, dtype=np.uint8)
+        arena[:packed.size] = packed
+        self.start[held] = np.cumsum(self.nbytes[held]) - self.nbytes[held]
+        self.arena, self.end = arena, int(packed.size)
+
+    def read(self, slots: np.ndarray) -> Column:
+        return Column("tensor", gather_segments(self.arena, self.start[slots], self.nbytes[slots]),
+                      self.nbytes[slots].copy(), self.length[slots].copy(), self.dtype, self.inner, self.scalar)
+
+
+class KeyNotStored(KeyError):
+    """A requested (key, field) has no value in the store."""
+
+
+class RaggedStore:
+    """Rows addressed by non-negative integer keys; per field, variable-length tensor rows or objects.
+
+    ``put(keys, {field: Column})`` writes those fields of those rows (creating the rows, or
+    overwriting the fields); ``get(keys, fields)`` returns one Column per field, rows in the
+    order of ``keys``, and raises ``KeyNotStored`` naming the first missing (key, field);
+    ``clear(keys)`` forgets rows. A field keeps the dtype, inner shape and scalar-ness of its
+    first write; a later write that differs is refused with the field named.
+    """
+
+    def __init__(self, slots: int = 1024):
+        self._slot_of = np.full(slots, -1, dtype=np.int64)   # key -> slot (-1: absent); keys are dense ints
+        self._free = np.arange(slots - 1, -1, -1, dtype=np.int64)  # a stack: the top is _free[_nfree - 1]
+        self._nfree = slots
+        self._slots = slots
+        self._tensors: dict[str, _TensorField] = {}
+        self._objects: dict[str, np.ndarray] = {}
+        self._object_set: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self._slots - self._nfree
+
+    @property
+    def fields(self) -> list[str]:
+        return [*self._tensors, *self._objects]
+
+    def nbytes(self) -> int:
+        """Bytes held by tensor arenas and slot tables (object fields not counted)."""
+        return sum(f.arena.nbytes + 3 * f.start.nbytes for f in self._tensors.values()) + self._slot_of.nbytes
+
+    # ------------------------------------------------------------------ keys
+    def _check_keys(self, keys) -> np.ndarray:
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if keys.size and keys.min() < 0:
+            raise ConfigError("keys", "non-negative integers", int(keys.min()), "pass TransferQueue's global indexes")
+        if np.unique(keys).size != keys.size:
+            raise ConfigError("keys", "distinct keys in one call", "a repeated key", "write each row once per call")
+        return keys
+
+    def _slots_for_write(self, keys: np.ndarray) -> np.ndarray:
+        if keys.size and keys.max() >= self._slot_of.size:
+            size = self._slot_of.size
+            while size <= keys.max():
+                size *= 2
+            self._slot_of = np.concatenate([self._slot_of, np.full(size - self._slot_of.size, -1, dtype=np.int64)])
+        slots = self._slot_of[keys]
+        new = np.nonzero(slots < 0)[0]
+        if new.size > self._nfree:
+            self._grow(self._slots + max(self._slots, new.size - self._nfree))
+        slots[new] = self._free[self._nfree - new.size:self._nfree][::-1]
+        self._nfree -= new.size
+        self._slot_of[keys[new]] = slots[new]
+        return slots
+
+    def _grow(self, slots: int) -> None:
+        free = np.empty(slots, dtype=np.int64)
+        added = slots - self._slots
+        free[:added] = np.arange(slots - 1, self._slots - 1, -1)
+        free[added:added + self._nfree] = self._free[:self._nfree]
+        self._free, self._nfree = free, self._nfree + added
+        for f in self._tensors.values():
+            f.grow_slots(slots)
+        for name in self._objects:
+            pad = slots - self._slots
+            self._objects[name] = np.concatenate([self._objects[name], np.empty(pad, dtype=object)])
+            self._object_set[name] = np.concatenate([self._object_set[name], np.zeros(pad, dtype=bool)])
+        self._slots = slots
+
+    def _slots_for_read(self, keys: np.ndarray) -> np.ndarray:
+        inside = keys < self._slot_of.size
+        slots = np.full(keys.size, -1, dtype=np.int64)
+        slots[inside] = self._slot_of[keys[inside]]
+        if (slots < 0).any():
+            raise KeyNotStored(f"key {int(keys[np.argmax(slots < 0)])} is not stored")
+        return slots
+
+    # ------------------------------------------------------------ operations
+    def put(self, keys, columns: dict[str, Column]) -> None:
+        keys = self._check_keys(keys)
+        for name, col in columns.items():   # every check before any write: a refused put changes nothing
+            if col.rows != keys.size:
+                raise ConfigError(f"columns[{name!r}]", f"{keys.size} rows (one per key)", col.rows,
+                                  "give every field one row per key")
+            if col.kind == "tensor":
+                f = self._tensors.get(name)
+                if name in self._objects or (f is not None and (f.dtype, f.inner, f.scalar) != (col.dtype, col.inner, col.scalar)):
+                    was = "objects" if f is None else f"{f.dtype} rows of inner shape {f.inner}" + (" (scalars)" if f.scalar else "")
+                    raise ConfigError(f"field {name!r}", was, f"{col.dtype} rows of inner shape {col.inner}"
+                                      + (" (scalars)" if col.scalar else ""),
+                                      "write a field with one dtype and inner shape, or use a new field name")
+                if int(col.nbytes.sum()) != col.data.size:
+                    raise ConfigError(f"columns[{name!r}].nbytes", f"sum equal to the data's {col.data.size} bytes",
+                                      int(col.nbytes.sum()), "build the Column with its rows' byte counts")
+            elif name in self._tensors:
+                raise ConfigError(f"field {name!r}", "tensor rows", "objects", "use a new field name")
+        slots = self._slots_for_write(keys)
+        for name, col in columns.items():
+            if col.kind == "tensor":
+                f = self._tensors.get(name)
+                if f is None:
+                    f = self._tensors[name] = _TensorField(col.dtype, col.inner, col.scalar, self._slots)
+                f.write(slots, col)
+            else:
+                if name not in self._objects:
+                    self._objects[name] = np.empty(self._slots, dtype=object)
+                    self._object_set[name] = np.zeros(self._slots, dtype=bool)
+                self._objects[name][slots] = col.data
+                self._object_set[name][slots] = True
+
+    def get(self, keys, fields) -> dict[str, Column]:
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        slots = self._slots_for_read(keys)
+        out = {}
+        for name in fields:
+            if name in self._tensors:
+                f = self._tensors[name]
+                missing = f.start[slots] < 0
+                col = None if missing.any() else f.read(slots)
+            elif name in self._objects:
+                missing = ~self._object_set[name][slots]
+                col = None if missing.any() else Column("object", self._objects[name][slots])
+            else:
+                missing = np.ones(keys.size, dtype=bool)
+                col = None
+            if col is None:
+                raise KeyNotStored(f"field {name!r} of key {int(keys[np.argmax(missing)])} is not stored")
+            out[name] = col
+        return out
+
+    def clear(self, keys) -> int:
+        """Forget the rows of ``keys`` (absent keys are ignored); returns how many were stored."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        keys = keys[(keys >= 0) & (keys < self._slot_of.size)]
+        slots = self._slot_of[keys]
+        held = slots >= 0
+        keys, slots = keys[held], slots[held]
+        for f in self._tensors.values():
+            f.drop(slots)
+        for name in self._objects:
+            self._objects[name][slots] = None
+            self._object_set[name][slots] = False
+        self._slot_of[keys] = -1
+        self._free[self._nfree:self._nfree + slots.size] = slots
+        self._nfree += slots.size
+        return int(slots.size)
