@@ -1,0 +1,244 @@
+"""Conduit as a TransferQueue storage backend: ``transfer_queue.backend.storage_backend=Conduit``.
+
+verl's V1 trainer moves every stage's columns through TransferQueue (TQ): a stage puts a
+TensorDict for some rows (TQ's global indexes), a later stage gets some fields of some rows.
+TQ's default backend, SimpleStorage, keeps each row's value of each field as its own object in
+storage-unit actors, sends them per row over ZMQ and re-packs them per row into nested tensors
+on every get. Here the storage units are Ray actors holding a ``conduit_core.ragged.RaggedStore``:
+each field one flat arena, a batch written with one copy per field and read with one gather per
+field; rows travel as one byte array per field plus per-row lengths, and a get rebuilds jagged
+tensors from offsets, with no per-row Python on tensor fields.
+
+What a get returns is what SimpleStorage returns for the same puts (checked row for row in
+``tests/verl/test_tq_backend.py``): a field whose rows are single elements comes back stacked
+(``[B]``); any other tensor field as a jagged nested tensor (ragged along each row's first
+dimension); other values as a ``NonTensorStack``. A missing (row, field) raises TQ's
+``StorageKeyNotFoundError``, as SimpleStorage's does.
+
+Registered with TQ's two registries (``StorageBootstrapProvider`` makes the units at
+``tq.init``; ``StorageManagerFactory`` makes each process's client-side manager) when this
+module is imported; ``conduit_verl.plugin`` imports it right after ``transfer_queue`` is
+imported, in every process where verl is imported. Config (``transfer_queue.backend.Conduit``):
+``num_storage_units`` (default 1), ``slots`` (initial rows per unit, grows), and
+``unit_names``, written by the bootstrap for the clients to find the units.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+from transfer_queue.metadata import BatchMeta, extract_field_schema
+from transfer_queue.storage.bootstrap.provider import StorageBootstrapProvider
+from transfer_queue.storage.managers.base import StorageManager, StorageManagerFactory
+
+from conduit_core.errors import ConfigError
+from conduit_core.ragged import Column, KeyNotStored, RaggedStore
+
+BACKEND = "Conduit"
+NAMESPACE = "conduit_tq"
+
+
+# ----------------------------------------------------------------------------- storage unit
+@ray.remote(num_cpus=0)
+class ConduitStorageUnit:
+    """One shard of the store: a RaggedStore behind a Ray actor (one call per batch, any node)."""
+
+    def __init__(self, slots: int = 1024):
+        self.store = RaggedStore(slots=slots)
+
+    def put(self, keys: np.ndarray, columns: dict[str, Column]) -> int:
+        self.store.put(keys, columns)
+        return len(self.store)
+
+    def get(self, keys: np.ndarray, fields: list[str]) -> dict[str, Column]:
+        return self.store.get(keys, fields)
+
+    def clear(self, keys: np.ndarray) -> int:
+        return self.store.clear(keys)
+
+    def stats(self) -> dict:
+        return {"rows": len(self.store), "nbytes": self.store.nbytes(), "fields": self.store.fields}
+
+
+@StorageBootstrapProvider.register_provider(BACKEND)
+def initialize_conduit_storage(conf) -> dict[str, Any]:
+    """Called by ``tq.init`` in the process that starts TQ: makes the units and records their
+    names in the config the controller hands to every client."""
+    cfg = conf.backend.get(BACKEND) or {}
+    units = int(cfg.get("num_storage_units", 1))
+    if units < 1:
+        raise ConfigError("transfer_queue.backend.Conduit.num_storage_units", ">= 1", units,
+                          "use at least one storage unit")
+    slots = int(cfg.get("slots", 1024))
+    handles, names = {}, []
+    for rank in range(units):
+        name = f"ConduitStorageUnit#{rank}"
+        handles[name] = ConduitStorageUnit.options(name=name, namespace=NAMESPACE, get_if_exists=True).remote(slots)
+        names.append(name)
+    ray.get([h.stats.remote() for h in handles.values()])  # up before the first client needs them
+    if BACKEND not in conf.backend:
+        conf.backend[BACKEND] = {}
+    conf.backend[BACKEND].unit_names = names
+    return handles
+
+
+def shutdown_units(names: list[str] | None = None) -> None:
+    """Kill the storage units (TQ's ``close()`` shuts down SimpleStorage's units only)."""
+    names = names if names is not None else [n for n in _named_units()]
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+        except ValueError:
+            pass
+
+
+def _named_units() -> list[str]:
+    from ray.util import list_named_actors
+    return [a["name"] for a in list_named_actors(all_namespaces=True)
+            if a.get("namespace") == NAMESPACE and a["name"].startswith("ConduitStorageUnit#")]
+
+
+# ----------------------------------------------------------------------------- columns <-> values
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _bytes_of(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+
+
+def encode(name: str, value: Any, rows: int) -> Column:
+    """One field of a put, as a Column (rows in batch order)."""
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        if value.layout == torch.jagged and value._ragged_idx == 1:
+            values, offsets = value.values(), value.offsets().cpu().numpy()
+            lengths = np.diff(offsets).astype(np.int64)
+            inner = tuple(values.shape[1:])
+            per = math.prod(inner) * values.element_size()
+            return Column("tensor", _bytes_of(values), lengths * per, lengths, _dtype_name(values.dtype), inner)
+        value = list(value.unbind())                   # strided nested: rows as tensors, below
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 or value.shape[0] != rows:
+            raise ConfigError(f"data[{name!r}]", f"a batch of {rows} rows", tuple(value.shape),
+                              "put one row per global index")
+        if value.dim() == 1:
+            return Column("tensor", _bytes_of(value), np.full(rows, value.element_size(), np.int64),
+                          np.ones(rows, np.int64), _dtype_name(value.dtype), (), scalar=True)
+        per = math.prod(value.shape[1:]) * value.element_size()
+        return Column("tensor", _bytes_of(value), np.full(rows, per, np.int64),
+                      np.full(rows, value.shape[1], np.int64), _dtype_name(value.dtype), tuple(value.shape[2:]))
+    items = value.tolist() if isinstance(value, NonTensorStack) else list(value)
+    if len(items) != rows:
+        raise ConfigError(f"data[{name!r}]", f"{rows} values", len(items), "put one value per global index")
+    if items and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in items):
+        first = items[0]
+        if all(v.dtype == first.dtype and v.shape[1:] == first.shape[1:] for v in items):
+            lengths = np.array([v.shape[0] for v in items], np.int64)
+            per = math.prod(first.shape[1:]) * first.element_size()
+            data = _bytes_of(torch.cat([v.reshape(v.shape[0], *first.shape[1:]) for v in items]))
+            return Column("tensor", data, lengths * per, lengths, _dtype_name(first.dtype), tuple(first.shape[1:]))
+    objects = np.empty(rows, dtype=object)
+    for i, v in enumerate(items):
+        objects[i] = v
+    return Column("object", objects)
+
+
+def decode(col: Column) -> Any:
+    """A get's field from its Column: what SimpleStorage's re-packing gives for the same rows."""
+    if col.kind == "object":
+        items = list(col.data)
+        if items and all(isinstance(v, torch.Tensor) for v in items):   # rows ragged in 2+ dims
+            return torch.nested.as_nested_tensor(items, layout=torch.strided)
+        return NonTensorStack(*items)
+    data = np.require(col.data, requirements="W")     # Ray hands back read-only views
+    flat = torch.from_numpy(data).view(getattr(torch, col.dtype))
+    if col.scalar:
+        return flat
+    values = flat.view(int(col.lengths.sum()), *col.inner)
+    offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(col.lengths)]).astype(np.int64))
+    return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+def _concat(cols: list[Column]) -> Column:
+    if len(cols) == 1:
+        return cols[0]
+    c0 = cols[0]
+    if c0.kind == "object":
+        return Column("object", np.concatenate([c.data for c in cols]))
+    return Column("tensor", np.concatenate([c.data for c in cols]), np.concatenate([c.nbytes for c in cols]),
+                  np.concatenate([c.lengths for c in cols]), c0.dtype, c0.inner, c0.scalar)
+
+
+# ----------------------------------------------------------------------------- manager
+@StorageManagerFactory.register(BACKEND)
+class ConduitStorageManager(StorageManager):
+    """The client side (one per process that holds a TQ client): routes rows to units by
+    ``global_index % units``, one actor call per unit per operation."""
+
+    def __init__(self, controller_info, config, zmq_context=None):
+        super().__init__(controller_info, config, zmq_context=zmq_context)
+        names = list((config or {}).get("unit_names") or [])
+        if not names:
+            raise ConfigError("transfer_queue.backend.Conduit.unit_names", "the units' names (set by tq.init)",
+                              "none", "initialise TransferQueue with storage_backend=Conduit before making clients")
+        self.units = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+
+    def _route(self, global_indexes) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        keys = np.asarray(global_indexes, dtype=np.int64)
+        if len(self.units) == 1:
+            return [(0, np.arange(keys.size), keys)]
+        unit = keys % len(self.units)
+        return [(u, pos, keys[pos]) for u in range(len(self.units)) if (pos := np.nonzero(unit == u)[0]).size]
+
+    async def put_data(self, data: TensorDict, metadata: BatchMeta, data_parser=None) -> None:
+        if data_parser is not None:
+            raise ConfigError("data_parser", "None", type(data_parser).__name__,
+                              "parse before the put: TQ supports data_parser on SimpleStorage only")
+        rows = metadata.size
+        if rows == 0:
+            return
+        columns = {name: encode(name, data[name], rows) for name in data.keys()}
+        routes = self._route(metadata.global_indexes)
+        refs = []
+        for u, pos, keys in routes:
+            part = columns if len(routes) == 1 else {n: c.select(pos) for n, c in columns.items()}
+            refs.append(self.units[u].put.remote(keys, part))
+        await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
+        await self.notify_data_update(metadata.partition_ids[0], list(metadata.global_indexes),
+                                      extract_field_schema(data))
+
+    async def get_data(self, metadata: BatchMeta) -> TensorDict:
+        if metadata.size == 0:
+            return TensorDict({}, batch_size=0)
+        fields = list(metadata.field_names)
+        routes = self._route(metadata.global_indexes)
+        refs = [self.units[u].get.remote(keys, fields) for u, _, keys in routes]
+        try:
+            parts = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
+        except Exception as exc:
+            cause = getattr(exc, "cause", exc)
+            if isinstance(cause, KeyNotStored) or isinstance(exc, KeyNotStored):
+                from transfer_queue.storage.simple_storage import StorageKeyNotFoundError
+                raise StorageKeyNotFoundError(str(cause)) from exc
+            raise
+        order = None
+        if len(routes) > 1:  # units' rows back into the batch's order
+            order = np.argsort(np.concatenate([pos for _, pos, _ in routes]), kind="stable")
+        out = {}
+        for name in fields:
+            col = _concat([p[name] for p in parts])
+            out[name] = decode(col if order is None else col.select(order))
+        return TensorDict(out, batch_size=metadata.size)
+
+    async def clear_data(self, metadata: BatchMeta) -> None:
+        if metadata.size == 0:
+            return
+        refs = [self.units[u].clear.remote(keys) for u, _, keys in self._route(metadata.global_indexes)]
+        await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])

@@ -1,0 +1,131 @@
+"""Conduit as TransferQueue's storage backend: for the same puts, every get returns what TQ's own
+SimpleStorage returns, row for row, type for type (jagged / stacked / non-tensor), in one Ray
+session, through TQ's public key-value API (what verl's V1 trainer calls)."""
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transfer_queue", reason="needs verl[verl-core] (TransferQueue)")
+
+import ray  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from tensordict import NonTensorStack, TensorDict  # noqa: E402
+
+import transfer_queue as tq  # noqa: E402
+from conduit_verl import tq_backend  # noqa: E402  (registers the backend)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=4, include_dashboard=False, address="local", _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def rollout(rng, keys, width=12):
+    n = len(keys)
+    lens = rng.integers(1, width, n)
+    return TensorDict({
+        "responses": torch.nested.nested_tensor([torch.from_numpy(rng.integers(0, 1000, l)) for l in lens],
+                                                layout=torch.jagged),
+        "hidden": torch.nested.nested_tensor([torch.from_numpy(rng.random((l, 3), dtype=np.float32)) for l in lens],
+                                             layout=torch.jagged),
+        "input_ids": torch.from_numpy(rng.integers(0, 1000, (n, 8))),
+        "attention_mask": torch.from_numpy(rng.random((n, 8)) < 0.8),
+        "pixel": torch.from_numpy(rng.random((n, 2, 3), dtype=np.float32)).to(torch.bfloat16),
+        "scores": torch.from_numpy(rng.random(n).astype(np.float32)),
+        "data_source": NonTensorStack(*[f"src{k}" for k in keys]),
+        "extra": NonTensorStack(*[{"k": k, "lens": int(l)} for k, l in zip(keys, lens)]),
+    }, batch_size=n)
+
+
+def script(backend: str, units: int) -> list:
+    """What a trainer does: a rollout put, stages adding fields to some rows, gets in several
+    orders and subsets, a clear. Returns every get's result."""
+    conf = OmegaConf.create({"backend": {"storage_backend": backend,
+                                         "SimpleStorage": {"num_data_storage_units": units},
+                                         "Conduit": {"num_storage_units": units, "slots": 4}}})
+    tq.init(conf)
+    try:
+        rng = np.random.default_rng(0)
+        keys = [f"uid{i}" for i in range(10)]
+        got = []
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=rollout(rng, keys))
+        tq.kv_batch_put(keys=keys[:4], partition_id="train",  # a later stage, some rows
+                        fields=TensorDict({"old_log_probs": torch.from_numpy(rng.random((4, 5), dtype=np.float32))},
+                                          batch_size=4))
+        tq.kv_batch_put(keys=keys[4:], partition_id="train",
+                        fields=TensorDict({"old_log_probs": torch.from_numpy(rng.random((6, 5), dtype=np.float32))},
+                                          batch_size=6))
+        got.append(tq.kv_batch_get(keys=keys, partition_id="train"))
+        got.append(tq.kv_batch_get(keys=keys[::-1], partition_id="train", select_fields=["responses", "scores"]))
+        got.append(tq.kv_batch_get(keys=[keys[7], keys[2], keys[5]], partition_id="train",
+                                   select_fields=["hidden", "extra", "pixel"]))
+        tq.kv_batch_put(keys=keys[:3], partition_id="train", fields=rollout(rng, keys[:3], width=30))  # overwrite
+        got.append(tq.kv_batch_get(keys=keys[:5], partition_id="train", select_fields=["responses", "hidden"]))
+        more = [f"uid{i}" for i in range(10, 40)]  # grows the units past their initial slots
+        tq.kv_batch_put(keys=more, partition_id="val", fields=rollout(rng, more))
+        got.append(tq.kv_batch_get(keys=more[::3], partition_id="val", select_fields=["responses", "data_source"]))
+        tq.kv_clear(keys=keys[:5], partition_id="train")
+        got.append(tq.kv_batch_get(keys=keys[5:], partition_id="train", select_fields=["input_ids", "old_log_probs"]))
+        return got
+    finally:
+        tq.close()
+        if backend == "Conduit":
+            tq_backend.shutdown_units()
+
+
+def assert_same(a: TensorDict, b: TensorDict, where: str) -> None:
+    assert sorted(a.keys()) == sorted(b.keys()), where
+    for k in a.keys():
+        x, y = a[k], b[k]
+        assert type(x) is type(y), (where, k, type(x), type(y))
+        if isinstance(x, torch.Tensor):
+            assert x.is_nested == y.is_nested and x.dtype == y.dtype, (where, k)
+            if x.is_nested:
+                assert x.layout == y.layout, (where, k)
+                rows_x, rows_y = x.unbind(), y.unbind()
+                assert len(rows_x) == len(rows_y)
+                assert all(p.shape == q.shape and torch.equal(p, q) for p, q in zip(rows_x, rows_y)), (where, k)
+            else:
+                assert x.shape == y.shape and torch.equal(x, y), (where, k)
+        else:
+            assert list(x) == list(y), (where, k)
+
+
+@pytest.mark.parametrize("units", [1, 3])
+def test_every_get_equals_simple_storage_row_for_row(units):
+    native, conduit = script("SimpleStorage", units), script("Conduit", units)
+    assert len(native) == len(conduit)
+    for i, (a, b) in enumerate(zip(native, conduit)):
+        assert_same(a, b, f"get {i}")
+
+
+def test_a_missing_row_is_key_not_found_as_on_simple_storage():
+    from transfer_queue.storage.simple_storage import StorageKeyNotFoundError
+
+    conf = OmegaConf.create({"backend": {"storage_backend": "Conduit", "Conduit": {"num_storage_units": 1}}})
+    tq.init(conf)
+    try:
+        client = tq.get_client()
+        manager = client.storage_manager
+        assert isinstance(manager, tq_backend.ConduitStorageManager)
+        unit = manager.units[0]
+        rows = tq_backend.encode("x", torch.arange(6).view(3, 2), 3)
+        ray.get(unit.put.remote(np.array([5, 6, 7]), {"x": rows}))
+        with pytest.raises(Exception) as err:
+            ray.get(unit.get.remote(np.array([5, 9]), ["x"]))
+        assert "key 9 is not stored" in str(err.value)
+
+        class Meta:  # the parts of BatchMeta the manager reads
+            size, global_indexes, field_names, partition_ids = 2, [5, 9], ["x"], ["p"]
+        with pytest.raises(StorageKeyNotFoundError, match="key 9"):
+            client._run_coroutine(manager.get_data(Meta()))
+    finally:
+        tq.close()
+        tq_backend.shutdown_units()
