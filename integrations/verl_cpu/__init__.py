@@ -8,10 +8,10 @@ modules named in `VERL_USE_EXTERNAL_MODULES` (verl/__init__.py:49-52), and `run.
     run.py ──builds──> assets.py (tiny Qwen2, byte-level tokenizer, parquet) + reward.py
        │
        └─launches──> python -m verl.trainer.main_ppo <overrides>
-                        every process: import verl -> plugin.py -> platform.py (CPU platform, gloo)
+                        every process: import verl -> plugin.py -> cpu_platform.py (CPU platform, gloo)
                                                               └-> hf_rollout.py (rollout "hf")
 
-Modules: `platform` (CPU platform for verl's platform layer), `hf_rollout` (a CPU rollout server
+Modules: `cpu_platform` (CPU platform for verl's platform layer), `hf_rollout` (a CPU rollout server
 plus the adapter the actor worker uses to push weights), `assets` (model, tokenizer, dataset),
 `reward` (arithmetic partial-credit score), `overrides` (the Hydra overrides, each with its reason),
 `metrics` (verl's per-step metrics -> JSON lines), `run` (one command).

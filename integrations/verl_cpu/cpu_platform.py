@@ -49,8 +49,8 @@ class CPUDeviceModule(types.ModuleType):
         return True
 
     @staticmethod
-    def current_device() -> int:
-        return 0
+    def current_device() -> str:
+        return "cpu"
 
     @staticmethod
     def device_count() -> int:
@@ -133,8 +133,10 @@ def _platform_class():
         def is_platform_available(self, use_smi_check: bool = False) -> bool:
             return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME
 
-        def current_device(self) -> int:
-            return 0
+        def current_device(self) -> str:
+            # A string on purpose: verl moves tensors with `.to(get_device_id())`
+            # (e.g. workers/engine/fsdp/transformer_impl.py:730,935) and `.to(0)` means cuda:0.
+            return "cpu"
 
         def device_count(self) -> int:
             return 1

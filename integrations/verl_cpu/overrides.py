@@ -1,0 +1,97 @@
+"""The environment and Hydra overrides that make `python -m verl.trainer.main_ppo` run GRPO on CPU.
+
+Each entry says why it is there (verl 0.9.1, paths under verl/). Extra overrides given to run.py are
+appended after these, so Hydra lets them win (e.g. `transfer_queue.backend.storage_backend=<name>`,
+`trainer.v1.trainer_mode=<mode>`, `trainer.use_v1=False`).
+"""
+
+from __future__ import annotations
+
+from integrations.verl_cpu.assets import Assets
+
+PLUGIN_MODULE = "integrations.verl_cpu.plugin"
+
+
+def environment() -> dict[str, str]:
+    return {
+        # verl/__init__.py:49 imports it in every process: CPU platform + "hf" rollout.
+        "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
+        # platform_manager.py:95: pick the "cpu" platform in processes that ask before the plugin runs.
+        "VERL_PLATFORM": "cpu",
+        # FSDP engines are registered for cuda/npu only (workers/engine/fsdp/transformer_impl.py:1143,
+        # "No engine registered for device='cpu'"); base.py:405 lets this pick the (device-agnostic) class.
+        "VERL_ENGINE_DEVICE": "cuda",
+        # Hub look-ups fail at once instead of retrying for ~46 s; no hub is reachable.
+        "HF_HUB_OFFLINE": "1",
+        "RAY_AUTH_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def hydra_overrides(assets: Assets, *, run_dir: str, seed: int, steps: int) -> list[str]:
+    return [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        # data: 4 prompts per step, prompts <= 32 tokens (ChatML framing is 19), responses <= 16
+        f"data.train_files={assets.train_files}",
+        f"data.val_files={assets.val_files}",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=32",
+        "data.max_response_length=16",
+        "data.filter_overlong_prompts=True",
+        "data.dataloader_num_workers=0",
+        f"data.seed={seed}",
+        # model: the tiny random Qwen2; no flash-attn on CPU (workers/config/model.py:185 defaults to
+        # flash_attention_2), no fused/rmpad kernels, nothing compiled.
+        f"actor_rollout_ref.model.path={assets.model_dir}",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        # actor: FSDP1 wants device params (sync_module_states=True, transformer_impl.py:444); FSDP2 runs
+        # on CPU with gloo. fp32 params: bf16 matmuls are slow on CPU and round differently.
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+        "actor_rollout_ref.actor.fsdp_config.full_determinism=True",
+        f"actor_rollout_ref.actor.fsdp_config.seed={seed}",
+        "actor_rollout_ref.actor.use_torch_compile=False",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        # rollout: the CPU server in hf_rollout.py, n=2 per prompt, seeded per request.
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "actor_rollout_ref.rollout.full_determinism=True",
+        f"actor_rollout_ref.rollout.seed={seed}",
+        # one agent-loop worker and one reward worker (each default is 8 Ray actors)
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        f"reward.custom_reward_function.path={assets.reward_path}",
+        "reward.custom_reward_function.name=compute_score",
+        # trainer: CPU, one fake GPU slot, `steps` iterations, no validation or checkpoints.
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.total_epochs=1",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+        "trainer.logger=[console,file]",
+        "trainer.project_name=conduit_verl_cpu",
+        f"trainer.experiment_name=seed{seed}",
+        f"trainer.default_local_dir={run_dir}/checkpoints",
+        # Ray: worker groups demand accelerator slots (single_controller/ray/base.py:148,210,241,
+        # "Total available GPUs 0 ..."): fake one. TransferQueue's controller and each storage unit
+        # hold a CPU and verl defaults to 8 units: with fewer CPUs `pg.ready()` hangs forever.
+        "+ray_kwargs.ray_init.num_gpus=1",
+        "ray_kwargs.ray_init.num_cpus=6",
+        "+ray_kwargs.ray_init.object_store_memory=1000000000",
+        f"+ray_kwargs.ray_init._temp_dir={run_dir}/ray",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    ]
