@@ -129,3 +129,15 @@ def test_a_missing_row_is_key_not_found_as_on_simple_storage():
     finally:
         tq.close()
         tq_backend.shutdown_units()
+
+
+def test_verl_entry_point_registers_the_backend_in_every_process_that_imports_verl():
+    import subprocess
+    import sys
+    code = ("import verl, transfer_queue\n"
+            "from transfer_queue.storage.managers.base import StorageManagerFactory as F\n"
+            "from transfer_queue.storage.bootstrap.provider import StorageBootstrapProvider as P\n"
+            "print('conduit', 'Conduit' in F._registry, P.get_provider('Conduit') is not None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "conduit True True" in out.stdout
