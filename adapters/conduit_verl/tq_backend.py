@@ -150,6 +150,30 @@ def encode(name: str, value: Any, rows: int) -> Column:
     return Column("object", objects)
 
 
+def field_schema(data: TensorDict, columns: dict[str, Column]) -> dict[str, dict[str, Any]]:
+    """TQ's ``extract_field_schema(data)``, equal to it, from the columns already built: TQ's
+    version unbinds every nested field row by row to list the rows' shapes."""
+    schema = {}
+    for name, col in columns.items():
+        value = data[name] if col.kind == "tensor" else None
+        if col.kind == "object":
+            raw = data.get(name)
+            if isinstance(raw, torch.Tensor) or (len(col.data) and isinstance(col.data[0], torch.Tensor)):
+                # tensor rows ragged in 2+ dims: TQ's own row-by-row walk, as it would do
+                schema.update(extract_field_schema(TensorDict({name: raw}, batch_size=data.batch_size)))
+                continue
+            schema[name] = {"dtype": None, "shape": None, "is_nested": False, "is_non_tensor": True}
+        elif not value.is_nested:
+            row = value.shape[1:] if value.dim() > 1 else torch.Size([1])
+            schema[name] = {"dtype": value.dtype, "shape": row, "is_nested": False, "is_non_tensor": False}
+        else:
+            lengths = col.lengths.tolist()
+            schema[name] = {"dtype": value.dtype, "shape": torch.Size((lengths[0], *col.inner)),
+                            "is_nested": True, "is_non_tensor": False,
+                            "per_sample_shapes": [(n, *col.inner) for n in lengths]}
+    return schema
+
+
 def decode(col: Column) -> Any:
     """A get's field from its Column: what SimpleStorage's re-packing gives for the same rows."""
     if col.kind == "object":
@@ -212,7 +236,7 @@ class ConduitStorageManager(StorageManager):
             refs.append(self.units[u].put.remote(keys, part))
         await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
         await self.notify_data_update(metadata.partition_ids[0], list(metadata.global_indexes),
-                                      extract_field_schema(data))
+                                      field_schema(data, columns))
 
     async def get_data(self, metadata: BatchMeta) -> TensorDict:
         if metadata.size == 0:

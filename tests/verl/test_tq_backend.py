@@ -141,3 +141,14 @@ def test_verl_entry_point_registers_the_backend_in_every_process_that_imports_ve
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "conduit True True" in out.stdout
+
+
+def test_field_schema_equals_transfer_queues_own():
+    from transfer_queue.metadata import extract_field_schema
+
+    rng = np.random.default_rng(3)
+    keys = [f"u{i}" for i in range(7)]
+    td = rollout(rng, keys)
+    td["strided"] = torch.nested.nested_tensor([torch.ones(i + 1, i + 2) for i in range(7)])  # ragged in 2 dims
+    columns = {n: tq_backend.encode(n, td[n] if n != "strided" else td.get(n), 7) for n in td.keys()}
+    assert tq_backend.field_schema(td, columns) == extract_field_schema(td)
