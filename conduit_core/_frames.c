@@ -104,9 +104,55 @@ static PyObject *gather_stacks(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* stack_links(flat u8[m, k*P], prev u8[k*P] or None, k, same bool[m], shift bool[m]):
+ * how each stack relates to the one before it (stack i-1, or `prev` for i = 0): equal
+ * (no new frame), shifted by one frame (one new frame), or neither. One memcmp each. */
+static PyObject *stack_links(PyObject *self, PyObject *args) {
+    PyObject *o_flat, *o_prev, *o_same, *o_shift;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "OOnOO", &o_flat, &o_prev, &k, &o_same, &o_shift)) return NULL;
+    if (k < 1) return PyErr_Format(PyExc_ValueError, "k: expected >= 1, got %zd", k);
+    Py_buffer fl, pv, sa, sh;
+    int has_prev = o_prev != Py_None;
+    if (get(o_flat, &fl, 1, 0, "flat") < 0) return NULL;
+    if (has_prev && get(o_prev, &pv, 1, 0, "prev") < 0) { PyBuffer_Release(&fl); return NULL; }
+    if (get(o_same, &sa, 1, 1, "same") < 0) { PyBuffer_Release(&fl); if (has_prev) PyBuffer_Release(&pv); return NULL; }
+    if (get(o_shift, &sh, 1, 1, "shift") < 0) {
+        PyBuffer_Release(&fl); if (has_prev) PyBuffer_Release(&pv); PyBuffer_Release(&sa); return NULL;
+    }
+    Py_ssize_t m = sa.len;
+    Py_ssize_t S = m ? fl.len / m : 0;          /* bytes per stack: k * P */
+    Py_ssize_t P = S / k;
+    const char *err = NULL;
+    if (sh.len != m || (m && (fl.len % m || S % k))) err = "flat must hold m stacks of k equal frames; same and shift m flags";
+    else if (has_prev && pv.len != S) err = "prev must be one stack";
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, err);
+    } else {
+        const uint8_t *f = (const uint8_t *)fl.buf;
+        const uint8_t *prev = has_prev ? (const uint8_t *)pv.buf : NULL;
+        uint8_t *same = (uint8_t *)sa.buf, *shift = (uint8_t *)sh.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < m; i++) {
+            const uint8_t *before = i ? f + (i - 1) * S : prev;
+            if (before == NULL) { same[i] = 0; shift[i] = 0; continue; }
+            const uint8_t *cur = f + i * S;
+            same[i] = memcmp(cur, before, (size_t)S) == 0;
+            shift[i] = k == 1 ? 1 : memcmp(cur, before + P, (size_t)(S - P)) == 0;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&fl); PyBuffer_Release(&sa); PyBuffer_Release(&sh);
+    if (has_prev) PyBuffer_Release(&pv);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"gather_stacks", gather_stacks, METH_VARARGS,
      "gather_stacks(frames, last_ids, k, k_last, lut, out): stacks in the field's layout, decoded through lut if given"},
+    {"stack_links", stack_links, METH_VARARGS,
+     "stack_links(flat, prev, k, same, shift): each stack equal to / shifted by one frame from the one before"},
     {NULL, NULL, 0, NULL},
 };
 

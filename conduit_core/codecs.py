@@ -21,6 +21,12 @@ import torch
 
 from .errors import CodecError, SpecError
 
+try:
+    from ._affine import decode_u8 as _c_decode_u8
+    from ._affine import quantize_u8 as _c_quantize_u8
+except ImportError:  # pragma: no cover - no C compiler where it was installed: the numpy route
+    _c_decode_u8 = _c_quantize_u8 = None
+
 if TYPE_CHECKING:  # pragma: no cover
     from .spec import FieldSpec
 
@@ -128,6 +134,8 @@ class AffineCodec(Codec):
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             return self._encode_torch(field, x)
         xn = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        if self.verify and xn.dtype == np.float32 and xn.flags.c_contiguous and self._native_ok():
+            return self._encode_native(field, xn)
         xf = xn if xn.dtype in (np.float32, np.float64) else xn.astype(np.float32)
         lo, hi = _INT_RANGES[self.stored]
         if self.divisor is not None:
@@ -138,13 +146,44 @@ class AffineCodec(Codec):
         if self.verify:
             back = self._decode_numpy(q, xn.dtype)
             if not np.array_equal(back, xn):
-                bad = tuple(np.argwhere(back != xn)[0].tolist())
-                raise CodecError(
-                    f"{field}: the affine codec ({self._formula()}) cannot represent value "
-                    f"{xn[bad]!r} at index {list(bad)} exactly (it would decode to {back[bad]!r}); the batch "
-                    "was rejected and nothing was stored. Fix: remove obs_codec / the field's codec, or "
-                    "choose the scale/divisor that produced the data.")
+                self._reject(field, xn, back, tuple(np.argwhere(back != xn)[0].tolist()))
         return torch.from_numpy(q)
+
+    def _native_ok(self) -> bool:
+        """Whether the one-pass C encode applies: uint8 storage, and a C decode equal to this
+        codec's lookup table for all 256 values, bit for bit (checked once per codec; a
+        power-of-two divisor decodes by multiplying with its reciprocal, the same 256 values)."""
+        if "_native_args" not in self.__dict__:
+            args = None
+            if _c_quantize_u8 is not None and self.stored == torch.uint8:
+                quantise = (True, self.divisor) if self.divisor is not None else (False, self.scale)
+                decodes = ([(True, 1.0 / self.divisor), (False, self.divisor)] if self.divisor is not None
+                           else [(True, self.scale)])
+                want = self._lut(torch.float32).view(np.uint32).tobytes()
+                for dmul, df in decodes:
+                    back = np.empty(256, dtype=np.float32)
+                    _c_decode_u8(np.arange(256, dtype=np.uint8), self.offset, dmul, df, back)
+                    if back.view(np.uint32).tobytes() == want:
+                        args = (self.offset, *quantise, dmul, df)
+                        break
+            self.__dict__["_native_args"] = args
+        return self.__dict__["_native_args"] is not None
+
+    def _encode_native(self, field, xn: np.ndarray):
+        """float32 -> uint8 with the exactness check, one pass in C: the same float32 operations
+        as the numpy route (so the same q), checked against the same decode."""
+        q = np.empty(xn.shape, dtype=np.uint8)
+        bad = _c_quantize_u8(xn, *self.__dict__["_native_args"], q)
+        if bad >= 0:
+            self._reject(field, xn, self._decode_numpy(q, xn.dtype), tuple(np.unravel_index(bad, xn.shape)))
+        return torch.from_numpy(q)
+
+    def _reject(self, field, xn, back, bad):
+        raise CodecError(
+            f"{field}: the affine codec ({self._formula()}) cannot represent value "
+            f"{xn[bad]!r} at index {[int(i) for i in bad]} exactly (it would decode to {back[bad]!r}); the batch "
+            "was rejected and nothing was stored. Fix: remove obs_codec / the field's codec, or "
+            "choose the scale/divisor that produced the data.")
 
     def _encode_torch(self, field, x):
         xf = x.to(torch.float32) if x.dtype != torch.float64 else x

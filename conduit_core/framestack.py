@@ -34,8 +34,9 @@ from .tiers import Tier, allocate
 
 try:
     from ._frames import gather_stacks as _c_gather_stacks
-except ImportError:  # pragma: no cover - no C compiler where it was installed: the numpy route below
-    _c_gather_stacks = None
+    from ._frames import stack_links as _c_stack_links
+except ImportError:  # pragma: no cover - no C compiler where it was installed: the numpy routes below
+    _c_gather_stacks = _c_stack_links = None
 
 
 class FrameStackCodec(Codec):
@@ -125,16 +126,18 @@ class FramePool:
         flat = stacks.reshape(m, k, -1)
         same = np.zeros(m, dtype=bool)
         shift = np.zeros(m, dtype=bool)
-        if m > 1:
-            same[1:] = (flat[1:] == flat[:-1]).all(axis=(1, 2))
-            if k > 1:
-                shift[1:] = (flat[1:, :-1] == flat[:-1, 1:]).all(axis=(1, 2))
-            else:
-                shift[1:] = True
+        prev = None
         if self.last_id >= 0 and self.last_id - k + 1 > self.cursor - self.capacity - 1:
             prev = self.read_stack(self.last_id).reshape(k, -1)
-            same[0] = bool((flat[0] == prev).all())
-            shift[0] = bool((flat[0, :-1] == prev[1:]).all()) if k > 1 else True
+        if _c_stack_links is not None and flat.dtype == np.uint8 and flat.flags.c_contiguous:
+            _c_stack_links(flat, prev, k, same, shift)   # one memcmp per stack and relation
+        else:
+            if m > 1:
+                same[1:] = (flat[1:] == flat[:-1]).all(axis=(1, 2))
+                shift[1:] = (flat[1:, :-1] == flat[:-1, 1:]).all(axis=(1, 2)) if k > 1 else True
+            if prev is not None:
+                same[0] = bool((flat[0] == prev).all())
+                shift[0] = bool((flat[0, :-1] == prev[1:]).all()) if k > 1 else True
         shift &= ~same
         n_new = np.where(same, 0, np.where(shift, 1, k))
         # Invariant: the last stack written always ends at frame cursor-1, so ids follow.

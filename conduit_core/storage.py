@@ -145,7 +145,8 @@ class ColumnarStorage:
         for pool in self.pools.values():
             codecs = [self.spec[f].codec for f in pool.fields]
             stacks = np.stack([frames_of(c, enc[f]) for c, f in zip(codecs, pool.fields)], axis=1)
-            stacks = stacks.reshape(n * len(pool.fields), *stacks.shape[2:])  # row-major: r0f0, r0f1, r1f0...
+            # row-major: r0f0, r0f1, r1f0...; one copy into C order (np.stack keeps the views' layout)
+            stacks = np.ascontiguousarray(stacks.reshape(n * len(pool.fields), *stacks.shape[2:]))
             last, sel, count = pool.plan(stacks)
             ids = last.reshape(n, len(pool.fields))
             for j, f in enumerate(pool.fields):

@@ -93,3 +93,45 @@ def test_buffer_with_codec_delivers_identical_floats_and_stores_less():
     assert b["obs"].dtype == torch.float32
     assert torch.equal(b["obs"], obs[seqs]) and torch.equal(b["next_obs"], nxt[seqs])
     assert spec.stored_bytes_per_transition * 3.5 < spec.bytes_per_transition
+
+
+CODECS = [AffineCodec.divide(128, offset=-1.0), AffineCodec.divide(255), AffineCodec.divide(3.0, offset=0.5),
+          AffineCodec(scale=1 / 255), AffineCodec(scale=0.1, offset=-2.0), AffineCodec(scale=2.0)]
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c._formula())
+@pytest.mark.parametrize("seed", range(4))
+def test_native_encode_equals_the_numpy_route_value_for_value(codec, seed, monkeypatch):
+    """The one-pass C encode (quantise + exactness check) accepts exactly what the numpy route
+    accepts, stores the same bytes, and rejects at the same first index: grid values, near
+    misses, out-of-range values, infinities, NaN and signed zeros."""
+    from conduit_core import codecs as codecs_module
+    rng = np.random.default_rng(seed)
+    grid = codec._lut(torch.float32)
+    x = grid[rng.integers(0, 256, (3, 17, 5))].copy()
+    if seed:  # plant one value the codec cannot represent, of a different kind per seed
+        bad = [np.nextafter(x[1, 3, 2], np.float32(np.inf)), np.float32(np.nan), np.float32(-np.inf)][seed - 1]
+        x[1, 3, 2] = bad
+    if seed == 3:
+        x[0, 0, 0] = -0.0 if grid[0] == 0 else x[0, 0, 0]
+
+    def encode(native: bool):
+        with monkeypatch.context() as m:
+            if not native:
+                m.setattr(codecs_module, "_c_quantize_u8", None)
+                codec.__dict__.pop("_native_args", None)
+            try:
+                return codec.encode("obs", x).numpy(), None
+            except CodecError as exc:
+                return None, str(exc)
+            finally:
+                codec.__dict__.pop("_native_args", None)
+
+    assert codecs_module._c_quantize_u8 is not None
+    (q_native, err_native), (q_numpy, err_numpy) = encode(True), encode(False)
+    assert (err_native is None) == (err_numpy is None)
+    if err_numpy is None:
+        assert np.array_equal(q_native, q_numpy)
+    else:
+        assert err_native == err_numpy  # same index, same value, same message
+    assert codec._native_ok()  # every codec above takes the C route here
