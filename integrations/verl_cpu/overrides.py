@@ -7,6 +7,8 @@ appended after these, so Hydra lets them win (e.g. `transfer_queue.backend.stora
 
 from __future__ import annotations
 
+import os
+
 from integrations.verl_cpu.assets import Assets
 
 PLUGIN_MODULE = "integrations.verl_cpu.plugin"
@@ -26,6 +28,9 @@ def environment() -> dict[str, str]:
         "RAY_AUTH_MODE": "disabled",
         "TOKENIZERS_PARALLELISM": "false",
     }
+
+
+SAMPLER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ordered_sampler.py")
 
 
 def hydra_overrides(assets: Assets, *, run_dir: str, seed: int, steps: int) -> list[str]:
@@ -48,9 +53,12 @@ def hydra_overrides(assets: Assets, *, run_dir: str, seed: int, steps: int) -> l
         "actor_rollout_ref.model.use_remove_padding=False",
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         # actor: FSDP1 wants device params (sync_module_states=True, transformer_impl.py:444); FSDP2 runs
-        # on CPU with gloo. fp32 params: bf16 matmuls are slow on CPU and round differently.
+        # on CPU with gloo. Compute in fp32 (FSDP's mixed precision defaults to bf16 params,
+        # transformer_impl.py:393): bf16 rounding turns any change of summation order into a 1e-4
+        # difference in loss and grad norm between same-seed runs, and bf16 matmuls are slow on CPU.
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
         "actor_rollout_ref.actor.fsdp_config.full_determinism=True",
         f"actor_rollout_ref.actor.fsdp_config.seed={seed}",
         "actor_rollout_ref.actor.use_torch_compile=False",
@@ -83,6 +91,10 @@ def hydra_overrides(assets: Assets, *, run_dir: str, seed: int, steps: int) -> l
         "trainer.save_freq=-1",
         "trainer.resume_mode=disable",
         "trainer.logger=[console,file]",
+        # rows of a batch in content order, not arrival order: same-seed runs equal to the bit
+        # (ordered_sampler.py). Pass `trainer.v1.sampler.custom_sampler.path=null` to use verl's own.
+        f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
+        "trainer.v1.sampler.custom_sampler.name=content_ordered_replay_buffer",
         "trainer.project_name=conduit_verl_cpu",
         f"trainer.experiment_name=seed{seed}",
         f"trainer.default_local_dir={run_dir}/checkpoints",
