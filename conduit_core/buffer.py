@@ -65,18 +65,22 @@ META_FIELDS = ("seq", "version", "source", "next_seq")  # per-slot metadata, one
 
 class OutputPool:
     """Reused host output arrays: a delivered batch stays valid for ``depth`` more
-    deliveries of the same shape. Avoids first-touch page faults on large gathers."""
+    deliveries of the same shape. Avoids first-touch page faults on large gathers, and
+    keeps each array's tensor view, so a delivery wraps no arrays."""
 
     def __init__(self, depth: int, layout: dict[str, tuple[tuple[int, ...], np.dtype]]):
         self.depth, self.layout = depth, layout
-        self._rings: dict[tuple, list[dict[str, np.ndarray]]] = {}
+        self._rings: dict[tuple, list[tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]]] = {}
         self._next: dict[tuple, int] = {}
 
-    def get(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+    def get(self, lead: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
+        """The next (arrays, their tensor views) for batches of leading shape ``lead``."""
         ring = self._rings.get(lead)
         if ring is None:
-            ring = self._rings[lead] = [{name: np.empty((*lead, *shape), dtype=dt)
-                                         for name, (shape, dt) in self.layout.items()} for _ in range(self.depth)]
+            ring = self._rings[lead] = []
+            for _ in range(self.depth):
+                arrays = {name: np.empty((*lead, *shape), dtype=dt) for name, (shape, dt) in self.layout.items()}
+                ring.append((arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}))
             self._next[lead] = 0
         i = self._next[lead]
         self._next[lead] = (i + 1) % self.depth
@@ -575,9 +579,9 @@ class ExperienceBuffer(EpisodeSampling):
                                                            samples=self._sampled, n=n), kind="sample")
 
     def _gather(self, slots: np.ndarray, device, fields=None) -> dict[str, torch.Tensor]:
-        out = None if self._out is None or fields is not None else self._out.get(slots.shape)
+        out, views = (None, None) if self._out is None or fields is not None else self._out.get(slots.shape)
         return self.storage.gather(slots, device=None if device is None else torch.device(device),
-                                   out=out, fields=fields)
+                                   out=out, out_tensors=views, fields=fields)
 
     def take(self, batch_size: int | None = None, *, policy_version: int | None = None,
              device=None, timeout: float | None = None, wait: bool = True) -> Batch:

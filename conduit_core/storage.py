@@ -117,6 +117,8 @@ class ColumnarStorage:
                 self.decoders[f.name] = None if f.codec.is_identity else f.codec
         # The hot path's plan, computed once: (name, numpy view or None, decoder or None, dtype)
         self._plan = [(f.name, self._np[f.name][0], self.decoders[f.name], f.dtype) for f in spec]
+        # every field a plain numpy column of one host shard: delivery is one take per field
+        self._plain_host = self._single_host and all(v is not None and d is None for _, v, d, _ in self._plan)
 
     def _make_pools(self) -> dict[str, FramePool]:
         groups: dict[str, list] = {}
@@ -228,15 +230,17 @@ class ColumnarStorage:
     # --------------------------------------------------------------- gather
     def gather(self, slots: np.ndarray, *, device: torch.device | None = None,
                out: Mapping[str, np.ndarray] | None = None,
-               fields: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+               fields: Sequence[str] | None = None,
+               out_tensors: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Decoded rows at ``slots`` (int64 array of any shape), on ``device`` (host if None).
 
         ``out`` optionally gives reused host output arrays of the stored shape, which
-        avoids first-touch page faults on large batches (the caller owns their lifetime).
+        avoids first-touch page faults on large batches (the caller owns their lifetime);
+        ``out_tensors``, their tensor views, spares wrapping them again.
         """
         target = device if device is not None else _CPU
         if self._single_host and slots.ndim == 1:
-            return self._gather_fast(slots, target, out, fields)
+            return self._gather_fast(slots, target, out, fields, out_tensors)
         names = list(fields if fields is not None else self.columns)
         remote = self._gather_remote(slots.reshape(-1), names) if self.actors else None
         route = None if self._single_host else _Route(self, slots.reshape(-1))  # once for every field
@@ -254,9 +258,15 @@ class ColumnarStorage:
             result[name] = stored if dec is None else dec.decode(stored, f.dtype)
         return result
 
-    def _gather_fast(self, slots: np.ndarray, target: torch.device, out, fields=None) -> dict[str, torch.Tensor]:
+    def _gather_fast(self, slots: np.ndarray, target: torch.device, out, fields=None,
+                     out_tensors=None) -> dict[str, torch.Tensor]:
         """One host shard, 1-D slots: one ``ndarray.take`` per field, nothing else (for a GPU
         target, into page-locked staging and on with an asynchronous copy)."""
+        if target.type == "cpu" and fields is None and out is not None and out_tensors is not None \
+                and self._plain_host:
+            for name, view, _, _ in self._plan:   # the hot path: reused outputs, no codec, no wrapping
+                view.take(slots, axis=0, out=out[name], mode="clip")
+            return dict(out_tensors)
         result = {}
         on_host = target.type == "cpu"
         staged = not on_host and self.shards[0].access != "mapped"
@@ -280,7 +290,11 @@ class ColumnarStorage:
             elif not on_host:
                 t = self._to_device(name, 0, slots, target)
             elif view is not None:
-                t = torch.from_numpy(view.take(slots, axis=0) if out is None else view.take(slots, axis=0, out=out[name], mode="clip"))
+                if out is None:
+                    t = torch.from_numpy(view.take(slots, axis=0))
+                else:
+                    view.take(slots, axis=0, out=out[name], mode="clip")
+                    t = out_tensors[name] if out_tensors is not None else torch.from_numpy(out[name])
             else:
                 t = torch.index_select(self.columns[name][0], 0, torch.from_numpy(slots))
             result[name] = t if codec is None else codec.decode(t, dtype)
@@ -404,6 +418,7 @@ class ColumnarStorage:
         self.columns = {}
         self._np = {}
         self._plan = []
+        self._plain_host = False
         for pool in self.pools.values():
             pool.close()
         for seg in self._segments:

@@ -70,3 +70,26 @@ def test_dotted_names_and_per_step_done_of_chunk_items():
     b = ExperienceBuffer(spec=SPEC, capacity=8, done_fields=("done",))
     b.add({k: np.concatenate([chunk(0)[k], chunk(1, done_last=True)[k], chunk(2)[k]]) for k in chunk(0)})
     assert len(b) == 3 and b.sample(2)["obs.obs"].shape == (2, T, 2)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 1000, 2**33 + 5])
+def test_uniform_draws_are_uniform_on_the_range(n):
+    """The C draws (Lemire's method on the bit generator) stay in [0, n) and are uniform:
+    a chi-square test over 20 equal bins (p > 1e-4), for small and large ranges."""
+    from scipy import stats
+
+    from conduit_core import selectors
+    assert selectors._c_uniform_ints is not None
+    x = selectors.uniform_ints(np.random.default_rng(n), n, 200_000)
+    assert x.dtype == np.int64 and x.min() >= 0 and x.max() < n
+    if n == 1:
+        assert not x.any()
+        return
+    bins = min(n, 20)
+    if n <= 1000:  # bins of unequal size: each bin's exact share of [0, n)
+        counts = np.bincount((x * bins) // n, minlength=bins)
+        share = np.bincount((np.arange(n) * bins) // n, minlength=bins) / n
+        assert stats.chisquare(counts, share * x.size).pvalue > 1e-4
+    else:          # near-equal bins of width n // bins + 1 (the last one 3 values short)
+        counts = np.bincount(x // (n // bins + 1), minlength=bins)
+        assert stats.chisquare(counts).pvalue > 1e-4
