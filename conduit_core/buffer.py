@@ -507,7 +507,8 @@ class ExperienceBuffer(EpisodeSampling):
             self._sampled += batch_size
             self._cond.notify_all()
             return Batch(data, slots=slots, seqs=self.meta["seq"][slots], versions=self.meta["version"][slots],
-                         weights=None if weights is None else torch.from_numpy(weights).to(device or "cpu"),
+                         weights=None if weights is None else (torch.from_numpy(weights) if device is None
+                                                               else torch.from_numpy(weights).to(device)),
                          inserted_at_selection=self._inserted)
 
     def _select(self, batch_size: int, beta: float | None):

@@ -273,3 +273,49 @@ class RaggedStore:
         self._free[self._nfree:self._nfree + slots.size] = slots
         self._nfree += slots.size
         return int(slots.size)
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict:
+        """Every stored row, packed (keys ascending; per field its rows' bytes, lengths and which
+        keys hold it): numpy arrays, lists and strings, for a checkpoint."""
+        keys = np.nonzero(self._slot_of >= 0)[0].astype(np.int64)
+        slots = self._slot_of[keys]
+        tensors = {}
+        for name, f in self._tensors.items():
+            held = f.start[slots] >= 0
+            col = f.read(slots[held])
+            tensors[name] = {"dtype": f.dtype, "inner": list(f.inner), "scalar": f.scalar, "held": held,
+                             "data": col.data, "nbytes": col.nbytes, "lengths": col.lengths}
+        objects = {name: {"held": self._object_set[name][slots], "values": list(vals[slots][self._object_set[name][slots]])}
+                   for name, vals in self._objects.items()}
+        return {"keys": keys, "tensors": tensors, "objects": objects}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "RaggedStore":
+        """A store holding what ``state()`` saved (the caller swaps it in: a failed load changes nothing)."""
+        keys = np.asarray(state["keys"], dtype=np.int64)
+        store = cls(slots=max(1024, int(keys.size)))
+        if keys.size:
+            store._slots_for_write(keys)                # every saved row, fields added below
+        slots = store._slot_of[keys] if keys.size else np.empty(0, np.int64)
+        for name, t in state["tensors"].items():
+            held = np.asarray(t["held"], dtype=bool)
+            col = Column("tensor", np.asarray(t["data"], dtype=np.uint8), np.asarray(t["nbytes"], np.int64),
+                         np.asarray(t["lengths"], np.int64), t["dtype"], tuple(t["inner"]), bool(t["scalar"]))
+            if held.shape != keys.shape or col.rows != int(held.sum()) or int(col.nbytes.sum()) != col.data.size:
+                raise ConfigError(f"state['tensors'][{name!r}]", "rows matching the saved keys", f"{col.rows} rows",
+                                  "load a state written by RaggedStore.state()")
+            f = store._tensors[name] = _TensorField(col.dtype, col.inner, col.scalar, store._slots)
+            f.write(slots[held], col)
+        for name, o in state["objects"].items():
+            held = np.asarray(o["held"], dtype=bool)
+            values = np.empty(int(held.sum()), dtype=object)
+            values[:] = [None] * values.size
+            for i, v in enumerate(o["values"]):
+                values[i] = v
+            store._objects[name] = np.empty(store._slots, dtype=object)
+            store._object_set[name] = np.zeros(store._slots, dtype=bool)
+            store._objects[name][slots[held]] = values
+            store._object_set[name][slots[held]] = True
+        return store
+

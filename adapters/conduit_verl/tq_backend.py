@@ -26,7 +26,11 @@ imported, in every process where verl is imported. Config (``transfer_queue.back
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import os
+import pickle
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +46,7 @@ from conduit_core.ragged import Column, KeyNotStored, RaggedStore
 
 BACKEND = "Conduit"
 NAMESPACE = "conduit_tq"
+UNITS_DIR, MANIFEST = "conduit_units", "manifest.json"
 
 
 # ----------------------------------------------------------------------------- storage unit
@@ -64,6 +69,21 @@ class ConduitStorageUnit:
 
     def stats(self) -> dict:
         return {"rows": len(self.store), "nbytes": self.store.nbytes(), "fields": self.store.fields}
+
+    def save(self, path: str) -> int:
+        """Write every stored row to ``path`` (written aside, then renamed: never half a file)."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(self.store.state(), f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+        return len(self.store)
+
+    def load(self, path: str) -> int:
+        """Replace the store by what ``save`` wrote; a file that cannot be read changes nothing."""
+        with open(path, "rb") as f:
+            store = RaggedStore.from_state(pickle.load(f))
+        self.store = store
+        return len(store)
 
 
 @StorageBootstrapProvider.register_provider(BACKEND)
@@ -266,3 +286,28 @@ class ConduitStorageManager(StorageManager):
             return
         refs = [self.units[u].clear.remote(keys) for u, _, keys in self._route(metadata.global_indexes)]
         await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
+
+    async def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """Each unit writes its rows to ``<checkpoint_dir>/conduit_units/unit_<i>.pkl``, then a
+        manifest names them (TQ's controller checkpoint holds the keys and fields)."""
+        folder = Path(checkpoint_dir) / UNITS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = [str(folder / f"unit_{i}.pkl") for i in range(len(self.units))]
+        refs = [u.save.remote(p) for u, p in zip(self.units, paths)]
+        rows = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
+        with open(folder / MANIFEST, "w") as f:
+            json.dump({"units": len(self.units), "rows": list(rows)}, f)
+
+    async def load_checkpoint(self, checkpoint_dir: str) -> None:
+        folder = Path(checkpoint_dir) / UNITS_DIR
+        manifest = folder / MANIFEST
+        if not manifest.exists():
+            raise FileNotFoundError(f"{manifest}: no Conduit storage checkpoint there. Fix: load a checkpoint "
+                                    "saved with transfer_queue.backend.storage_backend=Conduit")
+        saved = json.loads(manifest.read_text())
+        if saved["units"] != len(self.units):
+            raise ConfigError("transfer_queue.backend.Conduit.num_storage_units", saved["units"], len(self.units),
+                              "restore with as many storage units as the checkpoint was saved with")
+        refs = [u.load.remote(str(folder / f"unit_{i}.pkl")) for i, u in enumerate(self.units)]
+        await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
+

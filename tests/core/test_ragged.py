@@ -100,3 +100,25 @@ def test_select_picks_rows_in_the_order_given():
     rows = [np.full((n, 3), n, np.float32) for n in (1, 4, 0, 2)]
     col = tensor_column(rows).select(np.array([3, 0, 1]))
     assert [r.shape[0] for r in rows_of(col)] == [2, 1, 4] and list(col.lengths) == [2, 1, 4]
+
+
+def test_state_round_trip_keeps_every_row_and_field():
+    rng = np.random.default_rng(5)
+    store = RaggedStore(slots=4)
+    rows = {k: rng.random((int(rng.integers(0, 6)), 3), dtype=np.float32) for k in range(20)}
+    store.put(list(rows), {"tokens": tensor_column(list(rows.values()))})
+    store.put([3, 8, 11], {"tag": Column("object", np.array(["a", {"b": 1}, None], dtype=object))})
+    store.clear([4, 5])
+    restored = RaggedStore.from_state(store.state())
+    keys = [k for k in rows if k not in (4, 5)]
+    assert len(restored) == len(keys)
+    for k, r in zip(keys, rows_of(restored.get(keys, ["tokens"])["tokens"])):
+        assert np.array_equal(r, rows[k])
+    assert list(restored.get([3, 8, 11], ["tag"])["tag"].data) == ["a", {"b": 1}, None]
+    with pytest.raises(KeyNotStored):
+        restored.get([4], ["tokens"])
+    restored.put([100], {"tokens": tensor_column([rows[0]])})  # a restored store takes writes
+    bad = store.state()
+    bad["tensors"]["tokens"]["nbytes"] = bad["tensors"]["tokens"]["nbytes"][:-1]
+    with pytest.raises(ConfigError, match="saved keys"):
+        RaggedStore.from_state(bad)
