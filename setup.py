@@ -1,6 +1,7 @@
 """Builds the C helpers (conduit_core._sumtree: priority trees and n-step walks; conduit_core._frames:
 frame stacks out of a frame pool; conduit_core._segments: variable-length rows gathered;
-conduit_core._affine: the affine codec's encode in one pass; conduit_core._draws: uniform draws); everything else is in pyproject.toml.
+conduit_core._affine: the affine codec's encode in one pass; conduit_core._draws: uniform draws;
+conduit_core._scan: finite-value checks); everything else is in pyproject.toml.
 
 If no C compiler is available the build still succeeds and Conduit falls back to numpy
 (slower, same results).
@@ -28,6 +29,7 @@ setup(
     ext_modules=[Extension("conduit_core._sumtree", ["conduit_core/_sumtree.c"], extra_compile_args=["-O3"]),
                  Extension("conduit_core._frames", ["conduit_core/_frames.c"], extra_compile_args=["-O3"]),
                  Extension("conduit_core._segments", ["conduit_core/_segments.c"], extra_compile_args=["-O3"]),
+                 Extension("conduit_core._scan", ["conduit_core/_scan.c"], extra_compile_args=["-O3"]),
                  Extension("conduit_core._draws", ["conduit_core/_draws.c"], extra_compile_args=["-O3"]),
                  Extension("conduit_core._affine", ["conduit_core/_affine.c"], extra_compile_args=["-O3", "-ffp-contract=off", "-fno-trapping-math"])],
     cmdclass={"build_ext": OptionalBuildExt},

@@ -237,6 +237,12 @@ class ExperienceSpec:
         return int(n or 0), columns
 
 
+try:
+    from ._scan import all_finite as _c_all_finite
+except ImportError:  # pragma: no cover - no C compiler where it was installed
+    _c_all_finite = None
+
+
 def _check_finite(name: str, col) -> None:
     """Refuse NaN/inf: one reduction over the column (a finite sum means no NaN or inf);
     only a non-finite sum, overflow included, pays the exact element check."""
@@ -246,9 +252,13 @@ def _check_finite(name: str, col) -> None:
         bad = int(torch.nonzero(~torch.isfinite(col.reshape(col.shape[0], -1)).all(dim=1))[0])
         value = col.reshape(col.shape[0], -1)[bad][~torch.isfinite(col.reshape(col.shape[0], -1)[bad])][0].item()
     else:
-        with np.errstate(over="ignore", invalid="ignore"):
-            if np.isfinite(col.sum()) or np.isfinite(col).all():
+        if _c_all_finite is not None and col.dtype.kind == "f" and col.flags.c_contiguous:
+            if _c_all_finite(col):   # one read of the bits, in C
                 return
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                if np.isfinite(col.sum()) or np.isfinite(col).all():
+                    return
         flat = col.reshape(col.shape[0], -1)
         bad = int(np.flatnonzero(~np.isfinite(flat).all(axis=1))[0])
         value = flat[bad][~np.isfinite(flat[bad])][0]

@@ -135,3 +135,19 @@ def test_native_encode_equals_the_numpy_route_value_for_value(codec, seed, monke
     else:
         assert err_native == err_numpy  # same index, same value, same message
     assert codec._native_ok()  # every codec above takes the C route here
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_finite_scan_finds_every_kind_of_non_finite_value(dtype):
+    from conduit_core import spec as spec_module
+    assert spec_module._c_all_finite is not None
+    a = np.ones((101, 3), dtype)
+    assert spec_module._c_all_finite(a)
+    edge = np.array([np.finfo(dtype).max, -np.finfo(dtype).max, np.finfo(dtype).tiny, -0.0], dtype)
+    assert spec_module._c_all_finite(edge)  # the largest, smallest and signed-zero values are finite
+    for bad in (np.nan, np.inf, -np.inf):
+        b = a.copy()
+        b[77, 2] = bad
+        assert not spec_module._c_all_finite(b)
+        with pytest.raises(SpecError, match="row 77"):
+            spec_module._check_finite("obs", b)
