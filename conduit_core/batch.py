@@ -53,3 +53,20 @@ class Batch(dict):
         w = None if self.weights is None else self.weights.clone()
         return Batch(data, slots=self.slots.copy(), seqs=self.seqs.copy(), versions=self.versions.copy(),
                      weights=w, inserted_at_selection=self.inserted_at_selection)
+
+    def split(self, parts: int) -> list["Batch"]:
+        """``parts`` batches of equal size, rows in order (views, no copy): what data-parallel
+        learners each train on. The batch size must divide evenly (no learner gets a ragged part)."""
+        size = self.size
+        if parts < 1 or size % parts:
+            from .errors import ConfigError
+            raise ConfigError("parts", f"a divisor of the batch size {size}", parts,
+                              "sample a batch size that is a multiple of the number of learners")
+        step = size // parts
+        out = []
+        for i in range(parts):
+            rows = slice(i * step, (i + 1) * step)
+            out.append(Batch({k: v[rows] for k, v in self.items()}, slots=self.slots[rows], seqs=self.seqs[rows],
+                             versions=self.versions[rows], weights=None if self.weights is None else self.weights[rows],
+                             inserted_at_selection=self.inserted_at_selection))
+        return out

@@ -19,6 +19,9 @@ from .columns import RLLIB_COLUMNS
 from .replay_buffer import DeliveredBatch
 
 
+FIRST_SEQ_KEY = "conduit_first_seq"  # per learner: seq of the first row of the part it trained on
+
+
 class ConduitLearnerConnector(ConnectorV2):
     def __init__(self, *, inner: ConnectorV2, device, module_id: str = DEFAULT_MODULE_ID):
         super().__init__()
@@ -29,9 +32,12 @@ class ConduitLearnerConnector(ConnectorV2):
     def __call__(self, *, rl_module, batch, episodes, explore=None, shared_data=None, metrics=None, **kwargs):
         if episodes and isinstance(episodes[0], DeliveredBatch):
             if len(episodes) != 1:
-                raise ValueError("ConduitLearnerConnector: expected one DeliveredBatch per update, got "
-                                 f"{len(episodes)}. Fix: num_learners must be 0 with conduit_rllib for now.")
+                raise ValueError("ConduitLearnerConnector: expected one DeliveredBatch per learner and update, got "
+                                 f"{len(episodes)}. Fix: call conduit_rllib.enable() after setting num_learners "
+                                 "(the buffer delivers one part per learner)")
             delivered = episodes[0].batch
+            if metrics is not None and delivered.size:  # provenance: which rows this learner trained on
+                metrics.log_value((self.module_id, FIRST_SEQ_KEY), int(delivered.seqs[0]), reduce="min", window=1)
             dev = self.device
             cols = {RLLIB_COLUMNS.get(k, k): (v if v.device == dev else v.to(dev, non_blocking=True))
                     for k, v in delivered.items()}

@@ -35,16 +35,13 @@ def _enable_dqn(config, opts: ConduitOptions):
     else:
         prioritized = "Prioritized" in type_name
     keep = {k: rb[k] for k in ("capacity", "alpha", "beta") if k in rb}
-    extra = sorted(set(rb) - {"capacity", "alpha", "beta", "conduit", "prioritized"})
+    extra = sorted(set(rb) - {"capacity", "alpha", "beta", "conduit", "prioritized", "learner_shards"})
     if extra:
         raise ConfigError(f"replay_buffer_config[{extra[0]!r}]", "capacity, alpha, beta", repr(extra[0]),
                           "remove the key; Conduit's buffer has no equivalent")
     # Assigned, not merged through config.training(): a merge would keep the old type's keys.
     config.replay_buffer_config = {"type": BUFFER_TYPE, **keep, "prioritized": prioritized,
-                                   "conduit": opts.to_dict()}
-    if config.num_learners > 0:
-        raise ConfigError("num_learners", "0 (a local learner)", config.num_learners,
-                          "set config.learners(num_learners=0); remote learners are not supported yet")
+                                   "conduit": opts.to_dict(), "learner_shards": max(1, config.num_learners)}
     check_learner_connector(config)
     config.learners(learner_class=ConduitDQNTorchLearner)
     config.algo_class = ConduitDQN

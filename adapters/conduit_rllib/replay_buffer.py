@@ -48,7 +48,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
     def __init__(self, capacity: int = 10000, *, prioritized: bool = False, alpha: float = 0.6,
                  beta: float = 0.4, conduit: dict | None = None, batch_size_B: int = 16,
                  batch_length_T: int = 1, metrics_num_episodes_for_smoothing: int = 100, seed: int | None = None,
-                 **unused):
+                 learner_shards: int = 1, **unused):
         # RLlib passes its own buffer kwargs; those that would change semantics are refused.
         for key in unused:
             if key not in ("type", "storage_unit", "replay_sequence_length", "replay_mode", "worker_side_prioritization"):
@@ -60,6 +60,12 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.options = ConduitOptions.from_kwargs(dict(conduit or {}))
         self._seed = self.options.seed if self.options.seed is not None else (seed or 0)
         self.batch_size_B = batch_size_B
+        # one delivered part per learner (num_learners >= 1): RLlib's LearnerGroup hands part i to
+        # learner i and concatenates their TD errors in that order (see sample())
+        if isinstance(learner_shards, bool) or not isinstance(learner_shards, int) or learner_shards < 1:
+            raise ConfigError("replay_buffer_config['learner_shards']", "an int >= 1 (max(1, num_learners))",
+                              repr(learner_shards), "let conduit_rllib.enable() set it from config.num_learners")
+        self.learner_shards = learner_shards
         self.edp: ExperienceDataPlane | None = None  # built on the first add (the spec comes from the data)
         self.tuner = None
         self._sources: dict[str, int] = {}       # RLlib episode id -> source, while the episode runs
@@ -183,7 +189,15 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self._sampled += b.size
         if self.tuner is not None:
             self.tuner.observe()
-        return [DeliveredBatch(b)]
+        if self.learner_shards == 1:
+            return [DeliveredBatch(b)]
+        # Several learners: k equal parts, rows in order. RLlib's ShardEpisodesIterator gives
+        # equal-length items to shards in turn (part i -> learner i, none sliced), and DQN
+        # concatenates the learners' TD errors in learner order: the rows' own order, so
+        # update_priorities() maps each error to the row it was computed on. (RLlib's own
+        # buffer hands its B one-step episodes out round-robin, learner 0 getting rows 0, k,
+        # 2k, ..., and then applies the concatenated errors to rows 0, 1, 2, ...)
+        return [DeliveredBatch(part) for part in b.split(self.learner_shards)]
 
     def update_priorities(self, priorities, module_id=None) -> None:
         if not self.prioritized or self._last is None:
