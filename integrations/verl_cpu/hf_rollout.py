@@ -1,10 +1,10 @@
 """A rollout that runs on CPU: rollout name "hf" for verl's server-mode rollout.
 
 Why this exists (verl 0.9.1, paths under verl/): verl generates through rollout *servers* only.
-`LLMServerManager` asks `RolloutReplicaRegistry` for the replica class named by
-`actor_rollout_ref.rollout.name` (workers/rollout/replica.py:394-396; only vllm, sglang and trtllm
-are registered), and the actor worker builds the matching in-process adapter from
-`_ROLLOUT_REGISTRY[(name, "async")]` (workers/rollout/base.py:89, workers/engine_workers.py:667).
+`LLMServerManager` (workers/rollout/llm_server.py:393) asks `RolloutReplicaRegistry`
+(workers/rollout/replica.py:312) for the replica class named by `actor_rollout_ref.rollout.name`
+("Unknown rollout mode: hf"; only vllm, sglang and trtllm are registered), and the actor worker
+builds the matching in-process adapter from `_ROLLOUT_REGISTRY[(name, "async")]` (workers/rollout/base.py:89, workers/engine_workers.py:667).
 None of those engines runs here, `HFRollout` (workers/rollout/hf_rollout.py) lacks the abstract
 `resume`/`update_weights`/`release` and `rollout.mode=sync` is gone. `register()` adds "hf":
 
@@ -19,8 +19,11 @@ seeded from (rollout.seed, weight version, prompt, how many identical prompts ca
 n samples of a GRPO group differ, and two runs with the same seed draw the same tokens. verl's own
 deterministic path cannot do that: its agent loop sends request id "det-<priority>" for every
 sample (experimental/agent_loop/single_turn_agent_loop.py) and vLLM seeds every request with
-`replica_rank + seed` (vllm_async_server.py:625), which makes a group's samples identical.
+`replica_rank + seed` (vllm_async_server.py:627), which makes a group's samples identical.
 Requests run one at a time, in arrival order, so outputs do not depend on thread interleaving.
+Which of a group's identical prompts arrives first is still a race, so two runs may hand the same
+pair of samples to the group's rows the other way round; the V1 run sorts rows by content
+(ordered_sampler.py), which makes that invisible.
 """
 
 from __future__ import annotations

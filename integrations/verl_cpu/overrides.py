@@ -64,7 +64,9 @@ def hydra_overrides(assets: Assets, *, run_dir: str, seed: int, steps: int) -> l
         "actor_rollout_ref.actor.use_torch_compile=False",
         "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
         "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        # two optimizer steps per iteration: the second mini-batch is off-policy, so its loss is not the
+        # trivial on-policy GRPO value (-mean advantage, ~0 when all responses have the same length)
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.optim.lr=1e-3",
         # rollout: the CPU server in hf_rollout.py, n=2 per prompt, seeded per request.
