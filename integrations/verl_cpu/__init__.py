@@ -13,6 +13,7 @@ modules named in `VERL_USE_EXTERNAL_MODULES` (verl/__init__.py:49-52), and `run.
 
 Modules: `cpu_platform` (CPU platform for verl's platform layer), `hf_rollout` (a CPU rollout server
 plus the adapter the actor worker uses to push weights), `assets` (model, tokenizer, dataset),
-`reward` (arithmetic partial-credit score), `overrides` (the Hydra overrides, each with its reason),
+`reward` (arithmetic partial-credit score), `ordered_sampler` (verl's replay buffer, rows in content order),
+`overrides` (the Hydra overrides, each with its reason),
 `metrics` (verl's per-step metrics -> JSON lines), `run` (one command).
 """
