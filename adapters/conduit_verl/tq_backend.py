@@ -207,7 +207,10 @@ def decode(col: Column) -> Any:
         return flat
     values = flat.view(int(col.lengths.sum()), *col.inner)
     offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(col.lengths)]).astype(np.int64))
-    return torch.nested.nested_tensor_from_jagged(values, offsets)
+    # the row-length bounds travel with the tensor, as SimpleStorage's as_nested_tensor sets them:
+    # without them TensorDict.to_padded_tensor pads to the total length (verl pads every get)
+    return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=int(col.lengths.min()),
+                                                  max_seqlen=int(col.lengths.max()))
 
 
 def _concat(cols: list[Column]) -> Column:

@@ -92,6 +92,12 @@ def assert_same(a: TensorDict, b: TensorDict, where: str) -> None:
                 rows_x, rows_y = x.unbind(), y.unbind()
                 assert len(rows_x) == len(rows_y)
                 assert all(p.shape == q.shape and torch.equal(p, q) for p, q in zip(rows_x, rows_y)), (where, k)
+                # what consumers do with it: verl pads every get (TensorDict.to_padded_tensor)
+                if x.layout == torch.jagged:
+                    assert (x._maybe_min_seqlen, x._maybe_max_seqlen) == (y._maybe_min_seqlen, y._maybe_max_seqlen)
+                    px = TensorDict({k: x}, batch_size=a.batch_size).to_padded_tensor()[k]
+                    py = TensorDict({k: y}, batch_size=b.batch_size).to_padded_tensor()[k]
+                    assert px.shape == py.shape and torch.equal(px, py), (where, k, px.shape, py.shape)
             else:
                 assert x.shape == y.shape and torch.equal(x, y), (where, k)
         else:
