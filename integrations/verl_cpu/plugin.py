@@ -7,7 +7,8 @@ CPU platform can be selected before anything asks `get_platform()` (trainer/cons
 at import time) and where a rollout name can be registered in the processes that look it up.
 """
 
-from integrations.verl_cpu import cpu_platform, hf_rollout
+from integrations.verl_cpu import cpu_platform, get_trace, hf_rollout
 
 cpu_platform.install()
 hf_rollout.register()
+get_trace.install()  # only with VERL_CPU_GET_TRACE set: digests of every TransferQueue get
