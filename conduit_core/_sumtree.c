@@ -11,6 +11,7 @@
 #include <Python.h>
 #include <math.h>
 #include <string.h>
+#include <stdint.h>
 
 /* A C-contiguous buffer whose format is one of `fmts` (ignoring a byte-order prefix), 8-byte items. */
 static int get_buf(PyObject *obj, Py_buffer *view, const char *fmts, int writable) {
@@ -328,6 +329,55 @@ static PyObject *select_weighted(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+typedef struct {                   /* numpy/random/bitgen.h (stable since numpy 1.17) */
+    void *state;
+    uint64_t (*next_uint64)(void *st);
+    uint32_t (*next_uint32)(void *st);
+    double (*next_double)(void *st);
+    uint64_t (*next_raw)(void *st);
+} bitgen_t;
+
+/* draw_weighted(sums, mins, size, bit_generator capsule, total, stratified, beta, idx:i64[B], w:f32[B])
+ * select_weighted with its prefix-sum targets drawn here, from the generator's own stream: the
+ * values Generator.random(B) would give, turned into targets with numpy's operations (u * total, or
+ * (u + k) * (total / B) stratified, capped below total), so the draws equal the numpy route's. The
+ * caller holds the bit generator's lock. */
+static PyObject *draw_weighted(PyObject *self, PyObject *args) {
+    PyObject *o_sum, *o_min, *capsule, *o_idx, *o_w;
+    Py_ssize_t size;
+    double total, beta;
+    int stratified;
+    if (!PyArg_ParseTuple(args, "OOnOdpdOO", &o_sum, &o_min, &size, &capsule, &total, &stratified, &beta,
+                          &o_idx, &o_w)) return NULL;
+    bitgen_t *bg = (bitgen_t *)PyCapsule_GetPointer(capsule, "BitGenerator");
+    if (bg == NULL) return NULL;
+    Py_buffer bs, bm, bi, bw;
+    if (get_buf(o_sum, &bs, "d", 0)) return NULL;
+    if (get_buf(o_min, &bm, "d", 0)) { PyBuffer_Release(&bs); return NULL; }
+    if (get_buf(o_idx, &bi, "ql", 1)) { PyBuffer_Release(&bs); PyBuffer_Release(&bm); return NULL; }
+    if (get_any(o_w, &bw, 4, 1)) { PyBuffer_Release(&bs); PyBuffer_Release(&bm); PyBuffer_Release(&bi); return NULL; }
+    const double *sum = bs.buf, *mn = bm.buf;
+    long long *out = bi.buf;
+    float *w = bw.buf;
+    Py_ssize_t n = bi.len / 8;
+    if (bw.len != n * 4 || bs.len < 2 * size * 8) {
+        PyBuffer_Release(&bs); PyBuffer_Release(&bm); PyBuffer_Release(&bi); PyBuffer_Release(&bw);
+        PyErr_SetString(PyExc_ValueError, "draw_weighted: idx and w must hold one value per draw, sums 2 * size");
+        return NULL;
+    }
+    const double cap = nextafter(total, 0.0), step = n ? total / (double)n : 0.0, pmin = mn[1];
+    for (Py_ssize_t k = 0; k < n; k++) {
+        double u = bg->next_double(bg->state);
+        double m = stratified ? (u + (double)k) * step : u * total;
+        if (m > cap) m = cap;
+        Py_ssize_t node = descend(sum, size, m);
+        out[k] = (long long)(node - size);
+        w[k] = beta == 0.0 ? 1.0f : (float)pow(sum[node] / pmin, -beta);
+    }
+    PyBuffer_Release(&bs); PyBuffer_Release(&bm); PyBuffer_Release(&bi); PyBuffer_Release(&bw);
+    Py_RETURN_NONE;
+}
+
 /* set_priorities(sums, mins, size, idx:i64[n], prios:f64[n], alpha, eps) -> max(p + eps)
  * Validates (finite, >= 0), applies (p + eps)^alpha and updates both trees; -1.0 when a
  * priority is invalid (nothing is changed then). */
@@ -365,6 +415,7 @@ static PyObject *set_priorities(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"select_weighted", select_weighted, METH_VARARGS, "prefix-sum search and importance weights"},
+    {"draw_weighted", draw_weighted, METH_VARARGS, "draw targets from a bit generator, then select_weighted"},
     {"set_priorities", set_priorities, METH_VARARGS, "validate, exponentiate and set priorities"},
     {"nstep", nstep, METH_VARARGS, "n-step returns following episode links"},
     {"sample_windows", sample_windows, METH_VARARGS, "select items and walk their n-step windows (redraw rule)"},

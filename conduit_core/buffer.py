@@ -687,7 +687,8 @@ class ExperienceBuffer(EpisodeSampling):
             stored = self.meta["seq"][slots]
             if seqs is not None:
                 keep = stored == np.asarray(seqs).reshape(-1)
-                slots, pr = slots[keep], pr[keep]
+                if not keep.all():  # rows overwritten since delivery: skipped
+                    slots, pr = slots[keep], pr[keep]
             elif slots.size and not (live := self._live(slots, stored)).all():
                 bad = int(slots[~live][0])
                 raise SpecError("slots", "slots that hold a stored row", f"slot {bad} (empty or evicted)",

@@ -149,12 +149,13 @@ class Prioritized(Selector):
     def select(self, batch_size, size, rng, *, beta: float | None = None):
         beta = self.beta if beta is None else beta
         total = self.index.total
-        if self.index.use_c:  # search and weights in one C pass
-            from ._sumtree import select_weighted
+        if self.index.use_c:  # draws, search and weights in one C pass (the numpy route's values)
+            from ._sumtree import draw_weighted
             slots = np.empty(batch_size, dtype=np.int64)
             weights = np.empty(batch_size, dtype=np.float32)
-            select_weighted(self.index._sum, self.index._min, self.index.size,
-                            self._masses(batch_size, total, rng), float(beta), slots, weights)
+            bits = rng.bit_generator
+            with bits.lock:
+                draw_weighted(*self.index.trees(), bits.capsule, total, self.stratified, float(beta), slots, weights)
             return slots, weights
         slots = self.index.find_prefixsum(self._masses(batch_size, total, rng))
         if beta == 0.0:

@@ -93,3 +93,21 @@ def test_uniform_draws_are_uniform_on_the_range(n):
     else:          # near-equal bins of width n // bins + 1 (the last one 3 values short)
         counts = np.bincount(x // (n // bins + 1), minlength=bins)
         assert stats.chisquare(counts).pvalue > 1e-4
+
+
+@pytest.mark.parametrize("stratified", [False, True])
+def test_prioritized_draws_in_c_equal_the_numpy_route(stratified):
+    """The prioritized draw takes its uniforms from the generator's bit generator inside C; it must
+    give the slots and weights that Generator.random + select_weighted give for the same seed."""
+    from conduit_core._sumtree import select_weighted
+
+    sel = Prioritized(alpha=0.6, beta=0.4, stratified=stratified)
+    sel.bind(1000)
+    rng = np.random.default_rng(7)
+    sel.index.set(np.arange(1000), rng.random(1000) ** 2 + 1e-3)
+    a, b = np.random.default_rng(11), np.random.default_rng(11)
+    for _ in range(5):
+        slots, weights = sel.select(64, 1000, a)
+        want_slots, want_w = np.empty(64, np.int64), np.empty(64, np.float32)
+        select_weighted(*sel.index.trees(), sel._masses(64, sel.index.total, b), 0.4, want_slots, want_w)
+        assert np.array_equal(slots, want_slots) and np.array_equal(weights, want_w)
