@@ -48,7 +48,8 @@ static PyObject *gather_stacks(PyObject *self, PyObject *args) {
     Py_ssize_t P = F ? fr.len / F : 0;
     Py_ssize_t B = ids.len / 8;
     const char *err = NULL;
-    if (has_lut && lut.len != 256 * 4) err = "lut: expected 256 float32 values";
+    if (F == 0 && B) err = "frames: an empty pool holds no stack";
+    else if (has_lut && lut.len != 256 * 4) err = "lut: expected 256 float32 values";
     else if (out.len != B * k * P * (has_lut ? 4 : 1)) err = "out: expected B * k * frame size items";
     if (err) {
         PyErr_SetString(PyExc_ValueError, err);

@@ -38,7 +38,11 @@ static PyObject *gather_segments(PyObject *self, PyObject *args) {
     int64_t total = 0;
     if (ln.len != st.len) err = "starts and lengths differ in length";
     for (Py_ssize_t i = 0; !err && i < n; i++) {
-        if (starts[i] < 0 || lens[i] < 0 || starts[i] + lens[i] > src.len) err = "a segment lies outside src";
+        if (starts[i] < 0 || lens[i] < 0 || starts[i] > src.len || lens[i] > src.len - starts[i]) {
+            err = "a segment lies outside src";   /* written so that no sum can overflow */
+            break;
+        }
+        if (lens[i] > out.len - total) { err = "out must hold exactly the sum of the lengths"; break; }
         total += lens[i];
     }
     if (!err && total != out.len) err = "out must hold exactly the sum of the lengths";

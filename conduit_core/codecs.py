@@ -282,7 +282,7 @@ class AffineCodec(Codec):
         return isinstance(other, AffineCodec) and self.to_config() == other.to_config()
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("_luts", "_fused_cache")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_luts", "_fused_cache", "_native_args")}
 
     def __hash__(self):
         return hash(tuple(sorted(self.to_config().items())))

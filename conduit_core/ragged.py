@@ -12,15 +12,19 @@ A batch travels as a ``Column``: the rows' bytes back to back, each row's byte c
 length along the first dimension (what a jagged tensor's offsets are made of), and the element
 dtype and inner shape. The store copies what it is given and hands out fresh arrays.
 
-Overwriting a field leaves its old bytes dead in the arena; when dead bytes outnumber live ones
-the arena is compacted (live rows copied in slot order), so memory stays within 2x of the data.
+Overwriting or clearing a row leaves its old bytes dead in the arena. When a write does not fit,
+the arena is compacted (live rows copied in slot order) into one sized 2x to 4x (live + new), so
+the arena never holds more than ~4x the bytes live at its last compaction; clearing rows frees
+their bytes at the next compaction, not before.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from .errors import ConfigError
 
@@ -34,6 +38,9 @@ def gather_segments(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
     """The byte segments ``src[starts[i] : starts[i] + lengths[i]]``, in order, in one new array."""
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    if starts.shape != lengths.shape or (lengths.size and (
+            starts.min() < 0 or lengths.min() < 0 or (lengths > src.size - starts).any())):
+        raise ValueError("gather_segments: a segment lies outside src")   # before allocating anything
     out = np.empty(int(lengths.sum()), dtype=np.uint8)
     if _c_gather_segments is not None:
         _c_gather_segments(src, starts, lengths, out)
@@ -61,6 +68,37 @@ class Column:
     @property
     def rows(self) -> int:
         return len(self.data) if self.kind == "object" else len(self.nbytes)
+
+    def check(self, name: str, rows: int, *, where: str | None = None) -> None:
+        """Raise ConfigError unless this Column is ``rows`` well-formed rows (before any write)."""
+        where = where or f"columns[{name!r}]"
+        if self.kind == "object":
+            if not (isinstance(self.data, np.ndarray) and self.data.ndim == 1 and self.data.shape[0] == rows):
+                raise ConfigError(f"{where}.data", f"a 1-D object array of {rows} values (one per key)",
+                                  getattr(self.data, "shape", type(self.data).__name__), "give every field one row per key")
+            return
+        if self.kind != "tensor":
+            raise ConfigError(f"{where}.kind", "'tensor' or 'object'", repr(self.kind), "build it with encode()")
+        for part, arr in (("nbytes", self.nbytes), ("lengths", self.lengths)):
+            if not (isinstance(arr, np.ndarray) and arr.shape == (rows,) and arr.dtype.kind == "i"):
+                raise ConfigError(f"{where}.{part}", f"{rows} integers (one per key)",
+                                  getattr(arr, "shape", type(arr).__name__), "give every field one row per key")
+        if not (isinstance(self.data, np.ndarray) and self.data.ndim == 1 and self.data.dtype == np.uint8):
+            raise ConfigError(f"{where}.data", "a 1-D uint8 array (the rows' bytes)",
+                              getattr(self.data, "dtype", type(self.data).__name__), "view the values as bytes")
+        if rows and (self.lengths.min() < 0 or (self.scalar and (self.lengths != 1).any())):
+            raise ConfigError(f"{where}.lengths", "lengths >= 0 (1 for scalar rows)", int(self.lengths.min()),
+                              "give each row's length along its first dimension")
+        try:
+            itemsize = getattr(torch, self.dtype).itemsize
+        except (AttributeError, TypeError):
+            raise ConfigError(f"{where}.dtype", "a torch dtype name such as 'float32'", repr(self.dtype),
+                              "name the element type") from None
+        per = math.prod(self.inner) * itemsize
+        if not np.array_equal(self.nbytes, self.lengths * per) or int(self.nbytes.sum()) != self.data.size:
+            raise ConfigError(f"{where}.nbytes", f"length x {per} bytes per row, summing to the data's "
+                              f"{self.data.size} bytes", f"{int(self.nbytes.sum())} bytes in all",
+                              "build the Column with its rows' byte counts")
 
     def select(self, positions: np.ndarray) -> "Column":
         """The rows at ``positions`` (in that order), as a new Column."""
@@ -95,11 +133,11 @@ class _TensorField:
         self.length[slots] = 0
 
     def write(self, slots: np.ndarray, col: Column) -> None:
-        self.drop(slots)
         need = int(col.data.size)
         if self.end + need > self.arena.size:
             self._compact(extra=need)
-        self.arena[self.end:self.end + need] = col.data
+        self.arena[self.end:self.end + need] = col.data   # the copy first: if it fails, nothing changed
+        self.drop(slots)
         self.start[slots] = self.end + np.cumsum(col.nbytes) - col.nbytes
         self.nbytes[slots] = col.nbytes
         self.length[slots] = col.lengths
@@ -208,9 +246,7 @@ class RaggedStore:
     def put(self, keys, columns: dict[str, Column]) -> None:
         keys = self._check_keys(keys)
         for name, col in columns.items():   # every check before any write: a refused put changes nothing
-            if col.rows != keys.size:
-                raise ConfigError(f"columns[{name!r}]", f"{keys.size} rows (one per key)", col.rows,
-                                  "give every field one row per key")
+            col.check(name, keys.size)
             if col.kind == "tensor":
                 f = self._tensors.get(name)
                 if name in self._objects or (f is not None and (f.dtype, f.inner, f.scalar) != (col.dtype, col.inner, col.scalar)):
@@ -218,9 +254,6 @@ class RaggedStore:
                     raise ConfigError(f"field {name!r}", was, f"{col.dtype} rows of inner shape {col.inner}"
                                       + (" (scalars)" if col.scalar else ""),
                                       "write a field with one dtype and inner shape, or use a new field name")
-                if int(col.nbytes.sum()) != col.data.size:
-                    raise ConfigError(f"columns[{name!r}].nbytes", f"sum equal to the data's {col.data.size} bytes",
-                                      int(col.nbytes.sum()), "build the Column with its rows' byte counts")
             elif name in self._tensors:
                 raise ConfigError(f"field {name!r}", "tensor rows", "objects", "use a new field name")
         slots = self._slots_for_write(keys)
@@ -239,6 +272,8 @@ class RaggedStore:
 
     def get(self, keys, fields) -> dict[str, Column]:
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if keys.size and keys.min() < 0:
+            raise ConfigError("keys", "non-negative integers", int(keys.min()), "pass TransferQueue's global indexes")
         slots = self._slots_for_read(keys)
         out = {}
         for name in fields:
@@ -259,7 +294,7 @@ class RaggedStore:
 
     def clear(self, keys) -> int:
         """Forget the rows of ``keys`` (absent keys are ignored); returns how many were stored."""
-        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        keys = np.unique(np.asarray(keys, dtype=np.int64).reshape(-1))   # a key named twice is freed once
         keys = keys[(keys >= 0) & (keys < self._slot_of.size)]
         slots = self._slot_of[keys]
         held = slots >= 0
@@ -294,6 +329,9 @@ class RaggedStore:
     def from_state(cls, state: dict) -> "RaggedStore":
         """A store holding what ``state()`` saved (the caller swaps it in: a failed load changes nothing)."""
         keys = np.asarray(state["keys"], dtype=np.int64)
+        if keys.size and (keys.min() < 0 or np.unique(keys).size != keys.size):
+            raise ConfigError("state['keys']", "distinct non-negative keys", "repeated or negative keys",
+                              "load a state written by RaggedStore.state()")
         store = cls(slots=max(1024, int(keys.size)))
         if keys.size:
             store._slots_for_write(keys)                # every saved row, fields added below
@@ -302,13 +340,17 @@ class RaggedStore:
             held = np.asarray(t["held"], dtype=bool)
             col = Column("tensor", np.asarray(t["data"], dtype=np.uint8), np.asarray(t["nbytes"], np.int64),
                          np.asarray(t["lengths"], np.int64), t["dtype"], tuple(t["inner"]), bool(t["scalar"]))
-            if held.shape != keys.shape or col.rows != int(held.sum()) or int(col.nbytes.sum()) != col.data.size:
+            if held.shape != keys.shape:
                 raise ConfigError(f"state['tensors'][{name!r}]", "rows matching the saved keys", f"{col.rows} rows",
                                   "load a state written by RaggedStore.state()")
+            col.check(name, int(held.sum()), where=f"state['tensors'][{name!r}]")
             f = store._tensors[name] = _TensorField(col.dtype, col.inner, col.scalar, store._slots)
             f.write(slots[held], col)
         for name, o in state["objects"].items():
             held = np.asarray(o["held"], dtype=bool)
+            if held.shape != keys.shape or len(o["values"]) != int(held.sum()):
+                raise ConfigError(f"state['objects'][{name!r}]", "one value per saved key that holds it",
+                                  f"{len(o['values'])} values", "load a state written by RaggedStore.state()")
             values = np.empty(int(held.sum()), dtype=object)
             values[:] = [None] * values.size
             for i, v in enumerate(o["values"]):

@@ -25,7 +25,6 @@ except ImportError:  # pragma: no cover - no C compiler where it was installed
     _c_uniform_ints = None
 
 
-
 def uniform_ints(rng: np.random.Generator, n: int, count: int) -> np.ndarray:
     """``count`` draws uniform on ``[0, n)`` from ``rng``'s bit generator: exactly uniform
     (Lemire's method in C; ``Generator.integers`` costs ~8 us per call in argument handling)."""
@@ -36,6 +35,7 @@ def uniform_ints(rng: np.random.Generator, n: int, count: int) -> np.ndarray:
     with bits.lock:
         _c_uniform_ints(bits.capsule, n, out)
     return out
+
 
 class Selector(ABC):
     """Chooses slots among the ``size`` valid ones of a ring of ``capacity`` slots."""

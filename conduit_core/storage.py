@@ -264,13 +264,16 @@ class ColumnarStorage:
         target, into page-locked staging and on with an asynchronous copy)."""
         if target.type == "cpu" and fields is None and out is not None and out_tensors is not None \
                 and self._plain_host:
+            result = {}
             for name, view, _, _ in self._plan:   # the hot path: reused outputs, no codec, no wrapping
                 view.take(slots, axis=0, out=out[name], mode="clip")
-            return dict(out_tensors)
+                t = out_tensors[name]
+                result[name] = t.view(t.shape)    # a tensor of its own: in-place shape changes stay in this batch
+            return result
         result = {}
         on_host = target.type == "cpu"
-        staged = not on_host and self.shards[0].access != "mapped"
-        if staged:  # every staged column in one page-locked slot and one asynchronous copy
+        staged: dict[str, torch.Tensor] = {}
+        if not on_host and self.shards[0].access != "mapped":  # every staged column: one slot, one copy
             names = [name for name, _, codec, _ in self._plan
                      if (fields is None or name in fields) and not isinstance(codec, PooledDecoder)]
             cols = [self.columns[name][0] for name in names]
@@ -278,14 +281,14 @@ class ColumnarStorage:
                      for name, col in zip(names, cols)]
             if self._staging is None:
                 self._staging = PinnedStaging()
-            staged = dict(zip(names, self._staging.copy_packed("rows", parts, target)))
+            staged.update(zip(names, self._staging.copy_packed("rows", parts, target)))
         for name, view, codec, dtype in self._plan:
             if fields is not None and name not in fields:
                 continue
             if isinstance(codec, PooledDecoder):  # frame ids stay on the host; the stacks go to the target
                 result[name] = codec.decode(torch.from_numpy(view.take(slots, axis=0)), dtype, device=target)
                 continue
-            if staged:
+            if name in staged:
                 t = staged[name]
             elif not on_host:
                 t = self._to_device(name, 0, slots, target)
@@ -294,7 +297,8 @@ class ColumnarStorage:
                     t = torch.from_numpy(view.take(slots, axis=0))
                 else:
                     view.take(slots, axis=0, out=out[name], mode="clip")
-                    t = out_tensors[name] if out_tensors is not None else torch.from_numpy(out[name])
+                    t = (out_tensors[name].view(out[name].shape) if out_tensors is not None
+                         else torch.from_numpy(out[name]))
             else:
                 t = torch.index_select(self.columns[name][0], 0, torch.from_numpy(slots))
             result[name] = t if codec is None else codec.decode(t, dtype)

@@ -197,7 +197,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         # update_priorities() maps each error to the row it was computed on. (RLlib's own
         # buffer hands its B one-step episodes out round-robin, learner 0 getting rows 0, k,
         # 2k, ..., and then applies the concatenated errors to rows 0, 1, 2, ...)
-        return [DeliveredBatch(part) for part in b.split(self.learner_shards)]
+        # parts are copied: a view would carry the whole batch's storage to every remote learner
+        return [DeliveredBatch(part.clone()) for part in b.split(self.learner_shards)]
 
     def update_priorities(self, priorities, module_id=None) -> None:
         if not self.prioritized or self._last is None:

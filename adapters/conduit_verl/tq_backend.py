@@ -30,23 +30,25 @@ import json
 import math
 import os
 import pickle
+import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict
+from tensordict import NonTensorStack, TensorDict
 from transfer_queue.metadata import BatchMeta, extract_field_schema
 from transfer_queue.storage.bootstrap.provider import StorageBootstrapProvider
 from transfer_queue.storage.managers.base import StorageManager, StorageManagerFactory
 
 from conduit_core.errors import ConfigError
-from conduit_core.ragged import Column, KeyNotStored, RaggedStore
+from conduit_core.ragged import Column, KeyNotStored, RaggedStore, gather_segments
 
 BACKEND = "Conduit"
 NAMESPACE = "conduit_tq"
 UNITS_DIR, MANIFEST = "conduit_units", "manifest.json"
+STATE_VERSION = 1   # of a unit's checkpoint file
 
 
 # ----------------------------------------------------------------------------- storage unit
@@ -56,6 +58,7 @@ class ConduitStorageUnit:
 
     def __init__(self, slots: int = 1024):
         self.store = RaggedStore(slots=slots)
+        self._staged: RaggedStore | None = None   # a checkpoint read aside, until every unit has one
 
     def put(self, keys: np.ndarray, columns: dict[str, Column]) -> int:
         self.store.put(keys, columns)
@@ -74,16 +77,29 @@ class ConduitStorageUnit:
         """Write every stored row to ``path`` (written aside, then renamed: never half a file)."""
         tmp = f"{path}.tmp"
         with open(tmp, "wb") as f:
-            pickle.dump(self.store.state(), f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump({"schema_version": STATE_VERSION, "store": self.store.state()}, f,
+                        protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
         return len(self.store)
 
-    def load(self, path: str) -> int:
-        """Replace the store by what ``save`` wrote; a file that cannot be read changes nothing."""
+    def stage(self, path: str) -> int:
+        """Read what ``save`` wrote into a store held aside (the live one untouched): the first half
+        of a load that every unit must pass before any unit commits."""
         with open(path, "rb") as f:
-            store = RaggedStore.from_state(pickle.load(f))
-        self.store = store
-        return len(store)
+            saved = pickle.load(f)
+        if not isinstance(saved, dict) or saved.get("schema_version") != STATE_VERSION:
+            raise ConfigError(f"{path}", f"a Conduit unit file of schema version {STATE_VERSION}",
+                              repr(saved.get("schema_version") if isinstance(saved, dict) else type(saved).__name__),
+                              "load a checkpoint saved by this version of conduit_verl")
+        self._staged = RaggedStore.from_state(saved["store"])
+        return len(self._staged)
+
+    def commit(self) -> int:
+        self.store, self._staged = self._staged, None
+        return len(self.store)
+
+    def abort(self) -> None:
+        self._staged = None
 
 
 @StorageBootstrapProvider.register_provider(BACKEND)
@@ -96,10 +112,11 @@ def initialize_conduit_storage(conf) -> dict[str, Any]:
         raise ConfigError("transfer_queue.backend.Conduit.num_storage_units", ">= 1", units,
                           "use at least one storage unit")
     slots = int(cfg.get("slots", 1024))
+    run = uuid.uuid4().hex[:8]   # fresh units per tq.init: never another run's rows
     handles, names = {}, []
     for rank in range(units):
-        name = f"ConduitStorageUnit#{rank}"
-        handles[name] = ConduitStorageUnit.options(name=name, namespace=NAMESPACE, get_if_exists=True).remote(slots)
+        name = f"ConduitStorageUnit#{rank}-{run}"
+        handles[name] = ConduitStorageUnit.options(name=name, namespace=NAMESPACE).remote(slots)
         names.append(name)
     ray.get([h.stats.remote() for h in handles.values()])  # up before the first client needs them
     if BACKEND not in conf.backend:
@@ -134,17 +151,42 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
 
 
+def _jagged_column(value: torch.Tensor) -> Column:
+    """A jagged nested tensor's rows, as one Column: its values as they are when they lie back to
+    back from offset 0, else gathered from each row's own start (a narrowed or sliced view)."""
+    values = value.values()
+    offsets = value.offsets().cpu().numpy().astype(np.int64)
+    holes = value.lengths()
+    lengths = np.diff(offsets) if holes is None else holes.cpu().numpy().astype(np.int64)
+    inner = tuple(values.shape[1:])
+    per = math.prod(inner) * values.element_size()
+    data = _bytes_of(values)
+    if holes is not None or offsets[0] != 0 or offsets[-1] != values.shape[0]:
+        data = gather_segments(data, offsets[:-1] * per, lengths * per)
+    return Column("tensor", data, lengths * per, lengths, _dtype_name(values.dtype), inner)
+
+
 def encode(name: str, value: Any, rows: int) -> Column:
-    """One field of a put, as a Column (rows in batch order)."""
+    """One field of a put, as a Column (rows in batch order). Tensors become byte rows; anything
+    else (``NonTensorStack`` values, tensors among them) is kept as objects, as SimpleStorage keeps it."""
     if isinstance(value, torch.Tensor) and value.is_nested:
-        if value.layout == torch.jagged and value._ragged_idx == 1:
-            values, offsets = value.values(), value.offsets().cpu().numpy()
-            lengths = np.diff(offsets).astype(np.int64)
-            inner = tuple(values.shape[1:])
-            per = math.prod(inner) * values.element_size()
-            return Column("tensor", _bytes_of(values), lengths * per, lengths, _dtype_name(values.dtype), inner)
-        value = list(value.unbind())                   # strided nested: rows as tensors, below
-    if isinstance(value, torch.Tensor):
+        # torch names no public accessor for the ragged dimension; rows ragged along their first one
+        # (what TQ and verl build) are one Column, any other layout goes row by row below
+        if value.layout == torch.jagged and getattr(value, "_ragged_idx", None) == 1:
+            col = _jagged_column(value)
+            if col.rows != rows:
+                raise ConfigError(f"data[{name!r}]", f"a batch of {rows} rows", col.rows, "put one row per global index")
+            return col
+        items = list(value.unbind())                   # strided nested: rows as tensors
+        if len(items) == rows and items and all(v.dim() >= 1 for v in items):
+            first = items[0]
+            if all(v.dtype == first.dtype and v.shape[1:] == first.shape[1:] for v in items):
+                lengths = np.array([v.shape[0] for v in items], np.int64)
+                per = math.prod(first.shape[1:]) * first.element_size()
+                data = _bytes_of(torch.cat([v.reshape(v.shape[0], *first.shape[1:]) for v in items]))
+                return Column("tensor", data, lengths * per, lengths, _dtype_name(first.dtype), tuple(first.shape[1:]))
+        value = items
+    elif isinstance(value, torch.Tensor):
         if value.dim() == 0 or value.shape[0] != rows:
             raise ConfigError(f"data[{name!r}]", f"a batch of {rows} rows", tuple(value.shape),
                               "put one row per global index")
@@ -157,13 +199,6 @@ def encode(name: str, value: Any, rows: int) -> Column:
     items = value.tolist() if isinstance(value, NonTensorStack) else list(value)
     if len(items) != rows:
         raise ConfigError(f"data[{name!r}]", f"{rows} values", len(items), "put one value per global index")
-    if items and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in items):
-        first = items[0]
-        if all(v.dtype == first.dtype and v.shape[1:] == first.shape[1:] for v in items):
-            lengths = np.array([v.shape[0] for v in items], np.int64)
-            per = math.prod(first.shape[1:]) * first.element_size()
-            data = _bytes_of(torch.cat([v.reshape(v.shape[0], *first.shape[1:]) for v in items]))
-            return Column("tensor", data, lengths * per, lengths, _dtype_name(first.dtype), tuple(first.shape[1:]))
     objects = np.empty(rows, dtype=object)
     for i, v in enumerate(items):
         objects[i] = v
@@ -194,13 +229,25 @@ def field_schema(data: TensorDict, columns: dict[str, Column]) -> dict[str, dict
     return schema
 
 
+def _pack_objects(items: list) -> Any:
+    """Per-row values as SimpleStorage's get packs them (AsyncSimpleStorageManager._pack_field_values):
+    tensors (none missing) stacked when they are scalars, else a jagged nested tensor, else a strided
+    one; anything else a NonTensorStack."""
+    if items and all(isinstance(v, torch.Tensor) for v in items):
+        if all(v.dim() == 0 for v in items):
+            return torch.stack(items)
+        for layout in (torch.jagged, torch.strided):
+            try:
+                return torch.nested.as_nested_tensor(items, layout=layout)
+            except (RuntimeError, TypeError):
+                continue
+    return NonTensorStack(*items)
+
+
 def decode(col: Column) -> Any:
     """A get's field from its Column: what SimpleStorage's re-packing gives for the same rows."""
     if col.kind == "object":
-        items = list(col.data)
-        if items and all(isinstance(v, torch.Tensor) for v in items):   # rows ragged in 2+ dims
-            return torch.nested.as_nested_tensor(items, layout=torch.strided)
-        return NonTensorStack(*items)
+        return _pack_objects(list(col.data))
     data = np.require(col.data, requirements="W")     # Ray hands back read-only views
     flat = torch.from_numpy(data).view(getattr(torch, col.dtype))
     if col.scalar:
@@ -251,15 +298,15 @@ class ConduitStorageManager(StorageManager):
         rows = metadata.size
         if rows == 0:
             return
-        columns = {name: encode(name, data[name], rows) for name in data.keys()}
+        columns = {name: encode(name, data.get(name), rows) for name in data.keys()}
+        schema = field_schema(data, columns)       # before anything is stored: a failure stores nothing
         routes = self._route(metadata.global_indexes)
         refs = []
         for u, pos, keys in routes:
             part = columns if len(routes) == 1 else {n: c.select(pos) for n, c in columns.items()}
             refs.append(self.units[u].put.remote(keys, part))
         await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
-        await self.notify_data_update(metadata.partition_ids[0], list(metadata.global_indexes),
-                                      field_schema(data, columns))
+        await self.notify_data_update(metadata.partition_ids[0], list(metadata.global_indexes), schema)
 
     async def get_data(self, metadata: BatchMeta) -> TensorDict:
         if metadata.size == 0:
@@ -291,17 +338,24 @@ class ConduitStorageManager(StorageManager):
         await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
 
     async def save_checkpoint(self, checkpoint_dir: str) -> None:
-        """Each unit writes its rows to ``<checkpoint_dir>/conduit_units/unit_<i>.pkl``, then a
-        manifest names them (TQ's controller checkpoint holds the keys and fields)."""
+        """Each unit writes its rows to ``<checkpoint_dir>/conduit_units/unit_<i>.<generation>.pkl``;
+        the manifest, renamed into place last, names the generation, so a save that fails half way
+        leaves the previous checkpoint whole (TQ's controller checkpoint holds the keys and fields)."""
         folder = Path(checkpoint_dir) / UNITS_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        paths = [str(folder / f"unit_{i}.pkl") for i in range(len(self.units))]
+        generation = uuid.uuid4().hex[:12]
+        paths = [str(folder / f"unit_{i}.{generation}.pkl") for i in range(len(self.units))]
         refs = [u.save.remote(p) for u, p in zip(self.units, paths)]
         rows = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
-        with open(folder / MANIFEST, "w") as f:
-            json.dump({"units": len(self.units), "rows": list(rows)}, f)
+        tmp = folder / f"{MANIFEST}.tmp"
+        tmp.write_text(json.dumps({"units": len(self.units), "generation": generation, "rows": list(rows)}))
+        os.replace(tmp, folder / MANIFEST)
+        for old in folder.glob("unit_*.pkl"):       # earlier generations, no longer named
+            if f".{generation}." not in old.name:
+                old.unlink(missing_ok=True)
 
     async def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """Every unit reads its file aside first; only when all have, all switch (a bad file changes nothing)."""
         folder = Path(checkpoint_dir) / UNITS_DIR
         manifest = folder / MANIFEST
         if not manifest.exists():
@@ -311,6 +365,14 @@ class ConduitStorageManager(StorageManager):
         if saved["units"] != len(self.units):
             raise ConfigError("transfer_queue.backend.Conduit.num_storage_units", saved["units"], len(self.units),
                               "restore with as many storage units as the checkpoint was saved with")
-        refs = [u.load.remote(str(folder / f"unit_{i}.pkl")) for i, u in enumerate(self.units)]
-        await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
-
+        refs = [u.stage.remote(str(folder / f"unit_{i}.{saved['generation']}.pkl")) for i, u in enumerate(self.units)]
+        try:
+            rows = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
+            if list(rows) != list(saved["rows"]):
+                raise ConfigError(f"{manifest}: rows per unit", saved["rows"], list(rows),
+                                  "the unit files do not belong to this manifest; save the checkpoint again")
+        except BaseException:
+            await asyncio.gather(*[asyncio.wrap_future(u.abort.remote().future()) for u in self.units],
+                                 return_exceptions=True)
+            raise
+        await asyncio.gather(*[asyncio.wrap_future(u.commit.remote().future()) for u in self.units])

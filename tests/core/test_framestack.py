@@ -130,3 +130,30 @@ def test_native_stack_gather_equals_the_numpy_route(k, axis, inner):
     assert torch.equal(a, b)
     if inner != "identity":  # float64 has no table: the numpy route, same values
         assert torch.equal(native.decode(ids, torch.float64), plain.decode(ids, torch.float64))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_native_stack_links_equal_the_numpy_route(k, monkeypatch):
+    """FramePool.plan finds equal and shifted-by-one stacks with memcmp in C; the numpy route it
+    replaced must give the same plan, including the link to the last stack written before."""
+    from conduit_core import framestack
+    from conduit_core.framestack import FramePool
+
+    assert framestack._c_stack_links is not None
+    rng = np.random.default_rng(k)
+    frames = rng.integers(0, 4, (40, 3, 3), dtype=np.uint8)   # few values: equal frames happen
+    idx = np.clip(np.cumsum(rng.integers(0, 3, 30)), 0, 39 - k)
+    stacks = np.stack([frames[i:i + k] for i in idx])           # repeats (same), steps of one (shift), jumps
+
+    def plan(native: bool):
+        pool = FramePool(name="f", frames=64, frame_shape=(3, 3), dtype=torch.uint8, k=k)
+        with monkeypatch.context() as m:
+            if not native:
+                m.setattr(framestack, "_c_stack_links", None)
+            first = pool.plan(stacks[:10])
+            pool.write(stacks[:10], first[1], first[2], first[0])
+            second = pool.plan(stacks[10:])                      # links to the previous call's last stack
+        return first, second
+
+    for a, b in zip(plan(True), plan(False)):
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]

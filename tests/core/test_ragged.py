@@ -120,5 +120,31 @@ def test_state_round_trip_keeps_every_row_and_field():
     restored.put([100], {"tokens": tensor_column([rows[0]])})  # a restored store takes writes
     bad = store.state()
     bad["tensors"]["tokens"]["nbytes"] = bad["tensors"]["tokens"]["nbytes"][:-1]
-    with pytest.raises(ConfigError, match="saved keys"):
+    with pytest.raises(ConfigError, match=r"state\['tensors'\]\['tokens'\].nbytes"):
         RaggedStore.from_state(bad)
+
+
+def test_review_cases_clear_twice_negative_keys_and_malformed_columns_change_nothing():
+    """Found in review: a key cleared twice freed its slot twice (two keys then shared a slot); a
+    negative key read another row; malformed columns were half written before being refused."""
+    store = RaggedStore(slots=4)
+    store.put([1, 2], {"a": tensor_column([np.array([1.0], np.float32), np.array([2.0], np.float32)])})
+    assert store.clear([1, 1]) == 1 and len(store) == 1
+    store.put([10, 11, 12], {"a": tensor_column([np.array([v], np.float32) for v in (10.0, 11.0, 12.0)])})
+    got = rows_of(store.get([2, 10, 11, 12], ["a"])["a"], inner=())
+    assert [float(r[0]) for r in got] == [2.0, 10.0, 11.0, 12.0]
+    with pytest.raises(ConfigError, match="non-negative"):
+        store.get([-1], ["a"])
+    before = store.state()
+    good = tensor_column([np.array([9.0, 9.0], np.float32)])
+    for broken in (Column("tensor", good.data, good.nbytes, np.array([2, 0, 0]), good.dtype, good.inner),
+                   Column("tensor", good.data.reshape(2, 4), good.nbytes, good.lengths, good.dtype, good.inner),
+                   Column("tensor", good.data, np.array([4]), np.array([2]), good.dtype, good.inner),
+                   Column("tensor", good.data, good.nbytes, good.lengths, "no_such_dtype", good.inner)):
+        with pytest.raises(ConfigError):
+            store.put([2, 13], {"a": tensor_column([np.array([5.0], np.float32)] * 2), "b": broken})
+        with pytest.raises(ConfigError):
+            store.put([2], {"b": broken})
+    after = store.state()
+    assert before["keys"].tolist() == after["keys"].tolist()
+    assert np.array_equal(before["tensors"]["a"]["data"], after["tensors"]["a"]["data"]) and "b" not in after["tensors"]

@@ -195,3 +195,24 @@ def test_state_round_trip_with_a_prefetch_in_flight_and_load_into_a_prefetching_
             assert all(torch.equal(x[k], y[k]) for k in x)
         a.close()
         b.close()
+
+
+def test_reused_outputs_hand_each_batch_tensors_of_its_own():
+    """Found in review: with reused outputs every delivery returned the same tensor objects, so an
+    in-place shape change (unsqueeze_, resize_) leaked into later batches."""
+    import numpy as np
+    import torch
+
+    from conduit_core import ExperienceBuffer, ExperienceSpec
+    buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(4,)), capacity=64, reuse_outputs=2)
+    n = 32
+    buf.add({"obs": np.ones((n, 4), np.float32), "next_obs": np.ones((n, 4), np.float32),
+             "action": np.zeros(n, np.int64), "reward": np.zeros(n, np.float32),
+             "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)})
+    first = buf.sample(8)
+    first["obs"].unsqueeze_(0)
+    buf.sample(8)
+    third = buf.sample(8)
+    assert third["obs"].shape == (8, 4) and third["obs"] is not first["obs"]
+    assert isinstance(third["obs"], torch.Tensor)
+    buf.close()

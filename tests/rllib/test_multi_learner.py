@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from ray.rllib.utils.metrics import TD_ERROR_KEY
+
 import conduit_rllib
 from conduit_core import ConfigError
 from conduit_core.batch import Batch
@@ -54,7 +56,9 @@ def test_dqn_trains_with_two_learners_each_on_its_part(ray_session):
         results = update(**kw)
         parts = kw["episodes"]
         firsts = [r["default_policy"][FIRST_SEQ_KEY].peek() for r in results]
-        seen.append(([int(p.batch.seqs[0]) for p in parts], firsts, [len(p) for p in parts]))
+        errors = [np.asarray(r["default_policy"][TD_ERROR_KEY].peek()) for r in results]  # before DQN pops them
+        seen.append(([int(p.batch.seqs[0]) for p in parts], firsts, [len(p) for p in parts],
+                     np.concatenate([p.batch.slots for p in parts]), errors))
         return results
     algo.learner_group.update = recording_update
     try:
@@ -63,11 +67,21 @@ def test_dqn_trains_with_two_learners_each_on_its_part(ray_session):
         algo.train()
         res = algo.train()
         assert seen, "no update ran"
-        for part_firsts, learner_firsts, sizes in seen:
+        for part_firsts, learner_firsts, sizes, _, errors in seen:
             assert sizes == [32, 32]                       # total batch 64 = 32 per learner
             assert learner_firsts == part_firsts           # learner i trained on part i
+            assert [len(e) for e in errors] == sizes       # and computed one TD error per row of it
         assert res["learners"]["default_policy"]["num_module_steps_trained"] > 0
         assert buf.conduit_metrics().priorities.calls == len(seen)
+        # the last update's errors sit on the rows they were computed on: learner i's error j on the
+        # j-th row of part i (RLlib's floor, no epsilon, then ^alpha; a row drawn twice keeps the later)
+        _, _, _, slots, errors = seen[-1]
+        want = {}
+        for slot, err in zip(slots, np.concatenate(errors)):
+            want[int(slot)] = max(abs(float(err)), 1e-12) ** 0.6
+        index = buf.edp.buffer.selector.index
+        got = index.get(np.array(list(want), dtype=np.int64))
+        np.testing.assert_allclose(got, np.array(list(want.values())), rtol=1e-6)
     finally:
         algo.stop()
 

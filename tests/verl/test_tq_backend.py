@@ -40,6 +40,11 @@ def rollout(rng, keys, width=12):
         "pixel": torch.from_numpy(rng.random((n, 2, 3), dtype=np.float32)).to(torch.bfloat16),
         "scores": torch.from_numpy(rng.random(n).astype(np.float32)),
         "data_source": NonTensorStack(*[f"src{k}" for k in keys]),
+        # a narrowed jagged view (offsets not from 0, row lengths apart from them), found in review
+        "narrowed": torch.nested.narrow(torch.arange(n * 9).view(n, 9), 1, torch.from_numpy(rng.integers(0, 4, n)),
+                                        torch.from_numpy(rng.integers(1, 6, n)), layout=torch.jagged),
+        # tensors as non-tensor values: SimpleStorage hands them back as a nested tensor
+        "tensor_objects": NonTensorStack(*[torch.ones(int(l) % 3 + 1) * i for i, l in enumerate(lens)]),
         "extra": NonTensorStack(*[{"k": k, "lens": int(l)} for k, l in zip(keys, lens)]),
     }, batch_size=n)
 
@@ -174,6 +179,30 @@ def test_checkpoint_through_tq_restores_every_row(tmp_path):
         tq.kv_clear(keys=keys[:4], partition_id="train")
         tq.load_checkpoint(tmp_path / "ckpt")
         assert_same(before, tq.kv_batch_get(keys=keys, partition_id="train"), "restored")
+    finally:
+        tq.close()
+        tq_backend.shutdown_units()
+
+
+def test_a_checkpoint_with_a_bad_unit_file_loads_nothing(tmp_path):
+    """Loading is all units or none: a damaged file for unit 1 leaves unit 0 as it was too."""
+    conf = OmegaConf.create({"backend": {"storage_backend": "Conduit", "Conduit": {"num_storage_units": 2}}})
+    tq.init(conf)
+    try:
+        rng = np.random.default_rng(4)
+        keys = [f"d{i}" for i in range(6)]
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=rollout(rng, keys))
+        tq.save_checkpoint(tmp_path / "ckpt")
+        more = [f"e{i}" for i in range(6)]
+        tq.kv_batch_put(keys=more, partition_id="train", fields=rollout(rng, more))
+        live = tq.kv_batch_get(keys=keys + more, partition_id="train")
+        manager = tq.get_client().storage_manager
+        unit_files = sorted((tmp_path / "ckpt" / tq_backend.UNITS_DIR).glob("unit_1.*.pkl"))
+        assert len(unit_files) == 1
+        unit_files[0].write_bytes(b"not a checkpoint")
+        with pytest.raises(Exception):
+            tq.get_client()._run_coroutine(manager.load_checkpoint(str(tmp_path / "ckpt")))
+        assert_same(live, tq.kv_batch_get(keys=keys + more, partition_id="train"), "after a refused load")
     finally:
         tq.close()
         tq_backend.shutdown_units()
