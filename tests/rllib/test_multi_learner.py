@@ -56,7 +56,9 @@ def test_dqn_trains_with_two_learners_each_on_its_part(ray_session):
         results = update(**kw)
         parts = kw["episodes"]
         firsts = [r["default_policy"][FIRST_SEQ_KEY].peek() for r in results]
-        errors = [np.asarray(r["default_policy"][TD_ERROR_KEY].peek()) for r in results]  # before DQN pops them
+        # before DQN pops them; each learner's logged value is a list of arrays, as DQN concatenates it
+        errors = [np.concatenate([np.asarray(e).reshape(-1) for e in r["default_policy"][TD_ERROR_KEY].peek()])
+                  for r in results]
         seen.append(([int(p.batch.seqs[0]) for p in parts], firsts, [len(p) for p in parts],
                      np.concatenate([p.batch.slots for p in parts]), errors))
         return results
