@@ -60,6 +60,66 @@ def conduit_columns(r: dict) -> dict:
             "terminated": r["terminated"], "truncated": np.zeros(L, bool)}
 
 
+# ----------------------------------------------------------------------------- a plain ring
+class PlainRing:
+    """The floor a user could write in numpy: preallocated columns, slice-copy inserts, uniform
+    draws with ``Generator.integers`` and one ``take`` per column into reused outputs. No
+    validation, no metadata, no priorities: what Conduit's uniform ring is compared against."""
+
+    def __init__(self, capacity: int, example: dict):
+        self.capacity, self.size, self.pos = capacity, 0, 0
+        self.cols = {k: np.empty((capacity, *v.shape[1:]), v.dtype) for k, v in example.items()}
+        self.rng = np.random.default_rng(0)
+        self.outs: dict[int, dict] = {}
+
+    def add(self, cols: dict) -> None:
+        n = len(cols["action"])
+        head = min(n, self.capacity - self.pos)
+        for k, v in cols.items():
+            self.cols[k][self.pos:self.pos + head] = v[:head]
+            if head < n:
+                self.cols[k][:n - head] = v[head:]
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.capacity, self.size + n)
+
+    def sample(self, batch: int) -> dict:
+        idx = self.rng.integers(0, self.size, batch)
+        out = self.outs.get(batch)
+        if out is None:
+            out = self.outs[batch] = {k: np.empty((batch, *v.shape[1:]), v.dtype) for k, v in self.cols.items()}
+        for k, v in self.cols.items():
+            np.take(v, idx, axis=0, out=out[k], mode="clip")
+        return out
+
+
+def plain_ring_entry(kind: str, cols: list[dict], fill: int, batch_sizes, *, calls: int, reps: int) -> dict:
+    """Insert rate and uniform sample time of PlainRing and of a Conduit ring with reused outputs,
+    both of ``fill`` slots, filled once (so inserts overwrite resident pages), timed in turns."""
+    ring = PlainRing(fill, cols[0])
+    cb = conduit_buffer(kind, fill, False, reuse=4)
+    for c in cols:
+        ring.add(c)
+        cb.add(c)
+
+    def rate(add) -> float:
+        t0 = time.perf_counter()
+        for c in cols:
+            add(c)
+        return fill / (time.perf_counter() - t0)
+    ins_p, ins_c = [], []
+    for _ in range(reps):   # alternated: both see the same machine state
+        ins_p.append(rate(ring.add))
+        ins_c.append(rate(cb.add))
+    entry = {"insert_per_s": median(ins_p), "conduit_insert_per_s": median(ins_c),
+             "insert_ratio": median(ins_c) / median(ins_p)}
+    for B in batch_sizes:
+        t_p = time_per_call(lambda: ring.sample(B), calls=calls, reps=reps)
+        t_c = time_per_call(lambda: cb.sample(B), calls=calls, reps=reps)
+        entry[f"B{B}"] = {"plain_s": median(t_p), "conduit_s": median(t_c), "ratio": ratio_stats(t_c, t_p)}
+    cb.close()
+    return entry
+
+
 # ----------------------------------------------------------------------------- RLlib
 def rllib_buffer(capacity: int, prioritized: bool):
     from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
@@ -170,6 +230,8 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
             res[f"B{B}"] = entry
             if kind == "cartpole":  # the tuned DQN config's sampling: n_step=(2, 5), RLlib's episode-end rule
                 res[f"B{B}_nstep"] = nstep_entry(cb, rb, B, prioritized, calls=calls, reps=reps)
+        if not prioritized:  # the floor: a plain numpy ring, same columns, same capacity
+            res["plain_ring"] = plain_ring_entry(kind, cols, fill, batch_sizes, calls=calls, reps=reps)
         cf.close()
         cb.close()
     return result
@@ -321,6 +383,16 @@ def render(report: dict) -> str:
                              f"({n['conduit_shorten_s'] * 1e6:.1f} us)" if "conduit_shorten_s" in n else n["rule"])
                     rows.append([kind, tag, f"sample n=(2,5) B={B}", f"{n['conduit_s'] * 1e6:.1f} us",
                                  f"{n.get('rllib_s', float('nan')) * 1e6:.0f} us", f"{sp:.0f}x", extra])
+    for kind, w in report["workloads"].items():
+        pr = w["uniform"].get("plain_ring")
+        if pr is None:
+            continue
+        rows.append([kind, "uniform", "insert/s vs plain ring", f"{pr['conduit_insert_per_s']:.3g}",
+                     f"{pr['insert_per_s']:.3g} (ring)", f"{pr['insert_ratio']:.2f}x", "target >= 0.8x"])
+        for B in (32, 256):
+            e = pr[f"B{B}"]
+            rows.append([kind, "uniform", f"sample B={B} vs plain ring", f"{e['conduit_s'] * 1e6:.1f} us",
+                         f"{e['plain_s'] * 1e6:.1f} us (ring)", f"{e['ratio']['median']:.2f}x", "target <= 1.3x"])
     head = f"memcpy bandwidth (256 MiB copy): {report['memcpy_GBps']:.1f} GB/s; medians over {report['args']['reps']} reps\n"
     return head + fmt_table(rows, ["workload", "selector", "op", "conduit", "rllib", "speedup", "gather / rule"])
 
