@@ -236,7 +236,8 @@ class ColumnarStorage:
 
         ``out`` optionally gives reused host output arrays of the stored shape, which
         avoids first-touch page faults on large batches (the caller owns their lifetime);
-        ``out_tensors``, their tensor views, spares wrapping them again.
+        ``out_tensors``, their tensor views, spares wrapping them again (a view that a caller
+        changed in place, shape or requires_grad, is replaced in that mapping by a fresh one).
         """
         target = device if device is not None else _CPU
         if self._single_host and slots.ndim == 1:
@@ -268,7 +269,11 @@ class ColumnarStorage:
             for name, view, _, _ in self._plan:   # the hot path: reused outputs, no codec, no wrapping
                 view.take(slots, axis=0, out=out[name], mode="clip")
                 t = out_tensors[name]
-                result[name] = t.view(t.shape)    # a tensor of its own: in-place shape changes stay in this batch
+                if t.shape != out[name].shape or t.requires_grad:
+                    # an earlier batch changed this wrapper in place (unsqueeze_, requires_grad_): a fresh
+                    # one for the same memory, so that change stays in that batch
+                    t = out_tensors[name] = torch.from_numpy(out[name])
+                result[name] = t
             return result
         result = {}
         on_host = target.type == "cpu"
@@ -297,8 +302,11 @@ class ColumnarStorage:
                     t = torch.from_numpy(view.take(slots, axis=0))
                 else:
                     view.take(slots, axis=0, out=out[name], mode="clip")
-                    t = (out_tensors[name].view(out[name].shape) if out_tensors is not None
-                         else torch.from_numpy(out[name]))
+                    t = out_tensors.get(name) if out_tensors is not None else None
+                    if t is None or t.shape != out[name].shape or t.requires_grad:
+                        t = torch.from_numpy(out[name])
+                        if out_tensors is not None:
+                            out_tensors[name] = t
             else:
                 t = torch.index_select(self.columns[name][0], 0, torch.from_numpy(slots))
             result[name] = t if codec is None else codec.decode(t, dtype)

@@ -216,3 +216,17 @@ def test_reused_outputs_hand_each_batch_tensors_of_its_own():
     assert third["obs"].shape == (8, 4) and third["obs"] is not first["obs"]
     assert isinstance(third["obs"], torch.Tensor)
     buf.close()
+
+
+def test_reused_outputs_repair_a_wrapper_changed_in_place_by_requires_grad():
+    import numpy as np
+
+    from conduit_core import ExperienceBuffer, ExperienceSpec
+    buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(4,)), capacity=64, reuse_outputs=1)
+    n = 16
+    buf.add({"obs": np.ones((n, 4), np.float32), "next_obs": np.ones((n, 4), np.float32),
+             "action": np.zeros(n, np.int64), "reward": np.zeros(n, np.float32),
+             "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)})
+    buf.sample(8)["reward"].requires_grad_()
+    assert not buf.sample(8)["reward"].requires_grad
+    buf.close()
