@@ -12,15 +12,19 @@ tensors from offsets, with no per-row Python on tensor fields.
 What a get returns is what SimpleStorage returns for the same puts (checked row for row in
 ``tests/verl/test_tq_backend.py``): a field whose rows are single elements comes back stacked
 (``[B]``); any other tensor field as a jagged nested tensor (ragged along each row's first
-dimension); other values as a ``NonTensorStack``. A missing (row, field) raises TQ's
-``StorageKeyNotFoundError``, as SimpleStorage's does.
+dimension), with its row-length bounds; other values as SimpleStorage packs them (a
+``NonTensorStack``, or a nested tensor when every value is a tensor). A missing (row, field)
+raises TQ's ``StorageKeyNotFoundError``, as SimpleStorage's does. A put is checked and its schema
+built before any unit is written; a put spread over several units is not atomic if one unit then
+refuses its part (the others keep theirs, and the controller is not told of any).
 
 Registered with TQ's two registries (``StorageBootstrapProvider`` makes the units at
 ``tq.init``; ``StorageManagerFactory`` makes each process's client-side manager) when this
 module is imported; ``conduit_verl.plugin`` imports it right after ``transfer_queue`` is
 imported, in every process where verl is imported. Config (``transfer_queue.backend.Conduit``):
 ``num_storage_units`` (default 1), ``slots`` (initial rows per unit, grows), and
-``unit_names``, written by the bootstrap for the clients to find the units.
+``unit_names``, written by the bootstrap for the clients to find the units (fresh ones per
+``tq.init``; ``shutdown_units()`` kills them, as TQ's ``close()`` does not).
 """
 
 from __future__ import annotations
