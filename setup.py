@@ -25,12 +25,14 @@ class OptionalBuildExt(build_ext):
             print(f"conduit: C helper {ext.name} not built ({exc}); using the numpy fallback")
 
 
+NATIVE_H = ["conduit_core/_native.h"]  # shared by every helper: a change rebuilds them all
+
 setup(
-    ext_modules=[Extension("conduit_core._sumtree", ["conduit_core/_sumtree.c"], extra_compile_args=["-O3"]),
-                 Extension("conduit_core._frames", ["conduit_core/_frames.c"], extra_compile_args=["-O3"]),
-                 Extension("conduit_core._segments", ["conduit_core/_segments.c"], extra_compile_args=["-O3"]),
-                 Extension("conduit_core._scan", ["conduit_core/_scan.c"], extra_compile_args=["-O3"]),
-                 Extension("conduit_core._draws", ["conduit_core/_draws.c"], extra_compile_args=["-O3"]),
-                 Extension("conduit_core._affine", ["conduit_core/_affine.c"], extra_compile_args=["-O3", "-ffp-contract=off", "-fno-trapping-math"])],
+    ext_modules=[Extension("conduit_core._sumtree", ["conduit_core/_sumtree.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
+                 Extension("conduit_core._frames", ["conduit_core/_frames.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
+                 Extension("conduit_core._segments", ["conduit_core/_segments.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
+                 Extension("conduit_core._scan", ["conduit_core/_scan.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
+                 Extension("conduit_core._draws", ["conduit_core/_draws.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
+                 Extension("conduit_core._affine", ["conduit_core/_affine.c"], depends=NATIVE_H, extra_compile_args=["-O3", "-ffp-contract=off", "-fno-trapping-math"])],
     cmdclass={"build_ext": OptionalBuildExt},
 )

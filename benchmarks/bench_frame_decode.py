@@ -9,7 +9,10 @@ synchronised float32 batch on the device:
     gpu-decode   Conduit gathers uint8 stacks on the host, copies those, decodes on the device
     float-stack  the peer: stack stored float32 arrays on the host, then ``.to(device)``
 
-    python -m benchmarks.bench_frame_decode [--batch 32] [--reps 50] [--device cpu|cuda]
+With ``--ingest``, the other direction: ``add()`` of chunks of RLlib-style float32 stacks (4 rows,
+as DQN's Atari step hands over) into a frame-pooled buffer: encode, exactness check, frame links.
+
+    python -m benchmarks.bench_frame_decode [--batch 32] [--reps 50] [--device cpu|cuda] [--ingest]
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch", type=int, nargs="+", default=[32])
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--device", default="cpu", help="where the learner's batch must end up (cpu, cuda)")
+    p.add_argument("--ingest", action="store_true", help="time add() of 4-row chunks instead")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
+    if a.ingest:
+        return ingest(a.reps)
     device = torch.device(a.device)
     codec = FrameStackCodec(k=4, axis=-1, inner=AffineCodec.divide(128, offset=-1.0))
     pool = FramePool(name="frames", frames=20_000, frame_shape=(84, 84), dtype=torch.uint8, k=4)
@@ -85,6 +91,32 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  peer: stack float32 on host, .to()      {r['float_stack_ms']:6.2f} ms")
         results[batch] = r
     return results
+
+
+def ingest(reps: int, rows: int = 4, chunks: int = 250) -> dict:
+    """Median ms per add() of ``rows`` consecutive Atari transitions (obs and next obs float32 84x84x4)."""
+    from conduit_core import ExperienceBuffer, ExperienceSpec
+    k = 4
+    codec = FrameStackCodec(k=k, axis=-1, inner=AffineCodec.divide(128, offset=-1.0))
+    frames = np.random.default_rng(0).integers(0, 256, (rows * chunks * (reps + 1) + k + 1, 84, 84), dtype=np.uint8)
+    idx = np.arange(frames.shape[0] - k + 1)[:, None] + np.arange(k)
+    stacks = np.moveaxis(frames[idx], 1, -1).astype(np.float32) / 128.0 - 1.0   # RLlib's layout and values
+    buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(84, 84, k), obs_codec=codec),
+                           capacity=rows * chunks, seed=0)   # the warm-up round fills it: timed adds overwrite
+    z = {"action": np.zeros(rows, np.int64), "reward": np.zeros(rows, np.float32),
+         "terminated": np.zeros(rows, bool), "truncated": np.zeros(rows, bool)}
+    times, s = [], 0
+    for rep in range(reps + 1):                    # the first round warms up
+        t0 = time.perf_counter()
+        for _ in range(chunks):
+            buf.add({"obs": stacks[s:s + rows], "next_obs": stacks[s + 1:s + rows + 1], **z})
+            s += rows
+        if rep:
+            times.append((time.perf_counter() - t0) / chunks * 1e3)
+    buf.close()
+    ms = statistics.median(times)
+    print(f"add() of {rows} Atari rows (float32 stacks, frame pool + affine codec): {ms:.3f} ms, median of {reps}")
+    return {"add_ms": ms}
 
 
 if __name__ == "__main__":

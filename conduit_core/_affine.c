@@ -12,17 +12,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_native.h"
 #include <stdint.h>
-
-static int get(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) != 0) return -1;
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd-byte items", what, itemsize, view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
 
 /* decode_u8(q u8[n], offset, df, dmul, out f32[n]): y = (dmul ? q * df : q / df) + offset, in float32:
  * the decode quantize_u8 checks with. The codec compares it with its own lookup table for all
@@ -34,8 +25,8 @@ static PyObject *decode_u8(PyObject *self, PyObject *args) {
     int dmul;
     if (!PyArg_ParseTuple(args, "OfpfO", &o_q, &offset, &dmul, &df, &o_out)) return NULL;
     Py_buffer q, out;
-    if (get(o_q, &q, 1, 0, "q") < 0) return NULL;
-    if (get(o_out, &out, 4, 1, "out") < 0) { PyBuffer_Release(&q); return NULL; }
+    if (get_items(o_q, &q, 1, 0, "q") < 0) return NULL;
+    if (get_items(o_out, &out, 4, 1, "out") < 0) { PyBuffer_Release(&q); return NULL; }
     if (out.len != q.len * 4) {
         PyBuffer_Release(&q); PyBuffer_Release(&out);
         PyErr_SetString(PyExc_ValueError, "out: expected one float32 per byte");
@@ -85,8 +76,8 @@ static PyObject *quantize_u8(PyObject *self, PyObject *args) {
     int qmul, dmul;
     if (!PyArg_ParseTuple(args, "OfpfpfO", &o_x, &offset, &qmul, &qf, &dmul, &df, &o_out)) return NULL;
     Py_buffer x, out;
-    if (get(o_x, &x, 4, 0, "x") < 0) return NULL;
-    if (get(o_out, &out, 1, 1, "out") < 0) { PyBuffer_Release(&x); return NULL; }
+    if (get_items(o_x, &x, 4, 0, "x") < 0) return NULL;
+    if (get_items(o_out, &out, 1, 1, "out") < 0) { PyBuffer_Release(&x); return NULL; }
     Py_ssize_t n = x.len / 4;
     long long bad = -1;
     if (out.len != n) {

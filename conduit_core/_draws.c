@@ -10,15 +10,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_native.h"
 #include <stdint.h>
-
-typedef struct {                   /* numpy/random/bitgen.h (stable since numpy 1.17) */
-    void *state;
-    uint64_t (*next_uint64)(void *st);
-    uint32_t (*next_uint32)(void *st);
-    double (*next_double)(void *st);
-    uint64_t (*next_raw)(void *st);
-} bitgen_t;
 
 /* uniform_ints(capsule, n, out i64[B]): out[i] uniform on [0, n) */
 static PyObject *uniform_ints(PyObject *self, PyObject *args) {

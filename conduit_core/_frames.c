@@ -12,22 +12,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_native.h"
 #include <stdint.h>
 #include <string.h>
 
 #define MAX_K 64
-
-static int get(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *what) {
-    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, view, flags) != 0) return -1;
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a contiguous buffer of %zd-byte items, got %zd-byte items",
-                     what, itemsize, view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
 
 /* gather_stacks(frames u8[F, P], last_ids i64[B], k, k_last, lut f32[256] or None, out u8|f32[B, ...]) */
 static PyObject *gather_stacks(PyObject *self, PyObject *args) {
@@ -38,10 +27,10 @@ static PyObject *gather_stacks(PyObject *self, PyObject *args) {
     if (k < 1 || k > MAX_K) return PyErr_Format(PyExc_ValueError, "k: expected 1..%d, got %zd", MAX_K, k);
     Py_buffer fr, ids, lut, out;
     int has_lut = o_lut != Py_None;
-    if (get(o_frames, &fr, 1, 0, "frames") < 0) return NULL;
-    if (get(o_ids, &ids, 8, 0, "last_ids") < 0) { PyBuffer_Release(&fr); return NULL; }
-    if (has_lut && get(o_lut, &lut, 4, 0, "lut") < 0) { PyBuffer_Release(&fr); PyBuffer_Release(&ids); return NULL; }
-    if (get(o_out, &out, has_lut ? 4 : 1, 1, "out") < 0) {
+    if (get_items(o_frames, &fr, 1, 0, "frames") < 0) return NULL;
+    if (get_items(o_ids, &ids, 8, 0, "last_ids") < 0) { PyBuffer_Release(&fr); return NULL; }
+    if (has_lut && get_items(o_lut, &lut, 4, 0, "lut") < 0) { PyBuffer_Release(&fr); PyBuffer_Release(&ids); return NULL; }
+    if (get_items(o_out, &out, has_lut ? 4 : 1, 1, "out") < 0) {
         PyBuffer_Release(&fr); PyBuffer_Release(&ids); if (has_lut) PyBuffer_Release(&lut); return NULL;
     }
     Py_ssize_t F = fr.ndim >= 1 ? fr.shape[0] : 0;
@@ -115,10 +104,10 @@ static PyObject *stack_links(PyObject *self, PyObject *args) {
     if (k < 1) return PyErr_Format(PyExc_ValueError, "k: expected >= 1, got %zd", k);
     Py_buffer fl, pv, sa, sh;
     int has_prev = o_prev != Py_None;
-    if (get(o_flat, &fl, 1, 0, "flat") < 0) return NULL;
-    if (has_prev && get(o_prev, &pv, 1, 0, "prev") < 0) { PyBuffer_Release(&fl); return NULL; }
-    if (get(o_same, &sa, 1, 1, "same") < 0) { PyBuffer_Release(&fl); if (has_prev) PyBuffer_Release(&pv); return NULL; }
-    if (get(o_shift, &sh, 1, 1, "shift") < 0) {
+    if (get_items(o_flat, &fl, 1, 0, "flat") < 0) return NULL;
+    if (has_prev && get_items(o_prev, &pv, 1, 0, "prev") < 0) { PyBuffer_Release(&fl); return NULL; }
+    if (get_items(o_same, &sa, 1, 1, "same") < 0) { PyBuffer_Release(&fl); if (has_prev) PyBuffer_Release(&pv); return NULL; }
+    if (get_items(o_shift, &sh, 1, 1, "shift") < 0) {
         PyBuffer_Release(&fl); if (has_prev) PyBuffer_Release(&pv); PyBuffer_Release(&sa); return NULL;
     }
     Py_ssize_t m = sa.len;

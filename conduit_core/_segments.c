@@ -8,28 +8,19 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_native.h"
 #include <stdint.h>
 #include <string.h>
-
-static int get(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) != 0) return -1;
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd-byte items", what, itemsize, view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
 
 /* gather_segments(src u8[], starts i64[n], lengths i64[n], out u8[sum lengths]) */
 static PyObject *gather_segments(PyObject *self, PyObject *args) {
     PyObject *o_src, *o_starts, *o_lens, *o_out;
     if (!PyArg_ParseTuple(args, "OOOO", &o_src, &o_starts, &o_lens, &o_out)) return NULL;
     Py_buffer src, st, ln, out;
-    if (get(o_src, &src, 1, 0, "src") < 0) return NULL;
-    if (get(o_starts, &st, 8, 0, "starts") < 0) { PyBuffer_Release(&src); return NULL; }
-    if (get(o_lens, &ln, 8, 0, "lengths") < 0) { PyBuffer_Release(&src); PyBuffer_Release(&st); return NULL; }
-    if (get(o_out, &out, 1, 1, "out") < 0) {
+    if (get_items(o_src, &src, 1, 0, "src") < 0) return NULL;
+    if (get_items(o_starts, &st, 8, 0, "starts") < 0) { PyBuffer_Release(&src); return NULL; }
+    if (get_items(o_lens, &ln, 8, 0, "lengths") < 0) { PyBuffer_Release(&src); PyBuffer_Release(&st); return NULL; }
+    if (get_items(o_out, &out, 1, 1, "out") < 0) {
         PyBuffer_Release(&src); PyBuffer_Release(&st); PyBuffer_Release(&ln); return NULL;
     }
     Py_ssize_t n = st.len / 8;

@@ -9,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_native.h"
 #include <math.h>
 #include <string.h>
 #include <stdint.h>
@@ -328,14 +329,6 @@ static PyObject *select_weighted(PyObject *self, PyObject *args) {
     PyBuffer_Release(&bs); PyBuffer_Release(&bm); PyBuffer_Release(&bv); PyBuffer_Release(&bi); PyBuffer_Release(&bw);
     Py_RETURN_NONE;
 }
-
-typedef struct {                   /* numpy/random/bitgen.h (stable since numpy 1.17) */
-    void *state;
-    uint64_t (*next_uint64)(void *st);
-    uint32_t (*next_uint32)(void *st);
-    double (*next_double)(void *st);
-    uint64_t (*next_raw)(void *st);
-} bitgen_t;
 
 /* draw_weighted(sums, mins, size, bit_generator capsule, total, stratified, beta, idx:i64[B], w:f32[B])
  * select_weighted with its prefix-sum targets drawn here, from the generator's own stream: the

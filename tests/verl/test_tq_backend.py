@@ -2,6 +2,7 @@
 SimpleStorage returns, row for row, type for type (jagged / stacked / non-tensor), in one Ray
 session, through TQ's public key-value API (what verl's V1 trainer calls)."""
 
+import contextlib
 import os
 
 import numpy as np
@@ -25,6 +26,21 @@ def ray_session():
              log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@contextlib.contextmanager
+def tq_session(backend: str = "Conduit", units: int = 1, slots: int | None = None):
+    """TransferQueue up on ``backend`` with ``units`` storage units, closed (and Conduit's units
+    killed, which TQ's close() leaves) however the block ends."""
+    conduit = {"num_storage_units": units, **({"slots": slots} if slots else {})}
+    tq.init(OmegaConf.create({"backend": {"storage_backend": backend,
+                                          "SimpleStorage": {"num_data_storage_units": units}, "Conduit": conduit}}))
+    try:
+        yield
+    finally:
+        tq.close()
+        if backend == "Conduit":
+            tq_backend.shutdown_units()
 
 
 def rollout(rng, keys, width=12):
@@ -52,11 +68,7 @@ def rollout(rng, keys, width=12):
 def script(backend: str, units: int) -> list:
     """What a trainer does: a rollout put, stages adding fields to some rows, gets in several
     orders and subsets, a clear. Returns every get's result."""
-    conf = OmegaConf.create({"backend": {"storage_backend": backend,
-                                         "SimpleStorage": {"num_data_storage_units": units},
-                                         "Conduit": {"num_storage_units": units, "slots": 4}}})
-    tq.init(conf)
-    try:
+    with tq_session(backend, units, slots=4):
         rng = np.random.default_rng(0)
         keys = [f"uid{i}" for i in range(10)]
         got = []
@@ -79,10 +91,6 @@ def script(backend: str, units: int) -> list:
         tq.kv_clear(keys=keys[:5], partition_id="train")
         got.append(tq.kv_batch_get(keys=keys[5:], partition_id="train", select_fields=["input_ids", "old_log_probs"]))
         return got
-    finally:
-        tq.close()
-        if backend == "Conduit":
-            tq_backend.shutdown_units()
 
 
 def assert_same(a: TensorDict, b: TensorDict, where: str) -> None:
@@ -120,9 +128,7 @@ def test_every_get_equals_simple_storage_row_for_row(units):
 def test_a_missing_row_is_key_not_found_as_on_simple_storage():
     from transfer_queue.storage.simple_storage import StorageKeyNotFoundError
 
-    conf = OmegaConf.create({"backend": {"storage_backend": "Conduit", "Conduit": {"num_storage_units": 1}}})
-    tq.init(conf)
-    try:
+    with tq_session("Conduit", 1):
         client = tq.get_client()
         manager = client.storage_manager
         assert isinstance(manager, tq_backend.ConduitStorageManager)
@@ -137,9 +143,6 @@ def test_a_missing_row_is_key_not_found_as_on_simple_storage():
             size, global_indexes, field_names, partition_ids = 2, [5, 9], ["x"], ["p"]
         with pytest.raises(StorageKeyNotFoundError, match="key 9"):
             client._run_coroutine(manager.get_data(Meta()))
-    finally:
-        tq.close()
-        tq_backend.shutdown_units()
 
 
 def test_verl_entry_point_registers_the_backend_in_every_process_that_imports_verl():
@@ -168,9 +171,7 @@ def test_field_schema_equals_transfer_queues_own():
 def test_checkpoint_through_tq_restores_every_row(tmp_path):
     """tq.save_checkpoint / tq.load_checkpoint (what verl's trainer calls when it checkpoints)
     with the Conduit backend: what was stored comes back, row for row."""
-    conf = OmegaConf.create({"backend": {"storage_backend": "Conduit", "Conduit": {"num_storage_units": 2}}})
-    tq.init(conf)
-    try:
+    with tq_session("Conduit", 2):
         rng = np.random.default_rng(9)
         keys = [f"c{i}" for i in range(9)]
         tq.kv_batch_put(keys=keys, partition_id="train", fields=rollout(rng, keys))
@@ -179,16 +180,11 @@ def test_checkpoint_through_tq_restores_every_row(tmp_path):
         tq.kv_clear(keys=keys[:4], partition_id="train")
         tq.load_checkpoint(tmp_path / "ckpt")
         assert_same(before, tq.kv_batch_get(keys=keys, partition_id="train"), "restored")
-    finally:
-        tq.close()
-        tq_backend.shutdown_units()
 
 
 def test_a_checkpoint_with_a_bad_unit_file_loads_nothing(tmp_path):
     """Loading is all units or none: a damaged file for unit 1 leaves unit 0 as it was too."""
-    conf = OmegaConf.create({"backend": {"storage_backend": "Conduit", "Conduit": {"num_storage_units": 2}}})
-    tq.init(conf)
-    try:
+    with tq_session("Conduit", 2):
         rng = np.random.default_rng(4)
         keys = [f"d{i}" for i in range(6)]
         tq.kv_batch_put(keys=keys, partition_id="train", fields=rollout(rng, keys))
@@ -203,6 +199,3 @@ def test_a_checkpoint_with_a_bad_unit_file_loads_nothing(tmp_path):
         with pytest.raises(Exception):
             tq.get_client()._run_coroutine(manager.load_checkpoint(str(tmp_path / "ckpt")))
         assert_same(live, tq.kv_batch_get(keys=keys + more, partition_id="train"), "after a refused load")
-    finally:
-        tq.close()
-        tq_backend.shutdown_units()
