@@ -374,6 +374,41 @@ class ExperienceBuffer(EpisodeSampling):
             self._cond.notify_all()
             return int(seqs.size)
 
+    def read(self, seqs, *, fields: Sequence[str] | None = None,
+             device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+        """Stored rows by their seq, decoded: each field shaped ``seqs.shape + field shape``.
+
+        For an adapter that rebuilds its framework's own objects around rows it already
+        knows (RLlib's episode slices, with their lookback): no selection, no RNG draw,
+        nothing counted as sampled. A seq that is not stored (never written, overwritten by
+        the ring, evicted, or on a lost shard) is an error naming it; nothing is read then."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        flat = seqs.reshape(-1)
+        self._check_fields(fields)
+        with self._cond:
+            self._check_open()
+            slots = flat % self.capacity
+            live = (self.meta["seq"][slots] == flat) & self._live(slots, flat)
+            if not live.all():
+                bad = int(flat[np.argmin(live)])
+                raise SemanticError(f"read: seq {bad} is not stored (stored seqs are in [{self._lo()}, "
+                                    f"{self._inserted}) minus evicted rows). Fix: read only rows this buffer "
+                                    "still holds (e.g. seqs from a delivered batch or from the adapter's own "
+                                    "ledger of stored episodes).")
+            data = self.storage.gather(slots.reshape(seqs.shape),
+                                       device=None if device is None else torch.device(device), fields=fields)
+        return dict(data)
+
+    def _check_fields(self, fields) -> None:
+        if fields is None:
+            return
+        if isinstance(fields, str):
+            raise ConfigError("fields", "a sequence of field names", repr(fields), f"pass [{fields!r}]")
+        unknown = [f for f in fields if f not in self.spec]
+        if unknown:
+            raise SpecError(f"fields[{unknown[0]!r}]", f"one of the spec's fields {list(self.spec.names)}",
+                            "not in the spec", "ask for declared fields only")
+
     def _count_holes(self, lo: int, hi: int) -> int:
         """Removed rows among seqs [lo, hi) (each slot holds its seq while the row is stored)."""
         seqs = np.arange(lo, hi, dtype=np.int64)
@@ -485,6 +520,7 @@ class ExperienceBuffer(EpisodeSampling):
             n_step = tuple(n_step)
         self._check_sampling(n_step, gamma, beta)
         self._check_batch_size(batch_size)
+        self._check_fields(fields)
         if n_step is not None and episode_end == "redraw" and getattr(self.selector, "stratified", False):
             raise ConfigError("episode_end", "'shorten' with Prioritized(stratified=True)", "'redraw'",
                               "the redraw walk draws items independently (RLlib's rule): use "
@@ -497,11 +533,11 @@ class ExperienceBuffer(EpisodeSampling):
                 if n_step is not None and episode_end == "redraw":
                     slots, weights, ret, last, steps = self._sample_windows(batch_size, n_step, gamma, beta,
                                                                             redraw=True)
-                    return slots, weights, self._gather_windows(slots, ret, last, steps, device)
+                    return slots, weights, self._gather_windows(slots, ret, last, steps, device, fields)
                 slots, weights = self._select(batch_size, beta)
                 if n_step is None:
                     return slots, weights, self._gather(slots, device, fields)
-                return slots, weights, self._gather_n_step(slots, n_step, gamma, device)
+                return slots, weights, self._gather_n_step(slots, n_step, gamma, device, fields)
             slots, weights, data = self._with_lost_shards(
                 draw, then=lambda: self._wait_for_sample(batch_size, timeout))
             self._sampled += batch_size

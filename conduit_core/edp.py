@@ -57,6 +57,7 @@ class DeliveryRequest:
     policy_version: int | None = None
     device: str | None = None
     episode_end: str = "shorten"
+    fields: tuple[str, ...] | None = None  # only these of the spec's fields (None: all)
 
 
 @dataclass
@@ -262,13 +263,14 @@ class ExperienceDataPlane:
     def deliver(self, batch_size: int | None = None, *, policy_version: int | None = None,
                 n_step: int | tuple[int, int] | None = None, gamma: float = 0.99, beta: float | None = None,
                 sequence_length: int | None = None, timeout: float | None = None,
-                episode_end: str = "shorten") -> Batch:
+                episode_end: str = "shorten", fields=None) -> Batch:
         """A training-ready batch on the learner's device.
 
         Replay (uniform/prioritized): ``batch_size`` items, optionally as n-step returns
         (``episode_end``: 'shorten' or 'redraw' windows cut by an episode's end; see
         ``ExperienceBuffer.sample``) or as sequences of ``sequence_length``. FIFO: the next ``batch_size`` items of
-        ``policy_version`` (``None``: everything of that version accepted so far)."""
+        ``policy_version`` (``None``: everything of that version accepted so far). ``fields``: gather
+        only these of the spec's fields (replay samples; None: all)."""
         with self._metrics.blocked("deliver"):
             self._check_usable()
             if episode_end not in EPISODE_END_RULES:
@@ -279,7 +281,8 @@ class ExperienceDataPlane:
                 raise ConfigError("batch_size", "a positive int for replay delivery", None,
                                   "pass batch_size=...; only FIFO delivery may take everything")
             req = DeliveryRequest(kind, batch_size, n_step if isinstance(n_step, (int, type(None))) else tuple(n_step),
-                                  gamma, beta, sequence_length, policy_version, self.device, episode_end)
+                                  gamma, beta, sequence_length, policy_version, self.device, episode_end,
+                                  None if fields is None else tuple(fields))
             if kind == "take":
                 if batch_size is None:
                     self._wait_rows(0, timeout, "deliver")
@@ -323,7 +326,8 @@ class ExperienceDataPlane:
             big = self.buffer.sample_sequences(total, req.length, device=req.device, timeout=timeout)
         else:
             big = self.buffer.sample(total, device=req.device, n_step=req.n_step, gamma=req.gamma,
-                                     beta=req.beta, timeout=timeout, episode_end=req.episode_end)
+                                     beta=req.beta, timeout=timeout, episode_end=req.episode_end,
+                                     fields=req.fields)
         batches = _split(big, req.batch_size) if g > 1 else [big]
         out = []
         try:
@@ -554,6 +558,13 @@ class ExperienceDataPlane:
         with self._cond:
             self._drop_prepared_locked()
             return self.buffer.evict(seqs)
+
+    def read(self, seqs, *, fields=None, device=None):
+        """Stored rows by seq (``ExperienceBuffer.read``), after storing what was accepted:
+        no selection, no draw, nothing counted as delivered."""
+        self._check_usable()
+        self.flush()
+        return self.buffer.read(seqs, fields=fields, device=device)
 
     # ------------------------------------------------------------ errors/state
     def _take_error_locked(self) -> BaseException | None:

@@ -59,7 +59,7 @@ class EpisodeSampling:
                 raise SpecError(need, "a field of the spec for n-step returns", "missing",
                                 "declare it, or sample without n_step")
 
-    def _gather_n_step(self, slots, n_step, gamma, device) -> dict[str, torch.Tensor]:
+    def _gather_n_step(self, slots, n_step, gamma, device, fields=None) -> dict[str, torch.Tensor]:
         self._check_n_step_fields()
         b = slots.shape[0]
         if isinstance(n_step, tuple):
@@ -70,19 +70,22 @@ class EpisodeSampling:
         if (n < 1).any():
             raise ConfigError("n_step", ">= 1", int(n.min()), "use n_step=1 for one-step returns")
         ret, cur, steps = self._n_step_returns(slots, n, gamma)
-        return self._gather_windows(slots, ret, cur, steps, device)
+        return self._gather_windows(slots, ret, cur, steps, device, fields)
 
-    def _gather_windows(self, slots, ret, cur, steps, device) -> dict[str, torch.Tensor]:
+    def _gather_windows(self, slots, ret, cur, steps, device, fields=None) -> dict[str, torch.Tensor]:
         """Columns of n-step windows: first-step fields from ``slots``, ``next_obs`` and the
-        done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``."""
-        last_fields = ["next_obs", *self.done_fields]
-        first_fields = [f for f in self.spec.names if f not in last_fields and f != "reward"]
+        done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``
+        (``fields``: only these of the spec's fields, ``n_step`` always)."""
+        names = [f for f in self.spec.names if fields is None or f in fields]
+        last_fields = [f for f in ("next_obs", *self.done_fields) if f in names]
+        first_fields = [f for f in names if f not in last_fields and f != "reward"]
         data = self._gather(slots, device, first_fields)
         data.update(self._gather(cur, device, last_fields))
         dev = torch.device(device) if device is not None else torch.device("cpu")
-        data["reward"] = torch.from_numpy(ret.astype(np.float32)).to(dev)
+        if "reward" in names:
+            data["reward"] = torch.from_numpy(ret.astype(np.float32)).to(dev)
         data["n_step"] = torch.from_numpy(steps).to(dev)
-        return {name: data[name] for name in [*self.spec.names, "n_step"]}
+        return {name: data[name] for name in [*names, "n_step"]}
 
     def _sample_windows(self, batch_size: int, n_step, gamma: float, beta: float | None, *, redraw: bool):
         """Select ``batch_size`` items and walk their n-step windows in one native pass.

@@ -18,6 +18,11 @@ from conduit_core.spec import as_torch_dtype
 RLLIB_COLUMNS = {"obs": "obs", "next_obs": "new_obs", "action": "actions", "reward": "rewards",
                  "terminated": "terminateds", "truncated": "truncateds"}
 
+# An episode's extra model outputs (per step: RLlib's ``weights_seq_no``, action logps, a
+# stateful module's ``state_out``...) are stored as fields under this prefix, nested ones
+# with dotted names; RLlib's buffers keep them all, so Conduit's does too.
+EXTRA = "extra_model_outputs."
+
 
 def _steps(buf, n: int):
     """The chunk's own items of an InfiniteLookbackBuffer, skipping its lookback, without
@@ -29,8 +34,31 @@ def _steps(buf, n: int):
     return None
 
 
+def extra_model_output_columns(ep, n: int) -> dict[str, np.ndarray]:
+    """The chunk's extra model outputs, one row per step, as ``EXTRA``-prefixed flat columns."""
+    from conduit_core.nested import flatten
+    out: dict[str, np.ndarray] = {}
+    for key, buf in ep.extra_model_outputs.items():
+        steps = _steps(buf, n)
+        value = steps if steps is not None else ep.get_extra_model_outputs(key, slice(0, n))
+        for name, leaf in (flatten({key: value}, prefix=EXTRA) if isinstance(value, dict)
+                           else [(EXTRA + key, value)]):
+            out[name] = np.asarray(leaf)
+    return out
+
+
+def episode_infos(ep, n: int) -> list:
+    """The chunk's ``n + 1`` infos, one per observation (RLlib's ``get_infos``), as stored."""
+    data = getattr(ep.infos, "data", None)
+    if isinstance(data, list) and len(data) >= ep.infos.lookback + n + 1:
+        lb = ep.infos.lookback
+        return data[lb:lb + n + 1]
+    return list(ep.get_infos(slice(0, n + 1)))
+
+
 def episode_columns(ep) -> dict[str, np.ndarray]:
-    """One episode chunk as columns (length = number of steps in the chunk)."""
+    """One episode chunk as columns (length = number of steps in the chunk), its extra
+    model outputs included."""
     n = len(ep)
     obs = _steps(ep.observations, n + 1)
     act = _steps(ep.actions, n)
@@ -49,7 +77,7 @@ def episode_columns(ep) -> dict[str, np.ndarray]:
         trunc[-1] = ep.is_truncated
     return {"obs": obs[:-1], "next_obs": obs[1:], "action": act,
             "reward": rew.astype(np.float32, copy=False),
-            "terminated": term, "truncated": trunc}
+            "terminated": term, "truncated": trunc, **extra_model_output_columns(ep, n)}
 
 
 # Affine normalisations frameworks apply to uint8 pixels, tried in order: x = q / d + offset.
@@ -107,4 +135,10 @@ def spec_for(cols: dict[str, np.ndarray], *, obs_codec: str | None) -> Experienc
               FieldSpec("reward", (), torch.float32),
               FieldSpec("next_obs", obs.shape[1:], obs_dtype, *extra),
               FieldSpec("terminated", (), torch.bool), FieldSpec("truncated", (), torch.bool)]
+    for name, col in cols.items():
+        if name.startswith(EXTRA):
+            if col.dtype == object:
+                raise SpecError(name, "numeric per-step values (one array per step)", "Python objects",
+                                "return arrays from the RLModule's forward pass for this key")
+            fields.append(FieldSpec(name, col.shape[1:], as_torch_dtype(col.dtype)))
     return ExperienceSpec(fields)

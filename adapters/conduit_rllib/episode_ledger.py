@@ -24,14 +24,65 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from conduit_core import SemanticError
+
 
 @dataclass
 class EpisodeRecord:
     rows: int = 0                                   # steps stored
     chunks: list[tuple[int, int]] = field(default_factory=list)  # (first seq, steps)
+    id_: str | None = None                          # RLlib's episode id
+    t_started: int = 0                              # env step of the first stored step
 
     def seqs(self) -> list[range]:
         return [range(first, first + n) for first, n in self.chunks]
+
+
+class EpisodeIndex:
+    """Where stored steps sit in their episodes, as RLlib's buffers address them: episode
+    (in arrival order) and step within the stored episode. Built from the ledger's records
+    (immutable; the ledger builds a new one after a change). Every lookup is vectorized."""
+
+    def __init__(self, episodes: "OrderedDict[int, EpisodeRecord]"):
+        self.sources = np.fromiter(episodes.keys(), dtype=np.int64, count=len(episodes))
+        self.records = list(episodes.values())
+        self.lengths = np.fromiter((r.rows for r in self.records), dtype=np.int64, count=len(self.records))
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)])  # global step index of each episode's step 0
+        self.total = int(self.starts[-1])
+        chunks = [(first, n, e) for e, r in enumerate(self.records) for first, n in r.chunks]
+        c = np.array(chunks, dtype=np.int64).reshape(-1, 3)
+        self._first, self._n, self._ep = c[:, 0], c[:, 1], c[:, 2]
+        # chunks in episode order are in global-step order too
+        self._gpos = np.concatenate([[0], np.cumsum(self._n)[:-1]]) if c.shape[0] else np.zeros(0, np.int64)
+        self._by_seq = np.argsort(self._first, kind="stable")
+
+    def seq_at(self, episode: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """Seq of step ``pos`` of stored episode number ``episode`` (arrival order)."""
+        g = self.starts[np.asarray(episode)] + np.asarray(pos)
+        k = np.searchsorted(self._gpos, g, side="right") - 1
+        return self._first[k] + (g - self._gpos[k])
+
+    def from_global(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(episode, step) of global stored-step indices (RLlib's ``_indices`` order)."""
+        e = np.searchsorted(self.starts, g, side="right") - 1
+        return e, g - self.starts[e]
+
+    def locate(self, seqs) -> tuple[np.ndarray, np.ndarray]:
+        """(episode, step within the stored episode) of stored rows ``seqs``."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        first = self._first[self._by_seq]
+        k = np.searchsorted(first, seqs, side="right") - 1
+        ok = k >= 0
+        kk = self._by_seq[np.where(ok, k, 0)]
+        ok &= seqs < self._first[kk] + self._n[kk]
+        if not ok.all():
+            raise SemanticError(f"episode ledger: seq {int(seqs[np.argmin(ok)])} is in no stored episode. "
+                                "Fix: this is a bookkeeping bug in conduit_rllib; please report it.")
+        e = self._ep[kk]
+        pos = self._gpos[kk] - self.starts[e] + (seqs - self._first[kk])
+        return e, pos
 
 
 class EpisodeLedger:
@@ -42,6 +93,7 @@ class EpisodeLedger:
         self.evicted_rows = 0
         self.early_episodes = 0                      # evicted because the ring would cut them (not RLlib's rule)
         self._by_seq: deque[tuple[int, int, int]] = deque()  # (first seq, steps, source), in seq order
+        self._index: EpisodeIndex | None = None      # built on demand, dropped on every change
 
     # ------------------------------------------------------------- decisions (pure)
     def plan(self, new: list[tuple[int, int]], capacity: int) -> tuple[list[int], set[int]]:
@@ -70,10 +122,16 @@ class EpisodeLedger:
         return out
 
     # ------------------------------------------------------------- bookkeeping
-    def record(self, source: int, first: int, n: int) -> None:
+    def index(self) -> EpisodeIndex:
+        if self._index is None:
+            self._index = EpisodeIndex(self.episodes)
+        return self._index
+
+    def record(self, source: int, first: int, n: int, *, id_: str | None = None, t_started: int = 0) -> None:
+        self._index = None
         rec = self.episodes.get(source)
         if rec is None:
-            rec = self.episodes[source] = EpisodeRecord()
+            rec = self.episodes[source] = EpisodeRecord(id_=id_, t_started=int(t_started))
         rec.rows += n
         rec.chunks.append((first, n))
         self.rows += n
@@ -81,6 +139,7 @@ class EpisodeLedger:
 
     def remove(self, source: int, *, early: bool = False) -> list[range]:
         """Forget an episode; returns the seq ranges of its steps (for ``evict``)."""
+        self._index = None
         rec = self.episodes.pop(source)
         self.rows -= rec.rows
         self.evicted_episodes += 1
@@ -95,13 +154,17 @@ class EpisodeLedger:
 
     # ------------------------------------------------------------------- state
     def state(self) -> dict:
-        return {"episodes": [[s, r.rows, [list(c) for c in r.chunks]] for s, r in self.episodes.items()],
+        return {"episodes": [[s, r.rows, [list(c) for c in r.chunks], r.id_, r.t_started]
+                             for s, r in self.episodes.items()],
                 "by_seq": [list(x) for x in self._by_seq], "rows": self.rows,
                 "evicted": [self.evicted_episodes, self.evicted_rows, self.early_episodes]}
 
     def load(self, state: dict) -> None:
-        self.episodes = OrderedDict((int(s), EpisodeRecord(int(rows), [(int(a), int(b)) for a, b in chunks]))
-                                    for s, rows, chunks in state["episodes"])
+        self._index = None
+        self.episodes = OrderedDict(
+            (int(e[0]), EpisodeRecord(int(e[1]), [(int(a), int(b)) for a, b in e[2]],
+                                      *((e[3], int(e[4])) if len(e) > 3 else ())))  # ids: since 2026-11-30
+            for e in state["episodes"])
         self._by_seq = deque((int(a), int(b), int(c)) for a, b, c in state["by_seq"])
         self.rows = int(state["rows"])
         self.evicted_episodes, self.evicted_rows, self.early_episodes = (int(x) for x in state["evicted"])

@@ -15,7 +15,9 @@ from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from .columns import RLLIB_COLUMNS
+from conduit_core.nested import unflatten
+
+from .columns import EXTRA, RLLIB_COLUMNS
 from .replay_buffer import DeliveredBatch
 
 
@@ -39,8 +41,11 @@ class ConduitLearnerConnector(ConnectorV2):
             if metrics is not None and delivered.size:  # provenance: which rows this learner trained on
                 metrics.log_value((self.module_id, FIRST_SEQ_KEY), int(delivered.seqs[0]), reduce="min", window=1)
             dev = self.device
-            cols = {RLLIB_COLUMNS.get(k, k): (v if v.device == dev else v.to(dev, non_blocking=True))
-                    for k, v in delivered.items()}
+            moved = [(k, v if v.device == dev else v.to(dev, non_blocking=True)) for k, v in delivered.items()]
+            cols = {RLLIB_COLUMNS.get(k, k): v for k, v in moved if not k.startswith(EXTRA)}
+            extras = [(k[len(EXTRA):], v) for k, v in moved if k.startswith(EXTRA)]
+            if extras:  # include_extra_model_outputs: each under its key, nesting rebuilt (AddColumnsFrom...)
+                cols.update({k: v for k, v in unflatten(extras).items() if k not in cols})
             if delivered.weights is not None:
                 cols["weights"] = delivered.weights.to(dev, non_blocking=True)
             else:

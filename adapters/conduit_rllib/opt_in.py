@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from conduit_core import ConfigError
 
 from .options import ConduitOptions
@@ -34,6 +36,13 @@ def _enable_dqn(config, opts: ConduitOptions):
         prioritized = rb.pop("prioritized", False)
     else:
         prioritized = "Prioritized" in type_name
+    custom = custom_learner_pieces(config)
+    if custom and opts.delivery == "columns":
+        raise ConfigError("conduit_rllib.enable(delivery=...)", "'episodes' or None with learner connector pieces "
+                          "of your own", "'columns'", f"the pieces ({custom}) read episodes and would not run on "
+                          "columns; drop delivery='columns'")
+    if opts.delivery is None:  # episodes only where the learner pipeline reads them
+        opts = dataclasses.replace(opts, delivery="episodes" if custom else "columns")
     keep = {k: rb[k] for k in ("capacity", "alpha", "beta") if k in rb}
     extra = sorted(set(rb) - {"capacity", "alpha", "beta", "conduit", "prioritized", "learner_shards"})
     if extra:
@@ -42,30 +51,36 @@ def _enable_dqn(config, opts: ConduitOptions):
     # Assigned, not merged through config.training(): a merge would keep the old type's keys.
     config.replay_buffer_config = {"type": BUFFER_TYPE, **keep, "prioritized": prioritized,
                                    "conduit": opts.to_dict(), "learner_shards": max(1, config.num_learners)}
-    check_learner_connector(config)
     config.learners(learner_class=ConduitDQNTorchLearner)
     config.algo_class = ConduitDQN
     return config
 
 
-def check_learner_connector(config) -> None:
-    """Conduit's DQN learner takes the delivered columns in place of RLlib's learner
-    connector pipeline (which would re-batch one-step episodes). A connector piece the
-    user added there would silently not run, so such a config is refused, naming it."""
+def custom_learner_pieces(config) -> str | None:
+    """The learner connector pieces a user configured (named where the factory can be
+    called without an env), or None: RLlib's default pipeline only."""
     factory = getattr(config, "_learner_connector", None)
     if factory is not None:
         name = getattr(factory, "__qualname__", None) or type(factory).__name__
-        try:  # name the pieces themselves where the factory can be called without an env
+        try:
             built = factory(config.observation_space, config.action_space)
             pieces = built if isinstance(built, (list, tuple)) else [built]
             name = ", ".join(type(p).__name__ for p in pieces) or name
-        except Exception:  # noqa: BLE001 - naming is best effort; the refusal is not
+        except Exception:  # noqa: BLE001 - naming is best effort
             pass
-        raise ConfigError("training(learner_connector=...)", "no custom learner connector pieces with conduit_rllib "
-                          "(DQN)", name, "Conduit delivers the learner's columns directly and would skip these "
-                          "pieces; move the transform into an env-to-module connector or a Conduit delivery hook "
-                          "(ExperienceDataPlane.add_delivery_hook), or disable conduit_rllib for this config")
+        return name
     if not getattr(config, "add_default_connectors_to_learner_pipeline", True):
-        raise ConfigError("training(add_default_connectors_to_learner_pipeline=...)", "True with conduit_rllib (DQN)",
-                          False, "Conduit builds the learner's default columns itself; keep the default pipeline "
-                          "or disable conduit_rllib for this config")
+        return "a learner pipeline without RLlib's default pieces"
+    return None
+
+
+def check_learner_connector(config) -> None:
+    """At the learner's build: Conduit's columns skip RLlib's learner connector pipeline,
+    so a config that has pieces of its own must have the buffer deliver episodes (which
+    ``enable()`` arranges). Pieces added after ``enable()`` would silently not run: refused."""
+    custom = custom_learner_pieces(config)
+    delivery = ((getattr(config, "replay_buffer_config", None) or {}).get("conduit") or {}).get("delivery")
+    if custom and delivery != "episodes":
+        raise ConfigError("training(learner_connector=...)", "conduit_rllib.enable() called after the learner "
+                          "connector pieces were configured", custom, "call conduit_rllib.enable(config) again: "
+                          "the buffer then delivers RLlib episodes and RLlib's whole learner pipeline runs")

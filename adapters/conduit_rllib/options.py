@@ -27,7 +27,11 @@ class ConduitOptions:
     ``restore_missing_buffer``: restore a checkpoint without a replay buffer file with an
     empty buffer and a warning (default: such a restore fails before anything changes).
     ``ring_slack``: the ring holds ``capacity * (1 + ring_slack)`` slots so that RLlib's
-    whole-episode eviction decides what leaves, not the ring (see ``episode_ledger``)."""
+    whole-episode eviction decides what leaves, not the ring (see ``episode_ledger``).
+    ``delivery``: what the learner receives: 'columns' (the fast path: the learner's
+    tensors directly), 'episodes' (RLlib's own one-step episodes, so RLlib's whole
+    learner connector pipeline runs, user pieces included) or None (columns, unless the
+    config has learner connector pieces of its own: then episodes)."""
 
     schedule: str = "sequential"
     worker: str = "thread"
@@ -43,8 +47,12 @@ class ConduitOptions:
     autotune_steps_per_phase: int = 40
     restore_missing_buffer: bool = False
     ring_slack: float = 0.25
+    delivery: str | None = None
 
     def __post_init__(self) -> None:
+        if self.delivery not in (None, "columns", "episodes"):
+            raise ConfigError("delivery", "'columns', 'episodes' or None", repr(self.delivery),
+                              "use None to let enable() pick (episodes only where the learner pipeline needs them)")
         settle = self.autotune_settle
         if (not isinstance(settle, (tuple, list)) or len(settle) != 2 or not all(isinstance(x, int) for x in settle)
                 or not 0 <= settle[0] <= settle[1]):

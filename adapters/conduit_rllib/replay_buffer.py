@@ -15,10 +15,13 @@ from typing import Any
 import numpy as np
 from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
 
-from conduit_core import Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, Rollout, Uniform
+from conduit_core import (Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, Rollout,
+                          SemanticError, Uniform)
 
-from .columns import episode_columns, spec_for
+from .columns import EXTRA, episode_columns, episode_infos, spec_for
+from .delivered_episodes import EpisodeContext, one_step_episodes, sequence_episode, shard_order
 from .episode_ledger import EpisodeLedger
+from .info_store import InfoStore
 from .options import ConduitOptions
 
 
@@ -73,6 +76,9 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self._next_source = 0
         self.ledger = EpisodeLedger()            # stored episodes and RLlib's eviction rule
         self._ring = self.capacity + int(np.ceil(self.capacity * self.options.ring_slack))
+        self.infos = InfoStore(self._ring)       # RLlib's infos, beside the rows (objects, not columns)
+        self.context = EpisodeContext()         # spaces and ids for rebuilt episodes (from the first chunk)
+        self._sequence_rng = np.random.default_rng([self._seed, 1])  # sequence starts (stateful modules)
         self._last: Batch | None = None
         self._added = 0
         self._sampled = 0
@@ -112,6 +118,9 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             cols = self.columns_of(ep)
             if self.edp is None:
                 self._build(cols)
+                self.context = EpisodeContext(ep.observation_space, ep.action_space, ep.agent_id, ep.module_id)
+            else:
+                self._check_extras(cols)
             src = self._sources.get(ep.id_)
             if src is None:
                 src = self._sources[ep.id_] = self._next_source
@@ -132,14 +141,23 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             for src in self.ledger.ring_conflicts(cutoff):
                 self._evict_episode(src, early=True)
             self.ledger.forget_below(cutoff)
-        group: list[Rollout] = []
-        for _, cols, src, n in keep:
-            group.append(Rollout(cols, source=src, rows=n))
+        group: list[tuple[Rollout, Any]] = []
+        for ep, cols, src, n in keep:
+            group.append((Rollout(cols, source=src, rows=n), ep))
             if len(group) >= self.edp.schedule.ingest_granularity:
                 self._ingest(group)
                 group = []
         if group:
             self._ingest(group)
+
+    def _check_extras(self, cols: dict) -> None:
+        have = {k for k in cols if k.startswith(EXTRA)}
+        want = {k for k in self.edp.buffer.spec.names if k.startswith(EXTRA)}
+        if have != want:
+            from conduit_core import SpecError
+            raise SpecError("episode.extra_model_outputs", f"the keys of the first episode ({sorted(want)})",
+                            sorted(have), "return the same extra model outputs on every forward pass (the "
+                            "buffer's fields are fixed by its first add())")
 
     def _forget_source(self, src: int) -> None:
         ep_id = self._source_ids.pop(src, None)
@@ -151,16 +169,18 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self._forget_source(src)
         self.edp.evict(np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in ranges]))
 
-    def _ingest(self, group: list[Rollout]) -> None:
+    def _ingest(self, group: list[tuple[Rollout, Any]]) -> None:
+        infos = [episode_infos(ep, r.rows) for r, ep in group]  # before storing: a bad chunk changes nothing
         try:
-            self.edp.ingest_many(group)  # refuses bad input before storing any of the group
+            self.edp.ingest_many([r for r, _ in group])  # refuses bad input before storing any of the group
             stored = len(group)
         except BaseException as exc:
             stored = len(getattr(exc, "stored_tickets", ()))  # a later failure: the first ones are stored
             raise
         finally:
-            for r in group[:stored]:  # stored rows take the next seqs, in order (this buffer is their only writer)
-                self.ledger.record(r.source, self._added, r.rows)
+            for (r, ep), info in zip(group[:stored], infos):  # stored rows take the next seqs, in order
+                self.ledger.record(r.source, self._added, r.rows, id_=ep.id_, t_started=ep.t_started)
+                self.infos.put(self._added, info)
                 self._added += r.rows
 
     # --------------------------------------------------------------- delivery
@@ -168,27 +188,39 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                batch_length_T: int | None = None, n_step: int | tuple | None = None, beta: float | None = None,
                gamma: float = 0.99, include_infos: bool = False, include_extra_model_outputs: bool = False,
                sample_episodes: bool = True, to_numpy: bool = False, lookback: int = 0,
-               min_batch_length_T: int = 0, **kwargs) -> list[DeliveredBatch]:
-        if batch_length_T:
-            raise ConfigError("batch_length_T", "0 (stateless modules)", batch_length_T,
-                              "Conduit's RLlib adapter does not deliver sequences for stateful modules yet; "
-                              "disable conduit_rllib for this config")
-        if include_infos or include_extra_model_outputs:
-            raise ConfigError("include_infos/include_extra_model_outputs", "False", True,
-                              "Conduit stores the columns DQN trains on; drop these flags")
+               min_batch_length_T: int = 0, **kwargs) -> list:
+        """What RLlib's buffer of this kind returns for these arguments (the same
+        distribution; see the module docstring for the form): a one-item list with a
+        ``DeliveredBatch`` on the fast path, else RLlib's ``SingleAgentEpisode`` list."""
         if self.edp is None:
             raise ConfigError("sample()", "at least one add() before sampling", "an empty buffer",
                               "sample after the env runners produced data (num_steps_sampled_before_learning_starts)")
-        B = num_items or batch_size_B or self.batch_size_B
+        if num_items is not None and batch_size_B is not None:
+            raise ConfigError("sample(num_items=..., batch_size_B=...)", "one of the two", "both",
+                              "pass either num_items or batch_size_B (RLlib's buffers assert the same)")
+        B = int(num_items or batch_size_B or self.batch_size_B)
+        # RLlib's prioritized buffer ignores batch_length_T, lookback and min_batch_length_T
+        # (it always returns one-step n-step episodes); its uniform one slices sequences.
+        if not self.prioritized:
+            if not sample_episodes:
+                raise ConfigError("sample(sample_episodes=False)", "True (episode samples, as DQN and SAC ask)",
+                                  False, "RLlib's [B, T] batch form (EpisodeReplayBuffer._sample_batch, DreamerV3's "
+                                  "kind) is not mapped onto Conduit; use RLlib's own buffer for it")
+            if batch_length_T:
+                return self._sample_sequences(B, int(batch_length_T), n_step, int(lookback), int(min_batch_length_T))
         # RLlib's two buffers treat a window that runs past its episode's stored end
         # differently: the prioritized one redraws it, the uniform one delivers it shortened.
-        b = self.edp.deliver(int(B), n_step=n_step if n_step is not None else 1, gamma=gamma,
+        b = self.edp.deliver(B, n_step=n_step if n_step is not None else 1, gamma=gamma,
                              beta=self.beta if beta is None else beta,
-                             episode_end="redraw" if self.prioritized else "shorten")
+                             episode_end="redraw" if self.prioritized else "shorten",
+                             fields=None if include_extra_model_outputs else self._core_fields())
         self._last = b
         self._sampled += b.size
         if self.tuner is not None:
             self.tuner.observe()
+        if self.options.delivery == "episodes" or include_infos:
+            return self._episodes_of(b, include_infos=include_infos or not self.prioritized,
+                                     include_extras=include_extra_model_outputs, lookback=int(lookback))
         if self.learner_shards == 1:
             return [DeliveredBatch(b)]
         # Several learners: k equal parts, rows in order. RLlib's ShardEpisodesIterator gives
@@ -199,6 +231,73 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         # 2k, ..., and then applies the concatenated errors to rows 0, 1, 2, ...)
         # parts are copied: a view would carry the whole batch's storage to every remote learner
         return [DeliveredBatch(part.clone()) for part in b.split(self.learner_shards)]
+
+    def _core_fields(self) -> list[str]:
+        return [f for f in self.edp.buffer.spec.names if not f.startswith(EXTRA)]
+
+    def _episodes_of(self, b: Batch, *, include_infos: bool, include_extras: bool, lookback: int) -> list:
+        """The delivered rows as RLlib's one-step episodes (see delivered_episodes)."""
+        cols = {k: v.cpu().numpy() for k, v in b.items()}
+        index = self.ledger.index()
+        ep, pos = index.locate(b.seqs)
+        first = last = None
+        if include_infos:
+            first = self.infos.obs_infos(b.seqs)
+            last = self.infos.next_infos(index.seq_at(ep, pos + cols["n_step"].astype(np.int64) - 1))
+        episodes = one_step_episodes(
+            cols, weights=None if b.weights is None else b.weights.cpu().numpy(), starts=pos, first_infos=first,
+            last_infos=last, ids=[index.records[e].id_ for e in ep], include_extras=include_extras,
+            uniform=not self.prioritized, lookback=lookback, ctx=self.context)
+        if self.learner_shards > 1:  # learner i gets rows i*m.. in order, as on the fast path
+            episodes = [episodes[j] for j in shard_order(len(episodes), self.learner_shards)]
+        return episodes
+
+    def _sample_sequences(self, B: int, T: int, n_step, lookback: int, min_T: int) -> list:
+        """RLlib's uniform sequence sampling (``EpisodeReplayBuffer._sample_episodes`` with
+        ``batch_length_T``): starts uniform over stored steps; a start with at most
+        ``min_batch_length_T`` steps left in its stored episode is drawn again; each slice
+        runs ``T`` steps or to the stored end, with up to ``lookback`` steps before it; slices
+        are drawn until their lengths plus one per slice reach ``B``."""
+        if n_step not in (None, 1):
+            raise ConfigError("n_step", "1 when sampling sequences (batch_length_T > 0)", repr(n_step),
+                              "sample sequences with n_step=1 (RLlib's buffer asserts the same)")
+        if lookback < 0 or min_T < 0:
+            raise ConfigError("lookback/min_batch_length_T", ">= 0", (lookback, min_T), "pass non-negative ints")
+        index = self.ledger.index()
+        chosen: list[tuple[int, int, int]] = []
+        steps, draws = 0, 0
+        while steps < B:
+            if draws > 64 * B + 4096:
+                raise SemanticError(f"min_batch_length_T={min_T}: {draws} draws found no stored step with more "
+                                    f"than {min_T} steps left in its episode. Fix: lower min_batch_length_T or "
+                                    "store longer episodes (RLlib's buffer would loop forever here).")
+            g = self._sequence_rng.integers(0, index.total, size=max(8, B // (T + 1) + 1))
+            draws += g.size
+            ep, ts = index.from_global(g)
+            length = index.lengths[ep]
+            for e, t, n in zip(ep.tolist(), ts.tolist(), length.tolist()):
+                if min_T > 0 and t + min_T >= n:
+                    continue
+                L = min(t + T, n) - t
+                chosen.append((e, t, L))
+                steps += L + 1
+                if steps >= B:
+                    break
+        spans = [(e, t - min(lookback, t), t + L) for e, t, L in chosen]
+        seqs = [index.seq_at(np.full(hi - lo, e), np.arange(lo, hi)) for e, lo, hi in spans]
+        rows = self.edp.read(np.concatenate(seqs))
+        cols = {k: v.cpu().numpy() for k, v in rows.items()}
+        out, at = [], 0
+        for (e, t, L), s in zip(chosen, seqs):
+            part = {k: v[at:at + s.size] for k, v in cols.items()}
+            at += s.size
+            rec = index.records[e]
+            infos = self.infos.obs_infos(s) + self.infos.next_infos(s[-1:])
+            out.append(sequence_episode(part, lookback_steps=min(lookback, t), lookback=lookback, infos=infos,
+                                        id_=rec.id_, t_started=rec.t_started + t, ctx=self.context))
+        self._sampled += B
+        self._last = None  # no priorities for the uniform buffer
+        return out
 
     def update_priorities(self, priorities, module_id=None) -> None:
         if not self.prioritized or self._last is None:
@@ -248,7 +347,14 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                 "spec": None if self.edp is None else self.edp.buffer.spec.to_config(),
                 "sources": [[k, v] for k, v in self._sources.items()], "next_source": self._next_source,
                 "added": self._added, "sampled": self._sampled,
-                "ledger": self.ledger.state(), "source_ids": [[k, v] for k, v in self._source_ids.items()]}
+                "ledger": self.ledger.state(), "source_ids": [[k, v] for k, v in self._source_ids.items()],
+                "infos": self.infos.state(self._stored_seqs()),
+                "sequence_rng": self._sequence_rng.bit_generator.state}
+
+    def _stored_seqs(self) -> np.ndarray:
+        ranges = [r for rec in self.ledger.episodes.values() for r in rec.seqs()]
+        return (np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in ranges]) if ranges
+                else np.zeros(0, dtype=np.int64))
 
     def set_state(self, state: dict[str, Any]) -> None:
         from conduit_core import ExperienceSpec, StateError
@@ -265,6 +371,10 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         if "ledger" in state:
             self.ledger.load(state["ledger"])
         self._source_ids = {int(k): v for k, v in state.get("source_ids", [])}
+        if "infos" in state:  # written since 2026-11-30; older states restore without infos
+            self.infos.load(state["infos"])
+        if "sequence_rng" in state:
+            self._sequence_rng.bit_generator.state = state["sequence_rng"]
 
     def close(self) -> None:
         if self.edp is not None:

@@ -27,11 +27,23 @@ class TrueEpisode:
         return float(sum(gamma ** i * float(self.rewards[t + i]) for i in range(k)))
 
 
-def make_chunks(seed: int, *, episodes: int = 40, lengths=(2, 14), open_last: int = 3, split_every: int = 4):
+def info_of(e: int, t: int) -> dict:
+    return {"episode": e, "t": t}
+
+
+def extras_of(e: int, t: int) -> dict:
+    """Per-step extra model outputs that name their step: a flat one and a nested one (a
+    stateful module's ``state_out`` is a nesting)."""
+    return {"logp": np.float32(e * 1000 + t), "state_out": {"h": np.array([e, t, -t], dtype=np.float32)}}
+
+
+def make_chunks(seed: int, *, episodes: int = 40, lengths=(2, 14), open_last: int = 3, split_every: int = 4,
+                with_extras: bool = False):
     """RLlib ``SingleAgentEpisode`` chunks in the order an env runner hands them over, and the
     true episodes they make up. Episodes end terminated or truncated (alternating by
     number); the last ``open_last`` are still running (not done); every ``split_every``-th
-    episode comes in two chunks with the same id, as RLlib's env runners send them."""
+    episode comes in two chunks with the same id, as RLlib's env runners send them.
+    ``with_extras``: infos and extra model outputs that name their (episode, step)."""
     import gymnasium as gym
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
@@ -52,10 +64,16 @@ def make_chunks(seed: int, *, episodes: int = 40, lengths=(2, 14), open_last: in
         ep_id = f"ep{e}"
         for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
             last = b == n
+            more = {}
+            if with_extras:
+                steps = [extras_of(e, t) for t in range(a, b)]
+                more = {"infos": [info_of(e, t) for t in range(a, b + 1)],
+                        "extra_model_outputs": {"logp": [x["logp"] for x in steps],
+                                                "state_out": [x["state_out"] for x in steps]}}
             chunk = SingleAgentEpisode(
                 id_=ep_id, observations=[ep.obs(t) for t in range(a, b + 1)], actions=list(actions[a:b]),
                 rewards=list(rewards[a:b]), terminated=term and last, truncated=trunc and last,
-                observation_space=obs_space, action_space=act_space, t_started=a, len_lookback_buffer=0)
+                observation_space=obs_space, action_space=act_space, t_started=a, len_lookback_buffer=0, **more)
             chunk.to_numpy()
             chunks.append(chunk)
     return chunks, truth

@@ -170,26 +170,68 @@ def test_ingest_granularity_groups_episodes_per_operator_call(ray_session, sched
         algo.stop()
 
 
-def test_a_custom_learner_connector_piece_is_refused_by_name(ray_session):
-    """Conduit's learner takes the delivered columns in place of RLlib's learner connector
-    pipeline; a user's piece there would silently not run, so the config is refused."""
-    from ray.rllib.connectors.learner import AddNextObservationsFromEpisodesToTrainBatch
+SEEN_BY_PIECE: list = []
 
-    class ClipRewards(AddNextObservationsFromEpisodesToTrainBatch):
-        pass
 
-    cfg = workloads.dqn_cartpole(seed=1)
-    cfg.training(learner_connector=lambda obs_space, act_space: [ClipRewards()])
-    with pytest.raises(ConfigError, match="ClipRewards"):
-        conduit_rllib.enable(cfg)
+def _recording_piece():
+    from ray.rllib.connectors.connector_v2 import ConnectorV2
+
+    class RecordRewards(ConnectorV2):
+        """A user's learner connector piece: it reads the episodes and adds a column."""
+
+        def __call__(self, *, rl_module, batch, episodes, **kwargs):
+            SEEN_BY_PIECE.append([float(np.asarray(e.get_rewards()).reshape(-1)[0]) for e in episodes])
+            return batch
+
+    return RecordRewards
+
+
+def test_a_users_learner_connector_piece_runs_on_the_delivered_rows(ray_session):
+    """A piece the user added to the learner pipeline reads episodes: enable() has the
+    buffer deliver RLlib's one-step episodes, and RLlib's whole pipeline (the piece
+    included) runs on them. Added after enable(), or forced onto columns, it is refused."""
+    piece = _recording_piece()
+    SEEN_BY_PIECE.clear()
+    cfg = workloads.dqn_cartpole(seed=1, capacity=5000)
+    cfg.reporting(min_sample_timesteps_per_iteration=200)
+    cfg.training(num_steps_sampled_before_learning_starts=100)
+    cfg.learners(learner_connector=lambda obs_space, act_space: [piece()])
+    with pytest.raises(ConfigError, match="RecordRewards"):
+        conduit_rllib.enable(cfg.copy(copy_frozen=False), delivery="columns")
+    algo = conduit_rllib.enable(cfg).build_algo()
+    try:
+        assert algo.local_replay_buffer.options.delivery == "episodes"
+        algo.train()
+        algo.train()
+        assert SEEN_BY_PIECE and all(len(batch) == 32 for batch in SEEN_BY_PIECE)
+        assert not algo.local_replay_buffer.eviction_report()["early"]
+    finally:
+        algo.stop()
     cfg = conduit_rllib.enable(workloads.dqn_cartpole(seed=1))
-    cfg.training(learner_connector=lambda obs_space, act_space: [ClipRewards()])   # added after enable()
+    cfg.learners(learner_connector=lambda obs_space, act_space: [piece()])   # added after enable()
     with pytest.raises(Exception, match="learner_connector"):
         cfg.build_algo()
-    cfg = workloads.dqn_cartpole(seed=1)
-    cfg.training(add_default_connectors_to_learner_pipeline=False)
-    with pytest.raises(ConfigError, match="add_default_connectors_to_learner_pipeline"):
-        conduit_rllib.enable(cfg)
+
+
+def test_episode_delivery_gives_the_learner_the_same_batch_as_columns(ray_session):
+    """The same delivered rows, once as columns (Conduit's connector) and once as RLlib
+    episodes through RLlib's own learner pipeline: equal train batches, column for column."""
+    algo = small_dqn().build_algo()
+    try:
+        algo.train()
+        learner = algo.learner_group._learner
+        buf = algo.local_replay_buffer
+        cols = buf.sample(32, n_step=(1, 4), gamma=0.99, beta=0.4)
+        eps = buf._episodes_of(buf._last, include_infos=True, include_extras=False, lookback=0)
+        got = learner._learner_connector(rl_module=learner.module, batch={}, episodes=cols, shared_data={},
+                                         metrics=None)["default_policy"]
+        ref = learner._learner_connector(rl_module=learner.module, batch={}, episodes=eps, shared_data={},
+                                         metrics=None)["default_policy"]
+        for col in ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "n_step", "weights"):
+            r, g = torch.as_tensor(ref[col]), got[col]
+            assert torch.allclose(r.to(g.dtype), g), col
+    finally:
+        algo.stop()
 
 
 def test_a_checkpoint_with_a_missing_or_damaged_buffer_fails_before_anything_is_restored(ray_session, tmp_path):
