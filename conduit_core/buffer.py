@@ -551,9 +551,18 @@ class ExperienceBuffer(EpisodeSampling):
         if isinstance(self.selector, Prioritized):
             return self.selector.select(batch_size, self.size, self.rng, beta=beta)
         lo = self._lo()
+        if self._holes and getattr(self.selector, "draw", None) is not None:
+            # an external draw names positions among the stored rows, oldest first: removed
+            # rows are not positions (a framework's list has no gaps), so map over the live ones
+            live = np.arange(lo, self._inserted, dtype=np.int64)
+            live = live[self.meta["seq"][live % self.capacity] == live]
+            off, weights = self.selector.select(batch_size, int(live.size), self.rng)
+            return live[off] % self.capacity, weights
         off, weights = self.selector.select(batch_size, self._inserted - lo, self.rng)
         if self._holes:
             return self._redraw_holes(lo, off), weights
+        if getattr(self.selector, "draw", None) is not None:  # positions are oldest first
+            return (lo + off) % self.capacity, weights
         if self._floor > max(self._inserted - self.capacity, 0):  # early eviction: a shifted window
             return (lo + off) % self.capacity, weights
         return off, weights

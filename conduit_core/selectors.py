@@ -90,19 +90,41 @@ class Uniform(Selector):
 
     name = "uniform"
 
-    def __init__(self, *, replace: bool = True):
+    def __init__(self, *, replace: bool = True, draw=None):
+        """``draw``: the hook for exact equivalence with a framework's own buffer. A callable
+        ``draw(count, batch_size)`` returning ``batch_size`` ints in ``[0, count)``, each the
+        position of an item among the ``count`` stored ones, oldest first; it consumes the
+        framework's RNG stream exactly as the framework's sampler does (e.g. minirl's
+        ``rng.randrange(len(items))`` per item), so both deliver the same rows in the same
+        order, not only the same distribution. The buffer's own RNG is then not used for
+        selection, and the callable's RNG state is not part of the buffer's state."""
         if not isinstance(replace, (bool, np.bool_)):
             raise ConfigError("Uniform.replace", "True or False", repr(replace),
                               "pass replace=False to draw distinct items per batch")
+        if draw is not None and (not callable(draw) or not replace):
+            raise ConfigError("Uniform.draw", "a callable (count, batch_size) -> positions, with replace=True",
+                              repr(draw), "pass a function that draws as the framework's sampler does")
         self.replace = bool(replace)
+        self.draw = draw
 
     def select(self, batch_size, size, rng):
+        if self.draw is not None:
+            return self._external(batch_size, size), None
         if self.replace:
             return uniform_ints(rng, size, batch_size), None
         if batch_size > size:
             raise ConfigError("batch_size", f"at most the {size} stored items (Uniform(replace=False))",
                               batch_size, "wait until more items are stored (a warm-up) or draw with replacement")
         return rng.choice(size, batch_size, replace=False).astype(np.int64), None
+
+    def _external(self, batch_size: int, size: int) -> np.ndarray:
+        got = np.asarray(self.draw(size, batch_size))
+        if got.shape != (batch_size,) or got.dtype.kind not in "iu" or (got.size and (got.min() < 0 or got.max() >= size)):
+            raise ConfigError("Uniform.draw(count, batch_size)", f"{batch_size} ints in [0, {size})",
+                              f"shape {got.shape}, dtype {got.dtype}" + (f", range [{got.min()}, {got.max()}]"
+                                                                          if got.size else ""),
+                              "return one position per item, oldest stored item = 0")
+        return got.astype(np.int64, copy=False)
 
     def to_config(self):
         return {"name": self.name, "replace": self.replace}

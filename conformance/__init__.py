@@ -12,7 +12,8 @@ real delivery path hands the learner, plus, where it has one, the framework's na
 as the oracle.
 """
 
-from .harness import ConvergenceResult, Delivered, DeliveredRows, Harness, Session, SyntheticRollout
+from .harness import (ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence, Harness, Session,
+                      SyntheticRollout)
 from .registry import REGISTRY, Check, CheckFailed, CheckSkipped
 from .report import Report
 from .runner import check_adapter, load_harness
@@ -21,7 +22,8 @@ from .testing import ConformanceTests
 # Importing the check modules fills the registry.
 from . import checks_semantic as _semantic  # noqa: E402,F401
 from . import checks_windows as _windows  # noqa: E402,F401
+from . import checks_sequences as _sequences  # noqa: E402,F401
 from . import checks_convergence as _convergence  # noqa: E402,F401
 
-__all__ = ["Check", "CheckFailed", "CheckSkipped", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "Harness",
+__all__ = ["Check", "CheckFailed", "CheckSkipped", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "DeliveredSequence", "Harness",
            "REGISTRY", "Report", "Session", "SyntheticRollout", "check_adapter", "load_harness"]

@@ -13,6 +13,9 @@ Capabilities a harness declares (checks needing a missing one are skipped, with 
     onpolicy     FIFO, versioned, consume-once        state        state round trip
     native       the framework's own path as oracle   overlap      an overlapped schedule
     convergence  reference workloads to train         nstep        n-step rows (Session.deliver_rows)
+    sequences    slices of episodes for stateful      shared_rng   the adapter can draw from the
+                 modules (Session.deliver_sequences)               framework's RNG stream
+                                                                   (Harness.shared_rng_sessions)
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 CAPABILITIES = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
-                          "nstep"})
+                          "nstep", "sequences", "shared_rng"})
 OBS_DIM = 4
 
 
@@ -96,6 +99,21 @@ class DeliveredRows:
 
 
 @dataclass
+class DeliveredSequence:
+    """One slice of an episode as a stateful learner would get it: ``ids`` of its steps in
+    order, its lookback steps first (``obs[:, 0]`` of each), how many of them are lookback,
+    the id of the observation after its last step (``next_obs[:, 0]``), its rewards and
+    the done flags of its end."""
+
+    ids: np.ndarray
+    lookback: int
+    next_id: float
+    rewards: np.ndarray
+    terminated: bool
+    truncated: bool
+
+
+@dataclass
 class ConvergenceResult:
     reached: bool
     env_steps: int
@@ -125,6 +143,14 @@ class Session(ABC):
         """n-step rows (capability 'nstep'), drawn as the adapter's delivery path draws them
         for a learner that asks for ``n_step`` (an int, or ``(lo, hi)`` drawn from
         ``[lo, hi)``), ``gamma`` and ``beta``."""
+        raise NotImplementedError
+
+    def deliver_sequences(self, batch_size: int, *, length: int, lookback: int = 0,
+                          min_length: int = 0) -> list[DeliveredSequence]:
+        """Sequences (capability 'sequences') as the adapter's delivery path draws them for a
+        stateful learner asking for ``batch_size`` (the framework's unit: RLlib counts each
+        slice's steps plus one), slices of at most ``length`` steps, ``lookback`` steps
+        before each, and only starts with more than ``min_length`` steps left (burn-in)."""
         raise NotImplementedError
 
     def update_priorities(self, delivered: Delivered | DeliveredRows, priorities: np.ndarray) -> None:
@@ -161,6 +187,13 @@ class Harness(ABC):
     def native_session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False,
                        alpha: float = 0.6, onpolicy: bool = False) -> Session | None:
         """The framework's own path (the oracle), or None."""
+        return None
+
+    def shared_rng_sessions(self, *, seed: int, capacity: int = 10_000) -> tuple[Session, Session] | None:
+        """Capability 'shared_rng': an adapter session and a native one whose uniform draws
+        consume the same RNG stream (each seeded with ``seed``) the way the framework's
+        sampler consumes it, e.g. through ``conduit_core.Uniform(draw=...)``. The suite then
+        requires the same rows in the same order, not only the same distribution."""
         return None
 
     def convergence_workloads(self) -> dict[str, Callable[[str, int], ConvergenceResult]]:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conformance import ConvergenceResult, Delivered, DeliveredRows, Harness, Session, SyntheticRollout
+from conformance import (ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence, Harness, Session,
+                         SyntheticRollout)
 from conformance.edp_session import delivered as edp_delivered
 from conformance.edp_session import stored_ids as edp_stored_ids
 
@@ -54,6 +55,24 @@ def rows_of_batch(batch) -> DeliveredRows:
                          handle=batch)
 
 
+def sequences_of(eps) -> list[DeliveredSequence]:
+    """RLlib's sequence slices (uniform buffer, batch_length_T > 0) as the suite reads them."""
+    out = []
+    for e in eps:
+        lb = e.observations.lookback
+        kw = {"neg_index_as_lookback": True}
+        out.append(DeliveredSequence(ids=np.asarray(e.get_observations(slice(-lb, len(e)), **kw))[:, 0],
+                                     lookback=lb, next_id=float(e.get_observations(-1)[0]),
+                                     rewards=np.asarray(e.get_rewards(slice(-lb, len(e)), **kw), dtype=np.float64),
+                                     terminated=e.is_terminated, truncated=e.is_truncated))
+    return out
+
+
+def _sequence_args(batch_size, length, lookback, min_length) -> dict:
+    return dict(num_items=batch_size, batch_length_T=length, lookback=lookback, min_batch_length_T=min_length,
+                n_step=1, sample_episodes=True)
+
+
 class ReplaySession(Session):
     def __init__(self, buf):
         self.buf = buf
@@ -80,6 +99,9 @@ class ReplaySession(Session):
 
     def deliver_rows(self, batch_size, *, n_step, gamma, beta=None) -> DeliveredRows:
         return rows_of_batch(self.buf.sample(batch_size, n_step=n_step, gamma=gamma, beta=beta)[0].batch)
+
+    def deliver_sequences(self, batch_size, *, length, lookback=0, min_length=0):
+        return sequences_of(self.buf.sample(**_sequence_args(batch_size, length, lookback, min_length)))
 
     def update_priorities(self, d, priorities) -> None:
         self.buf._last = d.handle
@@ -121,6 +143,9 @@ class NativeReplaySession(Session):
         kw = {} if beta is None else {"beta": beta}
         return rows_of_episodes(self.buf.sample(num_items=batch_size, n_step=n_step, gamma=gamma,
                                                 sample_episodes=True, **kw))
+
+    def deliver_sequences(self, batch_size, *, length, lookback=0, min_length=0):
+        return sequences_of(self.buf.sample(**_sequence_args(batch_size, length, lookback, min_length)))
 
     def update_priorities(self, d, priorities) -> None:
         self.buf.update_priorities(np.asarray(priorities, dtype=np.float64))
@@ -184,7 +209,7 @@ class RLlibHarness(Harness):
     version = "0.1.0"
     framework = "ray[rllib]"
     capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
-                              "nstep"})
+                              "nstep", "sequences", "shared_rng"})
 
     def __init__(self):
         import ray
@@ -202,6 +227,14 @@ class RLlibHarness(Harness):
 
     def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False):
         return None if onpolicy else NativeReplaySession(capacity, seed, prioritized, alpha)
+
+    def shared_rng_sessions(self, *, seed, capacity=10_000):
+        """RLlib's uniform EpisodeReplayBuffer and Conduit's, both drawing from a Generator
+        seeded with ``seed`` (``ConduitEpisodeReplayBuffer.share_rng``)."""
+        from .replay_buffer import ConduitEpisodeReplayBuffer
+        buf = ConduitEpisodeReplayBuffer(capacity=capacity, prioritized=False, conduit={"reuse_outputs": 0})
+        buf.share_rng(np.random.default_rng(seed))
+        return ReplaySession(buf), NativeReplaySession(capacity, seed, False, 0.6)
 
     def convergence_workloads(self):
         return {"ppo_cartpole": run_ppo_cartpole, "dqn_cartpole": run_dqn_cartpole}

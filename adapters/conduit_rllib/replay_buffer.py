@@ -79,6 +79,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.infos = InfoStore(self._ring)       # RLlib's infos, beside the rows (objects, not columns)
         self.context = EpisodeContext()         # spaces and ids for rebuilt episodes (from the first chunk)
         self._sequence_rng = np.random.default_rng([self._seed, 1])  # sequence starts (stateful modules)
+        self._shared_draw = None                 # share_rng(): RLlib's own draws, for exact equivalence
         self._last: Batch | None = None
         self._added = 0
         self._sampled = 0
@@ -86,7 +87,22 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
 
     # ------------------------------------------------------------------ build
     def _selector(self):
-        return Prioritized(alpha=self.alpha, beta=self.beta, eps=0.0) if self.prioritized else Uniform()
+        if self.prioritized:
+            return Prioritized(alpha=self.alpha, beta=self.beta, eps=0.0)
+        return Uniform(draw=self._shared_draw)
+
+    def share_rng(self, rng: np.random.Generator) -> None:
+        """Exact equivalence with RLlib's uniform ``EpisodeReplayBuffer``: draw each item as it
+        does, one ``rng.integers(stored steps)`` per item over the stored steps oldest first,
+        from ``rng`` (e.g. a Generator seeded as that buffer's ``rng``). Both then deliver the
+        same rows in the same order for an int ``n_step`` (n-step ranges and sequences still
+        draw from Conduit's own RNG). Call before the first ``add()``; the generator's state is
+        the caller's (it is not saved with the buffer)."""
+        if self.prioritized or self.edp is not None:
+            raise ConfigError("share_rng()", "a uniform buffer before its first add()",
+                              "prioritized" if self.prioritized else "a buffer already holding data",
+                              "build a uniform ConduitEpisodeReplayBuffer and share the RNG first")
+        self._shared_draw = lambda count, batch: np.array([rng.integers(count) for _ in range(batch)], dtype=np.int64)
 
     def _build(self, first_cols: dict[str, np.ndarray]) -> None:
         self._build_for(spec_for(first_cols, obs_codec=self.options.obs_codec))
@@ -252,6 +268,27 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             episodes = [episodes[j] for j in shard_order(len(episodes), self.learner_shards)]
         return episodes
 
+    # RLlib's sequence rules (EpisodeReplayBuffer._sample_episodes), one decision each
+    @staticmethod
+    def _keeps_start(t: int, stored: int, min_T: int) -> bool:
+        """Burn-in: a start with at most ``min_T`` steps left in its stored episode is redrawn."""
+        return not (min_T > 0 and t + min_T >= stored)
+
+    @staticmethod
+    def _slice_length(t: int, stored: int, T: int) -> int:
+        """``T`` steps, or to the stored episode's end."""
+        return min(t + T, stored) - t
+
+    @staticmethod
+    def _slice_cost(length: int) -> int:
+        """What a slice counts toward ``batch_size_B``: its steps plus one, as RLlib counts."""
+        return length + 1
+
+    @staticmethod
+    def _lookback_steps(t: int, lookback: int) -> int:
+        """Lookback held: none before a stored episode's first step."""
+        return min(lookback, t)
+
     def _sample_sequences(self, B: int, T: int, n_step, lookback: int, min_T: int) -> list:
         """RLlib's uniform sequence sampling (``EpisodeReplayBuffer._sample_episodes`` with
         ``batch_length_T``): starts uniform over stored steps; a start with at most
@@ -276,14 +313,14 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             ep, ts = index.from_global(g)
             length = index.lengths[ep]
             for e, t, n in zip(ep.tolist(), ts.tolist(), length.tolist()):
-                if min_T > 0 and t + min_T >= n:
+                if not self._keeps_start(t, n, min_T):
                     continue
-                L = min(t + T, n) - t
+                L = self._slice_length(t, n, T)
                 chosen.append((e, t, L))
-                steps += L + 1
+                steps += self._slice_cost(L)
                 if steps >= B:
                     break
-        spans = [(e, t - min(lookback, t), t + L) for e, t, L in chosen]
+        spans = [(e, t - self._lookback_steps(t, lookback), t + L) for e, t, L in chosen]
         seqs = [index.seq_at(np.full(hi - lo, e), np.arange(lo, hi)) for e, lo, hi in spans]
         rows = self.edp.read(np.concatenate(seqs))
         cols = {k: v.cpu().numpy() for k, v in rows.items()}
@@ -293,7 +330,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             at += s.size
             rec = index.records[e]
             infos = self.infos.obs_infos(s) + self.infos.next_infos(s[-1:])
-            out.append(sequence_episode(part, lookback_steps=min(lookback, t), lookback=lookback, infos=infos,
+            out.append(sequence_episode(part, lookback_steps=self._lookback_steps(t, lookback), lookback=lookback,
+                                        infos=infos,
                                         id_=rec.id_, t_started=rec.t_started + t, ctx=self.context))
         self._sampled += B
         self._last = None  # no priorities for the uniform buffer

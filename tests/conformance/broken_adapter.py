@@ -15,18 +15,22 @@ from conformance.examples.conduit_minirl.memory import ConduitReplayMemory, Cond
 FAULTS = {
     # fault: the checks it must fail (and no others)
     # losing or doubling accepted data also breaks the staleness bound (inserts missed for ever)
+    # (and the exact shared-RNG check: other rows stored, other rows drawn)
     "drop": {"ingest/exactly_once", "equivalence/sequential_matches_native", "onpolicy/consume_once",
-             "offpolicy/staleness_bound", "equivalence/eviction_matches_native"},
+             "offpolicy/staleness_bound", "equivalence/eviction_matches_native", "equivalence/exact_with_shared_rng"},
     "duplicate": {"ingest/exactly_once", "equivalence/sequential_matches_native", "onpolicy/consume_once",
-                  "offpolicy/staleness_bound", "equivalence/eviction_matches_native"},
+                  "offpolicy/staleness_bound", "equivalence/eviction_matches_native",
+                  "equivalence/exact_with_shared_rng"},
     # a reversed rollout leaves the ring in another order, so other steps are evicted first
-    "reorder": {"ingest/source_order", "equivalence/eviction_matches_native"},
+    "reorder": {"ingest/source_order", "equivalence/eviction_matches_native", "equivalence/exact_with_shared_rng"},
     "leak_versions": {"onpolicy/version_isolation"},
     "redeliver": {"onpolicy/consume_once"},
     "lose_state": {"state/round_trip"},
     "stale_prefetch": {"offpolicy/staleness_bound"},
     "skew": {"deliver/uniform_distribution", "deliver/prioritized_distribution",
-             "equivalence/sequential_matches_native"},
+             "equivalence/sequential_matches_native", "equivalence/exact_with_shared_rng"},
+    # the shared RNG stream consumed once more than the framework does (e.g. a warm-up draw)
+    "rng_drift": {"equivalence/exact_with_shared_rng"},
     "overlap_reorder": {"equivalence/overlap_same_multiset"},
     "ignore_priorities": {"deliver/prioritized_distribution"},
     "accept_bad_input": {"ingest/rejects_bad_input"},
@@ -113,6 +117,14 @@ class BrokenHarness(example.AdapterHarness):
                     return _orig(enc, timeout)
                 store.edp._commit = slow_commit
         return BrokenSession(store, self.fault, schedule)
+
+    def shared_rng_sessions(self, *, seed, capacity=10_000):
+        import random
+        rng = random.Random(seed)
+        if self.fault == "rng_drift":
+            rng.random()
+        store = ConduitReplayMemory(capacity, obs_shape=example.OBS_SHAPE, shared_rng=rng)
+        return BrokenSession(store, self.fault), example.NativeSession(capacity, seed)
 
     def convergence_workloads(self):
         if self.fault != "corrupt_rewards":

@@ -18,8 +18,8 @@ def failed(report):
     return {r.id for r in report.results if r.status == "fail"}
 
 
-NSTEP = {cid for cid, c in REGISTRY.items() if "nstep" in c.needs}  # minirl has no n-step sampling; the RLlib
-                                                                       # adapter's mutations show these can fail
+# minirl has no n-step or sequence sampling; the RLlib adapter's mutations show these can fail
+NSTEP = {cid for cid, c in REGISTRY.items() if c.needs & {"nstep", "sequences"}}
 
 
 def test_correct_adapter_passes_every_check():

@@ -44,6 +44,8 @@ class _DropEvery10th:
 
 class ShortenedWindows(ConduitEpisodeReplayBuffer):
     def sample(self, num_items=None, *, n_step=None, gamma=0.99, beta=None, **kw):
+        if kw.get("batch_length_T"):  # sequences are not what this mutation breaks
+            return super().sample(num_items, n_step=n_step, gamma=gamma, beta=beta, **kw)
         B = num_items or kw.get("batch_size_B") or self.batch_size_B
         b = self.edp.deliver(int(B), n_step=n_step or 1, gamma=gamma, beta=self.beta if beta is None else beta,
                              episode_end="shorten")
@@ -55,6 +57,8 @@ class ShortenedWindows(ConduitEpisodeReplayBuffer):
 class UnnormalisedWeights(ConduitEpisodeReplayBuffer):
     def sample(self, *a, beta=None, **kw):
         out = super().sample(*a, beta=beta, **kw)
+        if not hasattr(out[0], "batch"):  # sequences (episodes): no weights to break
+            return out
         b = out[0].batch
         if b.weights is not None:
             idx = self.edp.buffer.selector.index
@@ -78,6 +82,26 @@ class RingEviction(ConduitEpisodeReplayBuffer):
         self.ledger.ring_conflicts = lambda cutoff: []
 
 
+class SequencesRunOn(ConduitEpisodeReplayBuffer):
+    """Slices always T steps long: past a stored episode's end they read the next rows."""
+
+    _slice_length = staticmethod(lambda t, stored, T: T)
+
+
+class BurnInIgnored(ConduitEpisodeReplayBuffer):
+    _keeps_start = staticmethod(lambda t, stored, min_T: True)
+
+
+class LookbackAcrossEpisodes(ConduitEpisodeReplayBuffer):
+    """The full lookback even at an episode's first step (the rows before are another's)."""
+
+    _lookback_steps = staticmethod(lambda t, lookback: lookback)
+
+
+class SlicesCountedBySteps(ConduitEpisodeReplayBuffer):
+    _slice_cost = staticmethod(lambda length: length)
+
+
 def _with_columns(fn):
     return type("Mutant", (ConduitEpisodeReplayBuffer,), {"columns_of": staticmethod(fn)})
 
@@ -92,6 +116,10 @@ MUTATIONS = {
     "unnormalised_weights": (lambda: UnnormalisedWeights, "deliver/importance_weights"),
     "priorities_on_wrong_rows": (lambda: PrioritiesOnWrongRows, "deliver/prioritized_distribution"),
     "eviction_per_step_not_per_episode": (lambda: RingEviction, "equivalence/eviction_matches_native"),
+    "sequences_run_past_the_episode": (lambda: SequencesRunOn, "deliver/sequences_true"),
+    "burn_in_rule_ignored": (lambda: BurnInIgnored, "deliver/sequences_true"),
+    "lookback_across_episodes": (lambda: LookbackAcrossEpisodes, "deliver/sequences_true"),
+    "slices_counted_by_steps": (lambda: SlicesCountedBySteps, "equivalence/sequences_match_native"),
 }
 
 
@@ -109,7 +137,8 @@ class MutantHarness(RLlibHarness):
 
 
 REPLAY_CHECKS = ["ingest/*", "deliver/*", "equivalence/nstep_matches_native", "equivalence/sequential_matches_native",
-                 "equivalence/eviction_matches_native"]
+                 "equivalence/eviction_matches_native", "equivalence/sequences_match_native",
+                 "equivalence/exact_with_shared_rng"]
 
 
 def test_unmutated_adapter_passes_the_replay_checks():

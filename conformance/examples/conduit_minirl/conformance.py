@@ -85,7 +85,8 @@ class AdapterHarness(Harness):
     version = "0.1"
     framework = "minirl"
     framework_version = fw.__version__
-    capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence"})
+    capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
+                              "shared_rng"})
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
                 schedule="sequential", staleness=0) -> Session:
@@ -96,6 +97,12 @@ class AdapterHarness(Harness):
 
     def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False):
         return None if (prioritized or onpolicy) else NativeSession(capacity, seed)
+
+    def shared_rng_sessions(self, *, seed, capacity=10_000):
+        """STAGE MAP: both sides draw from ``random.Random(seed)`` as minirl's sampler does."""
+        import random
+        mem = ConduitReplayMemory(capacity, obs_shape=OBS_SHAPE, shared_rng=random.Random(seed))
+        return AdapterSession(mem), NativeSession(capacity, seed)
 
 
     def convergence_workloads(self):

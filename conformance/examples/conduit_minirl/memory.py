@@ -32,8 +32,14 @@ class ConduitReplayMemory:
     """Same calls as minirl's ReplayMemory; sample() returns columns (a Conduit Batch)."""
 
     def __init__(self, capacity: int, *, obs_shape: tuple[int, ...], seed: int = 0, prioritized: bool = False,
-                 alpha: float = 0.6, schedule: str = "sequential", staleness: int = 0):
-        selector = Prioritized(alpha=alpha) if prioritized else Uniform()
+                 alpha: float = 0.6, schedule: str = "sequential", staleness: int = 0, shared_rng=None):
+        """``shared_rng``: a ``random.Random`` to draw from exactly as minirl's ``ReplayMemory.sample``
+        does (one ``randrange(len(items))`` per item, oldest item first), so this memory delivers
+        the same rows as minirl's own from the same seed. STAGE MAP: mirror your sampler's calls."""
+        if shared_rng is not None and not prioritized:
+            selector = Uniform(draw=lambda count, batch: np.array([shared_rng.randrange(count) for _ in range(batch)]))
+        else:
+            selector = Prioritized(alpha=alpha) if prioritized else Uniform()
         self.edp = _plane(obs_shape, capacity, selector, schedule, staleness, seed)
 
     def push(self, transitions: list[Transition], *, source: int = 0) -> None:
