@@ -290,3 +290,26 @@ def test_restore_missing_buffer_is_an_explicit_choice(ray_session, tmp_path, cap
         assert "empty buffer" in caplog.text and len(fresh.local_replay_buffer) == 0
     finally:
         fresh.stop()
+
+
+def test_a_stateful_module_trains_on_sequence_slices(ray_session):
+    """DQN with an LSTM asks the buffer for sequences (batch_length_T=max_seq_len, lookback=1);
+    Conduit returns RLlib's slices, the module's state_out stored with them, and RLlib's
+    stateful learner pipeline trains on them."""
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    cfg = workloads.dqn_cartpole(seed=1, capacity=5000)
+    cfg.rl_module(model_config=DefaultModelConfig(use_lstm=True, max_seq_len=8, lstm_cell_size=16))
+    cfg.training(replay_buffer_config={"type": "EpisodeReplayBuffer", "capacity": 5000}, n_step=1,
+                 num_steps_sampled_before_learning_starts=100)
+    cfg.reporting(min_sample_timesteps_per_iteration=200)
+    algo = conduit_rllib.enable(cfg).build_algo()
+    try:
+        algo.train()
+        r = algo.train()
+        buf = algo.local_replay_buffer
+        assert any(f.startswith("extra_model_outputs.state_out.") for f in buf.edp.buffer.spec.names)
+        assert r["learners"]["default_policy"]["num_module_steps_trained"] > 0
+        slices = buf.sample(num_items=32, batch_length_T=8, lookback=1, n_step=1)
+        assert all(1 <= len(e) <= 8 for e in slices) and "state_out" in slices[0].extra_model_outputs
+    finally:
+        algo.stop()
