@@ -31,7 +31,11 @@ class ConduitOptions:
     ``delivery``: what the learner receives: 'columns' (the fast path: the learner's
     tensors directly), 'episodes' (RLlib's own one-step episodes, so RLlib's whole
     learner connector pipeline runs, user pieces included) or None (columns, unless the
-    config has learner connector pieces of its own: then episodes)."""
+    config has learner connector pieces of its own: then episodes). ``store_infos``: keep
+    each step's env infos beside its row, as RLlib's buffers keep them (``include_infos``,
+    sequence slices and episode delivery hand them out; a checkpoint saves them, so they must
+    be plain values: numbers, strings, arrays, lists, dicts with str keys). False stores none,
+    and every sample that would carry infos is refused."""
 
     schedule: str = "sequential"
     worker: str = "thread"
@@ -48,6 +52,7 @@ class ConduitOptions:
     restore_missing_buffer: bool = False
     ring_slack: float = 0.25
     delivery: str | None = None
+    store_infos: bool = True
 
     def __post_init__(self) -> None:
         if self.delivery not in (None, "columns", "episodes"):

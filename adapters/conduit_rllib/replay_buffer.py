@@ -23,6 +23,7 @@ from .delivered_episodes import EpisodeContext, one_step_episodes, sequence_epis
 from .episode_ledger import EpisodeLedger
 from .info_store import InfoStore
 from .options import ConduitOptions
+from .sequences import SequenceRules, assemble_batch, batch_rows, draw_slices
 
 
 RLLIB_MIN_PRIORITY = 1e-12  # PrioritizedEpisodeReplayBuffer.update_priorities: max(priority, 1e-12)
@@ -47,6 +48,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
     """Uniform or prioritized replay on the Conduit data plane (RLlib's semantics)."""
 
     columns_of = staticmethod(episode_columns)  # the ingestion transform: an episode chunk -> columns
+    sequence_rules = SequenceRules()            # RLlib's rules for slices of stored episodes
 
     def __init__(self, capacity: int = 10000, *, prioritized: bool = False, alpha: float = 0.6,
                  beta: float = 0.4, conduit: dict | None = None, batch_size_B: int = 16,
@@ -186,7 +188,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.edp.evict(np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in ranges]))
 
     def _ingest(self, group: list[tuple[Rollout, Any]]) -> None:
-        infos = [episode_infos(ep, r.rows) for r, ep in group]  # before storing: a bad chunk changes nothing
+        infos = [episode_infos(ep, r.rows) if self.options.store_infos else None for r, ep in group]
         try:
             self.edp.ingest_many([r for r, _ in group])  # refuses bad input before storing any of the group
             stored = len(group)
@@ -196,7 +198,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         finally:
             for (r, ep), info in zip(group[:stored], infos):  # stored rows take the next seqs, in order
                 self.ledger.record(r.source, self._added, r.rows, id_=ep.id_, t_started=ep.t_started)
-                self.infos.put(self._added, info)
+                if info is not None:
+                    self.infos.put(self._added, info)
                 self._added += r.rows
 
     # --------------------------------------------------------------- delivery
@@ -218,10 +221,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         # RLlib's prioritized buffer ignores batch_length_T, lookback and min_batch_length_T
         # (it always returns one-step n-step episodes); its uniform one slices sequences.
         if not self.prioritized:
-            if not sample_episodes:
-                raise ConfigError("sample(sample_episodes=False)", "True (episode samples, as DQN and SAC ask)",
-                                  False, "RLlib's [B, T] batch form (EpisodeReplayBuffer._sample_batch, DreamerV3's "
-                                  "kind) is not mapped onto Conduit; use RLlib's own buffer for it")
+            if not sample_episodes:  # RLlib's [B, T] batch form (DreamerV3's kind)
+                return self._sample_batch_form(B, int(batch_length_T or self.batch_length_T))
             if batch_length_T:
                 return self._sample_sequences(B, int(batch_length_T), n_step, int(lookback), int(min_batch_length_T))
         # RLlib's two buffers treat a window that runs past its episode's stored end
@@ -235,6 +236,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         if self.tuner is not None:
             self.tuner.observe()
         if self.options.delivery == "episodes" or include_infos:
+            self._check_infos_stored(include_infos or not self.prioritized)
             return self._episodes_of(b, include_infos=include_infos or not self.prioritized,
                                      include_extras=include_extra_model_outputs, lookback=int(lookback))
         if self.learner_shards == 1:
@@ -247,6 +249,12 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         # 2k, ..., and then applies the concatenated errors to rows 0, 1, 2, ...)
         # parts are copied: a view would carry the whole batch's storage to every remote learner
         return [DeliveredBatch(part.clone()) for part in b.split(self.learner_shards)]
+
+    def _check_infos_stored(self, needed: bool) -> None:
+        if needed and not self.options.store_infos:
+            raise ConfigError("conduit_rllib.enable(store_infos=...)", "True for samples that carry infos "
+                              "(include_infos, episode delivery from the uniform buffer, sequences)", False,
+                              "drop store_infos=False (RLlib's buffers keep infos with every episode)")
 
     def _core_fields(self) -> list[str]:
         return [f for f in self.edp.buffer.spec.names if not f.startswith(EXTRA)]
@@ -268,73 +276,43 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             episodes = [episodes[j] for j in shard_order(len(episodes), self.learner_shards)]
         return episodes
 
-    # RLlib's sequence rules (EpisodeReplayBuffer._sample_episodes), one decision each
-    @staticmethod
-    def _keeps_start(t: int, stored: int, min_T: int) -> bool:
-        """Burn-in: a start with at most ``min_T`` steps left in its stored episode is redrawn."""
-        return not (min_T > 0 and t + min_T >= stored)
-
-    @staticmethod
-    def _slice_length(t: int, stored: int, T: int) -> int:
-        """``T`` steps, or to the stored episode's end."""
-        return min(t + T, stored) - t
-
-    @staticmethod
-    def _slice_cost(length: int) -> int:
-        """What a slice counts toward ``batch_size_B``: its steps plus one, as RLlib counts."""
-        return length + 1
-
-    @staticmethod
-    def _lookback_steps(t: int, lookback: int) -> int:
-        """Lookback held: none before a stored episode's first step."""
-        return min(lookback, t)
-
     def _sample_sequences(self, B: int, T: int, n_step, lookback: int, min_T: int) -> list:
-        """RLlib's uniform sequence sampling (``EpisodeReplayBuffer._sample_episodes`` with
-        ``batch_length_T``): starts uniform over stored steps; a start with at most
-        ``min_batch_length_T`` steps left in its stored episode is drawn again; each slice
-        runs ``T`` steps or to the stored end, with up to ``lookback`` steps before it; slices
-        are drawn until their lengths plus one per slice reach ``B``."""
+        """RLlib's uniform sequence slices (``sequences.draw_slices``), as its episodes."""
         if n_step not in (None, 1):
             raise ConfigError("n_step", "1 when sampling sequences (batch_length_T > 0)", repr(n_step),
                               "sample sequences with n_step=1 (RLlib's buffer asserts the same)")
         if lookback < 0 or min_T < 0:
             raise ConfigError("lookback/min_batch_length_T", ">= 0", (lookback, min_T), "pass non-negative ints")
+        self._check_infos_stored(True)
         index = self.ledger.index()
-        chosen: list[tuple[int, int, int]] = []
-        steps, draws = 0, 0
-        while steps < B:
-            if draws > 64 * B + 4096:
-                raise SemanticError(f"min_batch_length_T={min_T}: {draws} draws found no stored step with more "
-                                    f"than {min_T} steps left in its episode. Fix: lower min_batch_length_T or "
-                                    "store longer episodes (RLlib's buffer would loop forever here).")
-            g = self._sequence_rng.integers(0, index.total, size=max(8, B // (T + 1) + 1))
-            draws += g.size
-            ep, ts = index.from_global(g)
-            length = index.lengths[ep]
-            for e, t, n in zip(ep.tolist(), ts.tolist(), length.tolist()):
-                if not self._keeps_start(t, n, min_T):
-                    continue
-                L = self._slice_length(t, n, T)
-                chosen.append((e, t, L))
-                steps += self._slice_cost(L)
-                if steps >= B:
-                    break
-        spans = [(e, t - self._lookback_steps(t, lookback), t + L) for e, t, L in chosen]
+        rules = self.sequence_rules
+        chosen = draw_slices(index, self._sequence_rng, B, T, min_T, rules)
+        spans = [(e, t - rules.lookback_steps(t, lookback), t + L) for e, t, L in chosen]
         seqs = [index.seq_at(np.full(hi - lo, e), np.arange(lo, hi)) for e, lo, hi in spans]
-        rows = self.edp.read(np.concatenate(seqs))
-        cols = {k: v.cpu().numpy() for k, v in rows.items()}
+        cols = {k: v.cpu().numpy() for k, v in self.edp.read(np.concatenate(seqs)).items()}
         out, at = [], 0
         for (e, t, L), s in zip(chosen, seqs):
             part = {k: v[at:at + s.size] for k, v in cols.items()}
             at += s.size
             rec = index.records[e]
             infos = self.infos.obs_infos(s) + self.infos.next_infos(s[-1:])
-            out.append(sequence_episode(part, lookback_steps=self._lookback_steps(t, lookback), lookback=lookback,
-                                        infos=infos,
-                                        id_=rec.id_, t_started=rec.t_started + t, ctx=self.context))
+            out.append(sequence_episode(part, lookback_steps=rules.lookback_steps(t, lookback), lookback=lookback,
+                                        infos=infos, id_=rec.id_, t_started=rec.t_started + t, ctx=self.context))
         self._sampled += B
         self._last = None  # no priorities for the uniform buffer
+        return out
+
+    def _sample_batch_form(self, B: int, T: int) -> dict[str, np.ndarray]:
+        """RLlib's ``sample_episodes=False`` dict of ``[B, T]`` arrays (``sequences.batch_rows``)."""
+        if not T or T < 1:
+            raise ConfigError("batch_length_T", "an int >= 1 for sample_episodes=False", repr(T),
+                              "pass batch_length_T (or build the buffer with batch_length_T=...)")
+        index = self.ledger.index()
+        rows = batch_rows(index, self._sequence_rng, B, T)
+        read = lambda seqs: {k: v.cpu().numpy() for k, v in self.edp.read(seqs, fields=self._core_fields()).items()}
+        out = assemble_batch(rows, index, read, T)
+        self._sampled += B * T
+        self._last = None
         return out
 
     def update_priorities(self, priorities, module_id=None) -> None:
@@ -386,7 +364,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                 "sources": [[k, v] for k, v in self._sources.items()], "next_source": self._next_source,
                 "added": self._added, "sampled": self._sampled,
                 "ledger": self.ledger.state(), "source_ids": [[k, v] for k, v in self._source_ids.items()],
-                "infos": self.infos.state(self._stored_seqs()),
+                "infos": self.infos.state(self._stored_seqs() if self.options.store_infos else np.zeros(0, np.int64)),
                 "sequence_rng": self._sequence_rng.bit_generator.state}
 
     def _stored_seqs(self) -> np.ndarray:

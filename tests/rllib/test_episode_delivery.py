@@ -141,8 +141,6 @@ def test_sequence_arguments_are_checked():
     _, ours, _ = filled(False)
     with pytest.raises(ConfigError, match="n_step"):
         ours.sample(num_items=8, batch_length_T=5, n_step=3)
-    with pytest.raises(ConfigError, match="sample_episodes"):
-        ours.sample(num_items=8, batch_length_T=5, n_step=1, sample_episodes=False)
     with pytest.raises(SemanticError, match="min_batch_length_T"):  # RLlib would loop forever
         ours.sample(num_items=8, batch_length_T=5, n_step=1, min_batch_length_T=100)
 
@@ -173,3 +171,60 @@ def test_episodes_for_several_learners_line_up_with_the_rows():
     parts = list(ShardEpisodesIterator(eps, 2))
     got = np.concatenate([np.stack([e.get_observations(0) for e in part]) for part in parts])
     assert np.array_equal(got, rows)
+
+
+def check_batch_form_row(b: dict, i: int, truth) -> tuple:
+    """One row of RLlib's sample_episodes=False dict against the true episodes: pieces of
+    consecutive observations, the first from any step, later ones from an episode's start;
+    returns the row's shape (pieces, where the first piece ends, flags) for comparison."""
+    obs, rew, first = b["obs"][i], b["rewards"][i], b["is_first"][i]
+    T = obs.shape[0]
+    starts = np.flatnonzero(first).tolist()
+    assert starts and starts[0] == 0
+    for k, s0 in enumerate(starts):
+        s1 = starts[k + 1] if k + 1 < len(starts) else T
+        e, t0 = (int(x) for x in obs[s0])
+        assert k == 0 or t0 == 0, f"row {i}: a continuation starts at step {t0}, not 0"
+        ep = truth[e]
+        assert np.array_equal(obs[s0:s1, 0], np.full(s1 - s0, e)) and np.array_equal(obs[s0:s1, 1], np.arange(t0, t0 + s1 - s0))
+        want_first = float(ep.rewards[t0 - 1]) if (k == 0 and t0 > 0) else 0.0
+        assert abs(rew[s0] - want_first) < 1e-6
+        assert np.allclose(rew[s0 + 1:s1], ep.rewards[t0:t0 + s1 - s0 - 1])
+        ends_inside = t0 + (s1 - s0) - 1 == len(ep)
+        if s1 < T or ends_inside:
+            assert b["is_last"][i, s1 - 1]
+            assert b["is_terminated"][i, s1 - 1] == (ends_inside and ep.terminated)
+            assert b["is_truncated"][i, s1 - 1] == (ends_inside and ep.truncated)
+    return (len(starts), starts[1] if len(starts) > 1 else T, int(b["is_terminated"][i].sum()),
+            int(b["is_truncated"][i].sum()), bool(b["is_last"][i, -1]))
+
+
+def test_the_batch_form_matches_rllib():
+    """sample_episodes=False (RLlib's [B, T] dict, DreamerV3's kind): every row as RLlib
+    builds it, checked against the truth for both buffers, and the same distribution of row
+    shapes (pieces, first piece's length, flags)."""
+    native, ours, truth = filled(False)
+    a_rows, b_rows = [], []
+    for _ in range(60):
+        a = native.sample(batch_size_B=16, batch_length_T=8, sample_episodes=False)
+        b = ours.sample(batch_size_B=16, batch_length_T=8, sample_episodes=False)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+        a_rows += [check_batch_form_row(a, i, truth) for i in range(16)]
+        b_rows += [check_batch_form_row(b, i, truth) for i in range(16)]
+    p = two_sample_chi2(a_rows, b_rows)
+    assert p > P_BOUND, f"row shapes differ from RLlib's (p={p:.2g})"
+
+
+def test_without_stored_infos_a_sample_that_carries_them_is_refused():
+    chunks, _ = make_chunks(4, with_extras=True)
+    buf = ConduitEpisodeReplayBuffer(capacity=10_000, prioritized=False, seed=1, conduit={"store_infos": False})
+    for c in chunks:
+        buf.add([c])
+    assert buf.sample(16, n_step=1)[0].batch.size == 16          # columns carry no infos: fine
+    with pytest.raises(ConfigError, match="store_infos"):
+        buf.sample(16, n_step=1, include_infos=True)
+    with pytest.raises(ConfigError, match="store_infos"):
+        buf.sample(num_items=16, batch_length_T=4, n_step=1)
+    assert buf.get_state()["infos"]["seqs"] == []

@@ -9,6 +9,7 @@ import pytest
 from conformance import check_adapter
 from conduit_rllib.conformance import RLlibHarness, ReplaySession
 from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer, episode_columns
+from conduit_rllib.sequences import SequenceRules
 
 
 def _drop_terminated(ep):
@@ -82,24 +83,16 @@ class RingEviction(ConduitEpisodeReplayBuffer):
         self.ledger.ring_conflicts = lambda cutoff: []
 
 
-class SequencesRunOn(ConduitEpisodeReplayBuffer):
-    """Slices always T steps long: past a stored episode's end they read the next rows."""
-
-    _slice_length = staticmethod(lambda t, stored, T: T)
-
-
-class BurnInIgnored(ConduitEpisodeReplayBuffer):
-    _keeps_start = staticmethod(lambda t, stored, min_T: True)
+def _rules(**broken):
+    """A buffer whose sequence rules have ``broken`` decisions in place of RLlib's."""
+    rules = type("BrokenRules", (SequenceRules,), {k: staticmethod(v) for k, v in broken.items()})()
+    return type("Mutant", (ConduitEpisodeReplayBuffer,), {"sequence_rules": rules})
 
 
-class LookbackAcrossEpisodes(ConduitEpisodeReplayBuffer):
-    """The full lookback even at an episode's first step (the rows before are another's)."""
-
-    _lookback_steps = staticmethod(lambda t, lookback: lookback)
-
-
-class SlicesCountedBySteps(ConduitEpisodeReplayBuffer):
-    _slice_cost = staticmethod(lambda length: length)
+SequencesRunOn = _rules(slice_length=lambda t, stored, T: T)       # past a stored end: the next rows
+BurnInIgnored = _rules(keeps_start=lambda t, stored, min_T: True)
+LookbackAcrossEpisodes = _rules(lookback_steps=lambda t, lookback: lookback)  # before step 0: another's rows
+SlicesCountedBySteps = _rules(slice_cost=lambda length: length)
 
 
 def _with_columns(fn):
