@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.common import fmt_table, machine, write_json
+from .common import fmt_table, machine, write_json
 from conduit_core import ExperienceBuffer, ExperienceSpec, ShardSpec
 
 PLACEMENTS = ("naive", "pageable", "pinned", "pinned-mapped", "device")

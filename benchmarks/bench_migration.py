@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import fmt_table, machine, memcpy_bandwidth, write_json
+from .common import fmt_table, machine, memcpy_bandwidth, write_json
 
 NODE = "conduit_node1"
 STRATEGIES = ("conduit-online", "conduit-blocking", "greedy", "conservative")

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import fmt_table, machine, write_json
+from .common import fmt_table, machine, write_json
 
 
 class _Replier:

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import fmt_table, machine, write_json
+from .common import fmt_table, machine, write_json
 
 PROMPT = 512
 FIELD_ORDER = ["input_ids", "responses", "response_mask", "old_log_probs", "ref_log_probs", "advantages",

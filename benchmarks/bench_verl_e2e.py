@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import fmt_table, machine, write_json
+from .common import fmt_table, machine, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"simple": [], "conduit": ["transfer_queue.backend.storage_backend=Conduit"],

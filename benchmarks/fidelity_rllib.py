@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from conformance.stats import two_sample_chi2
+from conduit_conformance.stats import two_sample_chi2
 
 
 def cartpole_chunks(episodes: int, fragment: int, seed: int, open_last: int = 4):

@@ -17,7 +17,7 @@ import argparse
 import json
 import statistics
 
-from benchmarks.common import fmt_table
+from .common import fmt_table
 from conduit_core.ranking import concordant_pairs, order_stability, split_half
 
 

@@ -1,4 +1,4 @@
-"""pytest plugin: ``pytest --conduit-adapter=NAME|module:factory --pyargs conformance.suite``.
+"""pytest plugin: ``pytest --conduit-adapter=NAME|module:factory --pyargs conduit_conformance.suite``.
 
 Registered through the ``pytest11`` entry point; it imports no framework unless the
 option is given."""

@@ -13,7 +13,7 @@ from .report import CheckResult, Report
 
 KNOWN_ADAPTERS = {
     "rllib": "conduit_rllib.conformance:harness",
-    "example": "conformance.examples.conduit_minirl.conformance:harness",
+    "example": "conduit_conformance.examples.conduit_minirl.conformance:harness",
     "verl": "conduit_verl.conformance:harness",
 }
 

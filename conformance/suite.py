@@ -1,4 +1,4 @@
-"""The suite as a pytest module, for ``pytest --conduit-adapter=NAME --pyargs conformance.suite``."""
+"""The suite as a pytest module, for ``pytest --conduit-adapter=NAME --pyargs conduit_conformance.suite``."""
 
 from __future__ import annotations
 

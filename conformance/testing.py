@@ -1,6 +1,6 @@
 """The pytest base class adapter authors subclass::
 
-    from conformance import ConformanceTests
+    from conduit_conformance import ConformanceTests
 
     class TestMyAdapter(ConformanceTests):
         def make_harness(self):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conformance import (ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence, Harness, Session,
+from conduit_conformance import (ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence, Harness, Session,
                          SyntheticRollout)
-from conformance.edp_session import delivered as edp_delivered
-from conformance.edp_session import stored_ids as edp_stored_ids
+from conduit_conformance.edp_session import delivered as edp_delivered
+from conduit_conformance.edp_session import stored_ids as edp_stored_ids
 
 
 def to_episode(r: SyntheticRollout, episode_id: str):

@@ -14,7 +14,7 @@ import pickle
 
 import numpy as np
 
-from conformance import Delivered, Harness, Session, SyntheticRollout
+from conduit_conformance import Delivered, Harness, Session, SyntheticRollout
 
 GET_SIZE = 8
 
@@ -88,7 +88,7 @@ def conduit_stored_ids(buffer) -> np.ndarray:
     core = buffer.experience_buffer
     if core is None:
         return np.zeros(0, np.int64)
-    from conformance.edp_session import stored_ids_of_buffer
+    from conduit_conformance.edp_session import stored_ids_of_buffer
     return stored_ids_of_buffer(core, "obs.obs")
 
 

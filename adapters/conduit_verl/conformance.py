@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conformance import Delivered, Harness, Session, SyntheticRollout
+from conduit_conformance import Delivered, Harness, Session, SyntheticRollout
 
 
 def to_dataproto(columns: dict, source: int):
@@ -48,7 +48,7 @@ class OnPolicySession(Session):
         return Delivered(ids=ids.numpy().astype(np.int64))
 
     def stored_ids(self):
-        from conformance.edp_session import stored_ids
+        from conduit_conformance.edp_session import stored_ids
         return np.zeros(0, np.int64) if self.delivery.edp is None else stored_ids(self.delivery.edp, "input_ids")
 
     def close(self) -> None:

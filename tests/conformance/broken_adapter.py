@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance import ConvergenceResult, Delivered
-from conformance.examples import minirl as fw
-from conformance.examples.conduit_minirl import conformance as example
-from conformance.examples.conduit_minirl.memory import ConduitReplayMemory, ConduitRolloutStore
+from conduit_conformance import ConvergenceResult, Delivered
+from conduit_conformance.examples import minirl as fw
+from conduit_conformance.examples.conduit_minirl import conformance as example
+from conduit_conformance.examples.conduit_minirl.memory import ConduitReplayMemory, ConduitRolloutStore
 
 FAULTS = {
     # fault: the checks it must fail (and no others)

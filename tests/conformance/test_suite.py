@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from conformance import REGISTRY, ConformanceTests, check_adapter, load_harness
-from conformance.examples.conduit_minirl.conformance import harness as example_harness
+from conduit_conformance import REGISTRY, ConformanceTests, check_adapter, load_harness
+from conduit_conformance.examples.conduit_minirl.conformance import harness as example_harness
 
 from .broken_adapter import FAULTS, BrokenHarness
 
@@ -49,7 +49,7 @@ def test_every_failure_is_collected_not_only_the_first():
 
 
 def test_expected_failures_need_a_reason_and_fail_when_they_pass(tmp_path):
-    from conformance.runner import load_xfails
+    from conduit_conformance.runner import load_xfails
     bad = tmp_path / "x.txt"
     bad.write_text("ingest/exactly_once\n")
     with pytest.raises(ValueError, match="reason"):
@@ -88,7 +88,7 @@ def test_load_harness_errors_are_clear():
 
 
 def test_scaffolded_adapter_passes_the_suite_out_of_the_box(tmp_path):
-    from conformance.scaffold import scaffold
+    from conduit_conformance.scaffold import scaffold
     scaffold("toyfw", tmp_path)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "conduit_toyfw/tests"],
                        cwd=tmp_path, capture_output=True, text=True, env={**__import__("os").environ,
@@ -110,7 +110,7 @@ def test_cli_finds_a_scaffolded_adapter_in_the_current_folder(tmp_path):
     """Right after `conduit new-adapter`, `conduit conformance pkg.conformance:harness` runs from the
     folder that holds the package, without PYTHONPATH; a package that is nowhere says where it looked."""
     import os
-    from conformance.scaffold import scaffold
+    from conduit_conformance.scaffold import scaffold
     scaffold("toyfw", tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-m", "conduit_core.cli", "conformance", "conduit_toyfw.conformance:harness",

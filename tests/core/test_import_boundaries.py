@@ -7,7 +7,7 @@ import pathlib
 
 # Ray itself is allowed (lazily): it is how tiers on other nodes run. RLlib is not.
 FORBIDDEN = ("verl", "rlsrl", "gymnasium", "gym", "conduit_rllib", "conduit_verl", "conduit_srl",
-             "conformance", "benchmarks", "integrations")
+             "conformance", "benchmarks", "integrations", "conduit_conformance", "conduit_benchmarks")
 
 
 def test_core_imports_none_of_the_lab_or_the_frameworks():

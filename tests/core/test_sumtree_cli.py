@@ -52,7 +52,7 @@ def test_cli_help_info_and_unknown_workload():
 
 def test_buffer_benchmark_smoke(tmp_path):
     """The benchmark runs end to end (tiny sizes) and writes its report; no timing asserted."""
-    from benchmarks import bench_buffer
+    from conduit_benchmarks import bench_buffer
     out = tmp_path / "b.json"
     report = bench_buffer.main(["--quick", "--json", str(out)])
     data = json.loads(out.read_text())

@@ -11,7 +11,7 @@ pytest.importorskip("ray")
 
 
 def test_growth_past_the_host_budget_by_each_strategy(tmp_path):
-    from benchmarks.bench_migration import main
+    from conduit_benchmarks.bench_migration import main
     report = main(["--capacity", "6000", "--grow", "3", "--steps", "20", "--reps", "1", "--inserts", "256",
                    "--json", str(tmp_path / "m.json")])
     s = report["summary"]

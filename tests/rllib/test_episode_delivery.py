@@ -11,7 +11,7 @@ import pytest
 
 from conduit_core import ConfigError, SemanticError
 from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
-from conformance.stats import two_sample_chi2
+from conduit_conformance.stats import two_sample_chi2
 
 from .rllib_episodes import extras_of, info_of, make_chunks
 

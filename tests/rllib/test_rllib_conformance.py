@@ -2,7 +2,7 @@
 (convergence: RLlib's reference PPO and DQN CartPole workloads, native vs Conduit,
 fixed seeds, the same env-step budget)."""
 
-from conformance import ConformanceTests
+from conduit_conformance import ConformanceTests
 
 
 class TestRLlibConformance(ConformanceTests):

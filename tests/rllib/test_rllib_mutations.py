@@ -6,7 +6,7 @@ call, its weights, its priority update)."""
 import numpy as np
 import pytest
 
-from conformance import check_adapter
+from conduit_conformance import check_adapter
 from conduit_rllib.conformance import RLlibHarness, ReplaySession
 from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer, episode_columns
 from conduit_rllib.sequences import SequenceRules

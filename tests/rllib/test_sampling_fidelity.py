@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
-from conformance.stats import two_sample_chi2
+from conduit_conformance.stats import two_sample_chi2
 
 from .rllib_episodes import check_rows_against_truth, make_chunks, rows_from_conduit, rows_from_rllib
 

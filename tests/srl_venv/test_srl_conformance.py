@@ -1,6 +1,6 @@
 """The conformance suite over the SRL adapter, SRL's own replay buffers as the native oracle."""
 
-from conformance import ConformanceTests
+from conduit_conformance import ConformanceTests
 
 
 class TestSRLConformance(ConformanceTests):

@@ -5,7 +5,7 @@ with one promise broken where a real bug would sit."""
 import numpy as np
 import pytest
 
-from conformance import check_adapter
+from conduit_conformance import check_adapter
 from conduit_srl.buffers import ConduitReplayBuffer
 from conduit_srl.conformance import ReplaySession, SRLHarness, conduit_stored_ids
 

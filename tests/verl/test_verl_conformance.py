@@ -7,7 +7,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("verl", reason="needs verl[verl-core]")
 
-from conformance import ConformanceTests  # noqa: E402
+from conduit_conformance import ConformanceTests  # noqa: E402
 
 
 class TestVerlConformance(ConformanceTests):

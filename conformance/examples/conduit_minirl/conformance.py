@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance import ConvergenceResult, Delivered, Harness, Session, SyntheticRollout
-from conformance.edp_session import delivered, stored_ids
+from conduit_conformance import ConvergenceResult, Delivered, Harness, Session, SyntheticRollout
+from conduit_conformance.edp_session import delivered, stored_ids
 
 # STAGE MAP: your framework and its version.
-from conformance.examples import minirl as fw
+from conduit_conformance.examples import minirl as fw
 
 from .memory import ConduitReplayMemory, ConduitRolloutStore
 

@@ -9,7 +9,7 @@ from conduit_core import (ExperienceBuffer, ExperienceDataPlane, ExperienceSpec,
                           Uniform)
 
 # STAGE MAP: import your framework's transition type and collate function here.
-from conformance.examples.minirl import Transition, collate
+from conduit_conformance.examples.minirl import Transition, collate
 
 
 def to_columns(transitions: list[Transition]) -> dict[str, np.ndarray]:

@@ -1,6 +1,6 @@
 """The adapter's conformance tests: every registered check, one test each."""
 
-from conformance import ConformanceTests
+from conduit_conformance import ConformanceTests
 
 from ..conformance import harness
 

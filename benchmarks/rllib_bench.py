@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from .timing import PathTimer
+from .rllib_timing import PathTimer
 
 SYSTEMS = ("rllib", "conduit")
 
@@ -32,13 +32,13 @@ def _init_ray() -> None:
 
 def _build(workload: str, system: str, args) -> object:
     import conduit_rllib
-    from . import workloads
+    from conduit_rllib import workloads
     if workload == "dqn":
         cfg = workloads.dqn_cartpole(seed=args.seed)
     elif workload == "ppo":
         cfg = workloads.ppo_cartpole(seed=args.seed)
     elif workload == "dqn-atari":
-        from .atari import dqn_atari
+        from conduit_rllib.atari import dqn_atari
         cfg = dqn_atari(seed=args.seed, game=args.game, learning_starts=args.atari_learning_starts,
                         iteration_steps=args.atari_iteration_steps)
     else:  # pragma: no cover

@@ -66,7 +66,7 @@ def build(dims: int, *, seed: int = 0, staleness: int = 32, steps_per_iter: int 
     import conduit_rllib
     from ray.tune.registry import register_env
 
-    from .workloads import dqn_cartpole
+    from conduit_rllib.workloads import dqn_cartpole
     register_env(ENV, lambda c: SyntheticObsEnv(c))
     cfg = dqn_cartpole(seed=seed)
     cfg.environment(ENV, env_config={"dims": dims})
@@ -180,7 +180,7 @@ def resolution(runs: dict[str, list[float]]) -> float:
 def main(argv=None):
     import ray
 
-    from benchmarks.common import fmt_table, machine, write_json
+    from .common import fmt_table, machine, write_json
     from conduit_core.costmodel import enumerate_configs, predict
     p = argparse.ArgumentParser(prog="conduit tune rllib-dqn", description=__doc__.split("\n\n")[0])
     p.add_argument("--dims", type=int, nargs="+", default=[128, 256, 512, 1000, 2000])
