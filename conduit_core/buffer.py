@@ -424,6 +424,59 @@ class ExperienceBuffer(EpisodeSampling):
     def migrating(self) -> bool:
         return self._migration is not None
 
+    # ------------------------------------------------- layout changes (migration.py)
+    def check_open(self) -> None:
+        """Raise ClosedError if the buffer is closed."""
+        self._check_open()
+
+    def live_range(self) -> tuple[int, int]:
+        """(oldest seq that may be stored, next seq): the window of live rows (evicted rows
+        inside it are marked in ``meta['seq']``)."""
+        with self._cond:
+            return self._lo(), self._inserted
+
+    def attach_dual_writer(self, writer) -> tuple[int, int]:
+        """From now on every insert and eviction also goes to ``writer`` (its ``on_insert`` and
+        ``on_evict``, called under the buffer's lock): how a migration keeps its new layout
+        current while it copies. Returns ``live_range()`` at that moment: the rows to copy.
+        One writer at a time."""
+        with self._cond:
+            self._check_open()
+            if self._migration is not None:
+                raise ConfigError("migration", "one migration at a time", "another one running",
+                                  "finish() the running migration first")
+            self._migration = writer
+            return self._lo(), self._inserted
+
+    def detach_dual_writer(self, writer) -> None:
+        with self._cond:
+            if self._migration is writer:
+                self._migration = None
+
+    def stored_columns(self, seqs: np.ndarray) -> dict[str, torch.Tensor]:
+        """Every field of rows ``seqs`` as stored (encoded), on the host: what a copy moves."""
+        slots = np.asarray(seqs, dtype=np.int64) % self.capacity
+        return {f.name: self.storage.gather_stored(f.name, slots) for f in self.spec}
+
+    def adopt_layout(self, storage: ColumnarStorage, meta: dict[str, np.ndarray], capacity: int) -> ColumnarStorage:
+        """Swap in a new layout that holds every live row at ``seq % capacity`` (a finished
+        migration), atomically with respect to inserts and deliveries; the dual writer is
+        detached. Returns the old storage, for the caller to close outside the lock."""
+        with self._cond:
+            lo = self._lo()
+            seqs = np.arange(lo, self._inserted, dtype=np.int64)
+            self.selector.rebind(capacity, seqs % self.capacity, seqs % capacity)
+            old = self.storage
+            self.storage, self.meta, self.capacity = storage, meta, capacity
+            self._floor = max(self._floor, lo)  # the new window starts at the oldest row live now
+            for seg in self._meta_segments:
+                seg.close()
+            self._meta_segments = []
+            self._migration = None
+            self.recount_holes()
+            self._cond.notify_all()
+            return old
+
     def _evict_for_frames(self, pending: list, n: int) -> None:
         """Evict (oldest first) the rows whose frames the pending frame writes overwrite."""
         cap = self.capacity

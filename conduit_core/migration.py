@@ -33,7 +33,6 @@ import numpy as np
 
 from .buffer import META_FIELDS
 from .errors import ConfigError, StateError
-from .selectors import Prioritized
 from .storage import ColumnarStorage, ShardSpec
 
 FIRST_CHUNK_BYTES = 256 << 10   # the first adaptive chunk, before any timing is known
@@ -87,7 +86,7 @@ class Migration:
             self.start()
 
     def _check_alone(self) -> None:
-        if self.buffer._migration is not None:
+        if self.buffer.migrating:
             raise ConfigError("migration", "one migration at a time", "another one running",
                               "finish() the running migration first")
 
@@ -98,17 +97,12 @@ class Migration:
         learner never waits for an actor to start."""
         self.storage = ColumnarStorage(spec=self.buffer.spec, shards=self.shards)
         self.meta = {k: np.zeros(self.capacity, dtype=np.int64) for k in META_FIELDS}  # lazy, as the buffer's
-        b = self.buffer
-        with b.lock:
-            try:
-                self._check_alone()
-                b._check_open()
-            except BaseException:
-                self.storage.close()
-                raise
-            self.cursor = b._lo()      # next seq to copy
-            self.until = b._inserted   # rows from here on are dual-written: the copy stops here
-            b._migration = self
+        try:
+            # next seq to copy; rows from `until` on are dual-written, so the copy stops there
+            self.cursor, self.until = self.buffer.attach_dual_writer(self)
+        except BaseException:
+            self.storage.close()
+            raise
 
     # ------------------------------------------------------------ copying
     def on_insert(self, first: int, enc, n: int, source: int, version: int, prev_tail: int | None) -> None:
@@ -123,8 +117,8 @@ class Migration:
         b = self.buffer
         with b.lock:
             t0 = time.perf_counter()
-            b._check_open()
-            lo = max(self.cursor, b._lo())
+            b.check_open()
+            lo = max(self.cursor, b.live_range()[0])
             # One destination shard per chunk, sized by that shard's own last chunk: the same
             # rows cost microseconds to a host shard and milliseconds to a remote one.
             bounds = self.storage.bounds
@@ -134,8 +128,7 @@ class Migration:
             if lo < end:
                 seqs = np.arange(lo, end, dtype=np.int64)
                 old_slots = seqs % b.capacity
-                cols = {f.name: b.storage._gather_stored(f.name, old_slots, None, _cpu()) for f in b.spec}
-                self.storage.write(lo % self.capacity, cols, end - lo)
+                self.storage.write(lo % self.capacity, b.stored_columns(seqs), end - lo)
                 new_slots = seqs % self.capacity
                 for k in META_FIELDS:
                     self.meta[k][new_slots] = b.meta[k][old_slots]
@@ -168,37 +161,14 @@ class Migration:
         with b.lock:
             while not self.step():
                 pass
-            old_storage, old_cap = b.storage, b.capacity
-            lo = b._lo()
-            if isinstance(b.selector, Prioritized):
-                seqs = np.arange(lo, b._inserted, dtype=np.int64)
-                prios = b.selector.index.get(seqs % old_cap).copy()
-                b.selector.bind(self.capacity)
-                b.selector.index.set(seqs % self.capacity, prios)
-            else:
-                b.selector.bind(self.capacity)
-            b.storage, b.meta, b.capacity = self.storage, self.meta, self.capacity
-            b._floor = max(b._floor, lo)  # the new window starts at the oldest row live now
-            for seg in b._meta_segments:
-                seg.close()
-            b._meta_segments = []
-            b._migration = None
-            b.recount_holes()
+            old_storage = b.adopt_layout(self.storage, self.meta, self.capacity)
             self.done = True
-            b._cond.notify_all()
         old_storage.close()
 
     def abort(self) -> None:
-        with self.buffer.lock:
-            if self.buffer._migration is self:
-                self.buffer._migration = None
+        self.buffer.detach_dual_writer(self)
         if self.storage is not None:
             self.storage.close()
-
-
-def _cpu():
-    import torch
-    return torch.device("cpu")
 
 
 def begin_migration(buffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,

@@ -72,11 +72,9 @@ class RemoteShard:
     def gather_columns(self, slots: np.ndarray, fields: list[str]):
         """The wanted rows as ``reply_layout`` cuts them: one return value per piece (call
         with ``num_returns`` = the layout's length)."""
-        import torch
-        cpu = torch.device("cpu")
         out = []
         for name, pieces in reply_layout(self.storage.spec, fields, len(slots)):
-            col = self.storage._gather_stored(name, slots, None, cpu).numpy()
+            col = self.storage.gather_stored(name, slots).numpy()
             out += [col[a:b] for a, b in pieces]
         return tuple(out) if len(out) > 1 else out[0]
 

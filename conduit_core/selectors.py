@@ -46,6 +46,11 @@ class Selector(ABC):
     def bind(self, capacity: int) -> None:
         self.capacity = capacity
 
+    def rebind(self, capacity: int, old_slots: np.ndarray, new_slots: np.ndarray) -> None:
+        """The ring moves to ``capacity`` slots (a migration): the live rows at ``old_slots``
+        now sit at ``new_slots``. Selectors that keep per-row state carry it over."""
+        self.bind(capacity)
+
     def on_insert(self, start: int, n: int, size: int) -> None:
         """Items were written at slots ``start .. start+n`` (mod capacity); ``size`` valid now."""
 
@@ -162,6 +167,11 @@ class Prioritized(Selector):
         super().bind(capacity)
         self.index = PriorityIndex(capacity)
 
+    def rebind(self, capacity, old_slots, new_slots):
+        priorities = self.index.get(old_slots).copy()
+        self.bind(capacity)
+        self.index.set(new_slots, priorities)
+
     def on_insert(self, start, n, size):
         self.index.set_range(start, n, self.max_priority ** self.alpha)
 
@@ -193,7 +203,7 @@ class Prioritized(Selector):
             from ._sumtree import set_priorities
             idx = np.ascontiguousarray(slots, dtype=np.int64).reshape(-1)
             mx = -1.0 if (self.eps == 0 and (pr == 0).any()) else set_priorities(
-                self.index._sum, self.index._min, self.index.size, idx, np.ascontiguousarray(pr), self.alpha, self.eps)
+                *self.index.trees(), idx, np.ascontiguousarray(pr), self.alpha, self.eps)
             if mx >= 0:
                 self.max_priority = max(self.max_priority, mx)
                 return

@@ -209,7 +209,7 @@ class ExperienceSpec:
         for name, f in self.fields.items():
             col = batch[name]
             if isinstance(col, np.ndarray):
-                dtype_ok = col.dtype == f._np_dtype
+                dtype_ok = col.dtype == f.np_dtype
             elif isinstance(col, torch.Tensor):
                 dtype_ok = col.dtype == f.dtype
             else:

@@ -381,6 +381,11 @@ class ColumnarStorage:
             return ray.get(actor.node_id.remote())
         raise ShardLost(shard, self.shards[shard].node, RuntimeError("no node could host its replacement"))
 
+    def gather_stored(self, name: str, slots: np.ndarray) -> torch.Tensor:
+        """Field ``name`` of the rows at ``slots`` as stored (encoded, not decoded), on the host:
+        what a layout copy or a remote shard's reply moves."""
+        return self._gather_stored(name, slots, None, _CPU)
+
     def _gather_stored(self, name: str, slots: np.ndarray, out: np.ndarray | None,
                        target: torch.device, remote: dict | None = None, route: _Route | None = None) -> torch.Tensor:
         flat = slots.reshape(-1)
