@@ -157,7 +157,7 @@ class ExperienceBuffer(EpisodeSampling):
         if not isinstance(self.selector, Selector):
             raise ConfigError("selector", "a Selector (Uniform(), Prioritized(...), Fifo())",
                               type(self.selector).__name__, "pass one of the selectors in conduit_core")
-        _check_memory(self.capacity, spec, shards, isinstance(self.selector, Prioritized))
+        _check_memory(self.capacity, spec, shards, self.selector)
         self.selector.bind(self.capacity)
         self.rate_limiter = rate_limiter or RateLimiter()
         self.done_fields = tuple(f for f in done_fields if f in spec)
@@ -508,8 +508,7 @@ class ExperienceBuffer(EpisodeSampling):
             self._holes -= self._count_holes(self._lo(), new_floor)
         self.meta["seq"][slots] = -1
         self.meta["next_seq"][slots] = -1
-        if isinstance(self.selector, Prioritized):
-            self.selector.index.set(slots, np.zeros(slots.shape[0]))
+        self.selector.on_evict(slots)
         self._evicted_early += new_floor - a
         self._floor = new_floor
 
@@ -601,7 +600,7 @@ class ExperienceBuffer(EpisodeSampling):
                          inserted_at_selection=self._inserted)
 
     def _select(self, batch_size: int, beta: float | None):
-        if isinstance(self.selector, Prioritized):
+        if self.selector.weighted:  # draws slots from its own index
             return self.selector.select(batch_size, self.size, self.rng, beta=beta)
         lo = self._lo()
         if self._holes and getattr(self.selector, "draw", None) is not None:
@@ -962,11 +961,13 @@ class ExperienceBuffer(EpisodeSampling):
         return self._closed
 
 
-def _check_memory(capacity: int, spec: ExperienceSpec, shards, prioritized: bool) -> None:
+def _check_memory(capacity: int, spec: ExperienceSpec, shards, selector: Selector) -> None:
     """Refuse a capacity the tiers cannot hold, before anything is allocated: each tier's
-    columns, plus the per-slot metadata (and priority trees) in host or shared memory."""
+    columns, plus the per-slot metadata (and the selector's per-slot state, e.g. priority
+    trees) in host or shared memory."""
     row = spec.stored_bytes_per_transition
-    meta = needed_bytes(capacity, 0, prioritized=prioritized)
+    prioritized = selector.bytes_per_slot > 0
+    meta = needed_bytes(capacity, 0, selector_bytes_per_slot=selector.bytes_per_slot)
     need: dict[Tier, int] = {}
     for shard in shards:
         tier = Tier.PAGEABLE if shard.tier is Tier.PINNED else shard.tier  # pinned pages come from host RAM

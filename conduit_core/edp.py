@@ -37,7 +37,6 @@ from .errors import CapacityError, ClosedError, ConfigError, ExperienceTimeout, 
 from .hooks import Rollout
 from .metrics import MetricsRecorder, MetricsSnapshot
 from .schedule import Schedule
-from .selectors import Prioritized
 from .episodes import EPISODE_END_RULES
 from .workers import Encoded, InlineTransformer, as_numpy_rows, make_transformer
 
@@ -354,7 +353,7 @@ class ExperienceDataPlane:
             return False
         if self._accepted_rows - p.rows_committed > self.schedule.staleness:
             return False
-        if isinstance(self.buffer.selector, Prioritized) and self.schedule.staleness == 0 \
+        if self.buffer.selector.weighted and self.schedule.staleness == 0 \
                 and p.priority_version != self._priority_version:
             return False
         return True

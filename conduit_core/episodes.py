@@ -18,7 +18,6 @@ import torch
 
 from .batch import Batch
 from .errors import ConfigError, SemanticError, SpecError
-from .selectors import Prioritized
 
 try:  # the C helper's n-step walk (same results as the numpy path)
     from ._sumtree import nstep as _c_nstep
@@ -97,7 +96,7 @@ class EpisodeSampling:
         RNG in pools; the C walk and the Python reference consume them identically."""
         self._check_n_step_fields()
         n_lo, n_hi = n_step_range(n_step)
-        prioritized = isinstance(self.selector, Prioritized)
+        prioritized = self.selector.weighted
         if prioritized:
             sums, mins, tsize = self.selector.index.trees()
             beta = self.selector.beta if beta is None else float(beta)

@@ -38,10 +38,10 @@ def available_bytes(tier: Tier) -> int | None:
     return None
 
 
-def needed_bytes(capacity: int, row_bytes: int, *, prioritized: bool) -> int:
-    """Bytes a buffer of ``capacity`` rows needs: its columns, per-slot metadata, trees."""
-    per_slot = row_bytes + META_BYTES_PER_SLOT + (PRIORITY_BYTES_PER_SLOT if prioritized else 0)
-    return capacity * per_slot
+def needed_bytes(capacity: int, row_bytes: int, *, selector_bytes_per_slot: int = 0) -> int:
+    """Bytes a buffer of ``capacity`` rows needs: its columns, per-slot metadata and the
+    selector's per-slot state (``Selector.bytes_per_slot``: a prioritized selector's trees)."""
+    return capacity * (row_bytes + META_BYTES_PER_SLOT + selector_bytes_per_slot)
 
 
 def fmt(n: int) -> str:

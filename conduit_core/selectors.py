@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from .errors import ConfigError, SpecError
+from .memory import PRIORITY_BYTES_PER_SLOT
 from .sumtree import PriorityIndex
 
 try:
@@ -42,6 +43,11 @@ class Selector(ABC):
 
     name: str = "abstract"
     consumes: bool = False  # FIFO consume-once selectors remove what they deliver
+    # Selection follows per-row priorities the learner updates: it draws ring slots from its
+    # own index (not positions in the live window), delivers importance weights, and a batch
+    # drawn before a priority update is not the one the framework would draw after it.
+    weighted: bool = False
+    bytes_per_slot: int = 0  # memory the selector keeps per ring slot (priority trees)
 
     def bind(self, capacity: int) -> None:
         self.capacity = capacity
@@ -141,6 +147,8 @@ class Prioritized(Selector):
     weights w_i = (N P(i))^-beta / max_j (N P(j))^-beta (normalised by the global minimum)."""
 
     name = "prioritized"
+    weighted = True
+    bytes_per_slot = PRIORITY_BYTES_PER_SLOT  # the sum and min trees
 
     def __init__(self, *, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6, stratified: bool = False):
         for name, v, fix in (("alpha", alpha, "use e.g. alpha=0.6 (0 = uniform)"),
