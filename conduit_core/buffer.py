@@ -248,8 +248,7 @@ class ExperienceBuffer(EpisodeSampling):
         if n > self.capacity:
             raise CapacityError(f"batch: expected at most capacity={self.capacity} transitions, got {n}. "
                                 "Fix: raise the buffer capacity or ingest the rollout in smaller pieces.")
-        return n, {name: (c if self.spec[name].codec.is_identity else self.spec[name].codec.encode(name, c))
-                   for name, c in cols.items()}
+        return n, self.spec.encode(cols)
 
     def add(self, batch: Mapping[str, Any], *, source: int = 0, policy_version: int = 0,
             timeout: float | None = None, priorities: Any = None) -> int:

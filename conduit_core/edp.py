@@ -151,10 +151,8 @@ class ExperienceDataPlane:
                 try:
                     if validated is not None:  # no hooks: encode what was validated, once
                         n, cols = validated
-                        spec = self.buffer.spec
                         enc = [Encoded(ticket, rollout.source, rollout.policy_version, rows, n,
-                                       {k: c if spec[k].codec.is_identity else spec[k].codec.encode(k, c)
-                                        for k, c in cols.items()})]
+                                       self.buffer.spec.encode(cols))]
                     else:
                         enc = InlineTransformer(self.buffer.spec, self._ingest_hooks).transform([rollout])
                     self._commit(enc, timeout)

@@ -186,6 +186,18 @@ class ExperienceSpec:
         return cls(FieldSpec.from_config(c) for c in cfg)
 
     # ------------------------------------------------------------- validation
+    def encode(self, columns: Mapping[str, Any]) -> dict[str, Any]:
+        """Validated columns (``validate``'s second value) in their stored form: each field
+        through its codec (identity fields pass as they are). The one encode step every
+        ingestion path uses (inline, thread or process worker, ``ExperienceBuffer.add``)."""
+        return {name: c if self[name].codec.is_identity else self[name].codec.encode(name, c)
+                for name, c in columns.items()}
+
+    def validate_and_encode(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+        """``validate`` then ``encode``: (rows, stored columns); stores nothing."""
+        n, cols = self.validate(batch)
+        return n, self.encode(cols)
+
     def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor]]:
         """Check a batch of transitions (dict of arrays with a leading batch dim).
 

@@ -46,9 +46,7 @@ def encode_rollouts(spec: ExperienceSpec, hooks: list[Callable], rollouts: list[
     out = run_ingest_hooks(hooks, rollouts)
     result = []
     for r in out:
-        n, cols = spec.validate(r.data)
-        enc = {name: c if spec[name].codec.is_identity else spec[name].codec.encode(name, c)
-               for name, c in cols.items()}
+        n, enc = spec.validate_and_encode(r.data)
         result.append(Encoded(r.ticket, r.source, r.policy_version, r.rows, n, enc))
     return result
 
