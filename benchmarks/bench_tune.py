@@ -45,12 +45,10 @@ class Loop:
         spec = ExperienceSpec.transition(obs_shape=(dims,))
         tier = {"host": "pageable", "shm": "shared"}[config.placement]
         buf = ExperienceBuffer(spec=spec, capacity=100_000, selector=Prioritized(), tier=tier, seed=seed)
-        sched = {"sequential": Schedule.sequential(delivery_granularity=config.g_del, staleness=STALENESS),
-                 "thread": Schedule.overlapped(worker="thread", delivery_granularity=config.g_del,
-                                               ingest_granularity=config.g_ing, staleness=STALENESS),
-                 "process": Schedule.overlapped(worker="process", delivery_granularity=config.g_del,
-                                                ingest_granularity=config.g_ing, staleness=STALENESS)}
-        self.edp = ExperienceDataPlane(buffer=buf, schedule=sched[config.schedule], ingest_hooks=[scale_rewards])
+        g = {"delivery_granularity": config.delivery_granularity, "staleness": STALENESS}
+        sched = (Schedule.sequential(**g) if config.mode == "sequential" else
+                 Schedule.overlapped(worker=config.worker, ingest_granularity=config.ingest_granularity, **g))
+        self.edp = ExperienceDataPlane(buffer=buf, schedule=sched, ingest_hooks=[scale_rewards])
         rng = np.random.default_rng(seed)
         self.rollouts = [{"obs": rng.standard_normal((ROLLOUT, dims)).astype(np.float32),
                           "next_obs": rng.standard_normal((ROLLOUT, dims)).astype(np.float32),
@@ -79,7 +77,7 @@ class Loop:
         self.env_step()
         self.pending.append(Rollout(self.rollouts[self.i % 32], source=self.i % 4))
         self.i += 1
-        if len(self.pending) >= self.config.g_ing or self.config.schedule != "sequential":
+        if len(self.pending) >= self.config.ingest_granularity or self.config.mode != "sequential":
             self.edp.ingest_many(self.pending)
             self.pending = []
         b = self.edp.deliver(BATCH, n_step=(2, 5), gamma=0.99)
@@ -115,7 +113,7 @@ def profile(dims: int, steps: int) -> Profile:
     ing_samples, del_samples = [], []
     base, prio = [], []
     for g in (1, 4, 1, 4):
-        res, m = _measure(dims, Config("host", "sequential", g, g), steps)
+        res, m = _measure(dims, Config.of("host", "sequential", g, g), steps)
         ing_samples.append((m.ingest.calls / steps, m.ingest.items_in / steps, m.ingest.items_in / steps * b,
                             m.ingest.busy_s / steps))
         del_samples.append((1.0 / g, BATCH, BATCH * b, m.deliver.busy_s / steps))
@@ -127,7 +125,7 @@ def profile(dims: int, steps: int) -> Profile:
                  rows_per_step=ROLLOUT, rollouts_per_step=1.0, batch_size=BATCH, transition_bytes=b, staleness=STALENESS)
     calib = {}
     for kind in ("thread", "process"):  # three calibration runs each: the machine is noisy
-        cfg = Config("host", kind, 1, 1)
+        cfg = Config.of("host", kind, 1, 1)
         i_s, d_s = operator_times(cfg, p0)
         extra = p0.process_s_per_byte * ROLLOUT * b * 2 if kind == "process" else 0.0
         work = i_s + d_s + extra

@@ -7,7 +7,7 @@ across D. One algorithm is built per size and every configuration is applied to 
 (``reschedule`` for overlap and granularity, ``migrate`` for the placement): the same
 code path ``schedule="auto"`` uses, and it removes the build-to-build variance that
 separate runs carry. The 48 configurations are placement {host, shm} x schedule
-{sequential, thread, process} x g_ing {1, 4} x g_del {1, 2, 4, 8}.
+{sequential, thread, process} x ingest_granularity {1, 4} x delivery_granularity {1, 2, 4, 8}.
 
     profile    sequential at two granularities (twice each), thread and process (twice
                each): ``profile_from_phases`` -> the cost model's Profile (``--profile

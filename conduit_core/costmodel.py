@@ -8,8 +8,8 @@ the GIL.
 
 Per learner step, with I rows ingested in ``rollouts`` rollouts and B rows delivered:
 
-    ingest(g)  = ing.fixed * rollouts / g_ing + ing.item * I + ing.byte * I*b + link(actors -> tier)
-    deliver(g) = del.fixed / g_del + del.item * B + del.byte * B*b + link(tier -> learner)
+    ingest(g)  = ing.fixed * rollouts / ingest_granularity + ing.item * I + ing.byte * I*b + link(actors -> tier)
+    deliver(g) = del.fixed / delivery_granularity + del.item * B + del.byte * B*b + link(tier -> learner)
     sequential: exposed = ingest + deliver + priorities
                 step    = base + exposed
     thread:     exposed = handoff + priorities          (the caller only enqueues and pops)
@@ -64,16 +64,48 @@ class Profile:
         return asdict(self)
 
 
+EXECUTIONS = ("sequential", "thread", "process")  # how the operators run: inline, or a worker of that kind
+
+
 @dataclass(frozen=True)
 class Config:
+    """One point of placement x overlap x granularity, in the data plane's own words
+    (``Schedule``'s ``mode``, ``worker``, ``ingest_granularity``, ``delivery_granularity``;
+    the adapters' options use the same names), so a choice carries over field for field."""
+
     placement: str = "host"          # a tier name (or a plan's name)
-    schedule: str = "sequential"     # sequential | thread | process
-    g_ing: int = 1
-    g_del: int = 1
+    mode: str = "sequential"         # Schedule.mode: sequential | overlapped
+    worker: str = "thread"           # Schedule.worker (overlapped only): thread | process
+    ingest_granularity: int = 1      # rollouts per ingestion operator call
+    delivery_granularity: int = 1    # batches per delivery operator call
+
+    def __post_init__(self) -> None:
+        from .schedule import MODES, WORKERS
+        if self.mode not in MODES or self.worker not in WORKERS:
+            from .errors import ConfigError
+            raise ConfigError("Config.mode/worker", f"mode in {MODES}, worker in {WORKERS}",
+                              (self.mode, self.worker), "use Schedule's values, e.g. mode='overlapped', "
+                              "worker='process'")
+
+    @classmethod
+    def of(cls, placement: str, execution: str, ingest_granularity: int = 1,
+           delivery_granularity: int = 1) -> "Config":
+        """From an execution kind (one of ``EXECUTIONS``)."""
+        if execution not in EXECUTIONS:
+            from .errors import ConfigError
+            raise ConfigError("execution", f"one of {EXECUTIONS}", repr(execution), "pick how the operators run")
+        mode = "sequential" if execution == "sequential" else "overlapped"
+        return cls(placement, mode, "thread" if mode == "sequential" else execution, ingest_granularity,
+                   delivery_granularity)
+
+    @property
+    def execution(self) -> str:
+        """'sequential', or the worker kind that runs the operators ahead."""
+        return "sequential" if self.mode == "sequential" else self.worker
 
     @property
     def label(self) -> str:
-        return f"{self.placement}/{self.schedule}/ing{self.g_ing}/del{self.g_del}"
+        return f"{self.placement}/{self.execution}/ing{self.ingest_granularity}/del{self.delivery_granularity}"
 
 
 @dataclass(frozen=True)
@@ -88,11 +120,12 @@ def operator_times(config: Config, p: Profile, *, topology=None, learner: str = 
                    actors: str = "host") -> tuple[float, float]:
     """Ingestion and delivery operator time per step for this placement and granularity."""
     b = p.transition_bytes
-    ing = p.ingest(p.rows_per_step, p.rows_per_step * b, calls=p.rollouts_per_step / config.g_ing)
+    ing = p.ingest(p.rows_per_step, p.rows_per_step * b, calls=p.rollouts_per_step / config.ingest_granularity)
     # batches prepared ahead survive only while the inserts since their selection stay within
     # the staleness bound; the others are discarded and their work is wasted
-    useful = max(1, min(config.g_del, 1 + int(p.staleness // max(p.rows_per_step, 1e-9))))
-    dlv = (p.deliver(p.batch_size * config.g_del, p.batch_size * config.g_del * b, calls=1.0)) / useful
+    useful = max(1, min(config.delivery_granularity, 1 + int(p.staleness // max(p.rows_per_step, 1e-9))))
+    g = config.delivery_granularity
+    dlv = (p.deliver(p.batch_size * g, p.batch_size * g * b, calls=1.0)) / useful
     if topology is not None and config.placement in [t.name for t in topology.tiers]:
         host = "host" if any(t.name == "host" for t in topology.tiers) else config.placement
         # moving to another tier than the profiled host tier changes only the transfer part
@@ -109,11 +142,11 @@ def predict(config: Config, p: Profile, *, cores: int, topology=None, learner: s
             actors: str = "host") -> Prediction:
     ing, dlv = operator_times(config, p, topology=topology, learner=learner, actors=actors)
     base = p.base_s
-    if config.schedule == "sequential":
+    if config.mode == "sequential":
         exposed = ing + dlv + p.priorities_s
         step = base + exposed
-    elif config.schedule in ("thread", "process"):
-        thread = config.schedule == "thread"
+    else:
+        thread = config.worker == "thread"
         extra = 0.0 if thread else p.process_s_per_byte * p.rows_per_step * p.transition_bytes * 2
         work = ing + dlv + extra
         handoff = p.thread_handoff_s if thread else p.process_handoff_s
@@ -122,15 +155,14 @@ def predict(config: Config, p: Profile, *, cores: int, topology=None, learner: s
             interference = 1.0
         exposed = handoff + p.priorities_s
         step = max(base + exposed + interference * work, work)
-    else:
-        raise ValueError(f"schedule: expected sequential/thread/process, got {config.schedule!r}")
     return Prediction(config, step, exposed, {"ingest_s": ing, "deliver_s": dlv, "base_s": base})
 
 
-def enumerate_configs(*, placements=("host", "shm"), schedules=("sequential", "thread", "process"),
-                      g_ing=(1, 4), g_del=(1, 2, 4, 8)) -> list[Config]:
+def enumerate_configs(*, placements=("host", "shm"), executions=EXECUTIONS, ingest_granularities=(1, 4),
+                      delivery_granularities=(1, 2, 4, 8)) -> list[Config]:
     """The search space: placement x overlap x ingestion and delivery granularity (>= 32 points)."""
-    return [Config(pl, s, gi, gd) for pl, s, gi, gd in itertools.product(placements, schedules, g_ing, g_del)]
+    return [Config.of(pl, ex, gi, gd) for pl, ex, gi, gd in
+            itertools.product(placements, executions, ingest_granularities, delivery_granularities)]
 
 
 def rank(configs: list[Config], p: Profile, **kw) -> list[Prediction]:

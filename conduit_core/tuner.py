@@ -18,6 +18,8 @@ The decision itself is pure: ``profile_from_phases`` turns measured phases into 
 
 from __future__ import annotations
 
+import dataclasses
+
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -46,8 +48,8 @@ def migrate_to(edp, placement: str) -> None:
     edp.migrate(shards=[ShardSpec(PLACEMENT_TIER[placement], edp.buffer.capacity)], background=False)
 
 
-PHASES = (Config("host", "sequential", 1, 1), Config("host", "sequential", 4, 2),
-          Config("host", "thread", 1, 1), Config("host", "process", 1, 1))
+PHASES = (Config.of("host", "sequential", 1, 1), Config.of("host", "sequential", 4, 2),
+          Config.of("host", "thread", 1, 1), Config.of("host", "process", 1, 1))
 
 
 def is_steady(times: list[float], *, window: int = 5, tol: float = 0.03) -> bool:
@@ -90,8 +92,8 @@ def profile_from_phases(phases: list[PhaseResult], *, transition_bytes: int, bat
     per byte; least squares) and the base step (step minus exposed path, median). Overlapped
     phases calibrate, per worker kind, the caller's hand-off and the interference factor: the
     share of the worker's predicted operator time that still shows up in the caller's step."""
-    seq = [p for p in phases if p.config.schedule == "sequential"]
-    if len({(p.config.g_ing, p.config.g_del) for p in seq}) < 2:
+    seq = [p for p in phases if p.config.mode == "sequential"]
+    if len({(p.config.ingest_granularity, p.config.delivery_granularity) for p in seq}) < 2:
         raise ValueError("profile_from_phases: needs sequential phases at two granularities to separate "
                          "fixed from per-item cost")
     tb = transition_bytes
@@ -100,12 +102,12 @@ def profile_from_phases(phases: list[PhaseResult], *, transition_bytes: int, bat
         s = p.per_step
         # in a sequential phase the operator calls are exactly the caller's: calls per step = 1/g
         ing.append((s["ingest_calls"], s["ingest_rows"], s["ingest_rows"] * tb, s["ingest_busy_s"]))
-        dlv.append((1.0 / p.config.g_del, batch_size, batch_size * tb, s["deliver_busy_s"]))
+        dlv.append((1.0 / p.config.delivery_granularity, batch_size, batch_size * tb, s["deliver_busy_s"]))
         prio.append(s["priorities_s"])
         base.append(p.step_s - s["handoff_s"] - s["priorities_s"])
     rows = statistics.median(p.per_step["ingest_rows"] for p in seq)
-    # rollouts per step at g_ing = 1 (calls scale as 1/g_ing)
-    rollouts = statistics.median(p.per_step["ingest_calls"] * p.config.g_ing for p in seq)
+    # rollouts per step at ingest_granularity 1 (calls scale as 1/ingest_granularity)
+    rollouts = statistics.median(p.per_step["ingest_calls"] * p.config.ingest_granularity for p in seq)
     p0 = Profile(base_s=max(statistics.median(base), 0.0), priorities_s=statistics.median(prio),
                  ingest=fit_operator(ing), deliver=fit_operator(dlv), rows_per_step=max(rows, 1e-9),
                  rollouts_per_step=max(rollouts, 1e-9), batch_size=batch_size, transition_bytes=tb,
@@ -113,7 +115,7 @@ def profile_from_phases(phases: list[PhaseResult], *, transition_bytes: int, bat
     calib = {}
     for kind in ("thread", "process"):
         hs, its = [], []
-        for p in (q for q in phases if q.config.schedule == kind):
+        for p in (q for q in phases if q.config.execution == kind):
             i_s, d_s = operator_times(p.config, p0)
             extra = p0.process_s_per_byte * p0.rows_per_step * tb * 2 if kind == "process" else 0.0
             work = i_s + d_s + extra
@@ -130,10 +132,9 @@ def profile_from_phases(phases: list[PhaseResult], *, transition_bytes: int, bat
 
 def schedule_for(config: Config, base: Schedule) -> Schedule:
     """The data plane's Schedule for a cost-model Config, keeping ``base``'s semantic guards."""
-    return Schedule(mode="sequential" if config.schedule == "sequential" else "overlapped",
-                    worker="process" if config.schedule == "process" else "thread", staleness=base.staleness,
-                    delivery_granularity=config.g_del, ingest_granularity=config.g_ing, depth=base.depth,
-                    queue_size=base.queue_size, timeout=base.timeout)
+    return dataclasses.replace(base, mode=config.mode, worker=config.worker,  # the same words, field for field
+                               ingest_granularity=config.ingest_granularity,
+                               delivery_granularity=config.delivery_granularity)
 
 
 @dataclass

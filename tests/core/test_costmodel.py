@@ -32,15 +32,15 @@ def test_sequential_step_is_base_plus_the_path():
 def test_overlap_pays_only_when_it_does_not_steal_the_caller():
     heavy = prof(ingest=OperatorCost(3e-3, 0, 0))
     seq = predict(Config(), heavy, cores=2).step_s
-    assert predict(Config(schedule="process"), heavy, cores=2).step_s < seq       # a spare core does the work
-    assert predict(Config(schedule="thread"), heavy, cores=2).step_s >= seq - 1e-9  # the GIL: no gain
-    assert predict(Config(schedule="process"), heavy, cores=1).step_s >= seq - 1e-9  # no spare core
+    assert predict(Config(mode="overlapped", worker="process"), heavy, cores=2).step_s < seq       # a spare core does the work
+    assert predict(Config(mode="overlapped", worker="thread"), heavy, cores=2).step_s >= seq - 1e-9  # the GIL: no gain
+    assert predict(Config(mode="overlapped", worker="process"), heavy, cores=1).step_s >= seq - 1e-9  # no spare core
 
 
 def test_prepared_batches_only_pay_within_the_staleness_bound():
     p0, p16 = prof(staleness=0), prof(staleness=16)
-    assert predict(Config(g_del=4), p0, cores=2).step_s > predict(Config(g_del=1), p0, cores=2).step_s
-    assert predict(Config(g_del=4), p16, cores=2).step_s < predict(Config(g_del=1), p16, cores=2).step_s
+    assert predict(Config(delivery_granularity=4), p0, cores=2).step_s > predict(Config(delivery_granularity=1), p0, cores=2).step_s
+    assert predict(Config(delivery_granularity=4), p16, cores=2).step_s < predict(Config(delivery_granularity=1), p16, cores=2).step_s
 
 
 def test_fit_operator_recovers_fixed_and_per_item_costs():
@@ -78,10 +78,10 @@ def _phase_from(config, p, cores=2):
     from conduit_core.tuner import PhaseResult
     pr = predict(config, p, cores=cores)
     i_s, d_s = operator_times(config, p)
-    seq = config.schedule == "sequential"
-    handoff = (i_s + d_s) if seq else (p.thread_handoff_s if config.schedule == "thread" else p.process_handoff_s)
+    seq = config.mode == "sequential"
+    handoff = (i_s + d_s) if seq else (p.thread_handoff_s if config.worker == "thread" else p.process_handoff_s)
     return PhaseResult(config, pr.step_s, {
-        "ingest_calls": p.rollouts_per_step / config.g_ing, "ingest_rows": p.rows_per_step, "ingest_busy_s": i_s,
+        "ingest_calls": p.rollouts_per_step / config.ingest_granularity, "ingest_rows": p.rows_per_step, "ingest_busy_s": i_s,
         "deliver_items": p.batch_size, "deliver_busy_s": d_s, "handoff_s": handoff, "priorities_s": p.priorities_s})
 
 
