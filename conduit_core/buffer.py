@@ -33,6 +33,7 @@ from .memory import available_bytes, fmt, needed_bytes
 from .errors import (ShardLost, CapacityError, ConfigError, ExperienceTimeout, RateLimitError, RateLimitTimeout,
                      SemanticError, SpecError, StateError)
 from .rate_limiter import RateLimiter
+from .ring import META_FIELDS, Ring
 from .selectors import Fifo, Prioritized, Selector, Uniform
 from .spec import ExperienceSpec
 from .storage import ColumnarStorage, ShardSpec
@@ -60,7 +61,6 @@ class ShardLoss:
                 f"{self.cause}; replaced by an empty shard on node {self.replaced_on[:12]}")
 
 
-META_FIELDS = ("seq", "version", "source", "next_seq")  # per-slot metadata, one int64 each
 
 
 class OutputPool:
@@ -87,46 +87,6 @@ class OutputPool:
         return ring[i]
 
 
-def write_meta_rows(meta: dict, cap: int, first: int, n: int, enc: Mapping[str, Any], done_fields, source: int,
-                    version: int, prev_tail: int | None) -> np.ndarray | None:
-    """Write the per-row metadata of seqs ``first .. first+n`` into ring ``meta`` of
-    ``cap`` slots, linking the source's previous open row ``prev_tail`` to ``first``.
-    Returns the rows' done flags (None without done fields)."""
-    start = first % cap
-    seqs = np.arange(first, first + n, dtype=np.int64)
-    done = None
-    for f in done_fields:
-        d = enc[f]
-        # an item that is a chunk of steps (a done field of shape (T,) or (T, 1)) ends its episode
-        # when its last step does: the link to the source's next item follows the last step
-        d = (d.cpu().numpy() if isinstance(d, torch.Tensor) else d).reshape(n, -1)[:, -1]
-        if d.dtype != np.bool_:
-            d = d.astype(bool)
-        done = d if done is None else (done | d)
-    nxt = seqs + 1
-    if done is not None:
-        nxt[done] = -1
-    nxt[-1] = -1  # the successor of the chunk's last item is not known yet
-    head = min(n, cap - start)  # the run before the ring wraps
-    if head == n:
-        meta["seq"][start:start + n] = seqs
-        meta["next_seq"][start:start + n] = nxt
-        meta["version"][start:start + n] = version
-        meta["source"][start:start + n] = source
-    else:
-        for name, values in (("seq", seqs), ("next_seq", nxt)):
-            arr = meta[name]
-            arr[start:start + head] = values[:head]
-            arr[:n - head] = values[head:]
-        for name, value in (("version", version), ("source", source)):
-            arr = meta[name]
-            arr[start:start + head] = value
-            arr[:n - head] = value
-    if prev_tail is not None and meta["seq"][prev_tail % cap] == prev_tail:
-        meta["next_seq"][prev_tail % cap] = first
-    return done
-
-
 class ExperienceBuffer(EpisodeSampling):
     """Columnar replay/queue storage of one experience spec.
 
@@ -148,55 +108,31 @@ class ExperienceBuffer(EpisodeSampling):
                               "use e.g. capacity=100_000")
         self.spec = spec
         self._row_bytes = spec.bytes_per_transition  # delivered bytes per row (checked per sample: cached)
-        self.capacity = int(capacity)
-        shards = list(shards) if shards else [ShardSpec(Tier.parse(tier), self.capacity)]
-        if sum(s.capacity for s in shards) != self.capacity:
-            raise ConfigError("shards", f"capacities summing to capacity={self.capacity}",
+        capacity = int(capacity)
+        shards = list(shards) if shards else [ShardSpec(Tier.parse(tier), capacity)]
+        if sum(s.capacity for s in shards) != capacity:
+            raise ConfigError("shards", f"capacities summing to capacity={capacity}",
                               sum(s.capacity for s in shards), "make the shard capacities add up to capacity")
         self.selector = selector if selector is not None else Uniform()
         if not isinstance(self.selector, Selector):
             raise ConfigError("selector", "a Selector (Uniform(), Prioritized(...), Fifo())",
                               type(self.selector).__name__, "pass one of the selectors in conduit_core")
-        _check_memory(self.capacity, spec, shards, self.selector)
-        self.selector.bind(self.capacity)
+        _check_memory(capacity, spec, shards, self.selector)
+        self.selector.bind(capacity)
         self.rate_limiter = rate_limiter or RateLimiter()
         self.done_fields = tuple(f for f in done_fields if f in spec)
         self.storage = ColumnarStorage(spec=spec, shards=shards)
-        host_shared = any(s.tier is Tier.SHARED for s in shards)
-        self._meta_segments = []
-        self.meta: dict[str, np.ndarray] = {}
         try:
-            for name in META_FIELDS:
-                if host_shared:
-                    from .tiers import SharedSegment
-                    seg = SharedSegment((self.capacity,), torch.int64)
-                    self._meta_segments.append(seg)
-                    arr = seg.tensor.numpy()
-                else:
-                    # zero pages are mapped on first write: an empty buffer of any capacity costs
-                    # (almost) nothing. A never-written slot holds 0, which no check takes for a
-                    # row: a row is live iff lo <= seq < inserted and seq % capacity == its slot.
-                    arr = np.zeros(self.capacity, dtype=np.int64)
-                self.meta[name] = arr
+            self.ring = Ring(capacity, shared=any(s.tier is Tier.SHARED for s in shards))
         except BaseException:  # a constructor that fails part-way returns what it took, at once
-            self.meta = {}
-            for seg in self._meta_segments:
-                seg.close()
             self.storage.close()
             raise
         self.rng = np.random.default_rng(seed)
         self._seed = seed
-        self._inserted = 0        # items ever inserted (== next seq)
         self._sampled = 0         # items ever delivered by sample()/take()
-        self._head = 0            # FIFO: seq of the oldest unconsumed item
         self._dropped_stale = 0   # FIFO: items dropped for being from an older policy version
-        self._floor = 0           # rows with seq < floor were evicted early (frame pool full) or
-                                  # were not carried over by a capacity-growing migration
         self._migration = None    # an active Migration (see migration.py) receives every insert
-        self._evicted_early = 0
-        self._holes = 0           # rows inside [lo, inserted) removed by evict(): not stored any more
         self._losses: list[ShardLoss] = []  # remote shards lost (actor died, node left), with their rows
-        self._open_tail: dict[int, int] = {}  # source -> seq of its last item if the episode goes on
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
@@ -209,25 +145,26 @@ class ExperienceBuffer(EpisodeSampling):
     def size(self) -> int:
         """Items currently stored (for FIFO: not yet consumed)."""
         if self.selector.consumes:
-            return self._inserted - self._head
-        return self._inserted - self._lo() - self._holes
+            return self.ring.inserted - self.ring.head
+        return self.ring.inserted - self.ring.lo() - self.ring.holes
 
-    def _live(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
-        """Which of ``slots`` (holding ``seqs`` in the metadata) hold a stored row."""
-        return (seqs >= self._lo()) & (seqs < self._inserted) & (seqs % self.capacity == slots)
+    @property
+    def capacity(self) -> int:
+        return self.ring.capacity
 
-    def _lo(self) -> int:
-        """Seq of the oldest row still stored (ring eviction or early eviction)."""
-        return max(self._inserted - self.capacity, self._floor, 0)
+    @property
+    def meta(self) -> dict[str, np.ndarray]:
+        """The ring's per-slot metadata (seq, version, source, next_seq): read-only for others."""
+        return self.ring.meta
 
     @property
     def evicted_early(self) -> int:
         """Rows evicted before the ring wrapped because the frame pool needed their frames."""
-        return self._evicted_early
+        return self.ring.evicted_early
 
     @property
     def inserted(self) -> int:
-        return self._inserted
+        return self.ring.inserted
 
     @property
     def sampled(self) -> int:
@@ -265,7 +202,7 @@ class ExperienceBuffer(EpisodeSampling):
     def add_encoded(self, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0, policy_version: int = 0,
                     timeout: float | None = None, priorities: Any = None) -> int:
         if n == 0:
-            return self._inserted
+            return self.ring.inserted
         if priorities is not None:
             if self._migration is not None:
                 raise ConfigError("priorities", "no initial priorities while a migration runs", "priorities",
@@ -274,36 +211,25 @@ class ExperienceBuffer(EpisodeSampling):
         with self._cond:
             self._check_open()
             self._wait_for_insert(n, timeout)
-            first = self._inserted
+            first = self.ring.inserted
             start = first % self.capacity
             if self.storage.pools:
                 enc = dict(enc)
                 pending = self.storage.plan_frames(enc, n)
                 self._evict_for_frames(pending, n)
                 self.storage.commit_frames(pending)
-            leaving = 0  # removed rows among those the ring now overwrites: they leave the window
-            if self._holes:
-                lo, new_lo = self._lo(), max(first + n - self.capacity, self._floor, 0)
-                if new_lo > lo:
-                    leaving = self._count_holes(lo, new_lo)
+            leaving = self.ring.holes_leaving(n)  # removed rows the ring now overwrites leave the window
             self._with_lost_shards(lambda: self.storage.write(start, enc, n), keep_from=first + n - self.capacity)
-            self._holes -= leaving  # only once the write happened: a failed insert changes nothing
-            prev_tail = self._open_tail.get(int(source))
-            self._write_meta(first, n, enc, int(source), int(policy_version))
+            self.ring.holes -= leaving  # only once the write happened: a failed insert changes nothing
+            prev_tail = self.ring.write(first, n, enc, self.done_fields, int(source), int(policy_version))
             if self._migration is not None:  # dual write: the new layout gets every insert too
                 self._migration.on_insert(first, enc, n, int(source), int(policy_version), prev_tail)
-            self._inserted += n
-            self.selector.on_insert(start, n, min(self._inserted, self.capacity))
+            self.ring.advance(n)
+            self.selector.on_insert(start, n, min(self.ring.inserted, self.capacity))
             if priorities is not None:
                 self.selector.set_initial_priorities((start + np.arange(n)) % self.capacity, priorities)
             self._cond.notify_all()
             return first
-
-    def _write_meta(self, first: int, n: int, enc: Mapping[str, Any], source: int, version: int) -> None:
-        prev = self._open_tail.pop(source, None)
-        done = write_meta_rows(self.meta, self.capacity, first, n, enc, self.done_fields, source, version, prev)
-        if done is None or not done[-1]:
-            self._open_tail[source] = first + n - 1
 
     # ------------------------------------------------------------ lost shards
     def _with_lost_shards(self, op, *, keep_from: int | None = None, then=None):
@@ -319,7 +245,7 @@ class ExperienceBuffer(EpisodeSampling):
             except ShardLost as lost:
                 if self.selector.consumes:
                     raise
-                self._lose_shard(lost, self._lo() if keep_from is None else max(self._lo(), keep_from))
+                self._lose_shard(lost, self.ring.lo() if keep_from is None else max(self.ring.lo(), keep_from))
                 if then is not None:
                     then()
         return op()
@@ -328,7 +254,7 @@ class ExperienceBuffer(EpisodeSampling):
         s = lost.shard
         slots = np.arange(int(self.storage.bounds[s]), int(self.storage.bounds[s + 1]), dtype=np.int64)
         seqs = self.meta["seq"][slots]
-        gone = seqs[self._live(slots, seqs) & (seqs >= keep_from)]
+        gone = seqs[self.ring.live(slots, seqs) & (seqs >= keep_from)]
         self.evict(gone)
         loss = ShardLoss(shard=s, node_resource=lost.node, rows=int(gone.size),
                          seq_range=(int(gone.min()), int(gone.max())) if gone.size else None,
@@ -359,17 +285,12 @@ class ExperienceBuffer(EpisodeSampling):
         seqs = np.unique(np.asarray(seqs, dtype=np.int64).reshape(-1))
         with self._cond:
             self._check_open()
-            slots = seqs % self.capacity
-            live = (self.meta["seq"][slots] == seqs) & self._live(slots, seqs)  # this very row is stored
-            seqs, slots = seqs[live], slots[live]
+            seqs, slots = self.ring.remove(seqs)
             if not seqs.size:
                 return 0
-            self.meta["seq"][slots] = -1
-            self.meta["next_seq"][slots] = -1
             self.selector.on_evict(slots)
             if self._migration is not None:
                 self._migration.on_evict(seqs)
-            self._holes += int(seqs.size)
             self._cond.notify_all()
             return int(seqs.size)
 
@@ -387,11 +308,11 @@ class ExperienceBuffer(EpisodeSampling):
         with self._cond:
             self._check_open()
             slots = flat % self.capacity
-            live = (self.meta["seq"][slots] == flat) & self._live(slots, flat)
+            live = self.ring.stored(flat)
             if not live.all():
                 bad = int(flat[np.argmin(live)])
-                raise SemanticError(f"read: seq {bad} is not stored (stored seqs are in [{self._lo()}, "
-                                    f"{self._inserted}) minus evicted rows). Fix: read only rows this buffer "
+                raise SemanticError(f"read: seq {bad} is not stored (stored seqs are in [{self.ring.lo()}, "
+                                    f"{self.ring.inserted}) minus evicted rows). Fix: read only rows this buffer "
                                     "still holds (e.g. seqs from a delivered batch or from the adapter's own "
                                     "ledger of stored episodes).")
             data = self.storage.gather(slots.reshape(seqs.shape),
@@ -408,16 +329,10 @@ class ExperienceBuffer(EpisodeSampling):
             raise SpecError(f"fields[{unknown[0]!r}]", f"one of the spec's fields {list(self.spec.names)}",
                             "not in the spec", "ask for declared fields only")
 
-    def _count_holes(self, lo: int, hi: int) -> int:
-        """Removed rows among seqs [lo, hi) (each slot holds its seq while the row is stored)."""
-        seqs = np.arange(lo, hi, dtype=np.int64)
-        return int(np.count_nonzero(self.meta["seq"][seqs % self.capacity] != seqs))
-
     def recount_holes(self) -> None:
         """Recompute the removed-row count from the metadata (after a layout change)."""
         with self._cond:
-            lo = self._lo()
-            self._holes = self._count_holes(lo, self._inserted) if self._inserted > lo else 0
+            self.ring.recount_holes()
 
     @property
     def migrating(self) -> bool:
@@ -432,7 +347,7 @@ class ExperienceBuffer(EpisodeSampling):
         """(oldest seq that may be stored, next seq): the window of live rows (evicted rows
         inside it are marked in ``meta['seq']``)."""
         with self._cond:
-            return self._lo(), self._inserted
+            return self.ring.lo(), self.ring.inserted
 
     def attach_dual_writer(self, writer) -> tuple[int, int]:
         """From now on every insert and eviction also goes to ``writer`` (its ``on_insert`` and
@@ -445,7 +360,7 @@ class ExperienceBuffer(EpisodeSampling):
                 raise ConfigError("migration", "one migration at a time", "another one running",
                                   "finish() the running migration first")
             self._migration = writer
-            return self._lo(), self._inserted
+            return self.ring.lo(), self.ring.inserted
 
     def detach_dual_writer(self, writer) -> None:
         with self._cond:
@@ -462,25 +377,21 @@ class ExperienceBuffer(EpisodeSampling):
         migration), atomically with respect to inserts and deliveries; the dual writer is
         detached. Returns the old storage, for the caller to close outside the lock."""
         with self._cond:
-            lo = self._lo()
-            seqs = np.arange(lo, self._inserted, dtype=np.int64)
+            lo = self.ring.lo()
+            seqs = np.arange(lo, self.ring.inserted, dtype=np.int64)
             self.selector.rebind(capacity, seqs % self.capacity, seqs % capacity)
             old = self.storage
-            self.storage, self.meta, self.capacity = storage, meta, capacity
-            self._floor = max(self._floor, lo)  # the new window starts at the oldest row live now
-            for seg in self._meta_segments:
-                seg.close()
-            self._meta_segments = []
+            self.storage = storage
+            self.ring.adopt(meta, capacity)
             self._migration = None
-            self.recount_holes()
             self._cond.notify_all()
             return old
 
     def _evict_for_frames(self, pending: list, n: int) -> None:
         """Evict (oldest first) the rows whose frames the pending frame writes overwrite."""
         cap = self.capacity
-        a = max(self._lo(), self._inserted + n - cap)  # rows that survive the ring
-        b = self._inserted
+        a = max(self.ring.lo(), self.ring.inserted + n - cap)  # rows that survive the ring
+        b = self.ring.inserted
         new_floor = a
         for pool, _stacks, _sel, count, last in pending:
             keep_from = pool.cursor + count - pool.capacity  # smallest frame id that survives
@@ -498,35 +409,27 @@ class ExperienceBuffer(EpisodeSampling):
             new_floor = max(new_floor, lo_s)
         if new_floor <= a:
             return
-        if self.selector.consumes and new_floor > self._head:
-            raise CapacityError(f"frame pool full: storing this rollout would evict {new_floor - self._head} "
+        if self.selector.consumes and new_floor > self.ring.head:
+            raise CapacityError(f"frame pool full: storing this rollout would evict {new_floor - self.ring.head} "
                                 "unconsumed on-policy rows. Fix: consume first or raise frame_budget.")
-        seqs = np.arange(a, new_floor, dtype=np.int64)
-        slots = seqs % cap
-        if self._holes:  # from the current low end: the rows the ring overwrites now count here too
-            self._holes -= self._count_holes(self._lo(), new_floor)
-        self.meta["seq"][slots] = -1
-        self.meta["next_seq"][slots] = -1
-        self.selector.on_evict(slots)
-        self._evicted_early += new_floor - a
-        self._floor = new_floor
+        self.selector.on_evict(self.ring.raise_floor(a, new_floor))
 
     def _wait_for_insert(self, n: int, timeout: float | None) -> None:
         rl = self.rate_limiter
 
         def fifo_full() -> bool:
-            return self.selector.consumes and (self._inserted + n - self._head) > self.capacity
+            return self.selector.consumes and (self.ring.inserted + n - self.ring.head) > self.capacity
 
         def allowed() -> bool:
-            return not fifo_full() and rl.can_insert(inserts=self._inserted, samples=self._sampled,
+            return not fifo_full() and rl.can_insert(inserts=self.ring.inserted, samples=self._sampled,
                                                      n=n, size=self.size)
         if allowed():
             return
         if fifo_full():
-            why = (f"the FIFO queue holds {self._inserted - self._head} unconsumed items of "
+            why = (f"the FIFO queue holds {self.ring.inserted - self.ring.head} unconsumed items of "
                    f"capacity {self.capacity}; overwriting them would lose on-policy data")
         else:
-            why = rl.why_not_insert(inserts=self._inserted, samples=self._sampled, n=n)
+            why = rl.why_not_insert(inserts=self.ring.inserted, samples=self._sampled, n=n)
         self._wait(allowed, timeout, why, kind="insert")
 
     def _wait(self, predicate, timeout: float | None, why: str, *, kind: str) -> None:
@@ -596,39 +499,39 @@ class ExperienceBuffer(EpisodeSampling):
             return Batch(data, slots=slots, seqs=self.meta["seq"][slots], versions=self.meta["version"][slots],
                          weights=None if weights is None else (torch.from_numpy(weights) if device is None
                                                                else torch.from_numpy(weights).to(device)),
-                         inserted_at_selection=self._inserted)
+                         inserted_at_selection=self.ring.inserted)
 
     def _select(self, batch_size: int, beta: float | None):
         if self.selector.weighted:  # draws slots from its own index
             return self.selector.select(batch_size, self.size, self.rng, beta=beta)
-        lo = self._lo()
-        if self._holes and getattr(self.selector, "draw", None) is not None:
+        lo = self.ring.lo()
+        if self.ring.holes and getattr(self.selector, "draw", None) is not None:
             # an external draw names positions among the stored rows, oldest first: removed
             # rows are not positions (a framework's list has no gaps), so map over the live ones
-            live = np.arange(lo, self._inserted, dtype=np.int64)
+            live = np.arange(lo, self.ring.inserted, dtype=np.int64)
             live = live[self.meta["seq"][live % self.capacity] == live]
             off, weights = self.selector.select(batch_size, int(live.size), self.rng)
             return live[off] % self.capacity, weights
-        off, weights = self.selector.select(batch_size, self._inserted - lo, self.rng)
-        if self._holes:
+        off, weights = self.selector.select(batch_size, self.ring.inserted - lo, self.rng)
+        if self.ring.holes:
             return self._redraw_holes(lo, off), weights
         if getattr(self.selector, "draw", None) is not None:  # positions are oldest first
             return (lo + off) % self.capacity, weights
-        if self._floor > max(self._inserted - self.capacity, 0):  # early eviction: a shifted window
+        if self.ring.floor > max(self.ring.inserted - self.capacity, 0):  # early eviction: a shifted window
             return (lo + off) % self.capacity, weights
         return off, weights
 
     def _redraw_holes(self, lo: int, off: np.ndarray) -> np.ndarray:
         """Uniform over the stored rows when some were removed: offsets that fall on a removed
         row are drawn again (each round keeps the live ones, so the result is uniform)."""
-        window = self._inserted - lo
+        window = self.ring.inserted - lo
         seqs = lo + off
         for _ in range(1000):
             dead = self.meta["seq"][seqs % self.capacity] != seqs
             if not dead.any():
                 return seqs % self.capacity
             seqs[dead] = lo + self.rng.integers(0, window, int(dead.sum()))
-        live = np.arange(lo, self._inserted, dtype=np.int64)
+        live = np.arange(lo, self.ring.inserted, dtype=np.int64)
         live = live[self.meta["seq"][live % self.capacity] == live]
         dead = self.meta["seq"][seqs % self.capacity] != seqs
         seqs[dead] = live[self.rng.integers(0, live.size, int(dead.sum()))]
@@ -670,9 +573,9 @@ class ExperienceBuffer(EpisodeSampling):
         rl = self.rate_limiter
 
         def allowed() -> bool:
-            return rl.can_sample(size=self.size, inserts=self._inserted, samples=self._sampled, n=n)
+            return rl.can_sample(size=self.size, inserts=self.ring.inserted, samples=self._sampled, n=n)
         if not allowed():
-            self._wait(allowed, timeout, rl.why_not_sample(size=self.size, inserts=self._inserted,
+            self._wait(allowed, timeout, rl.why_not_sample(size=self.size, inserts=self.ring.inserted,
                                                            samples=self._sampled, n=n), kind="sample")
 
     def _gather(self, slots: np.ndarray, device, fields=None) -> dict[str, torch.Tensor]:
@@ -713,20 +616,20 @@ class ExperienceBuffer(EpisodeSampling):
                 self._drop_stale(policy_version)
             avail = self._available(policy_version)
             k = avail if batch_size is None else batch_size
-            seqs = np.arange(self._head, self._head + k, dtype=np.int64)
+            seqs = np.arange(self.ring.head, self.ring.head + k, dtype=np.int64)
             slots = seqs % self.capacity
             data = self._gather(slots, device) if k else {f.name: torch.empty((0, *f.shape), dtype=f.dtype)
                                                            for f in self.spec}
             versions = self.meta["version"][slots].copy()
-            self._head += k
+            self.ring.head += k
             self._sampled += k
             self._cond.notify_all()
-            return Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=self._inserted)
+            return Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=self.ring.inserted)
 
     def _drop_stale(self, policy_version: int | None) -> None:
-        if policy_version is None or self._head == self._inserted:
+        if policy_version is None or self.ring.head == self.ring.inserted:
             return
-        seqs = np.arange(self._head, self._inserted, dtype=np.int64)
+        seqs = np.arange(self.ring.head, self.ring.inserted, dtype=np.int64)
         vers = self.meta["version"][seqs % self.capacity]
         newer = vers > policy_version
         if newer.any():
@@ -737,13 +640,13 @@ class ExperienceBuffer(EpisodeSampling):
         # Drop only the stale *prefix*: dropping from the middle would reorder what stays.
         nstale = int(stale.shape[0]) if stale.all() else int(np.argmin(stale))
         if nstale:
-            self._head += nstale
+            self.ring.head += nstale
             self._dropped_stale += nstale
 
     def _available(self, policy_version: int | None) -> int:
         if policy_version is None:
-            return self._inserted - self._head
-        seqs = np.arange(self._head, self._inserted, dtype=np.int64)
+            return self.ring.inserted - self.ring.head
+        seqs = np.arange(self.ring.head, self.ring.inserted, dtype=np.int64)
         vers = self.meta["version"][seqs % self.capacity]
         bad = np.flatnonzero(vers != policy_version)
         return int(bad[0]) if bad.size else int(seqs.shape[0])
@@ -752,7 +655,7 @@ class ExperienceBuffer(EpisodeSampling):
     def selection_token(self) -> tuple:
         """The selection-side state (RNG, counters) before a speculative delivery."""
         with self._cond:
-            return (self.rng.bit_generator.state, self._sampled, self._head, self._dropped_stale)
+            return (self.rng.bit_generator.state, self._sampled, self.ring.head, self._dropped_stale)
 
     def rollback_selection(self, token: tuple, *, items: int, restore_rng: bool) -> None:
         """Undo a speculative delivery that was never handed out: its items count as not
@@ -785,7 +688,7 @@ class ExperienceBuffer(EpisodeSampling):
                 keep = stored == np.asarray(seqs).reshape(-1)
                 if not keep.all():  # rows overwritten since delivery: skipped
                     slots, pr = slots[keep], pr[keep]
-            elif slots.size and not (live := self._live(slots, stored)).all():
+            elif slots.size and not (live := self.ring.live(slots, stored)).all():
                 bad = int(slots[~live][0])
                 raise SpecError("slots", "slots that hold a stored row", f"slot {bad} (empty or evicted)",
                                 "pass the slots of a delivered Batch, with its seqs so rows overwritten since "
@@ -799,7 +702,7 @@ class ExperienceBuffer(EpisodeSampling):
         Values are numpy arrays, numbers, strings, lists and dicts (no pickle needed)."""
         with self._cond:
             self._check_open()
-            stored = min(self._inserted, self.capacity)
+            stored = min(self.ring.inserted, self.capacity)
             rows = self._with_lost_shards(lambda: self.storage.read_rows(0, stored))  # what survives
             data = {k: v.cpu().numpy() if v.dtype != torch.bfloat16 else v.view(torch.int16).numpy()
                     for k, v in rows.items()}
@@ -809,11 +712,11 @@ class ExperienceBuffer(EpisodeSampling):
                 "capacity": self.capacity,
                 "selector": self.selector.to_config(),
                 "selector_state": self.selector.state_dict(),
-                "counters": {"inserted": self._inserted, "sampled": self._sampled, "head": self._head,
-                             "dropped_stale": self._dropped_stale, "floor": self._floor,
-                             "evicted_early": self._evicted_early, "holes": self._holes},
+                "counters": {"inserted": self.ring.inserted, "sampled": self._sampled, "head": self.ring.head,
+                             "dropped_stale": self._dropped_stale, "floor": self.ring.floor,
+                             "evicted_early": self.ring.evicted_early, "holes": self.ring.holes},
                 "pools": {name: pool.state() for name, pool in self.storage.pools.items()},
-                "open_tail": [[int(k), int(v)] for k, v in self._open_tail.items()],
+                "open_tail": [[int(k), int(v)] for k, v in self.ring.open_tail.items()],
                 "rng": self.rng.bit_generator.state,
                 "data": data,
                 "meta": {k: v[:stored].copy() for k, v in self.meta.items()},
@@ -830,18 +733,18 @@ class ExperienceBuffer(EpisodeSampling):
             enc, meta, c, stored = checked["data"], checked["meta"], checked["counters"], checked["stored"]
             if stored:
                 self.storage.write(0, enc, stored)
-            written = min(self._inserted, self.capacity)  # slots this buffer wrote before: cleared past `stored`
+            written = min(self.ring.inserted, self.capacity)  # slots this buffer wrote before: cleared past `stored`
             for k in META_FIELDS:
                 self.meta[k][:stored] = meta[k]
                 if written > stored:
                     self.meta[k][stored:written] = 0
-            self._inserted, self._sampled = c["inserted"], c["sampled"]
-            self._head, self._dropped_stale = c["head"], c["dropped_stale"]
-            self._floor, self._evicted_early = c["floor"], c["evicted_early"]
-            self._holes = c["holes"]
+            self.ring.inserted, self._sampled = c["inserted"], c["sampled"]
+            self.ring.head, self._dropped_stale = c["head"], c["dropped_stale"]
+            self.ring.floor, self.ring.evicted_early = c["floor"], c["evicted_early"]
+            self.ring.holes = c["holes"]
             for name, pstate in checked["pools"].items():
                 self.storage.pools[name].load(pstate)
-            self._open_tail = checked["open_tail"]
+            self.ring.open_tail = checked["open_tail"]
             self.rng.bit_generator.state = checked["rng"]
             self.selector.load_state_dict(checked["selector_state"])
             self._cond.notify_all()
@@ -949,10 +852,8 @@ class ExperienceBuffer(EpisodeSampling):
                 return
             self._closed = True
             self.storage.close()
-            self.meta = {}
-            for seg in self._meta_segments:
-                seg.close()
-            self._meta_segments = []
+            self.ring.close()
+            self.ring.meta = {}
             self._cond.notify_all()
 
     @property

@@ -44,14 +44,6 @@ def n_step_range(n_step) -> tuple[int, int]:
 
 
 class EpisodeSampling:
-    def _successors(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Slot of each item's successor in its episode, and whether it exists (is stored
-        and was not overwritten)."""
-        nseq = self.meta["next_seq"][slots]
-        nslot = np.where(nseq >= 0, nseq, 0) % self.capacity
-        ok = (nseq >= 0) & (self.meta["seq"][nslot] == nseq)
-        return nslot, ok
-
     def _check_n_step_fields(self) -> None:
         for need in ("reward", "next_obs"):
             if need not in self.spec:
@@ -104,8 +96,8 @@ class EpisodeSampling:
         else:
             sums, mins, tsize = _NO_TREE[0], _NO_TREE[1], 1
             beta = 0.0
-            lo = self._lo()
-            count = self._inserted - lo
+            lo = self.ring.lo()
+            count = self.ring.inserted - lo
         b = int(batch_size)
         slots = np.empty(b, dtype=np.int64)
         weights = np.ones(b, dtype=np.float32)
@@ -207,7 +199,7 @@ class EpisodeSampling:
             want = alive & (k < n)
             if not want.any():
                 break
-            nxt, ok = self._successors(cur)
+            nxt, ok = self.ring.successors(cur)
             go = want & ok
             if not go.any():
                 break
@@ -244,7 +236,7 @@ class EpisodeSampling:
                 for t in range(length):
                     grid[:, t] = cur
                     mask[:, t] = alive
-                    nxt, ok = self._successors(cur)
+                    nxt, ok = self.ring.successors(cur)
                     alive = alive & ok
                     cur = np.where(alive, nxt, cur)
                 data = self._gather(grid, device)
@@ -257,6 +249,6 @@ class EpisodeSampling:
             self._cond.notify_all()
             return Batch(data, slots=starts, seqs=self.meta["seq"][starts], versions=self.meta["version"][starts],
                          weights=None if weights is None else torch.from_numpy(weights).to(dev),
-                         inserted_at_selection=self._inserted)
+                         inserted_at_selection=self.ring.inserted)
 
     # ------------------------------------------------------------- FIFO take

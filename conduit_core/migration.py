@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .buffer import META_FIELDS
+from .ring import META_FIELDS, write_meta_rows
 from .errors import ConfigError, StateError
 from .storage import ColumnarStorage, ShardSpec
 
@@ -107,7 +107,6 @@ class Migration:
     # ------------------------------------------------------------ copying
     def on_insert(self, first: int, enc, n: int, source: int, version: int, prev_tail: int | None) -> None:
         """Dual write (called by the buffer under its lock)."""
-        from .buffer import write_meta_rows
         self.storage.write(first % self.capacity, enc, n)
         write_meta_rows(self.meta, self.capacity, first, n, enc, self.buffer.done_fields, source, version, prev_tail)
 

@@ -14,7 +14,7 @@ from .test_framestack import episode, fill, make
 
 def true_size(buf):
     slots = np.arange(buf.capacity)
-    return int(buf._live(slots, buf.meta["seq"][slots]).sum())  # noqa: SLF001 - the invariant under test
+    return int(buf.ring.live(slots, buf.meta["seq"][slots]).sum())  # the invariant under test
 
 
 def test_removed_rows_are_counted_right_when_the_frame_pool_and_the_ring_evict_together():
