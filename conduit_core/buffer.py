@@ -479,6 +479,10 @@ class ExperienceBuffer(EpisodeSampling):
             raise ConfigError("episode_end", "'shorten' with Prioritized(stratified=True)", "'redraw'",
                               "the redraw walk draws items independently (RLlib's rule): use "
                               "Prioritized(stratified=False) for it")
+        if n_step is not None and episode_end == "redraw" and not self.selector.native_windows:
+            raise ConfigError("episode_end", f"'shorten' with the {self.selector.name} selector", "'redraw'",
+                              "the redraw rule runs in the native walk, which draws plain uniform or "
+                              "prioritized items: use episode_end='shorten' with this selector")
         with self._cond:
             self._check_open()
             self._wait_for_sample(batch_size, timeout)
@@ -502,21 +506,24 @@ class ExperienceBuffer(EpisodeSampling):
                          inserted_at_selection=self.ring.inserted)
 
     def _select(self, batch_size: int, beta: float | None):
-        if self.selector.weighted:  # draws slots from its own index
+        """Slots for a batch. A weighted selector draws slots from its own index; any other
+        names positions among the stored rows, oldest first (removed rows are not
+        positions). An order-free one (plain uniform: its distribution is the same under any
+        reordering of the rows) may have its positions read as slots where that is the same
+        set, which spares the mapping on the hot path."""
+        if self.selector.weighted:
             return self.selector.select(batch_size, self.size, self.rng, beta=beta)
         lo = self.ring.lo()
-        if self.ring.holes and getattr(self.selector, "draw", None) is not None:
-            # an external draw names positions among the stored rows, oldest first: removed
-            # rows are not positions (a framework's list has no gaps), so map over the live ones
-            live = np.arange(lo, self.ring.inserted, dtype=np.int64)
-            live = live[self.meta["seq"][live % self.capacity] == live]
-            off, weights = self.selector.select(batch_size, int(live.size), self.rng)
-            return live[off] % self.capacity, weights
+        if not self.selector.order_free:
+            if self.ring.holes:
+                live = self.ring.live_seqs()
+                off, weights = self.selector.select(batch_size, int(live.size), self.rng)
+                return live[off] % self.capacity, weights
+            off, weights = self.selector.select(batch_size, self.ring.inserted - lo, self.rng)
+            return (lo + off) % self.capacity, weights
         off, weights = self.selector.select(batch_size, self.ring.inserted - lo, self.rng)
         if self.ring.holes:
             return self._redraw_holes(lo, off), weights
-        if getattr(self.selector, "draw", None) is not None:  # positions are oldest first
-            return (lo + off) % self.capacity, weights
         if self.ring.floor > max(self.ring.inserted - self.capacity, 0):  # early eviction: a shifted window
             return (lo + off) % self.capacity, weights
         return off, weights

@@ -47,6 +47,13 @@ class Selector(ABC):
     # own index (not positions in the live window), delivers importance weights, and a batch
     # drawn before a priority update is not the one the framework would draw after it.
     weighted: bool = False
+    # Not weighted: ``select`` returns positions among the stored rows, oldest first.
+    # ``order_free``: its distribution is the same under any reordering of the rows (plain
+    # uniform), so the buffer may skip mapping positions to slots.
+    order_free: bool = False
+    # The fused native pass (select, walk the n-step window, redraw a cut one) draws exactly
+    # this selector's distribution: plain uniform and independent prioritized draws do.
+    native_windows: bool = False
     bytes_per_slot: int = 0  # memory the selector keeps per ring slot (priority trees)
 
     def bind(self, capacity: int) -> None:
@@ -118,6 +125,14 @@ class Uniform(Selector):
         self.replace = bool(replace)
         self.draw = draw
 
+    @property
+    def order_free(self) -> bool:
+        return self.draw is None  # an external draw's positions must mean the framework's order
+
+    @property
+    def native_windows(self) -> bool:
+        return self.draw is None and self.replace
+
     def select(self, batch_size, size, rng):
         if self.draw is not None:
             return self._external(batch_size, size), None
@@ -148,6 +163,10 @@ class Prioritized(Selector):
 
     name = "prioritized"
     weighted = True
+
+    @property
+    def native_windows(self) -> bool:
+        return not self.stratified  # the walk draws items independently
     bytes_per_slot = PRIORITY_BYTES_PER_SLOT  # the sum and min trees
 
     def __init__(self, *, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6, stratified: bool = False):
