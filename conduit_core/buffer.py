@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .batch import Batch
-from .episodes import EPISODE_END_RULES, EpisodeSampling
+from .episodes import EPISODE_END_RULES, EpisodeWalk
 from .memory import available_bytes, fmt, needed_bytes
 from .errors import (ShardLost, CapacityError, ConfigError, ExperienceTimeout, RateLimitError, RateLimitTimeout,
                      SemanticError, SpecError, StateError)
@@ -87,7 +87,7 @@ class OutputPool:
         return ring[i]
 
 
-class ExperienceBuffer(EpisodeSampling):
+class ExperienceBuffer:
     """Columnar replay/queue storage of one experience spec.
 
     Keyword-only. ``selector``: Uniform() (default), Prioritized(...) or Fifo().
@@ -121,6 +121,7 @@ class ExperienceBuffer(EpisodeSampling):
         self.selector.bind(capacity)
         self.rate_limiter = rate_limiter or RateLimiter()
         self.done_fields = tuple(f for f in done_fields if f in spec)
+        self.walk = EpisodeWalk(spec, self.done_fields)  # n-step windows and sequences over the ring
         self.storage = ColumnarStorage(spec=spec, shards=shards)
         try:
             self.ring = Ring(capacity, shared=any(s.tier is Tier.SHARED for s in shards))
@@ -489,13 +490,15 @@ class ExperienceBuffer(EpisodeSampling):
 
             def draw():
                 if n_step is not None and episode_end == "redraw":
-                    slots, weights, ret, last, steps = self._sample_windows(batch_size, n_step, gamma, beta,
-                                                                            redraw=True)
-                    return slots, weights, self._gather_windows(slots, ret, last, steps, device, fields)
+                    slots, weights, ret, last, steps = self.walk.sample_windows(
+                        self.ring, self.storage, self.selector, self.rng, batch_size, n_step, gamma, beta, redraw=True)
+                    return slots, weights, self.walk.window_columns(self._gather, slots, ret, last, steps, device,
+                                                                    fields)
                 slots, weights = self._select(batch_size, beta)
                 if n_step is None:
                     return slots, weights, self._gather(slots, device, fields)
-                return slots, weights, self._gather_n_step(slots, n_step, gamma, device, fields)
+                return slots, weights, self.walk.n_step_columns(self.ring, self.storage, self.rng, self._gather, slots,
+                                                                n_step, gamma, device, fields)
             slots, weights, data = self._with_lost_shards(
                 draw, then=lambda: self._wait_for_sample(batch_size, timeout))
             self._sampled += batch_size
@@ -589,6 +592,38 @@ class ExperienceBuffer(EpisodeSampling):
         out, views = (None, None) if self._out is None or fields is not None else self._out.get(slots.shape)
         return self.storage.gather(slots, device=None if device is None else torch.device(device),
                                    out=out, out_tensors=views, fields=fields)
+
+    def sample_sequences(self, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:
+        """``batch_size`` sequences of ``length`` consecutive steps of one episode each,
+        shaped ``[B, T, ...]``, with a boolean ``mask`` [B, T] that is False after the
+        episode ends (those steps repeat the last real step and must be ignored).
+        Starts are chosen by the selector."""
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 1 <= length <= self.capacity:
+            raise ConfigError("length", f"an int in [1, capacity={self.capacity}]", repr(length),
+                              "use e.g. length=20")
+        if self.selector.consumes:
+            raise ConfigError("selector", "uniform or prioritized for sample_sequences()", "fifo",
+                              "use take() for FIFO data")
+        self._check_batch_size(batch_size)
+        with self._cond:
+            self._check_open()
+            self._wait_for_sample(batch_size, timeout)
+
+            def draw():
+                starts, weights = self._select(batch_size, None)
+                grid, mask = self.walk.sequence_grid(self.ring, starts, length)
+                data = self._gather(grid, device)
+                return starts, weights, grid, mask, data
+            starts, weights, grid, mask, data = self._with_lost_shards(
+                draw, then=lambda: self._wait_for_sample(batch_size, timeout))
+            dev = torch.device(device) if device is not None else torch.device("cpu")
+            data["mask"] = torch.from_numpy(mask).to(dev)
+            self._sampled += batch_size
+            self._cond.notify_all()
+            return Batch(data, slots=starts, seqs=self.meta["seq"][starts], versions=self.meta["version"][starts],
+                         weights=None if weights is None else torch.from_numpy(weights).to(dev),
+                         inserted_at_selection=self.ring.inserted)
+
 
     def take(self, batch_size: int | None = None, *, policy_version: int | None = None,
              device=None, timeout: float | None = None, wait: bool = True) -> Batch:

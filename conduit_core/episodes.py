@@ -8,7 +8,9 @@ interleave in the ring. The n-step walk runs in the C helper when the columns al
 (float32 rewards, bool done flags, one host shard), else vectorized in numpy; both give
 identical results (tested).
 
-Mixed into ``ExperienceBuffer``; uses its storage, metadata, RNG and lock.
+A part of its own: ``EpisodeWalk`` holds only the spec's view of episodes (which fields
+end one) and is handed the ring, storage, selector and RNG it walks at each call, so it
+reads nothing of the buffer but those parts' public contracts. The buffer holds the lock.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .batch import Batch
 from .errors import ConfigError, SemanticError, SpecError
 
 try:  # the C helper's n-step walk (same results as the numpy path)
@@ -43,42 +44,50 @@ def n_step_range(n_step) -> tuple[int, int]:
     return lo, hi
 
 
-class EpisodeSampling:
-    def _check_n_step_fields(self) -> None:
+class EpisodeWalk:
+    """n-step windows and sequences, walked over the episode links of a ring."""
+
+    def __init__(self, spec, done_fields: tuple[str, ...]):
+        self.spec, self.done_fields = spec, done_fields
+
+    def check_n_step_fields(self) -> None:
         for need in ("reward", "next_obs"):
             if need not in self.spec:
                 raise SpecError(need, "a field of the spec for n-step returns", "missing",
                                 "declare it, or sample without n_step")
 
-    def _gather_n_step(self, slots, n_step, gamma, device, fields=None) -> dict[str, torch.Tensor]:
-        self._check_n_step_fields()
+    def n_step_columns(self, ring, storage, rng, gather, slots, n_step, gamma, device,
+                       fields=None) -> dict[str, torch.Tensor]:
+        """The columns of n-step windows from start ``slots`` (the shortened-window rule)."""
+        self.check_n_step_fields()
         b = slots.shape[0]
         if isinstance(n_step, tuple):
             lo, hi = n_step
-            n = self.rng.integers(lo, hi, b) if hi > lo else np.full(b, lo)
+            n = rng.integers(lo, hi, b) if hi > lo else np.full(b, lo)
         else:
             n = np.full(b, int(n_step))
         if (n < 1).any():
             raise ConfigError("n_step", ">= 1", int(n.min()), "use n_step=1 for one-step returns")
-        ret, cur, steps = self._n_step_returns(slots, n, gamma)
-        return self._gather_windows(slots, ret, cur, steps, device, fields)
+        ret, cur, steps = self.n_step_returns(ring, storage, slots, n, gamma)
+        return self.window_columns(gather, slots, ret, cur, steps, device, fields)
 
-    def _gather_windows(self, slots, ret, cur, steps, device, fields=None) -> dict[str, torch.Tensor]:
+    def window_columns(self, gather, slots, ret, cur, steps, device, fields=None) -> dict[str, torch.Tensor]:
         """Columns of n-step windows: first-step fields from ``slots``, ``next_obs`` and the
         done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``
         (``fields``: only these of the spec's fields, ``n_step`` always)."""
         names = [f for f in self.spec.names if fields is None or f in fields]
         last_fields = [f for f in ("next_obs", *self.done_fields) if f in names]
         first_fields = [f for f in names if f not in last_fields and f != "reward"]
-        data = self._gather(slots, device, first_fields)
-        data.update(self._gather(cur, device, last_fields))
+        data = gather(slots, device, first_fields)
+        data.update(gather(cur, device, last_fields))
         dev = torch.device(device) if device is not None else torch.device("cpu")
         if "reward" in names:
             data["reward"] = torch.from_numpy(ret.astype(np.float32)).to(dev)
         data["n_step"] = torch.from_numpy(steps).to(dev)
         return {name: data[name] for name in [*names, "n_step"]}
 
-    def _sample_windows(self, batch_size: int, n_step, gamma: float, beta: float | None, *, redraw: bool):
+    def sample_windows(self, ring, storage, selector, rng, batch_size: int, n_step, gamma: float,
+                       beta: float | None, *, redraw: bool):
         """Select ``batch_size`` items and walk their n-step windows in one native pass.
 
         Returns (start slots, weights or None, discounted return, last slot, steps). With
@@ -86,18 +95,18 @@ class EpisodeSampling:
         again, n included (RLlib's PrioritizedEpisodeReplayBuffer rule); without it the
         shorter window is delivered with its true length. Uniforms come from the buffer's
         RNG in pools; the C walk and the Python reference consume them identically."""
-        self._check_n_step_fields()
+        self.check_n_step_fields()
         n_lo, n_hi = n_step_range(n_step)
-        prioritized = self.selector.weighted
+        prioritized = selector.weighted
         if prioritized:
-            sums, mins, tsize = self.selector.index.trees()
-            beta = self.selector.beta if beta is None else float(beta)
-            lo, count = 0, self.size
+            sums, mins, tsize = selector.index.trees()
+            beta = selector.beta if beta is None else float(beta)
+            lo, count = 0, ring.inserted - ring.lo() - ring.holes
         else:
             sums, mins, tsize = _NO_TREE[0], _NO_TREE[1], 1
             beta = 0.0
-            lo = self.ring.lo()
-            count = self.ring.inserted - lo
+            lo = ring.lo()
+            count = ring.inserted - lo
         b = int(batch_size)
         slots = np.empty(b, dtype=np.int64)
         weights = np.ones(b, dtype=np.float32)
@@ -105,8 +114,8 @@ class EpisodeSampling:
         last = np.empty(b, dtype=np.int64)
         steps = np.empty(b, dtype=np.int64)
         per_try = 2 if n_hi - n_lo > 1 else 1
-        rew = self.storage.host_view("reward")
-        done = [self.storage.host_view(f) for f in self.done_fields]
+        rew = storage.host_view("reward")
+        done = [storage.host_view(f) for f in self.done_fields]
         native = (_c_sample_windows is not None and rew is not None and rew.dtype == np.float32 and len(done) == 2
                   and all(d is not None and d.dtype == np.bool_ for d in done))
         filled, tries, limit = 0, 0, 64 * b + 4096
@@ -117,30 +126,30 @@ class EpisodeSampling:
                     f"{n_hi - 1} steps) fits in its stored episode; the stored episodes are too short for "
                     "this n. Fix: sample with a smaller n_step, store longer episodes, or use "
                     "episode_end='shorten'.")
-            u = self.rng.random(per_try * (b - filled) * (2 if redraw else 1) + (16 if redraw else 0))
-            args = (prioritized, sums, mins, tsize, lo, count, self.capacity, self.meta["seq"],
-                    self.meta["next_seq"], u, n_lo, n_hi, float(gamma), beta, redraw,
+            u = rng.random(per_try * (b - filled) * (2 if redraw else 1) + (16 if redraw else 0))
+            args = (prioritized, sums, mins, tsize, lo, count, ring.capacity, ring.meta["seq"],
+                    ring.meta["next_seq"], u, n_lo, n_hi, float(gamma), beta, redraw,
                     slots, weights, ret, last, steps, filled)
             if native:
                 filled, used = _c_sample_windows(*args[:9], rew, done[0].view(np.uint8), done[1].view(np.uint8),
                                                  *args[9:])
             else:
-                filled, used = self._sample_windows_reference(*args)
+                filled, used = self.sample_windows_reference(storage, selector, *args)
             tries += used // per_try
         return slots, (weights if prioritized else None), ret, last, steps
 
-    def _sample_windows_reference(self, prioritized, sums, mins, tsize, lo, count, cap, seq, next_seq, u, n_lo,
+    def sample_windows_reference(self, storage, selector, prioritized, sums, mins, tsize, lo, count, cap, seq, next_seq, u, n_lo,
                                   n_hi, gamma, beta, redraw, slots, weights, ret, last, steps, first):
         """The C ``sample_windows`` in Python, operation for operation (a fallback for
         columns the C walk cannot read, and its reference in tests)."""
-        get = lambda name, s: self.storage.gather(np.array([s], dtype=np.int64), fields=[name])[name].numpy()[0]
+        get = lambda name, s: storage.gather(np.array([s], dtype=np.int64), fields=[name])[name].numpy()[0]
         need = 2 if n_hi - n_lo > 1 else 1
         total, pmin = float(sums[1]), float(mins[1])
         i, j, b, m = first, 0, slots.shape[0], u.shape[0]
         while i < b and j + need <= m:
             w = np.float32(1.0)
             if prioritized:
-                start = int(self.selector.index.find_prefixsum(np.array([u[j] * total]))[0])
+                start = int(selector.index.find_prefixsum(np.array([u[j] * total]))[0])
                 j += 1
                 if beta != 0.0:
                     w = np.float32(pow(float(sums[tsize + start]) / pmin, -beta))
@@ -170,24 +179,24 @@ class EpisodeSampling:
             i += 1
         return i, j
 
-    def _n_step_returns(self, slots: np.ndarray, n: np.ndarray, gamma: float):
+    def n_step_returns(self, ring, storage, slots: np.ndarray, n: np.ndarray, gamma: float):
         """(discounted return, last slot, steps taken) per start slot, following episode links."""
-        rew = self.storage.host_view("reward")
-        done = [self.storage.host_view(f) for f in self.done_fields]
+        rew = storage.host_view("reward")
+        done = [storage.host_view(f) for f in self.done_fields]
         if _c_nstep is not None and rew is not None and rew.dtype == np.float32 and len(done) == 2 \
                 and all(d is not None and d.dtype == np.bool_ for d in done):
             b = slots.shape[0]
             ret = np.empty(b, dtype=np.float64)
             last = np.empty(b, dtype=np.int64)
             steps = np.empty(b, dtype=np.int64)
-            _c_nstep(self.meta["seq"], self.meta["next_seq"], rew, done[0].view(np.uint8), done[1].view(np.uint8),
-                     self.capacity, np.ascontiguousarray(slots, dtype=np.int64),
+            _c_nstep(ring.meta["seq"], ring.meta["next_seq"], rew, done[0].view(np.uint8), done[1].view(np.uint8),
+                     ring.capacity, np.ascontiguousarray(slots, dtype=np.int64),
                      np.ascontiguousarray(n, dtype=np.int64), float(gamma), ret, last, steps)
             return ret, last, steps
-        return self._n_step_returns_numpy(slots, n, gamma)
+        return self.n_step_returns_numpy(ring, storage, slots, n, gamma)
 
-    def _n_step_returns_numpy(self, slots: np.ndarray, n: np.ndarray, gamma: float):
-        get = lambda name, idx: self.storage.gather(idx, fields=[name])[name].numpy()
+    def n_step_returns_numpy(self, ring, storage, slots: np.ndarray, n: np.ndarray, gamma: float):
+        get = lambda name, idx: storage.gather(idx, fields=[name])[name].numpy()
         b = slots.shape[0]
         ret = get("reward", slots).astype(np.float64)
         cur = slots.copy()
@@ -199,7 +208,7 @@ class EpisodeSampling:
             want = alive & (k < n)
             if not want.any():
                 break
-            nxt, ok = self.ring.successors(cur)
+            nxt, ok = ring.successors(cur)
             go = want & ok
             if not go.any():
                 break
@@ -211,44 +220,19 @@ class EpisodeSampling:
                 alive &= ~get(f, cur).astype(bool)
         return ret, cur, steps
 
-    def sample_sequences(self, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:
-        """``batch_size`` sequences of ``length`` consecutive steps of one episode each,
-        shaped ``[B, T, ...]``, with a boolean ``mask`` [B, T] that is False after the
-        episode ends (those steps repeat the last real step and must be ignored).
-        Starts are chosen by the selector."""
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 1 <= length <= self.capacity:
-            raise ConfigError("length", f"an int in [1, capacity={self.capacity}]", repr(length),
-                              "use e.g. length=20")
-        if self.selector.consumes:
-            raise ConfigError("selector", "uniform or prioritized for sample_sequences()", "fifo",
-                              "use take() for FIFO data")
-        self._check_batch_size(batch_size)
-        with self._cond:
-            self._check_open()
-            self._wait_for_sample(batch_size, timeout)
-
-            def draw():
-                starts, weights = self._select(batch_size, None)
-                grid = np.empty((batch_size, length), dtype=np.int64)
-                mask = np.zeros((batch_size, length), dtype=bool)
-                cur = starts.copy()
-                alive = np.ones(batch_size, dtype=bool)
-                for t in range(length):
-                    grid[:, t] = cur
-                    mask[:, t] = alive
-                    nxt, ok = self.ring.successors(cur)
-                    alive = alive & ok
-                    cur = np.where(alive, nxt, cur)
-                data = self._gather(grid, device)
-                return starts, weights, grid, mask, data
-            starts, weights, grid, mask, data = self._with_lost_shards(
-                draw, then=lambda: self._wait_for_sample(batch_size, timeout))
-            dev = torch.device(device) if device is not None else torch.device("cpu")
-            data["mask"] = torch.from_numpy(mask).to(dev)
-            self._sampled += batch_size
-            self._cond.notify_all()
-            return Batch(data, slots=starts, seqs=self.meta["seq"][starts], versions=self.meta["version"][starts],
-                         weights=None if weights is None else torch.from_numpy(weights).to(dev),
-                         inserted_at_selection=self.ring.inserted)
-
-    # ------------------------------------------------------------- FIFO take
+    @staticmethod
+    def sequence_grid(ring, starts: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Slots of ``length`` consecutive steps from each start, and a mask that is False
+        after the episode ends (those steps repeat the last real step)."""
+        b = starts.shape[0]
+        grid = np.empty((b, length), dtype=np.int64)
+        mask = np.zeros((b, length), dtype=bool)
+        cur = starts.copy()
+        alive = np.ones(b, dtype=bool)
+        for t in range(length):
+            grid[:, t] = cur
+            mask[:, t] = alive
+            nxt, ok = ring.successors(cur)
+            alive = alive & ok
+            cur = np.where(alive, nxt, cur)
+        return grid, mask

@@ -277,7 +277,7 @@ def test_n_step_c_walk_equals_numpy_walk():
         buf.add(r, source=int(rng.integers(0, 3)))
     slots = rng.integers(0, 64, 500)
     n = rng.integers(1, 6, 500)
-    a = buf._n_step_returns(slots, n, 0.9)
-    b = buf._n_step_returns_numpy(slots, n, 0.9)
+    a = buf.walk.n_step_returns(buf.ring, buf.storage, slots, n, 0.9)
+    b = buf.walk.n_step_returns_numpy(buf.ring, buf.storage, slots, n, 0.9)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)

@@ -118,7 +118,8 @@ def test_the_native_window_pass_equals_its_python_reference():
             if not native:
                 episodes_mod._c_sample_windows = None
             try:
-                r = buf._sample_windows(16, (1, 4), 0.9, None, redraw=True)  # noqa: SLF001 - the unit under test
+                r = buf.walk.sample_windows(buf.ring, buf.storage, buf.selector, buf.rng, 16, (1, 4), 0.9, None,
+                                            redraw=True)
             finally:
                 episodes_mod._c_sample_windows = saved
             outs.append((r, buf.rng.bit_generator.state))
