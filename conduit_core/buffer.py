@@ -31,15 +31,15 @@ from .batch import Batch
 from .episodes import EPISODE_END_RULES, EpisodeWalk
 from .memory import available_bytes, fmt, needed_bytes
 from .errors import (ShardLost, CapacityError, ConfigError, ExperienceTimeout, RateLimitError, RateLimitTimeout,
-                     SemanticError, SpecError, StateError)
+                     SemanticError, SpecError)
 from .rate_limiter import RateLimiter
+from .buffer_state import SCHEMA_VERSION, check_state
 from .ring import META_FIELDS, Ring
 from .selectors import Fifo, Prioritized, Selector, Uniform
 from .spec import ExperienceSpec
 from .storage import ColumnarStorage, ShardSpec
 from .tiers import Tier
 
-SCHEMA_VERSION = 1
 log = logging.getLogger("conduit")
 
 
@@ -769,7 +769,8 @@ class ExperienceBuffer:
         part is checked (spec, capacity, selector, counters against the data, metadata,
         priorities, frame pools, RNG) before the first byte of this buffer changes, so a
         damaged state raises ``StateError`` and leaves the buffer as it was."""
-        checked = self._check_state(state)
+        checked = check_state(state, spec=self.spec, capacity=self.capacity, selector=self.selector,
+                              pools=self.storage.pools, rng_kind=type(self.rng.bit_generator).__name__)
         with self._cond:
             self._check_open()
             enc, meta, c, stored = checked["data"], checked["meta"], checked["counters"], checked["stored"]
@@ -790,97 +791,6 @@ class ExperienceBuffer:
             self.rng.bit_generator.state = checked["rng"]
             self.selector.load_state_dict(checked["selector_state"])
             self._cond.notify_all()
-
-    def _check_state(self, state: Mapping[str, Any]) -> dict:
-        """Everything ``load_state_dict`` will write, validated and converted; raises
-        StateError (naming the part, what was expected and what was found) on the first
-        inconsistency. Pure: reads ``state`` and this buffer's configuration only."""
-        def bad(part: str, expected: str, got: Any) -> StateError:
-            return StateError(f"{part}: expected {expected}, got {got}. Fix: the state is damaged or from another "
-                              "buffer; nothing was loaded")
-        if not isinstance(state, Mapping):
-            raise bad("state", "a dict from ExperienceBuffer.state_dict()", type(state).__name__)
-        if state.get("schema_version") != SCHEMA_VERSION:
-            raise StateError(f"schema_version: expected {SCHEMA_VERSION}, got {state.get('schema_version')!r}. "
-                             "Fix: load with the Conduit version that wrote the state.")
-        for key in ("spec", "capacity", "selector", "selector_state", "counters", "open_tail", "rng", "data", "meta"):
-            if key not in state:
-                raise bad(key, "a part of the state", "nothing")
-        try:
-            spec = ExperienceSpec.from_config(state["spec"])
-        except Exception as exc:  # noqa: BLE001 - any unreadable spec is a damaged state
-            raise bad("spec", "a spec config", f"an unreadable one ({exc})") from None
-        if spec != self.spec:
-            raise StateError(f"spec: expected {self.spec}, got {spec}. "
-                             "Fix: build the buffer with the spec the state was saved with.")
-        if _as_int(state["capacity"]) != self.capacity:
-            raise StateError(f"capacity: expected {self.capacity}, got {state['capacity']}. "
-                             "Fix: build the buffer with the capacity the state was saved with.")
-        if not isinstance(state["selector"], Mapping) or state["selector"].get("name") != self.selector.name:
-            got = state["selector"].get("name") if isinstance(state["selector"], Mapping) else state["selector"]
-            raise StateError(f"selector: expected {self.selector.name}, got {got}. "
-                             "Fix: build the buffer with the same selector.")
-        raw = state["counters"]
-        c = {}
-        for k in ("inserted", "sampled", "head", "dropped_stale", "floor", "evicted_early", "holes"):
-            v = _as_int(raw.get(k, 0) if k in ("floor", "evicted_early", "holes") else raw.get(k))
-            if v is None or v < 0:
-                raise bad(f"counters.{k}", "an int >= 0", raw.get(k))
-            c[k] = v
-        if c["head"] > c["inserted"] or c["floor"] > c["inserted"]:
-            raise bad("counters", "head and floor <= inserted", f"head={c['head']}, floor={c['floor']}, "
-                      f"inserted={c['inserted']}")
-        stored = min(c["inserted"], self.capacity)
-        enc = {}
-        for f in self.spec:
-            arr = state["data"].get(f.name) if isinstance(state["data"], Mapping) else None
-            if arr is None:
-                raise bad(f"data.{f.name}", "a stored column", "nothing")
-            arr = np.asarray(arr)
-            if arr.shape != (stored, *f.stored_shape):
-                raise StateError(f"data.{f.name}: expected shape {(stored, *f.stored_shape)}, got "
-                                 f"{arr.shape}. Fix: the state is corrupt or from another buffer.")
-            t = torch.from_numpy(np.ascontiguousarray(arr))
-            want = torch.int16 if f.stored_dtype == torch.bfloat16 else f.stored_dtype
-            if t.dtype != want:
-                raise bad(f"data.{f.name}", f"dtype {want}", t.dtype)
-            enc[f.name] = t.view(torch.bfloat16) if f.stored_dtype == torch.bfloat16 else t
-        meta = {}
-        for k in META_FIELDS:
-            m = state["meta"].get(k) if isinstance(state["meta"], Mapping) else None
-            m = None if m is None else np.asarray(m)
-            if m is None or m.shape != (stored,) or m.dtype.kind not in "iu":
-                raise bad(f"meta.{k}", f"{stored} integers", "nothing" if m is None else f"{m.dtype} {m.shape}")
-            meta[k] = m
-        live = meta["seq"][meta["seq"] >= 0]
-        if live.size and (live.max() >= c["inserted"] or not np.array_equal(live % self.capacity,
-                                                                             np.flatnonzero(meta["seq"] >= 0))):
-            raise bad("meta.seq", f"each row's seq < inserted={c['inserted']} and stored at seq % capacity",
-                      "seqs that do not fit their slots")
-        try:
-            probe = np.random.default_rng()
-            probe.bit_generator.state = state["rng"]
-        except Exception as exc:  # noqa: BLE001
-            raise bad("rng", f"a {type(self.rng.bit_generator).__name__} state", f"an unusable one ({exc})") from None
-        self.selector.check_state(state["selector_state"])
-        pools = state.get("pools", {}) or {}
-        if set(pools) != set(self.storage.pools):
-            raise bad("pools", f"frame pools {sorted(self.storage.pools)}", sorted(pools))
-        for name, pstate in pools.items():
-            pool = self.storage.pools[name]
-            fr = np.asarray(pstate.get("frames")) if isinstance(pstate, Mapping) else None
-            cur, last = (_as_int(pstate.get("cursor")), _as_int(pstate.get("last_id"))) if fr is not None else (None, None)
-            if fr is None or fr.dtype != pool.frames.dtype or fr.shape[1:] != tuple(pool.frame_shape) \
-                    or fr.shape[0] > pool.capacity or cur is None or last is None or cur < fr.shape[0]:
-                raise bad(f"pools.{name}", f"up to {pool.capacity} frames of {tuple(pool.frame_shape)} "
-                          f"{pool.frames.dtype} and a cursor >= their number",
-                          "nothing" if fr is None else f"{fr.dtype} {fr.shape}, cursor {pstate.get('cursor')!r}")
-        try:
-            open_tail = {int(k): int(v) for k, v in state["open_tail"]}
-        except (TypeError, ValueError):
-            raise bad("open_tail", "[source, seq] pairs", state["open_tail"]) from None
-        return {"data": enc, "meta": meta, "counters": c, "stored": stored, "pools": pools, "open_tail": open_tail,
-                "rng": state["rng"], "selector_state": state["selector_state"]}
 
     # ----------------------------------------------------------------- close
     def _check_open(self) -> None:
@@ -924,13 +834,6 @@ def _check_memory(capacity: int, spec: ExperienceSpec, shards, selector: Selecto
                 f"per-slot metadata{', priority trees' if prioritized else ''}), {fmt(free)} is free there. Fix: "
                 "lower capacity, or place part of it on another tier (shards=[ShardSpec(...), ...]; `conduit plan` "
                 "sizes them).")
-
-
-def _as_int(v: Any) -> int | None:
-    """``v`` as an int if it is one (numpy ints too; bools and floats are not)."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        return None
-    return int(v)
 
 
 def replay(*, spec: ExperienceSpec, capacity: int, seed: int = 0, **kw) -> ExperienceBuffer:

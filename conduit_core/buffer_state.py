@@ -1,0 +1,122 @@
+"""What a buffer's saved state must be before anything of it is loaded.
+
+``ExperienceBuffer.load_state_dict`` is all or nothing: it first runs ``check_state``, a
+pure function of the state and the buffer's configuration, which validates and converts
+every part (spec, capacity, selector, counters against the data, metadata, frame pools,
+RNG); only then does the buffer write. A damaged or foreign state raises ``StateError``
+naming the part, and the buffer is as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from .errors import StateError
+from .ring import META_FIELDS
+from .spec import ExperienceSpec
+
+SCHEMA_VERSION = 1
+
+
+def as_int(v: Any) -> int | None:
+    """``v`` as an int if it is one (numpy ints too; bools and floats are not)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        return None
+    return int(v)
+
+
+def check_state(state: Mapping[str, Any], *, spec: ExperienceSpec, capacity: int, selector, pools: Mapping,
+                rng_kind: str) -> dict:
+    """Everything ``ExperienceBuffer.load_state_dict`` will write, validated and converted;
+    raises StateError (naming the part, what was expected and what was found) on the first
+    inconsistency. Pure: reads ``state`` and the buffer's configuration (its spec, capacity,
+    selector, frame pools and RNG kind) only."""
+    def bad(part: str, expected: str, got: Any) -> StateError:
+        return StateError(f"{part}: expected {expected}, got {got}. Fix: the state is damaged or from another "
+                          "buffer; nothing was loaded")
+    if not isinstance(state, Mapping):
+        raise bad("state", "a dict from ExperienceBuffer.state_dict()", type(state).__name__)
+    if state.get("schema_version") != SCHEMA_VERSION:
+        raise StateError(f"schema_version: expected {SCHEMA_VERSION}, got {state.get('schema_version')!r}. "
+                         "Fix: load with the Conduit version that wrote the state.")
+    for key in ("spec", "capacity", "selector", "selector_state", "counters", "open_tail", "rng", "data", "meta"):
+        if key not in state:
+            raise bad(key, "a part of the state", "nothing")
+    try:
+        saved_spec = ExperienceSpec.from_config(state["spec"])
+    except Exception as exc:  # noqa: BLE001 - any unreadable spec is a damaged state
+        raise bad("spec", "a spec config", f"an unreadable one ({exc})") from None
+    if saved_spec != spec:
+        raise StateError(f"spec: expected {spec}, got {saved_spec}. "
+                         "Fix: build the buffer with the spec the state was saved with.")
+    if as_int(state["capacity"]) != capacity:
+        raise StateError(f"capacity: expected {capacity}, got {state['capacity']}. "
+                         "Fix: build the buffer with the capacity the state was saved with.")
+    if not isinstance(state["selector"], Mapping) or state["selector"].get("name") != selector.name:
+        got = state["selector"].get("name") if isinstance(state["selector"], Mapping) else state["selector"]
+        raise StateError(f"selector: expected {selector.name}, got {got}. "
+                         "Fix: build the buffer with the same selector.")
+    raw = state["counters"]
+    c = {}
+    for k in ("inserted", "sampled", "head", "dropped_stale", "floor", "evicted_early", "holes"):
+        v = as_int(raw.get(k, 0) if k in ("floor", "evicted_early", "holes") else raw.get(k))
+        if v is None or v < 0:
+            raise bad(f"counters.{k}", "an int >= 0", raw.get(k))
+        c[k] = v
+    if c["head"] > c["inserted"] or c["floor"] > c["inserted"]:
+        raise bad("counters", "head and floor <= inserted", f"head={c['head']}, floor={c['floor']}, "
+                  f"inserted={c['inserted']}")
+    stored = min(c["inserted"], capacity)
+    enc = {}
+    for f in spec:
+        arr = state["data"].get(f.name) if isinstance(state["data"], Mapping) else None
+        if arr is None:
+            raise bad(f"data.{f.name}", "a stored column", "nothing")
+        arr = np.asarray(arr)
+        if arr.shape != (stored, *f.stored_shape):
+            raise StateError(f"data.{f.name}: expected shape {(stored, *f.stored_shape)}, got "
+                             f"{arr.shape}. Fix: the state is corrupt or from another buffer.")
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+        want = torch.int16 if f.stored_dtype == torch.bfloat16 else f.stored_dtype
+        if t.dtype != want:
+            raise bad(f"data.{f.name}", f"dtype {want}", t.dtype)
+        enc[f.name] = t.view(torch.bfloat16) if f.stored_dtype == torch.bfloat16 else t
+    meta = {}
+    for k in META_FIELDS:
+        m = state["meta"].get(k) if isinstance(state["meta"], Mapping) else None
+        m = None if m is None else np.asarray(m)
+        if m is None or m.shape != (stored,) or m.dtype.kind not in "iu":
+            raise bad(f"meta.{k}", f"{stored} integers", "nothing" if m is None else f"{m.dtype} {m.shape}")
+        meta[k] = m
+    live = meta["seq"][meta["seq"] >= 0]
+    if live.size and (live.max() >= c["inserted"] or not np.array_equal(live % capacity,
+                                                                         np.flatnonzero(meta["seq"] >= 0))):
+        raise bad("meta.seq", f"each row's seq < inserted={c['inserted']} and stored at seq % capacity",
+                  "seqs that do not fit their slots")
+    try:
+        probe = np.random.default_rng()
+        probe.bit_generator.state = state["rng"]
+    except Exception as exc:  # noqa: BLE001
+        raise bad("rng", f"a {rng_kind} state", f"an unusable one ({exc})") from None
+    selector.check_state(state["selector_state"])
+    saved_pools = state.get("pools", {}) or {}
+    if set(saved_pools) != set(pools):
+        raise bad("pools", f"frame pools {sorted(pools)}", sorted(saved_pools))
+    for name, pstate in saved_pools.items():
+        pool = pools[name]
+        fr = np.asarray(pstate.get("frames")) if isinstance(pstate, Mapping) else None
+        cur, last = (as_int(pstate.get("cursor")), as_int(pstate.get("last_id"))) if fr is not None else (None, None)
+        if fr is None or fr.dtype != pool.frames.dtype or fr.shape[1:] != tuple(pool.frame_shape) \
+                or fr.shape[0] > pool.capacity or cur is None or last is None or cur < fr.shape[0]:
+            raise bad(f"pools.{name}", f"up to {pool.capacity} frames of {tuple(pool.frame_shape)} "
+                      f"{pool.frames.dtype} and a cursor >= their number",
+                      "nothing" if fr is None else f"{fr.dtype} {fr.shape}, cursor {pstate.get('cursor')!r}")
+    try:
+        open_tail = {int(k): int(v) for k, v in state["open_tail"]}
+    except (TypeError, ValueError):
+        raise bad("open_tail", "[source, seq] pairs", state["open_tail"]) from None
+    return {"data": enc, "meta": meta, "counters": c, "stored": stored, "pools": saved_pools, "open_tail": open_tail,
+            "rng": state["rng"], "selector_state": state["selector_state"]}
