@@ -669,29 +669,11 @@ class ExperienceBuffer:
             return Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=self.ring.inserted)
 
     def _drop_stale(self, policy_version: int | None) -> None:
-        if policy_version is None or self.ring.head == self.ring.inserted:
-            return
-        seqs = np.arange(self.ring.head, self.ring.inserted, dtype=np.int64)
-        vers = self.meta["version"][seqs % self.capacity]
-        newer = vers > policy_version
-        if newer.any():
-            raise SemanticError(
-                f"policy_version: expected data of version <= {policy_version} in the queue, found "
-                f"version {int(vers[newer][0])}. Fix: deliver with the learner's current policy version.")
-        stale = vers < policy_version
-        # Drop only the stale *prefix*: dropping from the middle would reorder what stays.
-        nstale = int(stale.shape[0]) if stale.all() else int(np.argmin(stale))
-        if nstale:
-            self.ring.head += nstale
-            self._dropped_stale += nstale
+        if policy_version is not None:
+            self._dropped_stale += self.ring.drop_stale_prefix(policy_version)
 
     def _available(self, policy_version: int | None) -> int:
-        if policy_version is None:
-            return self.ring.inserted - self.ring.head
-        seqs = np.arange(self.ring.head, self.ring.inserted, dtype=np.int64)
-        vers = self.meta["version"][seqs % self.capacity]
-        bad = np.flatnonzero(vers != policy_version)
-        return int(bad[0]) if bad.size else int(seqs.shape[0])
+        return self.ring.queued(policy_version)
 
     # ------------------------------------------------------------- rollback
     def selection_token(self) -> tuple:

@@ -131,6 +131,33 @@ class Ring:
         lo, new_lo = self.lo(), max(self.inserted + n - self.capacity, self.floor, 0)
         return self.count_holes(lo, new_lo) if new_lo > lo else 0
 
+    # ---------------------------------------------------------------- FIFO
+    def queued(self, policy_version: int | None = None) -> int:
+        """Rows not yet consumed; with ``policy_version``, the leading ones of that version."""
+        if policy_version is None:
+            return self.inserted - self.head
+        vers = self.meta["version"][np.arange(self.head, self.inserted, dtype=np.int64) % self.capacity]
+        bad = np.flatnonzero(vers != policy_version)
+        return int(bad[0]) if bad.size else int(vers.shape[0])
+
+    def drop_stale_prefix(self, policy_version: int) -> int:
+        """Consume (without delivering) the leading rows of versions older than
+        ``policy_version``; returns how many. Only a prefix: dropping from the middle would
+        reorder what stays. A row of a newer version is the caller's error."""
+        if self.head == self.inserted:
+            return 0
+        vers = self.meta["version"][np.arange(self.head, self.inserted, dtype=np.int64) % self.capacity]
+        newer = vers > policy_version
+        if newer.any():
+            from .errors import SemanticError
+            raise SemanticError(
+                f"policy_version: expected data of version <= {policy_version} in the queue, found "
+                f"version {int(vers[newer][0])}. Fix: deliver with the learner's current policy version.")
+        stale = vers < policy_version
+        n = int(stale.shape[0]) if stale.all() else int(np.argmin(stale))
+        self.head += n
+        return n
+
     # ---------------------------------------------------------------- change
     def write(self, first: int, n: int, enc: Mapping[str, Any], done_fields, source: int, version: int) -> int | None:
         """The metadata of rows ``first .. first+n`` of ``source`` (not yet counted in
