@@ -86,6 +86,8 @@ class Config:
             raise ConfigError("Config.mode/worker", f"mode in {MODES}, worker in {WORKERS}",
                               (self.mode, self.worker), "use Schedule's values, e.g. mode='overlapped', "
                               "worker='process'")
+        if self.mode == "sequential":  # no worker runs: one Config (and label) per point
+            object.__setattr__(self, "worker", "thread")
 
     @classmethod
     def of(cls, placement: str, execution: str, ingest_granularity: int = 1,

@@ -127,7 +127,9 @@ class Uniform(Selector):
 
     @property
     def order_free(self) -> bool:
-        return self.draw is None  # an external draw's positions must mean the framework's order
+        # an external draw's positions must mean the framework's order; a draw without
+        # replacement must see the live rows only (a redraw of a removed one could repeat a row)
+        return self.draw is None and self.replace
 
     @property
     def native_windows(self) -> bool:

@@ -97,7 +97,13 @@ def sequences_true(ctx) -> None:
     try:
         for length, lookback, min_length in SETTINGS:
             for _ in range(40):
-                for seq in _sequences(s, length=length, lookback=lookback, min_length=min_length):
+                batch = _sequences(s, length=length, lookback=lookback, min_length=min_length)
+                # a batch is slices until their steps plus one each reach the batch size, no more
+                cost = [len(q.ids) - q.lookback + 1 for q in batch]
+                ensure(bool(batch) and sum(cost) >= BATCH and sum(cost[:-1]) < BATCH,
+                       f"a batch of {len(batch)} slices costing {sum(cost)} (steps + 1 each) for batch size "
+                       f"{BATCH}: expected slices until the cost reaches it, and no more")
+                for seq in batch:
                     verify_sequence(seq, truth, length=length, lookback=lookback, min_length=min_length)
     finally:
         s.close()

@@ -120,6 +120,10 @@ def shard_order(count: int, shards: int) -> np.ndarray:
     (it deals equal-length episodes round-robin: position j goes to learner j % k) so
     that learner i trains on rows ``i*m .. (i+1)*m - 1`` and the learners' TD errors,
     concatenated in learner order, line up with the rows as delivered."""
+    if count % shards:
+        from conduit_core import ConfigError
+        raise ConfigError("batch size", f"a multiple of the {shards} learners", count,
+                          "sample a batch size that divides among the learners (as Batch.split requires)")
     m = count // shards
     j = np.arange(count)
     return (j % shards) * m + j // shards

@@ -111,6 +111,33 @@ class EpisodeLedger:
             total -= rec.rows + sum(n for s, n in new if s == src)
         return evict, set(evict) & set(new_sources)
 
+    def plan_per_chunk(self, new: list[tuple[int, int]], capacity: int) -> list[tuple]:
+        """RLlib's ``EpisodeReplayBuffer.add`` (the uniform buffer's rule, unlike the
+        prioritized one's ``plan``): chunk by chunk, each joins its episode (or starts one at
+        the end), then the oldest episodes leave, whole, while the steps exceed ``capacity``
+        and more than one episode is stored; an episode evicted in this call that gets
+        another chunk later starts over as a new episode. Pure. Returns the steps in order:
+        ``("add", i, key)`` (chunk i joins episode ``key``) and ``("evict", key)``, where
+        ``key`` is a stored source or ``("new", i)`` for an episode restarted by chunk i."""
+        order: OrderedDict = OrderedDict((src, rec.rows) for src, rec in self.episodes.items())
+        total = self.rows
+        alias: dict = {}
+        evicted: set = set()
+        steps: list[tuple] = []
+        for i, (src, n) in enumerate(new):
+            key = alias.get(src, src)
+            if key in evicted:
+                key = alias[src] = ("new", i)
+            order[key] = order.get(key, 0) + n
+            total += n
+            steps.append(("add", i, key))
+            while total > capacity and len(order) > 1:
+                old, rows = order.popitem(last=False)
+                evicted.add(old)
+                total -= rows
+                steps.append(("evict", old))
+        return steps
+
     def ring_conflicts(self, cutoff: int) -> list[int]:
         """Stored episodes with a step below seq ``cutoff`` (the ring is about to overwrite it)."""
         out = []

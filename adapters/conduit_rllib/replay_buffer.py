@@ -65,6 +65,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.options = ConduitOptions.from_kwargs(dict(conduit or {}))
         self._seed = self.options.seed if self.options.seed is not None else (seed or 0)
         self.batch_size_B = batch_size_B
+        self.batch_length_T = batch_length_T  # sample_episodes=False's default T, as RLlib's buffer keeps it
         # one delivered part per learner (num_learners >= 1): RLlib's LearnerGroup hands part i to
         # learner i and concatenates their TD errors in that order (see sample())
         if isinstance(learner_shards, bool) or not isinstance(learner_shards, int) or learner_shards < 1:
@@ -104,6 +105,12 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             raise ConfigError("share_rng()", "a uniform buffer before its first add()",
                               "prioritized" if self.prioritized else "a buffer already holding data",
                               "build a uniform ConduitEpisodeReplayBuffer and share the RNG first")
+        o = self.options
+        if o.schedule != "sequential" or o.delivery_granularity != 1 or o.staleness != 0:
+            # batches drawn ahead and discarded are rolled back on Conduit's RNG, not on the shared one
+            raise ConfigError("share_rng()", "schedule='sequential', delivery_granularity=1, staleness=0",
+                              f"schedule={o.schedule!r}, delivery_granularity={o.delivery_granularity}, "
+                              f"staleness={o.staleness}", "share the RNG only with the sequential schedule")
         self._shared_draw = lambda count, batch: np.array([rng.integers(count) for _ in range(batch)], dtype=np.int64)
 
     def _build(self, first_cols: dict[str, np.ndarray]) -> None:
@@ -136,37 +143,102 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             cols = self.columns_of(ep)
             if self.edp is None:
                 self._build(cols)
-                self.context = EpisodeContext(ep.observation_space, ep.action_space, ep.agent_id, ep.module_id)
             else:
                 self._check_extras(cols)
-            src = self._sources.get(ep.id_)
-            if src is None:
-                src = self._sources[ep.id_] = self._next_source
-                self._source_ids[src] = ep.id_
-                self._next_source += 1
-            chunks.append((ep, cols, src, n))
+            if self.context == EpisodeContext():  # the first chunk, or the first after a restore
+                self.context = EpisodeContext(ep.observation_space, ep.action_space, ep.agent_id, ep.module_id)
+            chunks.append((ep, cols, self._source_of(ep), n))
         if not chunks:
             return
+        if self.prioritized:
+            self._add_as_prioritized(chunks)
+        else:
+            self._add_as_uniform(chunks)
+
+    def _source_of(self, ep) -> int:
+        """The source (Conduit's episode key) of an RLlib episode id, a new one if none is open."""
+        src = self._sources.get(ep.id_)
+        if src is None:
+            src = self._sources[ep.id_] = self._next_source
+            self._source_ids[src] = ep.id_
+            self._next_source += 1
+        return src
+
+    def _add_as_prioritized(self, chunks) -> None:
+        """``PrioritizedEpisodeReplayBuffer.add``: one decision for the whole call (``plan``)."""
         evict, drop = self.ledger.plan([(src, n) for _, _, src, n in chunks], self.capacity)
+        keep = [c for c in chunks if c[2] not in drop]
+        if sum(n for *_, n in keep) > self._ring:
+            from conduit_core import CapacityError
+            raise CapacityError(f"add(): {sum(n for *_, n in keep)} new steps in one call exceed the buffer's ring "
+                                f"of {self._ring} slots (capacity {self.capacity}); RLlib's prioritized buffer fails "
+                                "here too. Fix: raise the replay buffer capacity, or hand over fewer steps per add.")
         for src in evict:
             self._evict_episode(src)
-        keep = [c for c in chunks if c[2] not in drop]
         for ep, _, src, _ in chunks:
             if ep.is_done or src in drop:  # over, or evicted: its id starts a new episode if it comes back
                 self._forget_source(src)
-        cutoff = self._added + sum(n for *_, n in keep) - self._ring  # seqs below it: overwritten by the ring
+        self._ingest_in_groups([(Rollout(cols, source=src, rows=n), ep) for ep, cols, src, n in keep])
+        for ep, _, _, _ in keep:
+            if ep.is_done:
+                self._forget_source(self._sources.get(ep.id_, -1))
+
+    def _add_as_uniform(self, chunks) -> None:
+        """``EpisodeReplayBuffer.add``: chunk by chunk, evicting after each (``plan_per_chunk``)."""
+        sources: dict = {}  # plan key -> Conduit source
+        group: list[tuple[Rollout, Any]] = []
+        for step in self.ledger.plan_per_chunk([(src, n) for _, _, src, n in chunks], self.capacity):
+            if step[0] == "add":
+                _, i, key = step
+                ep, cols, src, n = chunks[i]
+                if key not in sources:
+                    if isinstance(key, tuple):  # its episode left earlier in this call: it starts over
+                        self._forget_source(src)
+                        sources[key] = self._source_of(ep)
+                    else:
+                        sources[key] = key
+                group.append((Rollout(cols, source=sources[key], rows=n), ep, key))
+                continue
+            sources.update(self._ingest_in_groups(group))  # what the plan added is stored before anything leaves
+            group = []
+            src = sources.get(step[1], step[1])
+            if src in self.ledger.episodes:  # (not if the ring already cut it early)
+                self._evict_episode(src)
+        sources.update(self._ingest_in_groups(group))
+        for ep, _, src, _ in chunks:
+            if ep.is_done:
+                self._forget_source(self._sources.get(ep.id_, src))
+
+    def _ingest_in_groups(self, rollouts: list) -> dict:
+        """Store ``(rollout, episode[, plan key])`` items, ``ingest_granularity`` per call.
+
+        The ring is larger than capacity; where these rows would still overwrite a stored
+        step, the episode it would cut leaves first, whole (counted in ``eviction_report``
+        as early: not RLlib's rule, raise ``ring_slack``), and a chunk of such an episode
+        starts a new one. Returns plan key -> the source its chunks now go to."""
+        moved: dict = {}
+        if not rollouts:
+            return moved
+        cutoff = self._added + sum(item[0].rows for item in rollouts) - self._ring
         if cutoff > 0:
-            for src in self.ledger.ring_conflicts(cutoff):
+            early = set(self.ledger.ring_conflicts(cutoff))
+            for src in early:
                 self._evict_episode(src, early=True)
             self.ledger.forget_below(cutoff)
-        group: list[tuple[Rollout, Any]] = []
-        for ep, cols, src, n in keep:
-            group.append((Rollout(cols, source=src, rows=n), ep))
-            if len(group) >= self.edp.schedule.ingest_granularity:
-                self._ingest(group)
-                group = []
-        if group:
-            self._ingest(group)
+            fixed, renamed = [], {}
+            for item in rollouts:
+                r, ep = item[0], item[1]
+                if r.source in early:
+                    new = renamed.setdefault(r.source, self._source_of(ep))
+                    r = Rollout(r.data, source=new, rows=r.rows)
+                    if len(item) > 2:
+                        moved[item[2]] = new
+                fixed.append((r, ep))
+            rollouts = fixed
+        g = self.edp.schedule.ingest_granularity
+        for k in range(0, len(rollouts), g):
+            self._ingest([(item[0], item[1]) for item in rollouts[k:k + g]])
+        return moved
 
     def _check_extras(self, cols: dict) -> None:
         have = {k for k in cols if k.startswith(EXTRA)}
@@ -210,7 +282,9 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                min_batch_length_T: int = 0, **kwargs) -> list:
         """What RLlib's buffer of this kind returns for these arguments (the same
         distribution; see the module docstring for the form): a one-item list with a
-        ``DeliveredBatch`` on the fast path, else RLlib's ``SingleAgentEpisode`` list."""
+        ``DeliveredBatch`` on the fast path, else RLlib's ``SingleAgentEpisode`` list.
+        ``sample_episodes`` defaults to True here (what DQN and SAC pass); RLlib's uniform
+        buffer defaults to False, its ``[B, T]`` batch form: pass it explicitly for that."""
         if self.edp is None:
             raise ConfigError("sample()", "at least one add() before sampling", "an empty buffer",
                               "sample after the env runners produced data (num_steps_sampled_before_learning_starts)")

@@ -111,3 +111,19 @@ def test_prioritized_draws_in_c_equal_the_numpy_route(stratified):
         want_slots, want_w = np.empty(64, np.int64), np.empty(64, np.float32)
         select_weighted(*sel.index.trees(), sel._masses(64, sel.index.total, b), 0.4, want_slots, want_w)
         assert np.array_equal(slots, want_slots) and np.array_equal(weights, want_w)
+
+
+def test_draws_without_replacement_never_repeat_a_row_after_evictions():
+    """Removed rows are not positions: a draw without replacement maps over the live rows
+    (a redraw of a removed one, with replacement, could repeat a row)."""
+    import torch
+    from conduit_core import ConfigError, ExperienceBuffer, ExperienceSpec, FieldSpec, Uniform
+    spec = ExperienceSpec([FieldSpec("obs", (1,), torch.float32)])
+    buf = ExperienceBuffer(spec=spec, capacity=10, selector=Uniform(replace=False), seed=3)
+    buf.add({"obs": np.arange(10, dtype=np.float32).reshape(10, 1)})
+    buf.evict([0, 2, 4, 6, 8])
+    for _ in range(200):
+        ids = buf.sample(5)["obs"][:, 0].tolist()
+        assert sorted(ids) == [1.0, 3.0, 5.0, 7.0, 9.0]
+    with pytest.raises(ConfigError, match="at most the 5 stored items"):
+        buf.sample(8)

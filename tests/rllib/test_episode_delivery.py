@@ -228,3 +228,24 @@ def test_without_stored_infos_a_sample_that_carries_them_is_refused():
     with pytest.raises(ConfigError, match="store_infos"):
         buf.sample(num_items=16, batch_length_T=4, n_step=1)
     assert buf.get_state()["infos"]["seqs"] == []
+
+
+def test_a_restored_buffer_rebuilds_episodes_with_the_spaces_and_ids():
+    """The spaces and agent/module ids of rebuilt episodes come from the chunks; a restored
+    buffer takes them from its next chunk (they are not part of the saved state)."""
+    chunks, _ = make_chunks(6, with_extras=True)
+    ours = ConduitEpisodeReplayBuffer(capacity=10_000, prioritized=False, seed=1)
+    for c in chunks[:-1]:
+        ours.add([c])
+    again = ConduitEpisodeReplayBuffer(capacity=10_000, prioritized=False, seed=1)
+    again.set_state(ours.get_state())
+    again.add([chunks[-1]])
+    ep = again.sample(num_items=8, batch_length_T=3, n_step=1)[0]
+    assert ep.observation_space == chunks[0].observation_space and ep.action_space == chunks[0].action_space
+
+
+def test_uneven_learner_parts_are_refused_not_duplicated():
+    from conduit_rllib.delivered_episodes import shard_order
+    assert sorted(shard_order(12, 3)) == list(range(12))
+    with pytest.raises(ConfigError, match="multiple of the 3 learners"):
+        shard_order(10, 3)

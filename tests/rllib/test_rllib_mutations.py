@@ -80,6 +80,7 @@ class RingEviction(ConduitEpisodeReplayBuffer):
         super().__init__(*a, **kw)
         self._ring = self.capacity
         self.ledger.plan = lambda new, capacity: ([], set())
+        self.ledger.plan_per_chunk = lambda new, capacity: [("add", i, src) for i, (src, _) in enumerate(new)]
         self.ledger.ring_conflicts = lambda cutoff: []
 
 
