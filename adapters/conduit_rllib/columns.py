@@ -56,6 +56,29 @@ def episode_infos(ep, n: int) -> list:
     return list(ep.get_infos(slice(0, n + 1)))
 
 
+def chunk_lookback_row(ep) -> dict | None:
+    """The step before a chunk's first one (its lookback), as one row of columns plus that
+    observation's info, or None if the chunk has no lookback. RLlib's env runners hand over a
+    running episode's next chunk with one lookback step; when such a chunk starts a stored
+    episode (its earlier steps were evicted), RLlib's sequence slices at its first steps
+    include that step, and a stateful module's state is read from it."""
+    buffers = [ep.observations, ep.actions, ep.rewards, *ep.extra_model_outputs.values()]
+    if min(getattr(b, "lookback", 0) for b in buffers) < 1:
+        return None
+    from conduit_core.nested import flatten
+    kw = {"neg_index_as_lookback": True}
+    row = {"obs": np.asarray(ep.get_observations(-1, **kw))[None], "next_obs": np.asarray(ep.get_observations(0))[None],
+           "action": np.asarray(ep.get_actions(-1, **kw))[None],
+           "reward": np.asarray([ep.get_rewards(-1, **kw)], dtype=np.float32),
+           "terminated": np.zeros(1, bool), "truncated": np.zeros(1, bool)}
+    for key in ep.extra_model_outputs:
+        value = ep.get_extra_model_outputs(key, -1, **kw)
+        for name, leaf in (flatten({key: value}, prefix=EXTRA) if isinstance(value, dict) else [(EXTRA + key, value)]):
+            row[name] = np.asarray(leaf)[None]
+    info = ep.get_infos(-1, **kw) if getattr(ep.infos, "lookback", 0) >= 1 else {}
+    return {"cols": row, "info": info}
+
+
 def episode_columns(ep) -> dict[str, np.ndarray]:
     """One episode chunk as columns (length = number of steps in the chunk), its extra
     model outputs included."""

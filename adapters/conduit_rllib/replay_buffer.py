@@ -18,7 +18,7 @@ from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import Prioritize
 from conduit_core import (Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, Rollout,
                           SemanticError, Uniform)
 
-from .columns import EXTRA, episode_columns, episode_infos, spec_for
+from .columns import EXTRA, chunk_lookback_row, episode_columns, episode_infos, spec_for
 from .delivered_episodes import EpisodeContext, one_step_episodes, sequence_episode, shard_order
 from .episode_ledger import EpisodeLedger
 from .info_store import InfoStore
@@ -83,6 +83,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.context = EpisodeContext()         # spaces and ids for rebuilt episodes (from the first chunk)
         self._sequence_rng = np.random.default_rng([self._seed, 1])  # sequence starts (stateful modules)
         self._shared_draw = None                 # share_rng(): RLlib's own draws, for exact equivalence
+        self._lookback_rows: dict[int, dict] = {}  # source -> its first chunk's lookback step (see columns)
         self._last: Batch | None = None
         self._added = 0
         self._sampled = 0
@@ -256,6 +257,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
 
     def _evict_episode(self, src: int, *, early: bool = False) -> None:
         ranges = self.ledger.remove(src, early=early)
+        self._lookback_rows.pop(src, None)
         self._forget_source(src)
         self.edp.evict(np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in ranges]))
 
@@ -269,6 +271,10 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             raise
         finally:
             for (r, ep), info in zip(group[:stored], infos):  # stored rows take the next seqs, in order
+                if r.source not in self.ledger.episodes and ep.t_started > 0:  # a stored episode starts mid-way
+                    row = chunk_lookback_row(ep)
+                    if row is not None:
+                        self._lookback_rows[r.source] = row
                 self.ledger.record(r.source, self._added, r.rows, id_=ep.id_, t_started=ep.t_started)
                 if info is not None:
                     self.infos.put(self._added, info)
@@ -361,17 +367,23 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         index = self.ledger.index()
         rules = self.sequence_rules
         chosen = draw_slices(index, self._sequence_rng, B, T, min_T, rules)
-        spans = [(e, t - rules.lookback_steps(t, lookback), t + L) for e, t, L in chosen]
-        seqs = [index.seq_at(np.full(hi - lo, e), np.arange(lo, hi)) for e, lo, hi in spans]
+        extra = [self._lookback_rows.get(int(index.sources[e])) for e, _, _ in chosen]
+        held = [rules.lookback_steps(t, lookback, 0 if x is None else 1) for (_, t, _), x in zip(chosen, extra)]
+        # stored rows from max(t - held, 0); a held step before the episode's first is its chunk's lookback
+        seqs = [index.seq_at(np.full(t + L - max(t - h, 0), e), np.arange(max(t - h, 0), t + L))
+                for (e, t, L), h in zip(chosen, held)]
         cols = {k: v.cpu().numpy() for k, v in self.edp.read(np.concatenate(seqs)).items()}
         out, at = [], 0
-        for (e, t, L), s in zip(chosen, seqs):
+        for (e, t, L), s, h, x in zip(chosen, seqs, held, extra):
             part = {k: v[at:at + s.size] for k, v in cols.items()}
             at += s.size
             rec = index.records[e]
             infos = self.infos.obs_infos(s) + self.infos.next_infos(s[-1:])
-            out.append(sequence_episode(part, lookback_steps=rules.lookback_steps(t, lookback), lookback=lookback,
-                                        infos=infos, id_=rec.id_, t_started=rec.t_started + t, ctx=self.context))
+            if h > t:  # the chunk's own lookback step comes first
+                part = {k: np.concatenate([np.asarray(x["cols"][k], dtype=v.dtype), v]) for k, v in part.items()}
+                infos = [x["info"], *infos]
+            out.append(sequence_episode(part, lookback_steps=h, lookback=lookback, infos=infos, id_=rec.id_,
+                                        t_started=rec.t_started + t, ctx=self.context))
         self._sampled += B
         self._last = None  # no priorities for the uniform buffer
         return out
@@ -439,6 +451,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                 "added": self._added, "sampled": self._sampled,
                 "ledger": self.ledger.state(), "source_ids": [[k, v] for k, v in self._source_ids.items()],
                 "infos": self.infos.state(self._stored_seqs() if self.options.store_infos else np.zeros(0, np.int64)),
+                "lookback_rows": [[src, row["cols"], row["info"]] for src, row in self._lookback_rows.items()],
                 "sequence_rng": self._sequence_rng.bit_generator.state}
 
     def _stored_seqs(self) -> np.ndarray:
@@ -463,6 +476,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self._source_ids = {int(k): v for k, v in state.get("source_ids", [])}
         if "infos" in state:  # written since 2026-11-30; older states restore without infos
             self.infos.load(state["infos"])
+        self._lookback_rows = {int(src): {"cols": {k: np.asarray(v) for k, v in c.items()}, "info": i}
+                               for src, c, i in state.get("lookback_rows", [])}
         if "sequence_rng" in state:
             self._sequence_rng.bit_generator.state = state["sequence_rng"]
 

@@ -43,9 +43,10 @@ class SequenceRules:
         return length + 1
 
     @staticmethod
-    def lookback_steps(t: int, lookback: int) -> int:
-        """Lookback held: none before a stored episode's first step."""
-        return min(lookback, t)
+    def lookback_steps(t: int, lookback: int, stored: int = 0) -> int:
+        """Lookback held: none before a stored episode's first step, except the ``stored``
+        lookback its first chunk came with (RLlib: ``min(lookback, t + episode.lookback)``)."""
+        return min(lookback, t + stored)
 
 
 def draw_slices(index, rng: np.random.Generator, B: int, T: int, min_T: int,

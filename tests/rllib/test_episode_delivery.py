@@ -249,3 +249,46 @@ def test_uneven_learner_parts_are_refused_not_duplicated():
     assert sorted(shard_order(12, 3)) == list(range(12))
     with pytest.raises(ConfigError, match="multiple of the 3 learners"):
         shard_order(10, 3)
+
+
+def test_a_stored_episode_that_starts_mid_way_keeps_its_chunks_lookback():
+    """RLlib's env runners hand a running episode's next chunk over with one lookback step;
+    a stored episode that starts with such a chunk (its earlier steps evicted) keeps it, and
+    RLlib's slices at its first step hold it as lookback, which a stateful module reads its
+    state from. Conduit's slices equal RLlib's there, lookback step and all, also after a
+    state round trip."""
+    import gymnasium as gym
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+    e, t0, n = 3, 8, 6   # steps 8..13 of episode 3, with step 7 as lookback
+    steps = range(t0 - 1, t0 + n)
+    chunk = SingleAgentEpisode(
+        id_="ep3", observations=[np.array([e, t], np.float32) for t in range(t0 - 1, t0 + n + 1)],
+        actions=[t % 2 for t in steps], rewards=[float(t) for t in steps],
+        infos=[info_of(e, t) for t in range(t0 - 1, t0 + n + 1)],
+        extra_model_outputs={"logp": [extras_of(e, t)["logp"] for t in steps],
+                             "state_out": [extras_of(e, t)["state_out"] for t in steps]},
+        observation_space=gym.spaces.Box(-1e9, 1e9, (2,), np.float32), action_space=gym.spaces.Discrete(2),
+        t_started=t0, len_lookback_buffer=1)
+    chunk.to_numpy()
+    native = EpisodeReplayBuffer(capacity=100)
+    native.add([chunk])
+    ours = ConduitEpisodeReplayBuffer(capacity=100, prioritized=False, seed=2)
+    ours.add([chunk])
+    restored = ConduitEpisodeReplayBuffer(capacity=100, prioritized=False, seed=2)
+    restored.set_state(ours.get_state())
+    stored = native.episodes[0]
+    kw = {"neg_index_as_lookback": True}
+    for buf in (ours, restored):
+        for ep in buf.sample(num_items=60, batch_length_T=3, n_step=1, lookback=1):
+            t = int(ep.get_observations(0)[1]) - t0
+            ref = stored.slice(slice(t, t + len(ep)), len_lookback_buffer=1)
+            lb = ep.observations.lookback
+            assert (lb, ep.t_started, len(ep)) == (ref.observations.lookback, ref.t_started, len(ref)) and lb == 1
+            assert np.array_equal(ep.get_observations(slice(-lb, len(ep) + 1), **kw),
+                                  ref.get_observations(slice(-lb, len(ep) + 1), **kw))
+            assert ep.get_infos(slice(-lb, len(ep) + 1), **kw) == ref.get_infos(slice(-lb, len(ep) + 1), **kw)
+            for key in ("logp", "state_out"):
+                assert nested_equal(ep.get_extra_model_outputs(key, slice(-lb, len(ep)), **kw),
+                                    ref.get_extra_model_outputs(key, slice(-lb, len(ep)), **kw)), key
+            assert np.allclose(ep.get_rewards(slice(-lb, len(ep)), **kw), ref.get_rewards(slice(-lb, len(ep)), **kw))

@@ -92,7 +92,7 @@ def _rules(**broken):
 
 SequencesRunOn = _rules(slice_length=lambda t, stored, T: T)       # past a stored end: the next rows
 BurnInIgnored = _rules(keeps_start=lambda t, stored, min_T: True)
-LookbackAcrossEpisodes = _rules(lookback_steps=lambda t, lookback: lookback)  # before step 0: another's rows
+LookbackAcrossEpisodes = _rules(lookback_steps=lambda t, lookback, stored=0: lookback)  # before step 0: another's rows
 SlicesCountedBySteps = _rules(slice_cost=lambda length: length)
 
 
