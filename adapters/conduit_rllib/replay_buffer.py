@@ -131,9 +131,11 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
     # -------------------------------------------------------------- ingestion
     def add(self, episodes, weight=None) -> None:
         """Ingest RLlib episodes (chunks of them: RLlib hands over each episode's new steps),
-        ``ingest_granularity`` episodes per ingestion operator call, in the order given.
-        First, RLlib's eviction rule: whole oldest episodes leave while the steps would exceed
-        ``capacity`` (a new chunk of an episode evicted here is dropped, as RLlib drops it)."""
+        ``ingest_granularity`` episodes per ingestion operator call, in the order given, with
+        the eviction rule of the RLlib buffer this one stands in for: whole oldest episodes
+        leave while the steps exceed ``capacity``, decided once per call for the prioritized
+        buffer (a new chunk of an episode evicted here is dropped) and after every chunk for
+        the uniform one (an episode evicted mid-call restarts with its next chunk)."""
         if not isinstance(episodes, (list, tuple)):
             episodes = [episodes]
         chunks = []
