@@ -29,19 +29,32 @@ def _fail_on_tens(rollouts):  # module level: picklable for the process worker
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_two_background_failures_both_reach_the_caller(worker):
+    """Each failure is reported once, on the next call (an ingest or a flush, whichever comes
+    first: under load the worker may fail rollout 10 before rollout 30 is even handed over)."""
+    errors, rejected = [], []
+
+    def reported(call):
+        try:
+            call()
+            return False
+        except WorkerError as err:
+            errors.extend(getattr(err, "errors", [err]))  # one failure comes as itself
+            rejected.extend(err.rejected_tickets)
+            return True
     with make(Schedule.overlapped(worker=worker), ingest_hooks=[_fail_on_tens]) as edp:
         for start in (0, 10, 20, 30, 40):          # 10 and 30 fail
-            edp.ingest(rollout(5, start))
+            while reported(lambda: edp.ingest(rollout(5, start))):
+                pass                               # a failure reported at ingest: this rollout was not taken
         deadline = time.monotonic() + 30
         while edp.metrics().ingest.items_in < 25 and time.monotonic() < deadline:  # both fail before we look
             time.sleep(0.02)
-        with pytest.raises(WorkerError) as info:
-            edp.flush()
-        err = info.value
-        assert "bad rollout 10" in str(err) and "bad rollout 30" in str(err)
-        assert sorted(err.rejected_tickets) == [1, 3]
-        assert len(err.errors) == 2
-        edp.flush()                                # reported once, each
+        while reported(edp.flush):
+            pass
+        text = " ".join(str(e) for e in errors)
+        assert "bad rollout 10" in text and "bad rollout 30" in text
+        assert sorted(rejected) == [1, 3]
+        assert len(errors) == 2                    # reported once, each
+        edp.flush()
         assert stored_ids(edp) == list(range(5)) + list(range(20, 25)) + list(range(40, 45))
 
 
