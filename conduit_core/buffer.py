@@ -541,8 +541,7 @@ class ExperienceBuffer:
             if not dead.any():
                 return seqs % self.capacity
             seqs[dead] = lo + self.rng.integers(0, window, int(dead.sum()))
-        live = np.arange(lo, self.ring.inserted, dtype=np.int64)
-        live = live[self.meta["seq"][live % self.capacity] == live]
+        live = self.ring.live_seqs()
         dead = self.meta["seq"][seqs % self.capacity] != seqs
         seqs[dead] = live[self.rng.integers(0, live.size, int(dead.sum()))]
         return seqs % self.capacity

@@ -34,15 +34,19 @@ def _steps(buf, n: int):
     return None
 
 
+def _extra_leaves(key: str, value) -> list:
+    """An extra model output (an array, or a nesting of them) as ``EXTRA``-prefixed flat names."""
+    from conduit_core.nested import flatten
+    return flatten({key: value}, prefix=EXTRA) if isinstance(value, dict) else [(EXTRA + key, value)]
+
+
 def extra_model_output_columns(ep, n: int) -> dict[str, np.ndarray]:
     """The chunk's extra model outputs, one row per step, as ``EXTRA``-prefixed flat columns."""
-    from conduit_core.nested import flatten
     out: dict[str, np.ndarray] = {}
     for key, buf in ep.extra_model_outputs.items():
         steps = _steps(buf, n)
         value = steps if steps is not None else ep.get_extra_model_outputs(key, slice(0, n))
-        for name, leaf in (flatten({key: value}, prefix=EXTRA) if isinstance(value, dict)
-                           else [(EXTRA + key, value)]):
+        for name, leaf in _extra_leaves(key, value):
             out[name] = np.asarray(leaf)
     return out
 
@@ -65,7 +69,6 @@ def chunk_lookback_row(ep) -> dict | None:
     buffers = [ep.observations, ep.actions, ep.rewards, *ep.extra_model_outputs.values()]
     if min(getattr(b, "lookback", 0) for b in buffers) < 1:
         return None
-    from conduit_core.nested import flatten
     kw = {"neg_index_as_lookback": True}
     row = {"obs": np.asarray(ep.get_observations(-1, **kw))[None], "next_obs": np.asarray(ep.get_observations(0))[None],
            "action": np.asarray(ep.get_actions(-1, **kw))[None],
@@ -73,7 +76,7 @@ def chunk_lookback_row(ep) -> dict | None:
            "terminated": np.zeros(1, bool), "truncated": np.zeros(1, bool)}
     for key in ep.extra_model_outputs:
         value = ep.get_extra_model_outputs(key, -1, **kw)
-        for name, leaf in (flatten({key: value}, prefix=EXTRA) if isinstance(value, dict) else [(EXTRA + key, value)]):
+        for name, leaf in _extra_leaves(key, value):
             row[name] = np.asarray(leaf)[None]
     info = ep.get_infos(-1, **kw) if getattr(ep.infos, "lookback", 0) >= 1 else {}
     return {"cols": row, "info": info}

@@ -123,6 +123,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         buf = ExperienceBuffer(spec=spec, capacity=self._ring, selector=self._selector(), tier=self.options.tier,
                                seed=self._seed, reuse_outputs=self.options.reuse_outputs)
         self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())
+        # what the fast path gathers: the learner's columns, not the extra model outputs (computed once)
+        self._core_fields = tuple(f for f in spec.names if not f.startswith(EXTRA))
         if self.options.schedule == "auto":
             from conduit_core.tuner import AutoTuner
             self.tuner = AutoTuner(self.edp, steps_per_phase=self.options.autotune_steps_per_phase,
@@ -312,7 +314,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         b = self.edp.deliver(B, n_step=n_step if n_step is not None else 1, gamma=gamma,
                              beta=self.beta if beta is None else beta,
                              episode_end="redraw" if self.prioritized else "shorten",
-                             fields=None if include_extra_model_outputs else self._core_fields())
+                             fields=None if include_extra_model_outputs else self._core_fields)
         self._last = b
         self._sampled += b.size
         if self.tuner is not None:
@@ -337,9 +339,6 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             raise ConfigError("conduit_rllib.enable(store_infos=...)", "True for samples that carry infos "
                               "(include_infos, episode delivery from the uniform buffer, sequences)", False,
                               "drop store_infos=False (RLlib's buffers keep infos with every episode)")
-
-    def _core_fields(self) -> list[str]:
-        return [f for f in self.edp.buffer.spec.names if not f.startswith(EXTRA)]
 
     def _episodes_of(self, b: Batch, *, include_infos: bool, include_extras: bool, lookback: int) -> list:
         """The delivered rows as RLlib's one-step episodes (see delivered_episodes)."""
@@ -397,7 +396,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                               "pass batch_length_T (or build the buffer with batch_length_T=...)")
         index = self.ledger.index()
         rows = batch_rows(index, self._sequence_rng, B, T)
-        read = lambda seqs: {k: v.cpu().numpy() for k, v in self.edp.read(seqs, fields=self._core_fields()).items()}
+        read = lambda seqs: {k: v.cpu().numpy() for k, v in self.edp.read(seqs, fields=self._core_fields).items()}
         out = assemble_batch(rows, index, read, T)
         self._sampled += B * T
         self._last = None
