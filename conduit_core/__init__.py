@@ -16,7 +16,7 @@ from .rate_limiter import RateLimiter
 from .schedule import Schedule
 from .selectors import Fifo, Prioritized, Selector, Uniform
 from .spec import ExperienceSpec, FieldSpec
-from .storage import ShardSpec, even_shards
+from .shards import Shard, ShardSpec, even_shards, register_shard_kind
 from .tiers import Tier, cuda_available
 from . import state_io
 
@@ -27,7 +27,7 @@ __all__ = [
     "ControlPointMetrics", "ExperienceBuffer", "ExperienceDataPlane", "ExperienceSpec",
     "ExperienceTimeout", "FieldSpec", "Fifo", "IdentityCodec", "MetricsSnapshot", "Prioritized", "RateLimitError",
     "RateLimitTimeout", "RateLimiter", "Rollout", "Schedule", "SemanticError", "Selector", "ShardLoss", "ShardLost",
-    "ShardSpec",
+    "Shard", "ShardSpec",
     "SpecError", "StateError", "Tier", "Uniform", "WorkerError", "cuda_available", "even_shards",
-    "prioritized_replay", "queue", "replay", "__version__",
+    "prioritized_replay", "queue", "register_shard_kind", "replay", "__version__",
 ]

@@ -37,7 +37,8 @@ from .buffer_state import SCHEMA_VERSION, check_state
 from .ring import META_FIELDS, Ring
 from .selectors import Fifo, Prioritized, Selector, Uniform
 from .spec import ExperienceSpec
-from .storage import ColumnarStorage, ShardSpec
+from .shards import ShardSpec, shard_class
+from .storage import ColumnarStorage
 from .tiers import Tier
 
 log = logging.getLogger("conduit")
@@ -802,9 +803,9 @@ def _check_memory(capacity: int, spec: ExperienceSpec, shards, selector: Selecto
     prioritized = selector.bytes_per_slot > 0
     meta = needed_bytes(capacity, 0, selector_bytes_per_slot=selector.bytes_per_slot)
     need: dict[Tier, int] = {}
-    for shard in shards:
-        tier = Tier.PAGEABLE if shard.tier is Tier.PINNED else shard.tier  # pinned pages come from host RAM
-        need[tier] = need.get(tier, 0) + shard.capacity * row
+    for shard in shards:   # each kind says what it takes from which tier (pinned pages come from host RAM)
+        for tier, n in shard_class(shard.kind).memory_needed(shard, row).items():
+            need[tier] = need.get(tier, 0) + n
     shared = any(s.tier is Tier.SHARED for s in shards)
     need[Tier.SHARED if shared else Tier.PAGEABLE] = need.get(Tier.SHARED if shared else Tier.PAGEABLE, 0) + meta
     for tier, n in need.items():

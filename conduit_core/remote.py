@@ -1,7 +1,7 @@
 """The remote tier: a shard of the buffer held by a Ray actor, on another node if asked.
 
 Distributed means Ray: a ``ShardSpec(tier="remote", capacity=n, node="<custom resource>")``
-places its slot range in a ``RemoteShard`` actor pinned (through a Ray custom resource) to
+places its slot range in a ``ShardActor`` pinned (through a Ray custom resource) to
 the node that advertises that resource. Writes ship the rows' stored (encoded) columns in
 one call; a gather ships the wanted slots back, one call per remote shard for all fields.
 Either way the columns travel cut into pieces under Ray's direct-call limit (``reply_pieces``),
@@ -11,7 +11,14 @@ remote shard is built.
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 import numpy as np
+import torch
+
+from .errors import ConfigError, ShardLost
+from .shards import Gathered, Shard, ShardSpec, register_shard_kind
+from .tiers import Tier
 
 
 # Ray carries a return value under its direct-call limit (100 KB) in the reply and puts a
@@ -56,7 +63,7 @@ def cut_columns(spec, columns: dict[str, np.ndarray], n_rows: int) -> tuple[list
     return names, pieces
 
 
-class RemoteShard:
+class ShardActor:
     """The actor's body: a one-shard pageable ColumnarStorage of the same spec."""
 
     def __init__(self, spec_config: list, capacity: int):
@@ -93,7 +100,7 @@ def spawn(spec_config: list, capacity: int, node: str | None):
     if not ray.is_initialized():
         raise ConfigError("tier 'remote'", "a running Ray session (ray.init or a cluster)", "none",
                           "call ray.init(address=...) before building a buffer with remote shards")
-    actor_cls = ray.remote(num_cpus=0)(RemoteShard)
+    actor_cls = ray.remote(num_cpus=0)(ShardActor)
     opts = {"resources": {node: 0.001}} if node else {}
     return actor_cls.options(**opts).remote(spec_config, capacity)
 
@@ -112,3 +119,85 @@ def wait_ready(actors: dict, nodes: dict, timeout: float = 120.0) -> None:
         raise StateError(f"remote shards {sorted(actors)}: their actors did not start within {timeout:.0f} s. "
                          f"Fix: check that a node advertises the custom resources {sorted(set(map(str, nodes.values())))} "
                          f"(ray.cluster_resources()) and has memory for the shard") from None
+
+
+@register_shard_kind
+class RemoteShard(Shard):
+    """This process's handle on a ``ShardActor``: writes and gathers are calls to it, and an
+    actor that died (or whose node left) surfaces as ``ShardLost`` for the buffer to handle."""
+
+    kind = "remote"
+    default_tier = Tier.REMOTE
+
+    def __init__(self, spec, layout: ShardSpec, *, node: str | None = None, pin: bool = True):
+        super().__init__(spec, layout)
+        self.placed_on = layout.node if pin else node   # the node resource it asked for (None: any node)
+        self.actor = spawn(spec.to_config(), self.capacity, self.placed_on)
+
+    @classmethod
+    def check_spec(cls, spec, layout: ShardSpec) -> None:
+        from .framestack import FrameStackCodec
+        if any(isinstance(f.codec, FrameStackCodec) for f in spec):
+            raise ConfigError("shards", "local tiers for specs with frame pools", "a remote shard",
+                              "keep frame-stacked buffers on local tiers")
+
+    @classmethod
+    def memory_needed(cls, layout: ShardSpec, row_bytes: int) -> dict[Tier, int]:
+        return {}   # another node's memory: that node's actor refuses what it cannot hold
+
+    def ready(self, timeout: float = 120.0) -> None:
+        wait_ready({self.index: self.actor}, {self.index: self.placed_on}, timeout=timeout)
+
+    def write(self, start: int, columns: Mapping[str, np.ndarray | torch.Tensor], first: int, n: int) -> None:
+        part = {name: (src.numpy() if isinstance(src, torch.Tensor) else np.asarray(src))[first: first + n]
+                for name, src in columns.items()}
+        names, pieces = cut_columns(self.spec, part, n)
+        self._get(self.actor.write_pieces.remote(start, n, names, *pieces))
+
+    def begin_gather(self, local: np.ndarray, names: Sequence[str], target: torch.device) -> Gathered:
+        import ray
+        names = list(names)
+        layout = reply_layout(self.spec, names, local.size)
+        k = sum(len(p) for _, p in layout)
+        try:
+            refs = self.actor.gather_columns.options(num_returns=k).remote(local, names)
+        except ray.exceptions.RayActorError as exc:
+            raise ShardLost(self.index, self.layout.node, exc) from exc
+
+        def gathered() -> dict[str, torch.Tensor]:
+            cols = join_reply(layout, self._get(refs if k > 1 else [refs]))
+            return {name: torch.from_numpy(np.require(cols[name], requirements="W")) for name in names}
+        return gathered
+
+    def _get(self, refs):
+        """``ray.get``; an actor that died (or whose node left) is ShardLost."""
+        import ray
+        try:
+            return ray.get(refs)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            raise ShardLost(self.index, self.layout.node, exc) from exc
+
+    def replacement(self, *, timeout: float) -> tuple["RemoteShard", str]:
+        """A new, empty actor: on this shard's node if it is still there, else on any node."""
+        import ray
+        self.close()
+        for node in (self.layout.node, None):
+            try:
+                new = RemoteShard(self.spec, self.layout, node=node, pin=False)
+            except Exception:  # noqa: BLE001 - no Ray, or it refused the actor: try anywhere
+                continue
+            new.layout_index = self.index
+            try:
+                new.ready(timeout if node is None else min(timeout, 15.0))
+            except Exception:  # noqa: BLE001 - that node is gone too: try anywhere
+                new.close()
+                continue
+            return new, ray.get(new.actor.node_id.remote())
+        raise ShardLost(self.index, self.layout.node, RuntimeError("no node could host its replacement"))
+
+    def close(self) -> None:
+        try:
+            import ray
+            ray.kill(self.actor)
+        except Exception:  # noqa: BLE001 - the actor or the cluster is gone already
+            pass

@@ -34,7 +34,7 @@ def two_tier(selector=None):
 def test_remote_shard_lives_on_the_other_node(cluster):
     buf = two_tier()
     try:
-        actor = buf.storage.actors[1]
+        actor = buf.storage.parts[1].actor
         assert ray.get(actor.node_id.remote()) != ray.get_runtime_context().get_node_id()
     finally:
         buf.close()
@@ -96,7 +96,7 @@ def test_replan_carries_out_a_plan_with_a_remote_node(cluster):
     with ExperienceDataPlane(buffer=buf) as edp:
         edp.ingest(rollout(50))
         edp.replan(p, topo, background=False)
-        assert buf.capacity == 15_000 and 1 in buf.storage.actors
+        assert buf.capacity == 15_000 and buf.storage.parts[1].kind == "remote"
         edp.ingest(rollout(20, 50))
         b = edp.deliver(64)
         np.testing.assert_array_equal(b["obs"][:, 0].numpy(), b.seqs.astype(np.float32))
@@ -177,7 +177,7 @@ def test_a_killed_remote_shard_is_reported_and_the_buffer_goes_on(cluster, selec
     try:
         _fill(buf)                                  # seqs 40..119 stored: 40..79 at slots 40..79 (remote)
         remote = {int(s) for s in buf.state_dict()["meta"]["seq"][40:80]}
-        ray.kill(buf.storage.actors[1], no_restart=True)
+        ray.kill(buf.storage.parts[1].actor, no_restart=True)
         b = buf.sample(256)                         # discovers the loss, goes on with the local shard
         ids = set(b["obs"][:, 0].numpy().astype(int).tolist())
         assert ids and not ids & remote
@@ -202,7 +202,7 @@ def test_an_insert_that_finds_the_shard_lost_keeps_its_rows(cluster):
     buf = two_tier()
     try:
         _fill(buf, rows=40)                         # local shard only
-        ray.kill(buf.storage.actors[1], no_restart=True)
+        ray.kill(buf.storage.parts[1].actor, no_restart=True)
         buf.add(rollout(20, 40))                    # lands on the remote range: finds it lost, rewrites
         assert len(buf) == 60 and buf.losses[0].rows == 0
         b = buf.sample(4000)          # every one of 60 rows drawn (a miss has probability ~1e-27)
@@ -218,7 +218,7 @@ def test_a_node_that_leaves_the_cluster_takes_only_its_rows(cluster):
     buf = ExperienceBuffer(spec=SPEC, capacity=80, shards=shards, seed=0)
     try:
         _fill(buf, rows=80)
-        gone_node = ray.get(buf.storage.actors[1].node_id.remote())
+        gone_node = ray.get(buf.storage.parts[1].actor.node_id.remote())
         cluster.remove_node(node)
         b = buf.sample(256)
         assert set(b["obs"][:, 0].numpy().astype(int).tolist()) <= set(range(40))
