@@ -5,7 +5,8 @@ An SRL sample is a (nested) ``NamedArray`` of time-major ``[T, ...]`` arrays (``
 It is flattened on ``put`` into dotted names in the sample's own order (what SRL's
 ``namedarray.flatten`` gives) and rebuilt on ``get`` as SRL's buffers rebuild a batch: plain
 ``NamedArray`` nodes with the same nesting, names and ``None`` leaves (SRL's
-``namedarray.from_flattened`` / ``recursive_aggregate``).
+``namedarray.from_flattened`` / ``recursive_aggregate``), handed back in SRL's ``ReplayEntry``
+(:func:`replay_entry`).
 
 :class:`SampleCodec` learns the nesting from the first sample and then walks it without
 recursion or per-call string work (SRL's generic functions cost ~20 us to flatten and ~57 us to
@@ -35,6 +36,13 @@ def flatten(sample: Any) -> dict[str, Any]:
 def rebuild(columns: dict[str, Any]) -> Any:
     from rlsrl.base import namedarray
     return namedarray.from_flattened(list(columns.items()))
+
+
+def replay_entry(**kw) -> Any:
+    """SRL's ``ReplayEntry`` (what every buffer kind's ``get`` hands back), imported on first use
+    like SRL's other types here, so the package imports nothing of SRL's until a buffer is used."""
+    from rlsrl.base.buffer import ReplayEntry
+    return ReplayEntry(**kw)
 
 
 class SampleCodec:

@@ -1,0 +1,119 @@
+"""SRL's two queue kinds, ``simple_queue`` and ``priority_queue``, on an :class:`EntryQueue`.
+
+The queue does the work (slots, reuses, overflow, leases: ``conduit_core.entry_queue``); this
+class is SRL's ``Buffer`` interface over it: SRL's defaults per kind, SRL's return values and
+exceptions, and SRL's ``ReplayEntry`` (a reused batch comes back as the same object, its counters
+updated, as from SRL's priority queue). ``put`` runs on the trainer worker's main thread, ``get``
+on its training thread; neither blocks.
+
+Deliberate difference from SRL's queues (for correctness; shown in
+``tests/srl_venv/test_buffers_vs_srl.py``): entries are views into preallocated slots (no stacking
+at the B-th put, no copy at ``get``); a served entry's memory stays valid for ``lease_depth``
+further gets. An unbatched entry keeps the put's arrays but comes back in a plain ``NamedArray``
+(SRL hands back the object put).
+"""
+
+from __future__ import annotations
+
+import math
+import queue as queue_module
+import time
+from collections import OrderedDict
+from typing import Any
+
+from conduit_core.entry_queue import EntryQueue
+from conduit_core.errors import ConfigError
+
+from . import samples
+
+_DEFAULT = object()  # SRL's defaults differ per kind; an explicit None means "no batching"
+QUEUE_KINDS = ("simple_queue", "priority_queue")
+
+
+def _max_size(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise ConfigError(f"{name}.max_size", "a number >= 1", repr(value), "pass SRL's max_size (entries)")
+    return math.inf if value == math.inf else int(value)
+
+
+class ConduitQueueBuffer:
+    """``simple_queue`` and ``priority_queue`` on an :class:`EntryQueue`."""
+
+    def __init__(self, kind: str = "priority_queue", *, max_size: float | None = None, reuses: int = 1,
+                 batch_size: Any = _DEFAULT, lease_depth: int = 2):
+        if kind not in QUEUE_KINDS:
+            raise ConfigError("kind", f"one of {QUEUE_KINDS}", repr(kind), "use ConduitReplayBuffer for replay kinds")
+        self.kind = kind
+        if kind == "priority_queue":
+            # SRL: PriorityQueueBuffer(max_size=16, reuses=1, batch_size=1); `if self.batch_size:` stacks
+            batch_size = 1 if batch_size is _DEFAULT else batch_size
+            self._queue = EntryQueue(max_entries=_max_size(16 if max_size is None else max_size, kind),
+                                     batch_size=batch_size or None, reuses=reuses, serve="freshest",
+                                     overflow="drop_lowest", lease_depth=lease_depth, adopt=not batch_size)
+        else:
+            batch_size = None if batch_size is _DEFAULT else batch_size
+            # SRL: SimpleQueueBuffer(batch_size=None, max_size=1e9): FIFO, the oldest dropped beyond max_size
+            # without batching (SRL's buffer_zero_copy: the shared-memory stream hands over whole batches)
+            # an entry keeps the arrays it was given, as SRL's queue keeps the object: no copy
+            self._queue = EntryQueue(max_entries=_max_size(1e9 if max_size is None else max_size, kind),
+                                     batch_size=batch_size or None, reuses=1, serve="oldest",
+                                     overflow="drop_oldest", lease_depth=lease_depth, adopt=not batch_size)
+        self.batch_size, self.reuses = batch_size, reuses
+        self._codec: samples.SampleCodec | None = None
+        self._rebuilt: OrderedDict[int, Any] = OrderedDict()  # queued entry's order -> its ReplayEntry (reuses)
+
+    def put(self, x) -> bool | None:
+        """Returns what SRL's buffer of this kind returns: the priority queue True when the put formed
+        a batch (False without batching), the simple queue None."""
+        if self._codec is None:
+            self._codec = samples.SampleCodec(x)
+        flat = self._codec.flatten(x)
+        # SRL's staleness rule runs on its trainer thread (preemption_steps), not in its buffers
+        formed = self._queue.put(flat)
+        if self.kind == "simple_queue":
+            return None
+        return formed and bool(self.batch_size)
+
+    def get(self):
+        entry = self._queue.get()
+        if entry is None:
+            if self.kind == "simple_queue":
+                raise queue_module.Empty  # what SRL's SimpleQueueBuffer.get raises when empty
+            raise AssertionError("attempting to get from empty buffer.")  # SRL's PriorityQueueBuffer
+        if self.kind == "simple_queue":  # SRL reports these for its FIFO queue
+            return samples.replay_entry(reuses_left=0, reuses=0, receive_time=time.time(),
+                                        sample=self._codec.rebuild(entry.columns))
+        # a reused entry comes back as the same ReplayEntry, its counters updated in place, as from
+        # SRL's priority queue (what a trainer computed on the sample persists across its reuses)
+        replay_entry = self._rebuilt.pop(entry.order, None)
+        if replay_entry is None:
+            replay_entry = samples.replay_entry(reuses_left=entry.reuses_left, reuses=entry.reuses,
+                                                receive_time=entry.receive_time,
+                                                sample=self._codec.rebuild(entry.columns))
+        else:
+            replay_entry.reuses_left, replay_entry.reuses = entry.reuses_left, entry.reuses
+        if entry.reuses_left > 0:
+            self._rebuilt[entry.order] = replay_entry
+        for order in [o for o in self._rebuilt if o not in self._queue]:  # dropped on overflow since
+            del self._rebuilt[order]
+        return replay_entry
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_rebuilt"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _rebuilt=OrderedDict())
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    def full(self) -> bool:
+        return self._queue.qsize() >= self._queue.max_entries
+
+    def stats(self) -> dict[str, int]:
+        """The queue's counters (see ``EntryQueue.stats``): every sample put is in a formed entry or
+        pending; every formed entry is retired, queued, or counted as dropped."""
+        return self._queue.stats()

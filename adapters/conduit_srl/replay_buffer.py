@@ -1,0 +1,269 @@
+"""SRL's two replay kinds, ``simple_replay_buffer`` and ``prioritized_replay_buffer``, on an
+:class:`ExperienceBuffer` whose items are whole samples (chunks of ``sample_length`` steps).
+
+The core buffer stores, draws (uniform without replacement, or stratified proportional) and keeps
+the priorities; this class is SRL's ``Buffer`` interface over it: SRL's arguments and readiness
+rule, SRL's initial priority from a sample's TD errors, ``update_priorities`` by the
+``sampling_indices`` SRL passes back, replay counts, and SRL's ``ReplayEntry`` with its samples
+rebuilt time-major ``[T, B, ...]``. ``put`` runs on the trainer worker's main thread, ``get`` and
+``update_priorities`` on its training thread; SRL's own buffers have no lock, this one is
+thread-safe, and ``get`` never blocks.
+
+Deliberate differences from SRL's replay buffers, each for correctness (and each shown by a test in
+``tests/srl_venv/test_buffers_vs_srl.py``):
+
+- SRL's prioritized buffer sums the priority mass over ``[0, total_chunks - 1)``
+  (``SegmentTree.reduce`` excludes its end), so the chunk in the last filled slot is never drawn
+  (while filling: the newest one). Here every stored chunk can be drawn, with probability
+  exactly ``p_i^alpha / sum_j p_j^alpha``.
+- SRL's uniform buffer with ``batch_length < sample_length`` sorts the flattened gather indices
+  (``_slicing``), which mixes steps of different chunks into one column. That case is refused
+  here (``ConfigError``) rather than reproduced.
+- The uniform kind reports ``empty()`` until ``batch_size`` chunks are stored (SRL's would raise
+  in ``np.random.choice`` without replacement); ``reuses`` (replay counts) skip chunks
+  overwritten since their draw.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from conduit_core.buffer import ExperienceBuffer
+from conduit_core.errors import ConfigError, SpecError
+from conduit_core.selectors import Prioritized, Uniform
+from conduit_core.spec import ExperienceSpec, FieldSpec
+
+from . import samples
+
+REPLAY_KINDS = ("simple_replay_buffer", "prioritized_replay_buffer")
+
+
+class ConduitReplayBuffer:
+    """``simple_replay_buffer`` / ``prioritized_replay_buffer`` on an :class:`ExperienceBuffer` whose
+    items are whole samples (chunks of ``sample_length`` steps)."""
+
+    def __init__(self, kind: str = "simple_replay_buffer", *, max_size: int, batch_size: int,
+                 warmup_transitions: int, seed: int = 0, sample_length: int | None = None,
+                 batch_length: int | None = None, burn_in_steps: int = 0, alpha: float = 0.6, beta: float = 0.4,
+                 beta_scheduler=None, max_priority: float = 1.0, priority_interpolation_eta: float | None = None):
+        if kind not in REPLAY_KINDS:
+            raise ConfigError("kind", f"one of {REPLAY_KINDS}", repr(kind), "use ConduitQueueBuffer for queue kinds")
+        self._config = dict(kind=kind, max_size=max_size, batch_size=batch_size, warmup_transitions=warmup_transitions,
+                            seed=seed, sample_length=sample_length, batch_length=batch_length,
+                            burn_in_steps=burn_in_steps, alpha=alpha, beta=beta, beta_scheduler=beta_scheduler,
+                            max_priority=max_priority, priority_interpolation_eta=priority_interpolation_eta)
+        for name, v in (("max_size", max_size), ("batch_size", batch_size)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ConfigError(f"{kind}.{name}", "an integer >= 1", repr(v), f"pass SRL's {name}")
+        self.kind, self.prioritized = kind, kind == "prioritized_replay_buffer"
+        if self.prioritized:
+            if sample_length is None:
+                raise ConfigError(f"{kind}.sample_length", "the sample length T", None,
+                                  "pass sample_length (SRL's prioritized buffer needs it too)")
+            if alpha < 0:
+                raise ConfigError(f"{kind}.alpha", "a number >= 0", alpha, "use alpha=0.6")
+            if beta <= 0:
+                raise ConfigError(f"{kind}.beta", "a number > 0", beta, "use beta=0.4")
+            if beta_scheduler is not None and beta_scheduler.init_value != beta:
+                raise ConfigError(f"{kind}.beta_scheduler.init_value", beta, beta_scheduler.init_value,
+                                  "start the scheduler at beta")
+            batch_length = sample_length
+        self._max_size, self._batch_size = int(max_size), int(batch_size)
+        self._warmup, self._seed = int(warmup_transitions), int(seed)
+        self._sample_length, self._batch_length = sample_length, batch_length
+        self._burn_in, self._eta = int(burn_in_steps), priority_interpolation_eta
+        self._alpha, self._beta, self._beta_scheduler = float(alpha), float(beta), beta_scheduler
+        self._max_priority = float(max_priority)
+        self._training_steps = 0
+        self._lock = threading.Lock()
+        self._buffer: ExperienceBuffer | None = None
+        self._template: dict[str, Any] | None = None    # flat name -> None (a field SRL left out) or FieldSpec
+        self._replay_times = np.zeros(self._max_size, dtype=np.int64)
+        self._codec: samples.SampleCodec | None = None
+
+    # ---------------------------------------------------------------- SRL's interface
+    def put(self, x) -> None:
+        if hasattr(x, "policy_name"):
+            x.policy_name = None  # as SRL's replay buffers do (a non-numeric field)
+        if self._codec is None:
+            self._codec = samples.SampleCodec(x)
+        flat = self._codec.flatten(x)
+        with self._lock:
+            if self._buffer is None:
+                self._build(flat)
+            cols = {}
+            for name, spec in self._template.items():
+                v = flat.get(name)
+                if spec is None:
+                    if v is not None:
+                        raise SpecError(name, "None (as in the first sample)", type(v).__name__,
+                                        "keep the set of fields the same in every sample")
+                    continue
+                if v is None:
+                    raise SpecError(name, f"an array of shape {spec.shape}", None,
+                                    "keep the set of fields the same in every sample")
+                cols[name] = np.asarray(v)[None]
+            if set(flat) - set(self._template):
+                raise SpecError("sample fields", sorted(self._template), sorted(flat),
+                                "keep the set of fields the same in every sample")
+            priorities = self._initial_priority(flat) if self.prioritized else None
+            first = self._buffer.add(cols, priorities=priorities)
+            self._replay_times[first % self._max_size] = 0
+
+    def get(self, batch_size: int | None = None):
+        """SRL's ``get``. ``batch_size`` (an extension; default: the configured one) lets a harness
+        draw other sizes. ``sampling_indices`` are the chunks' insertion numbers (seqs): SRL passes
+        them back to ``update_priorities`` untouched, and a seq names one chunk for ever, so a
+        priority for a chunk that was overwritten since is skipped, never written to its successor."""
+        with self._lock:
+            beta = self._beta if self.prioritized else None
+            batch = self._buffer.sample(batch_size or self._batch_size, beta=beta, timeout=0)  # never blocks
+            slots = batch.slots
+            reuses = float(self._replay_times[slots].mean())
+            if not self.prioritized:
+                self._replay_times[slots] += 1
+        columns = dict.fromkeys(self._template)
+        for name in batch:
+            columns[name] = batch[name].transpose(0, 1).contiguous().numpy()  # [B, T, ...] -> [T, B, ...]
+        sample = self._codec.rebuild(columns)
+        if self.prioritized:
+            sample.register_metadata(sampling_weight=batch.weights.numpy().astype(np.float32))
+            return samples.replay_entry(reuses_left=-1, sample=sample, receive_time=-1,
+                                        sampling_indices=np.asarray(batch.seqs, dtype=np.int64), reuses=reuses)
+        return samples.replay_entry(reuses_left=-1, sample=sample, receive_time=-1, reuses=reuses)
+
+    def update_priorities(self, idxes, priorities) -> int:
+        """Priorities for delivered chunks, by their ``sampling_indices``; a chunk overwritten since is
+        skipped. Returns how many were updated."""
+        if not self.prioritized:
+            raise ConfigError("update_priorities", "a prioritized_replay_buffer", self.kind,
+                              "configure buffer_name='prioritized_replay_buffer'")
+        idxes = np.asarray(idxes, dtype=np.int64).reshape(-1)
+        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if idxes.shape != pr.shape:
+            raise SpecError("priorities", f"shape {idxes.shape} (one per sampling index)", pr.shape,
+                            "pass one priority per chunk of the get")
+        if not (np.isfinite(pr).all() and (pr > 0).all()):
+            raise SpecError("priorities", "finite values > 0", pr[~(np.isfinite(pr) & (pr > 0))][0],
+                            "pass |TD error| + a small epsilon")
+        with self._lock:
+            inserted = self._buffer.inserted
+            if idxes.size and (idxes.min() < 0 or idxes.max() >= inserted):
+                raise SpecError("idxes", f"sampling_indices of delivered chunks (seqs in [0, {inserted}))",
+                                idxes[(idxes < 0) | (idxes >= inserted)][:4].tolist(),
+                                "pass the ReplayEntry.sampling_indices of the batch the priorities are for")
+            slots = idxes % self._max_size
+            updated = self._buffer.update_priorities(slots, pr, seqs=idxes)
+            self._replay_times[slots[idxes >= inserted - self._max_size]] += 1  # the chunks still stored
+            self._training_steps += 1
+            if self._beta_scheduler is not None:
+                self._beta = self._beta_scheduler.get(self._training_steps)
+            return updated
+
+    def qsize(self) -> int:
+        return self._stored_chunks() * (self._sample_length or 0)
+
+    def empty(self) -> bool:
+        return self._stored_chunks() * (self._sample_length or 0) < self._warmup or \
+            self._stored_chunks() < (self._batch_size if not self.prioritized else 1)
+
+    def full(self) -> bool:
+        return self._stored_chunks() == self._max_size
+
+    @property
+    def n_chunks_per_sample(self) -> int:
+        return 1
+
+    @property
+    def experience_buffer(self) -> ExperienceBuffer | None:
+        """The core buffer holding the chunks (None before the first put)."""
+        return self._buffer
+
+    def stats(self) -> dict[str, int]:
+        return {"chunks_put": 0 if self._buffer is None else self._buffer.inserted, "stored": self._stored_chunks()}
+
+    # ---------------------------------------------------------------- pickling (SRL's save_buffer_on_exit)
+    def __getstate__(self) -> dict:
+        with self._lock:
+            return dict(config=self._config, template=self._template, codec=self._codec,
+                        replay_times=self._replay_times.copy(),
+                        training_steps=self._training_steps, beta=self._beta, max_priority=self._max_priority,
+                        buffer=None if self._buffer is None else self._buffer.state_dict())
+
+    def __setstate__(self, state: dict) -> None:
+        cfg = dict(state["config"])
+        self.__init__(cfg.pop("kind"), **cfg)
+        self._replay_times[:] = state["replay_times"]
+        self._training_steps, self._beta, self._max_priority = (state["training_steps"], state["beta"],
+                                                                state["max_priority"])
+        self._codec = state["codec"]
+        if state["buffer"] is not None:
+            self._template = state["template"]
+            self._make_buffer([fs for fs in self._template.values() if fs is not None])
+            self._buffer.load_state_dict(state["buffer"])
+
+    # ---------------------------------------------------------------- internals
+    def _stored_chunks(self) -> int:
+        return 0 if self._buffer is None else len(self._buffer)
+
+    def _build(self, flat: dict[str, Any]) -> None:
+        first = next((np.asarray(v) for v in flat.values() if v is not None), None)
+        length = None if first is None or first.ndim == 0 else first.shape[0]
+        if self._sample_length is None:
+            self._sample_length = length
+        if self._batch_length is None:
+            self._batch_length = self._sample_length
+        # what was inferred is part of the configuration: an unpickled buffer must know it
+        self._config.update(sample_length=self._sample_length, batch_length=self._batch_length)
+        if length != self._sample_length:
+            raise SpecError("sample length", self._sample_length, length,
+                            "send samples of the configured sample_length (SRL's sample_steps)")
+        if self._batch_length != self._sample_length:
+            raise ConfigError(f"{self.kind}.batch_length", f"equal to sample_length={self._sample_length}",
+                              self._batch_length,
+                              "train on whole samples: SRL's own _slicing mixes steps of different samples "
+                              "into one column when batch_length < sample_length (it sorts the flattened "
+                              "gather indices), so Conduit refuses it instead of reproducing it")
+        template, specs = {}, []
+        for name, v in flat.items():
+            if v is None:
+                template[name] = None
+                continue
+            arr = np.asarray(v)
+            if arr.dtype.kind in "OUSV":
+                raise SpecError(name, "a numeric or bool array", f"dtype {arr.dtype}",
+                                "drop non-numeric fields before the replay buffer (SRL drops policy_name)")
+            if arr.ndim == 0 or arr.shape[0] != self._sample_length:
+                raise SpecError(f"{name}.shape", f"({self._sample_length}, ...) (time first)", arr.shape,
+                                "send time-major samples of sample_length steps")
+            fs = FieldSpec(name, tuple(arr.shape), torch.from_numpy(np.zeros(0, arr.dtype)).dtype,
+                           allow_nonfinite=True)  # SRL stores what it is given
+            template[name] = fs
+            specs.append(fs)
+        self._template = template
+        self._make_buffer(specs)
+
+    def _make_buffer(self, specs: list[FieldSpec]) -> None:
+        selector = (Prioritized(alpha=self._alpha, beta=self._beta, eps=0.0, stratified=True)
+                    if self.prioritized else Uniform(replace=False))
+        if self.prioritized:
+            selector.max_priority = self._max_priority
+        self._buffer = ExperienceBuffer(spec=ExperienceSpec(specs), capacity=self._max_size, selector=selector,
+                                        seed=self._seed, done_fields=())
+
+    def _initial_priority(self, flat: dict[str, Any]) -> list[float] | None:
+        """SRL's rule: from the sample's TD errors ``|ret - value|`` after burn-in, interpolated between
+        their max and mean by ``priority_interpolation_eta``; without ``analyzed_result.ret``, the
+        running max priority (left to the selector)."""
+        ret, value = flat.get("analyzed_result.ret"), flat.get("analyzed_result.value")
+        if ret is None:
+            return None
+        if self._eta is None:
+            raise ConfigError(f"{self.kind}.priority_interpolation_eta", "a number in [0, 1]", None,
+                              "set priority_interpolation_eta (SRL needs it when samples carry analyzed_result.ret)")
+        td = np.abs(np.asarray(ret) - np.asarray(value)).squeeze(-1)[self._burn_in:]
+        return [float(self._eta * td.max() + (1 - self._eta) * td.mean())]

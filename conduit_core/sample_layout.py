@@ -1,0 +1,117 @@
+"""The layout of an :class:`~conduit_core.entry_queue.EntryQueue`'s samples, learned from the first one.
+
+A queue stores whole samples (flat names -> ``[T, ...]`` arrays, ``None`` or other Python objects)
+in preallocated slots, so every later sample must fit the slots the first one shaped. This module
+is that rule and nothing else: :func:`layout_of` reads a sample's layout (one
+:class:`FieldLayout` per name), :func:`conform` checks a sample against it and converts what it
+may, :func:`as_array` is the one array conversion both use, and :func:`stack_objects` batches the
+per-sample objects of a non-array field when an entry is served. Pure functions, no state, no
+lock: the queue calls them under its own lock.
+
+Kept apart from the storage (:mod:`conduit_core.slot_arena`) because the rule is about what a
+sample may be, the storage about where it goes; both read the same :class:`FieldLayout`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import SpecError
+
+
+@dataclass(frozen=True)
+class FieldLayout:
+    """One field of the first sample: how it is stored (frozen: a layout never changes once learned)."""
+
+    kind: str                       # "array" | "none" | "object"
+    shape: tuple[int, ...] = ()     # per-sample shape, time first
+    dtype: Any = None
+
+
+def layout_of(sample: Mapping[str, Any]) -> dict[str, FieldLayout]:
+    """The layout of ``sample``, in its own field order: numeric arrays (and Python scalars, torch
+    tensors) are ``"array"`` fields stored in slots, ``None`` is a ``"none"`` field, anything else
+    (strings, object arrays, other objects) is an ``"object"`` field kept per sample as given."""
+    layout = {}
+    for name, value in sample.items():
+        if not isinstance(name, str) or not name:
+            raise SpecError("field name", "a non-empty string", repr(name), "name every field")
+        if value is None:
+            layout[name] = FieldLayout("none")
+            continue
+        arr = as_array(value)
+        if arr is None or arr.dtype.kind in "OUSV":
+            layout[name] = FieldLayout("object")
+        else:
+            layout[name] = FieldLayout("array", tuple(arr.shape), arr.dtype)
+    return layout
+
+
+def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Mapping[str, Any]:
+    """``sample``'s values as the slots take them, or :class:`SpecError` naming the first field that
+    does not fit. A sample of exact numpy arrays of the layout's shapes and dtypes (the common case,
+    checked first) comes back as it is, so the put path pays no conversion for it. Otherwise:
+    the field names must be the layout's; arrays are converted (tensors, scalars) and must keep the
+    shape and cast ``same_kind`` to the dtype; a missing array (``None``) becomes ``0`` (as SRL's
+    aggregation fills a missing array with zeros); a ``"none"`` field must stay ``None``."""
+    if sample.keys() == layout.keys():  # the common case: exact arrays of the first sample's shape and dtype
+        for name, f in layout.items():
+            v = sample[name]
+            if f.kind == "array":
+                if type(v) is not np.ndarray or v.shape != f.shape or v.dtype != f.dtype:
+                    break
+            elif f.kind == "none" and v is not None:
+                break
+        else:
+            return sample
+    if set(sample) != set(layout):
+        missing, extra = sorted(set(layout) - set(sample)), sorted(set(sample) - set(layout))
+        raise SpecError("sample fields", sorted(layout), f"missing {missing}, extra {extra}",
+                        "put samples with the same fields as the first one")
+    cols = {}
+    for name, f in layout.items():
+        value = sample[name]
+        if f.kind == "none":
+            if value is not None:
+                raise SpecError(name, "None (as in the first sample)", type(value).__name__,
+                                "keep a field None in every sample, or set it in the first one too")
+            cols[name] = None
+        elif f.kind == "object":
+            cols[name] = value
+        else:
+            if value is None:
+                cols[name] = 0  # as SRL's aggregation fills a missing array with zeros
+                continue
+            arr = as_array(value)
+            if arr is None or tuple(arr.shape) != f.shape:
+                raise SpecError(f"{name}.shape", f.shape, None if arr is None else tuple(arr.shape),
+                                "put samples of the same length T and per-step shape as the first one")
+            if not np.can_cast(arr.dtype, f.dtype, casting="same_kind"):
+                raise SpecError(f"{name}.dtype", str(f.dtype), str(arr.dtype),
+                                "put samples with the dtype of the first one")
+            cols[name] = arr
+    return cols
+
+
+def as_array(value: Any) -> np.ndarray | None:
+    """``value`` as a numpy array (itself, a torch tensor's CPU copy, a 0-d array of a scalar), or
+    None when it is no array: the caller then keeps it as a Python object."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch here
+        return value.detach().cpu().numpy()
+    if isinstance(value, (int, float, bool, np.generic)):
+        return np.asarray(value)
+    return None
+
+
+def stack_objects(objs: list, axis: int) -> Any:
+    """An entry's per-sample objects of one field, served: stacked on the batch ``axis`` when every
+    one converts to an array (0-d ones on axis 0), else the plain list."""
+    arrays = [as_array(o) for o in objs]
+    if all(a is not None for a in arrays):
+        return np.stack(arrays, axis=axis if arrays[0].ndim >= 1 else 0)
+    return list(objs)

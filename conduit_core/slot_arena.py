@@ -1,0 +1,192 @@
+"""Preallocated slots for an :class:`~conduit_core.entry_queue.EntryQueue`'s entries, and the
+leases that keep served ones intact.
+
+Why slots: each put is one strided copy per field into its column of the entry's slot, so a batch
+is formed as its samples arrive and ``get`` hands out views without copying (SRL stacks all ``B``
+samples when the last one arrives, on the thread that receives data). Slots are allocated
+``_CHUNK`` at a time, lazily, up to a bound the owner computes (so memory follows what is used,
+never more than the bound).
+
+Why leases: the trainer computes on served views while puts go on, so a slot is reused only when
+nobody can still read it: neither its owner (a queued entry, or the one being filled: from
+:meth:`SlotArena.take` to :meth:`SlotArena.release`) nor one of the last ``lease_depth`` serves
+(:meth:`SlotArena.lease`). That is the whole contract between the two; which entry is served or
+dropped is the queue's business (:class:`~conduit_core.reuse_order.ReuseOrder`), what a sample may
+be is :mod:`conduit_core.sample_layout`'s. No lock: the owner calls under its own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Mapping
+
+import numpy as np
+
+from .sample_layout import FieldLayout, as_array, stack_objects
+
+_CHUNK = 32  # slots allocated together; storage grows lazily up to the bound
+
+
+class SlotArena:
+    """One slot per entry, shaped by one sample layout.
+
+    Args:
+        bound: the most slots ever held at once (the owner's queued + filling + leased entries).
+        batch_size: samples per entry; ``None`` = one sample per entry with no batch axis.
+        time_major: entries ``[T, B, ...]`` (True) or ``[B, T, ...]``.
+        adopt: an entry keeps the arrays it was written with (no slot memory; ``batch_size=None`` only).
+        lease_depth: how many of the last served slots stay unreused.
+
+    Contract: :meth:`set_layout` once, before the first :meth:`take`; a slot from :meth:`take` is
+    the caller's until :meth:`release`, and is reused only once released and out of the last
+    ``lease_depth`` :meth:`lease` calls. :meth:`view` returns views into the slot's memory, valid
+    as long as that holds.
+    """
+
+    def __init__(self, *, bound: float, batch_size: int | None, time_major: bool, adopt: bool, lease_depth: int):
+        self.bound = bound
+        self.batch_size, self.time_major, self.adopt, self.lease_depth = batch_size, time_major, adopt, lease_depth
+        self.layout: dict[str, FieldLayout] | None = None
+        self._chunks: list[dict[str, np.ndarray]] = []
+        self._views: dict[int, dict[str, np.ndarray]] = {}      # slot -> its array views
+        self._objects: dict[int, dict[str, list]] = {}       # slot -> name -> per-sample Python objects
+        self._free: list[int] = []
+        self._next_slot = 0
+        self._held: set[int] = set()                          # slots taken and not released
+        self._leased: deque[int] = deque()                    # slots of the last served entries
+
+    def set_layout(self, layout: dict[str, FieldLayout] | None) -> None:
+        """The layout every slot is shaped by (learned from the first sample, so not known at construction)."""
+        self.layout = layout
+
+    # ------------------------------------------------------------- ownership
+    def take(self) -> int:
+        """A free slot (a released one first, else the next new one), held until :meth:`release`."""
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = self._next_slot
+            if slot >= self.bound:  # pragma: no cover - the owner's bound makes this unreachable
+                raise RuntimeError(f"EntryQueue: slot {slot} beyond the bound {self.bound}")
+            self._next_slot += 1
+            if not self.adopt and slot // _CHUNK >= len(self._chunks):
+                self._chunks.append(self._allocate(int(min(_CHUNK, self.bound - slot))))
+        self._held.add(slot)
+        return slot
+
+    def release(self, slot: int) -> None:
+        """The owner is done with ``slot`` (its entry left); it is free once no lease holds it."""
+        self._held.remove(slot)
+        self._free_if_unused(slot)
+
+    def lease(self, slot: int) -> None:
+        """``slot`` was served: it stays unreused until ``lease_depth`` later leases (a slot served
+        again moves to the newest place). The lease that ages out frees its slot if released."""
+        if slot in self._leased:
+            self._leased.remove(slot)
+        self._leased.append(slot)
+        while len(self._leased) > self.lease_depth:
+            self._free_if_unused(self._leased.popleft())
+
+    # ------------------------------------------------------------- data
+    def write(self, slot: int, b: int, cols: Mapping[str, Any]) -> None:
+        """Sample ``b`` of the slot's entry (``cols`` conformed to the layout): one copy per array field."""
+        if self.adopt:
+            self._views[slot] = {name: as_array(cols[name]) for name, f in self.layout.items() if f.kind == "array"}
+            for name, f in self.layout.items():
+                if f.kind == "object":
+                    self._objects.setdefault(slot, {})[name] = [cols[name]]
+            return
+        views = self._slot_views(slot)
+        for name, f in self.layout.items():
+            value = cols[name]
+            if f.kind == "array":
+                dst = views[name]
+                if self.batch_size is None:
+                    dst[...] = value
+                elif self.time_major and f.shape:
+                    dst[:, b] = value
+                else:
+                    dst[b] = value
+            elif f.kind == "object":
+                self._objects.setdefault(slot, {}).setdefault(name, [None] * (self.batch_size or 1))[b] = value
+
+    def view(self, slot: int) -> dict[str, Any]:
+        """The entry's columns in layout order: array views (no copy), ``None``, or its objects
+        (stacked on the batch axis when they are arrays)."""
+        views = self._slot_views(slot)
+        out = {}
+        for name, f in self.layout.items():
+            if f.kind == "array":
+                out[name] = views[name]
+            elif f.kind == "none":
+                out[name] = None
+            else:
+                objs = self._objects.get(slot, {}).get(name, [None])
+                if self.batch_size is None:
+                    out[name] = objs[0]
+                else:
+                    out[name] = stack_objects(objs, axis=1 if self.time_major else 0)
+        return out
+
+    def saved(self, slot: int) -> dict[str, Any]:
+        """A copy of the slot's data (arrays and per-sample objects, not ``None`` fields), for pickling."""
+        views = self._slot_views(slot)
+        objects = self._objects.get(slot, {})
+        return {name: (views[name].copy() if f.kind == "array" else list(objects.get(name, [])))
+                for name, f in self.layout.items() if f.kind != "none"}
+
+    def fill_from(self, slot: int, saved: Mapping[str, Any]) -> None:
+        """Restore what :meth:`saved` returned into ``slot`` (an adopting arena keeps the arrays)."""
+        if self.adopt:
+            self._views[slot] = {name: saved[name] for name, f in self.layout.items() if f.kind == "array"}
+        views = self._slot_views(slot)
+        for name, f in self.layout.items():
+            if f.kind == "array" and not self.adopt:
+                views[name][...] = saved[name]
+            elif f.kind == "object" and saved[name]:
+                self._objects.setdefault(slot, {})[name] = list(saved[name])
+
+    @property
+    def nbytes(self) -> int:
+        """Array memory held: every allocated chunk, or (adopting) the adopted arrays."""
+        if self.adopt:
+            return sum(a.nbytes for views in self._views.values() for a in views.values())
+        return sum(a.nbytes for chunk in self._chunks for a in chunk.values())
+
+    def close(self) -> None:
+        """Drop the storage. Views handed out before stay valid (numpy keeps them alive)."""
+        self._chunks, self._objects, self._views = [], {}, {}
+
+    # ------------------------------------------------------------- internals
+    def _free_if_unused(self, slot: int) -> None:
+        if slot in self._leased or slot in self._held:
+            return
+        self._objects.pop(slot, None)
+        if self.adopt:
+            self._views.pop(slot, None)  # the adopted arrays go with their entry
+        self._free.append(slot)
+
+    def _allocate(self, n: int) -> dict[str, np.ndarray]:
+        per_entry = self.batch_size
+        out = {}
+        for name, f in self.layout.items():
+            if f.kind != "array":
+                continue
+            t, rest = f.shape[:1], f.shape[1:]
+            if per_entry is None:
+                shape = (n, *f.shape)
+            elif self.time_major and t:
+                shape = (n, *t, per_entry, *rest)
+            else:
+                shape = (n, per_entry, *f.shape)
+            out[name] = np.zeros(shape, dtype=f.dtype)
+        return out
+
+    def _slot_views(self, slot: int) -> dict[str, np.ndarray]:
+        """The slot's array views (cached: a slot's memory never moves)."""
+        views = self._views.get(slot)
+        if views is None:
+            chunk, i = self._chunks[slot // _CHUNK], slot % _CHUNK
+            views = self._views[slot] = {name: a[i] for name, a in chunk.items()}
+        return views
