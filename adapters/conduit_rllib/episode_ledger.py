@@ -174,6 +174,12 @@ class EpisodeLedger:
         self.early_episodes += early
         return rec.seqs()
 
+    def stored_seqs(self) -> np.ndarray:
+        """The seqs of every stored step, episode by episode (arrival order), chunk by chunk."""
+        ranges = [r for rec in self.episodes.values() for r in rec.seqs()]
+        return (np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in ranges]) if ranges
+                else np.zeros(0, dtype=np.int64))
+
     def forget_below(self, cutoff: int) -> None:
         """Drop index entries wholly below ``cutoff`` (the ring has reused their slots)."""
         while self._by_seq and self._by_seq[0][0] + self._by_seq[0][1] <= cutoff:

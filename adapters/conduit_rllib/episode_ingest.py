@@ -1,0 +1,186 @@
+"""The buffer's ingestion side: RLlib episode chunks stored in Conduit's core, with the
+eviction rule of the RLlib buffer it stands in for.
+
+``ConduitEpisodeReplayBuffer.add`` turns each chunk into columns and hands the chunks
+over as ``(episode, columns, source, steps)``; this object stores them as rollouts,
+``ingest_granularity`` per ingestion operator call, and keeps what delivery reads
+beside the rows:
+
+- sources: an RLlib episode id maps to one Conduit source (the core's episode key) while
+  the episode runs; a done or evicted episode's id starts a new source if it comes back;
+- the ledger (``episode_ledger``): which episodes are stored and where; its plans decide
+  the evictions (``add_as_prioritized``: once per call, ``add_as_uniform``: after every
+  chunk), carried out here with the data plane's ``evict``;
+- the infos (``info_store``) and, for an episode stored from mid-way, its first chunk's
+  lookback step (``columns.chunk_lookback_row``), recorded once the chunk is stored;
+- ``added``: the steps stored so far (the n-th stored step has seq n).
+
+The buffer builds the data plane on its first add (or restore) and ``attach``-es it
+here; nothing is stored before that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from conduit_core import ExperienceDataPlane, Rollout
+
+from .columns import chunk_lookback_row, episode_infos
+from .episode_ledger import EpisodeLedger
+from .info_store import InfoStore
+
+
+class EpisodeIngest:
+    """Stores episode chunks in the data plane; owns the source map, the lookback rows and
+    the count of stored steps, and writes the ledger and the infos it is given."""
+
+    def __init__(self, ledger: EpisodeLedger, infos: InfoStore, *, capacity: int, store_infos: bool):
+        self.ledger = ledger                     # stored episodes and RLlib's eviction rule
+        self.infos = infos                       # RLlib's infos, beside the rows
+        self.capacity = capacity                 # RLlib's capacity, in steps
+        self.store_infos = store_infos
+        self.edp: ExperienceDataPlane | None = None  # from attach()
+        self.ring = 0                            # the data plane's slots (> capacity: ring_slack)
+        self.sources: dict[str, int] = {}        # RLlib episode id -> source, while the episode runs
+        self.source_ids: dict[int, str] = {}     # and back
+        self.next_source = 0
+        self.lookback_rows: dict[int, dict] = {}  # source -> its first chunk's lookback step (see columns)
+        self.added = 0                           # steps stored
+
+    def attach(self, edp: ExperienceDataPlane, *, ring: int) -> None:
+        """Store into ``edp``, a data plane of ``ring`` slots."""
+        self.edp, self.ring = edp, ring
+
+    def source_of(self, ep) -> int:
+        """The source (Conduit's episode key) of an RLlib episode id, a new one if none is open."""
+        src = self.sources.get(ep.id_)
+        if src is None:
+            src = self.sources[ep.id_] = self.next_source
+            self.source_ids[src] = ep.id_
+            self.next_source += 1
+        return src
+
+    # ------------------------------------------------------------------ adds
+    def add_as_prioritized(self, chunks) -> None:
+        """``PrioritizedEpisodeReplayBuffer.add``: one decision for the whole call (``plan``)."""
+        evict, drop = self.ledger.plan([(src, n) for _, _, src, n in chunks], self.capacity)
+        keep = [c for c in chunks if c[2] not in drop]
+        if sum(n for *_, n in keep) > self.ring:
+            from conduit_core import CapacityError
+            raise CapacityError(f"add(): {sum(n for *_, n in keep)} new steps in one call exceed the buffer's ring "
+                                f"of {self.ring} slots (capacity {self.capacity}); RLlib's prioritized buffer fails "
+                                "here too. Fix: raise the replay buffer capacity, or hand over fewer steps per add.")
+        for src in evict:
+            self._evict_episode(src)
+        for ep, _, src, _ in chunks:
+            if ep.is_done or src in drop:  # over, or evicted: its id starts a new episode if it comes back
+                self._forget_source(src)
+        self._ingest_in_groups([(Rollout(cols, source=src, rows=n), ep) for ep, cols, src, n in keep])
+        for ep, _, _, _ in keep:
+            if ep.is_done:
+                self._forget_source(self.sources.get(ep.id_, -1))
+
+    def add_as_uniform(self, chunks) -> None:
+        """``EpisodeReplayBuffer.add``: chunk by chunk, evicting after each (``plan_per_chunk``)."""
+        sources: dict = {}  # plan key -> Conduit source
+        group: list[tuple[Rollout, Any]] = []
+        for step in self.ledger.plan_per_chunk([(src, n) for _, _, src, n in chunks], self.capacity):
+            if step[0] == "add":
+                _, i, key = step
+                ep, cols, src, n = chunks[i]
+                if key not in sources:
+                    if isinstance(key, tuple):  # its episode left earlier in this call: it starts over
+                        self._forget_source(src)
+                        sources[key] = self.source_of(ep)
+                    else:
+                        sources[key] = key
+                group.append((Rollout(cols, source=sources[key], rows=n), ep, key))
+                continue
+            sources.update(self._ingest_in_groups(group))  # what the plan added is stored before anything leaves
+            group = []
+            src = sources.get(step[1], step[1])
+            if src in self.ledger.episodes:  # (not if the ring already cut it early)
+                self._evict_episode(src)
+        sources.update(self._ingest_in_groups(group))
+        for ep, _, src, _ in chunks:
+            if ep.is_done:
+                self._forget_source(self.sources.get(ep.id_, src))
+
+    # --------------------------------------------------------------- storing
+    def _ingest_in_groups(self, rollouts: list) -> dict:
+        """Store ``(rollout, episode[, plan key])`` items, ``ingest_granularity`` per call.
+
+        The ring is larger than capacity; where these rows would still overwrite a stored
+        step, the episode it would cut leaves first, whole (counted in ``eviction_report``
+        as early: not RLlib's rule, raise ``ring_slack``), and a chunk of such an episode
+        starts a new one. Returns plan key -> the source its chunks now go to."""
+        moved: dict = {}
+        if not rollouts:
+            return moved
+        cutoff = self.added + sum(item[0].rows for item in rollouts) - self.ring
+        if cutoff > 0:
+            early = set(self.ledger.ring_conflicts(cutoff))
+            for src in early:
+                self._evict_episode(src, early=True)
+            self.ledger.forget_below(cutoff)
+            fixed, renamed = [], {}
+            for item in rollouts:
+                r, ep = item[0], item[1]
+                if r.source in early:
+                    new = renamed.setdefault(r.source, self.source_of(ep))
+                    r = Rollout(r.data, source=new, rows=r.rows)
+                    if len(item) > 2:
+                        moved[item[2]] = new
+                fixed.append((r, ep))
+            rollouts = fixed
+        g = self.edp.schedule.ingest_granularity
+        for k in range(0, len(rollouts), g):
+            self._ingest([(item[0], item[1]) for item in rollouts[k:k + g]])
+        return moved
+
+    def _forget_source(self, src: int) -> None:
+        ep_id = self.source_ids.pop(src, None)
+        if ep_id is not None and self.sources.get(ep_id) == src:
+            del self.sources[ep_id]
+
+    def _evict_episode(self, src: int, *, early: bool = False) -> None:
+        ranges = self.ledger.remove(src, early=early)
+        self.lookback_rows.pop(src, None)
+        self._forget_source(src)
+        self.edp.evict(np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in ranges]))
+
+    def _ingest(self, group: list[tuple[Rollout, Any]]) -> None:
+        infos = [episode_infos(ep, r.rows) if self.store_infos else None for r, ep in group]
+        try:
+            self.edp.ingest_many([r for r, _ in group])  # refuses bad input before storing any of the group
+            stored = len(group)
+        except BaseException as exc:
+            stored = len(getattr(exc, "stored_tickets", ()))  # a later failure: the first ones are stored
+            raise
+        finally:
+            for (r, ep), info in zip(group[:stored], infos):  # stored rows take the next seqs, in order
+                if r.source not in self.ledger.episodes and ep.t_started > 0:  # a stored episode starts mid-way
+                    row = chunk_lookback_row(ep)
+                    if row is not None:
+                        self.lookback_rows[r.source] = row
+                self.ledger.record(r.source, self.added, r.rows, id_=ep.id_, t_started=ep.t_started)
+                if info is not None:
+                    self.infos.put(self.added, info)
+                self.added += r.rows
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict:
+        """The source map, the count of stored steps and the lookback rows (plain values)."""
+        return {"sources": [[k, v] for k, v in self.sources.items()], "next_source": self.next_source,
+                "added": self.added, "source_ids": [[k, v] for k, v in self.source_ids.items()],
+                "lookback_rows": [[src, row["cols"], row["info"]] for src, row in self.lookback_rows.items()]}
+
+    def load(self, state: dict) -> None:
+        self.sources = {k: int(v) for k, v in state["sources"]}
+        self.next_source = int(state["next_source"])
+        self.added = int(state["added"])
+        self.source_ids = {int(k): v for k, v in state.get("source_ids", [])}
+        self.lookback_rows = {int(src): {"cols": {k: np.asarray(v) for k, v in c.items()}, "info": i}
+                              for src, c, i in state.get("lookback_rows", [])}
