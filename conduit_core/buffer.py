@@ -16,76 +16,32 @@ timeout and end in a clear error, never a hang.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import math
 import threading
-import time
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from .batch import Batch
-from .episodes import EPISODE_END_RULES, EpisodeWalk
-from .memory import available_bytes, fmt, needed_bytes
-from .errors import (ShardLost, CapacityError, ConfigError, ExperienceTimeout, RateLimitError, RateLimitTimeout,
-                     SemanticError, SpecError)
+from .buffer_state import capture_state, check_state, restore_state
+from .episodes import EpisodeWalk
+from .errors import CapacityError, ClosedError, ConfigError
+from .framestack import first_surviving_seq
+from .memory import check_layout_fits
+from .output_pool import OutputPool
+from .rate_gate import wait_to_insert, wait_to_sample
 from .rate_limiter import RateLimiter
-from .buffer_state import SCHEMA_VERSION, check_state
-from .ring import META_FIELDS, Ring
+from .ring import Ring
+from . import delivery
+from .delivery import DeliveryCounts
 from .selectors import Fifo, Prioritized, Selector, Uniform
+from .shard_loss import ShardLoss, ShardLossRecovery
 from .spec import ExperienceSpec
-from .shards import ShardSpec, shard_class
+from .shards import ShardSpec
 from .storage import ColumnarStorage
 from .tiers import Tier
 
-log = logging.getLogger("conduit")
-
-
-@dataclass(frozen=True)
-class ShardLoss:
-    """A remote shard lost: its rows left the buffer (they are not in len(), never delivered)."""
-
-    shard: int
-    node_resource: str | None
-    rows: int
-    seq_range: tuple[int, int] | None
-    cause: str
-    replaced_on: str
-    at: float
-
-    def describe(self) -> str:
-        where = f"seqs {self.seq_range[0]}..{self.seq_range[1]}" if self.seq_range else "no stored rows"
-        return (f"remote shard {self.shard} (node resource {self.node_resource!r}) lost {self.rows} rows ({where}): "
-                f"{self.cause}; replaced by an empty shard on node {self.replaced_on[:12]}")
-
-
-
-
-class OutputPool:
-    """Reused host output arrays: a delivered batch stays valid for ``depth`` more
-    deliveries of the same shape. Avoids first-touch page faults on large gathers, and
-    keeps each array's tensor view, so a delivery wraps no arrays."""
-
-    def __init__(self, depth: int, layout: dict[str, tuple[tuple[int, ...], np.dtype]]):
-        self.depth, self.layout = depth, layout
-        self._rings: dict[tuple, list[tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]]] = {}
-        self._next: dict[tuple, int] = {}
-
-    def get(self, lead: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
-        """The next (arrays, their tensor views) for batches of leading shape ``lead``."""
-        ring = self._rings.get(lead)
-        if ring is None:
-            ring = self._rings[lead] = []
-            for _ in range(self.depth):
-                arrays = {name: np.empty((*lead, *shape), dtype=dt) for name, (shape, dt) in self.layout.items()}
-                ring.append((arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}))
-            self._next[lead] = 0
-        i = self._next[lead]
-        self._next[lead] = (i + 1) % self.depth
-        return ring[i]
+__all__ = ["ExperienceBuffer", "ShardLoss", "prioritized_replay", "queue", "replay"]
 
 
 class ExperienceBuffer:
@@ -108,7 +64,7 @@ class ExperienceBuffer:
             raise ConfigError("capacity", "a positive int number of transitions", repr(capacity),
                               "use e.g. capacity=100_000")
         self.spec = spec
-        self._row_bytes = spec.bytes_per_transition  # delivered bytes per row (checked per sample: cached)
+        self.row_bytes = spec.bytes_per_transition  # delivered bytes per row (checked per sample: cached)
         capacity = int(capacity)
         shards = list(shards) if shards else [ShardSpec(Tier.parse(tier), capacity)]
         if sum(s.capacity for s in shards) != capacity:
@@ -118,7 +74,7 @@ class ExperienceBuffer:
         if not isinstance(self.selector, Selector):
             raise ConfigError("selector", "a Selector (Uniform(), Prioritized(...), Fifo())",
                               type(self.selector).__name__, "pass one of the selectors in conduit_core")
-        _check_memory(capacity, spec, shards, self.selector)
+        check_layout_fits(capacity, spec, shards, self.selector.bytes_per_slot)
         self.selector.bind(capacity)
         self.rate_limiter = rate_limiter or RateLimiter()
         self.done_fields = tuple(f for f in done_fields if f in spec)
@@ -131,10 +87,9 @@ class ExperienceBuffer:
             raise
         self.rng = np.random.default_rng(seed)
         self._seed = seed
-        self._sampled = 0         # items ever delivered by sample()/take()
-        self._dropped_stale = 0   # FIFO: items dropped for being from an older policy version
+        self.counts = DeliveryCounts()   # items delivered, and FIFO items dropped as stale
         self._migration = None    # an active Migration (see migration.py) receives every insert
-        self._losses: list[ShardLoss] = []  # remote shards lost (actor died, node left), with their rows
+        self._recovery = ShardLossRecovery(self)  # remote shards lost (actor died, node left), with their rows
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
@@ -170,11 +125,11 @@ class ExperienceBuffer:
 
     @property
     def sampled(self) -> int:
-        return self._sampled
+        return self.counts.sampled
 
     @property
     def dropped_stale(self) -> int:
-        return self._dropped_stale
+        return self.counts.dropped_stale
 
     @property
     def lock(self) -> threading.Condition:
@@ -212,7 +167,7 @@ class ExperienceBuffer:
             priorities = self.selector.check_initial_priorities(n, priorities)  # before anything is written
         with self._cond:
             self._check_open()
-            self._wait_for_insert(n, timeout)
+            wait_to_insert(self, n, timeout)
             first = self.ring.inserted
             start = first % self.capacity
             if self.storage.pools:
@@ -221,7 +176,7 @@ class ExperienceBuffer:
                 self._evict_for_frames(pending, n)
                 self.storage.commit_frames(pending)
             leaving = self.ring.holes_leaving(n)  # removed rows the ring now overwrites leave the window
-            self._with_lost_shards(lambda: self.storage.write(start, enc, n), keep_from=first + n - self.capacity)
+            self.run_storage(lambda: self.storage.write(start, enc, n), keep_from=first + n - self.capacity)
             self.ring.holes -= leaving  # only once the write happened: a failed insert changes nothing
             prev_tail = self.ring.write(first, n, enc, self.done_fields, int(source), int(policy_version))
             if self._migration is not None:  # dual write: the new layout gets every insert too
@@ -234,45 +189,17 @@ class ExperienceBuffer:
             return first
 
     # ------------------------------------------------------------ lost shards
-    def _with_lost_shards(self, op, *, keep_from: int | None = None, then=None):
-        """Run a storage operation (under the lock); when a remote shard turns out lost, its
-        rows leave the buffer (reported in ``losses``), a new empty shard takes its place,
-        and the operation runs again (after ``then()``, e.g. waiting until enough rows are
-        left to sample). ``keep_from``: rows below this seq are being overwritten by the
-        operation itself, so they are not counted as lost. A FIFO buffer cannot skip lost
-        on-policy rows without breaking its order: there the loss is raised."""
-        for _ in range(len(self.storage.shards) + 1):
-            try:
-                return op()
-            except ShardLost as lost:
-                if self.selector.consumes:
-                    raise
-                self._lose_shard(lost, self.ring.lo() if keep_from is None else max(self.ring.lo(), keep_from))
-                if then is not None:
-                    then()
-        return op()
-
-    def _lose_shard(self, lost: ShardLost, keep_from: int) -> None:
-        s = lost.shard
-        slots = np.arange(int(self.storage.bounds[s]), int(self.storage.bounds[s + 1]), dtype=np.int64)
-        seqs = self.meta["seq"][slots]
-        gone = seqs[self.ring.live(slots, seqs) & (seqs >= keep_from)]
-        self.evict(gone)
-        loss = ShardLoss(shard=s, node_resource=lost.node, rows=int(gone.size),
-                         seq_range=(int(gone.min()), int(gone.max())) if gone.size else None,
-                         cause=f"{type(lost.cause).__name__}: {lost.cause}", replaced_on="(not replaced)",
-                         at=time.time())
-        self._losses.append(loss)  # recorded before the replacement, which may fail in turn
-        log.warning("conduit: %s", loss.describe())
-        node = self.storage.replace_shard(s)
-        self._losses[-1] = dataclasses.replace(loss, replaced_on=node)
+    def run_storage(self, op, *, keep_from: int | None = None, then=None):
+        """Run a storage operation (lock held); a lost remote shard's rows leave the buffer, a
+        new shard takes its place, and the operation runs again (shard_loss.py)."""
+        return self._recovery.run(op, keep_from=keep_from, then=then)
 
     @property
     def losses(self) -> list["ShardLoss"]:
         """Every remote shard lost so far: which, its rows (count and seq range), the cause,
         and where the empty shard that replaced it runs."""
         with self._cond:
-            return list(self._losses)
+            return list(self._recovery.losses)
 
     # -------------------------------------------------------------- eviction
     def evict(self, seqs) -> int:
@@ -304,32 +231,7 @@ class ExperienceBuffer:
         knows (RLlib's episode slices, with their lookback): no selection, no RNG draw,
         nothing counted as sampled. A seq that is not stored (never written, overwritten by
         the ring, evicted, or on a lost shard) is an error naming it; nothing is read then."""
-        seqs = np.asarray(seqs, dtype=np.int64)
-        flat = seqs.reshape(-1)
-        self._check_fields(fields)
-        with self._cond:
-            self._check_open()
-            slots = flat % self.capacity
-            live = self.ring.stored(flat)
-            if not live.all():
-                bad = int(flat[np.argmin(live)])
-                raise SemanticError(f"read: seq {bad} is not stored (stored seqs are in [{self.ring.lo()}, "
-                                    f"{self.ring.inserted}) minus evicted rows). Fix: read only rows this buffer "
-                                    "still holds (e.g. seqs from a delivered batch or from the adapter's own "
-                                    "ledger of stored episodes).")
-            data = self.storage.gather(slots.reshape(seqs.shape),
-                                       device=None if device is None else torch.device(device), fields=fields)
-        return dict(data)
-
-    def _check_fields(self, fields) -> None:
-        if fields is None:
-            return
-        if isinstance(fields, str):
-            raise ConfigError("fields", "a sequence of field names", repr(fields), f"pass [{fields!r}]")
-        unknown = [f for f in fields if f not in self.spec]
-        if unknown:
-            raise SpecError(f"fields[{unknown[0]!r}]", f"one of the spec's fields {list(self.spec.names)}",
-                            "not in the spec", "ask for declared fields only")
+        return delivery.read(self, seqs, fields=fields, device=device)
 
     def recount_holes(self) -> None:
         """Recompute the removed-row count from the metadata (after a layout change)."""
@@ -391,63 +293,14 @@ class ExperienceBuffer:
 
     def _evict_for_frames(self, pending: list, n: int) -> None:
         """Evict (oldest first) the rows whose frames the pending frame writes overwrite."""
-        cap = self.capacity
-        a = max(self.ring.lo(), self.ring.inserted + n - cap)  # rows that survive the ring
-        b = self.ring.inserted
-        new_floor = a
-        for pool, _stacks, _sel, count, last in pending:
-            keep_from = pool.cursor + count - pool.capacity  # smallest frame id that survives
-            if last.size and int(last.min()) - pool.k + 1 < keep_from:
-                raise CapacityError(f"rollout: its {count} new frames exceed the frame pool ({pool.capacity} "
-                                    "frames). Fix: ingest shorter rollouts or raise FrameStackCodec.frame_budget.")
-            ids = self.storage.host_view(pool.fields[0])
-            lo_s, hi_s = a, b  # first seq in [a, b) whose first frame survives
-            while lo_s < hi_s:
-                mid = (lo_s + hi_s) // 2
-                if int(ids[mid % cap]) - pool.k + 1 >= keep_from:
-                    hi_s = mid
-                else:
-                    lo_s = mid + 1
-            new_floor = max(new_floor, lo_s)
+        a = max(self.ring.lo(), self.ring.inserted + n - self.capacity)  # rows that survive the ring
+        new_floor = first_surviving_seq(pending, self.storage.host_view, a, self.ring.inserted, self.capacity)
         if new_floor <= a:
             return
         if self.selector.consumes and new_floor > self.ring.head:
             raise CapacityError(f"frame pool full: storing this rollout would evict {new_floor - self.ring.head} "
                                 "unconsumed on-policy rows. Fix: consume first or raise frame_budget.")
         self.selector.on_evict(self.ring.raise_floor(a, new_floor))
-
-    def _wait_for_insert(self, n: int, timeout: float | None) -> None:
-        rl = self.rate_limiter
-
-        def fifo_full() -> bool:
-            return self.selector.consumes and (self.ring.inserted + n - self.ring.head) > self.capacity
-
-        def allowed() -> bool:
-            return not fifo_full() and rl.can_insert(inserts=self.ring.inserted, samples=self._sampled,
-                                                     n=n, size=self.size)
-        if allowed():
-            return
-        if fifo_full():
-            why = (f"the FIFO queue holds {self.ring.inserted - self.ring.head} unconsumed items of "
-                   f"capacity {self.capacity}; overwriting them would lose on-policy data")
-        else:
-            why = rl.why_not_insert(inserts=self.ring.inserted, samples=self._sampled, n=n)
-        self._wait(allowed, timeout, why, kind="insert")
-
-    def _wait(self, predicate, timeout: float | None, why: str, *, kind: str) -> None:
-        rl = self.rate_limiter
-        if rl.on_limit == "raise":
-            raise RateLimitError(f"{kind} refused: {why}. Fix: deliver/consume first, or use "
-                                 "RateLimiter(on_limit='block') with a background worker.")
-        limit = rl.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        while not predicate():
-            self._check_open()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RateLimitTimeout(f"{kind} waited {limit:.3g} s: {why}. Fix: make sure the other "
-                                       "side (actors or learner) is running, or relax the RateLimiter.")
-            self._cond.wait(min(left, 0.05))
 
     # ---------------------------------------------------------------- select
     def sample(self, batch_size: int, *, device: torch.device | str | None = None,
@@ -466,129 +319,15 @@ class ExperienceBuffer:
         'redraw' draws the item and its n again, so every delivered window has its full n
         (RLlib's ``PrioritizedEpisodeReplayBuffer``). The two are different distributions
         over the same data, and they change how fast DQN learns: pick the framework's."""
-        if self.selector.consumes:
-            raise ConfigError("selector", "uniform or prioritized for sample()", "fifo",
-                              "use take() to consume FIFO (on-policy) data")
-        if episode_end not in EPISODE_END_RULES:
-            raise ConfigError("episode_end", f"one of {EPISODE_END_RULES}", repr(episode_end),
-                              "'redraw' for RLlib's prioritized buffer, 'shorten' for its uniform one")
-        if isinstance(n_step, list):
-            n_step = tuple(n_step)
-        self._check_sampling(n_step, gamma, beta)
-        self._check_batch_size(batch_size)
-        self._check_fields(fields)
-        if n_step is not None and episode_end == "redraw" and getattr(self.selector, "stratified", False):
-            raise ConfigError("episode_end", "'shorten' with Prioritized(stratified=True)", "'redraw'",
-                              "the redraw walk draws items independently (RLlib's rule): use "
-                              "Prioritized(stratified=False) for it")
-        if n_step is not None and episode_end == "redraw" and not self.selector.native_windows:
-            raise ConfigError("episode_end", f"'shorten' with the {self.selector.name} selector", "'redraw'",
-                              "the redraw rule runs in the native walk, which draws plain uniform or "
-                              "prioritized items: use episode_end='shorten' with this selector")
-        with self._cond:
-            self._check_open()
-            self._wait_for_sample(batch_size, timeout)
+        return delivery.sample(self, batch_size, device=device, n_step=n_step, gamma=gamma, beta=beta,
+                               timeout=timeout, fields=fields, episode_end=episode_end)
 
-            def draw():
-                if n_step is not None and episode_end == "redraw":
-                    slots, weights, ret, last, steps = self.walk.sample_windows(
-                        self.ring, self.storage, self.selector, self.rng, batch_size, n_step, gamma, beta, redraw=True)
-                    return slots, weights, self.walk.window_columns(self._gather, slots, ret, last, steps, device,
-                                                                    fields)
-                slots, weights = self._select(batch_size, beta)
-                if n_step is None:
-                    return slots, weights, self._gather(slots, device, fields)
-                return slots, weights, self.walk.n_step_columns(self.ring, self.storage, self.rng, self._gather, slots,
-                                                                n_step, gamma, device, fields)
-            slots, weights, data = self._with_lost_shards(
-                draw, then=lambda: self._wait_for_sample(batch_size, timeout))
-            self._sampled += batch_size
-            self._cond.notify_all()
-            return Batch(data, slots=slots, seqs=self.meta["seq"][slots], versions=self.meta["version"][slots],
-                         weights=None if weights is None else (torch.from_numpy(weights) if device is None
-                                                               else torch.from_numpy(weights).to(device)),
-                         inserted_at_selection=self.ring.inserted)
+    def wait_for_sample(self, n: int, timeout: float | None) -> None:
+        """Wait (lock held) until the rate limiter lets ``n`` items be sampled."""
+        wait_to_sample(self, n, timeout)
 
-    def _select(self, batch_size: int, beta: float | None):
-        """Slots for a batch. A weighted selector draws slots from its own index; any other
-        names positions among the stored rows, oldest first (removed rows are not
-        positions). An order-free one (plain uniform: its distribution is the same under any
-        reordering of the rows) may have its positions read as slots where that is the same
-        set, which spares the mapping on the hot path."""
-        if self.selector.weighted:
-            return self.selector.select(batch_size, self.size, self.rng, beta=beta)
-        lo = self.ring.lo()
-        if not self.selector.order_free:
-            if self.ring.holes:
-                live = self.ring.live_seqs()
-                off, weights = self.selector.select(batch_size, int(live.size), self.rng)
-                return live[off] % self.capacity, weights
-            off, weights = self.selector.select(batch_size, self.ring.inserted - lo, self.rng)
-            return (lo + off) % self.capacity, weights
-        off, weights = self.selector.select(batch_size, self.ring.inserted - lo, self.rng)
-        if self.ring.holes:
-            return self._redraw_holes(lo, off), weights
-        if self.ring.floor > max(self.ring.inserted - self.capacity, 0):  # early eviction: a shifted window
-            return (lo + off) % self.capacity, weights
-        return off, weights
-
-    def _redraw_holes(self, lo: int, off: np.ndarray) -> np.ndarray:
-        """Uniform over the stored rows when some were removed: offsets that fall on a removed
-        row are drawn again (each round keeps the live ones, so the result is uniform)."""
-        window = self.ring.inserted - lo
-        seqs = lo + off
-        for _ in range(1000):
-            dead = self.meta["seq"][seqs % self.capacity] != seqs
-            if not dead.any():
-                return seqs % self.capacity
-            seqs[dead] = lo + self.rng.integers(0, window, int(dead.sum()))
-        live = self.ring.live_seqs()
-        dead = self.meta["seq"][seqs % self.capacity] != seqs
-        seqs[dead] = live[self.rng.integers(0, live.size, int(dead.sum()))]
-        return seqs % self.capacity
-
-    def _check_batch_size(self, batch_size: int) -> None:
-        if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
-            raise ConfigError("batch_size", "a positive int", repr(batch_size), "pass e.g. batch_size=32")
-        out = int(batch_size) * self._row_bytes
-        if out < (256 << 20):  # the usual case costs no system call on the hot path
-            return
-        free = available_bytes(Tier.PAGEABLE)
-        if free is not None and out > free:
-            raise CapacityError(f"batch_size: a batch of {batch_size} rows needs {fmt(out)}, {fmt(free)} of host "
-                                "memory is free. Fix: sample smaller batches.")
-
-    @staticmethod
-    def _check_sampling(n_step, gamma: float, beta: float | None) -> None:
-        """Sampling arguments, checked before anything is drawn."""
-        if type(n_step) is int and n_step >= 1 and type(gamma) is float and 0.0 <= gamma <= 1.0 \
-                and (beta is None or (type(beta) is float and 0.0 <= beta < math.inf)):
-            return  # the usual call, decided without a function call
-        ok = lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-        if n_step is not None:
-            if isinstance(n_step, (tuple, list)):
-                if len(n_step) != 2 or not all(ok(v) for v in n_step) or not 1 <= n_step[0] <= n_step[1]:
-                    raise ConfigError("n_step", "an int >= 1 or (lo, hi) ints with 1 <= lo <= hi (drawn from "
-                                      "[lo, hi))", repr(n_step), "e.g. n_step=3 or n_step=(2, 5)")
-            elif not ok(n_step) or n_step < 1:
-                raise ConfigError("n_step", "an int >= 1 or (lo, hi)", repr(n_step), "e.g. n_step=3 or (2, 5)")
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.floating)) or not 0.0 <= gamma <= 1.0:
-            raise ConfigError("gamma", "a discount in [0, 1]", repr(gamma), "e.g. gamma=0.99")
-        if beta is not None and (isinstance(beta, bool) or not isinstance(beta, (int, float, np.floating))
-                                 or not np.isfinite(beta) or beta < 0):
-            raise ConfigError("beta", "a finite number >= 0 (or None: the selector's)", repr(beta), "e.g. beta=0.4")
-
-    def _wait_for_sample(self, n: int, timeout: float | None) -> None:
-        rl = self.rate_limiter
-
-        def allowed() -> bool:
-            return rl.can_sample(size=self.size, inserts=self.ring.inserted, samples=self._sampled, n=n)
-        if not allowed():
-            self._wait(allowed, timeout, rl.why_not_sample(size=self.size, inserts=self.ring.inserted,
-                                                           samples=self._sampled, n=n), kind="sample")
-
-    def _gather(self, slots: np.ndarray, device, fields=None) -> dict[str, torch.Tensor]:
+    def gather(self, slots: np.ndarray, device=None, fields=None) -> dict[str, torch.Tensor]:
+        """Decoded rows at ``slots`` (lock held), into the reused outputs when the buffer keeps them."""
         out, views = (None, None) if self._out is None or fields is not None else self._out.get(slots.shape)
         return self.storage.gather(slots, device=None if device is None else torch.device(device),
                                    out=out, out_tensors=views, fields=fields)
@@ -598,32 +337,7 @@ class ExperienceBuffer:
         shaped ``[B, T, ...]``, with a boolean ``mask`` [B, T] that is False after the
         episode ends (those steps repeat the last real step and must be ignored).
         Starts are chosen by the selector."""
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 1 <= length <= self.capacity:
-            raise ConfigError("length", f"an int in [1, capacity={self.capacity}]", repr(length),
-                              "use e.g. length=20")
-        if self.selector.consumes:
-            raise ConfigError("selector", "uniform or prioritized for sample_sequences()", "fifo",
-                              "use take() for FIFO data")
-        self._check_batch_size(batch_size)
-        with self._cond:
-            self._check_open()
-            self._wait_for_sample(batch_size, timeout)
-
-            def draw():
-                starts, weights = self._select(batch_size, None)
-                grid, mask = self.walk.sequence_grid(self.ring, starts, length)
-                data = self._gather(grid, device)
-                return starts, weights, grid, mask, data
-            starts, weights, grid, mask, data = self._with_lost_shards(
-                draw, then=lambda: self._wait_for_sample(batch_size, timeout))
-            dev = torch.device(device) if device is not None else torch.device("cpu")
-            data["mask"] = torch.from_numpy(mask).to(dev)
-            self._sampled += batch_size
-            self._cond.notify_all()
-            return Batch(data, slots=starts, seqs=self.meta["seq"][starts], versions=self.meta["version"][starts],
-                         weights=None if weights is None else torch.from_numpy(weights).to(dev),
-                         inserted_at_selection=self.ring.inserted)
-
+        return delivery.sample_sequences(self, batch_size, length, device=device, timeout=timeout)
 
     def take(self, batch_size: int | None = None, *, policy_version: int | None = None,
              device=None, timeout: float | None = None, wait: bool = True) -> Batch:
@@ -632,54 +346,14 @@ class ExperienceBuffer:
         With ``policy_version``, items from older versions are dropped (counted in
         ``dropped_stale``), never delivered; an item from a *newer* version is a caller
         error. ``batch_size=None`` takes everything available now."""
-        if not self.selector.consumes:
-            raise ConfigError("selector", "Fifo() for take()", self.selector.name,
-                              "build the buffer with selector=Fifo() for on-policy data")
-        with self._cond:
-            self._check_open()
-            if batch_size is not None:
-                self._check_batch_size(batch_size)
-                if batch_size > self.capacity:
-                    raise CapacityError(f"batch_size: expected at most capacity={self.capacity}, got "
-                                        f"{batch_size}. Fix: raise capacity or take smaller batches.")
-
-                def enough() -> bool:
-                    self._drop_stale(policy_version)
-                    return self._available(policy_version) >= batch_size
-                if not enough():
-                    if not wait:
-                        raise ExperienceTimeout(
-                            f"take: expected {batch_size} items of policy version {policy_version}, "
-                            f"{self._available(policy_version)} are available. Fix: flush the "
-                            "producers first, or take batch_size=None for what is there.")
-                    self._wait(enough, timeout, f"{self._available(policy_version)} of {batch_size} "
-                               f"items of version {policy_version} available", kind="take")
-            else:
-                self._drop_stale(policy_version)
-            avail = self._available(policy_version)
-            k = avail if batch_size is None else batch_size
-            seqs = np.arange(self.ring.head, self.ring.head + k, dtype=np.int64)
-            slots = seqs % self.capacity
-            data = self._gather(slots, device) if k else {f.name: torch.empty((0, *f.shape), dtype=f.dtype)
-                                                           for f in self.spec}
-            versions = self.meta["version"][slots].copy()
-            self.ring.head += k
-            self._sampled += k
-            self._cond.notify_all()
-            return Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=self.ring.inserted)
-
-    def _drop_stale(self, policy_version: int | None) -> None:
-        if policy_version is not None:
-            self._dropped_stale += self.ring.drop_stale_prefix(policy_version)
-
-    def _available(self, policy_version: int | None) -> int:
-        return self.ring.queued(policy_version)
+        return delivery.take(self, batch_size, policy_version=policy_version, device=device, timeout=timeout,
+                             wait=wait)
 
     # ------------------------------------------------------------- rollback
     def selection_token(self) -> tuple:
         """The selection-side state (RNG, counters) before a speculative delivery."""
         with self._cond:
-            return (self.rng.bit_generator.state, self._sampled, self.ring.head, self._dropped_stale)
+            return (self.rng.bit_generator.state, self.counts.sampled, self.ring.head, self.counts.dropped_stale)
 
     def rollback_selection(self, token: tuple, *, items: int, restore_rng: bool) -> None:
         """Undo a speculative delivery that was never handed out: its items count as not
@@ -688,37 +362,14 @@ class ExperienceBuffer:
         with self._cond:
             if restore_rng:
                 self.rng.bit_generator.state = token[0]
-            self._sampled -= items
+            self.counts.sampled -= items
             self._cond.notify_all()
 
     # ------------------------------------------------------------ priorities
     def update_priorities(self, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None) -> int:
         """Set new priorities for delivered items. With ``seqs`` (from the Batch), items
         overwritten since they were delivered are skipped. Returns how many were updated."""
-        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
-        pr = priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
-        pr = pr.reshape(-1)
-        if pr.shape[0] != slots.shape[0]:
-            raise SpecError("priorities", f"{slots.shape[0]} values (one per delivered item)", pr.shape[0],
-                            "pass one priority per row of the batch")
-        with self._cond:
-            self._check_open()
-            if slots.size and (slots.min() < 0 or slots.max() >= self.capacity):
-                bad = int(slots[(slots < 0) | (slots >= self.capacity)][0])
-                raise SpecError("slots", f"ring slots in [0, {self.capacity})", bad,
-                                "pass the slots of a delivered Batch (batch.slots) with batch.seqs")
-            stored = self.meta["seq"][slots]
-            if seqs is not None:
-                keep = stored == np.asarray(seqs).reshape(-1)
-                if not keep.all():  # rows overwritten since delivery: skipped
-                    slots, pr = slots[keep], pr[keep]
-            elif slots.size and not (live := self.ring.live(slots, stored)).all():
-                bad = int(slots[~live][0])
-                raise SpecError("slots", "slots that hold a stored row", f"slot {bad} (empty or evicted)",
-                                "pass the slots of a delivered Batch, with its seqs so rows overwritten since "
-                                "are skipped")
-            self.selector.update_priorities(slots, pr)
-            return int(slots.shape[0])
+        return delivery.update_priorities(self, slots, priorities, seqs=seqs)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -726,25 +377,7 @@ class ExperienceBuffer:
         Values are numpy arrays, numbers, strings, lists and dicts (no pickle needed)."""
         with self._cond:
             self._check_open()
-            stored = min(self.ring.inserted, self.capacity)
-            rows = self._with_lost_shards(lambda: self.storage.read_rows(0, stored))  # what survives
-            data = {k: v.cpu().numpy() if v.dtype != torch.bfloat16 else v.view(torch.int16).numpy()
-                    for k, v in rows.items()}
-            return {
-                "schema_version": SCHEMA_VERSION,
-                "spec": self.spec.to_config(),
-                "capacity": self.capacity,
-                "selector": self.selector.to_config(),
-                "selector_state": self.selector.state_dict(),
-                "counters": {"inserted": self.ring.inserted, "sampled": self._sampled, "head": self.ring.head,
-                             "dropped_stale": self._dropped_stale, "floor": self.ring.floor,
-                             "evicted_early": self.ring.evicted_early, "holes": self.ring.holes},
-                "pools": {name: pool.state() for name, pool in self.storage.pools.items()},
-                "open_tail": [[int(k), int(v)] for k, v in self.ring.open_tail.items()],
-                "rng": self.rng.bit_generator.state,
-                "data": data,
-                "meta": {k: v[:stored].copy() for k, v in self.meta.items()},
-            }
+            return capture_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from ``state_dict`` (exact round trip), all or nothing: every
@@ -755,29 +388,12 @@ class ExperienceBuffer:
                               pools=self.storage.pools, rng_kind=type(self.rng.bit_generator).__name__)
         with self._cond:
             self._check_open()
-            enc, meta, c, stored = checked["data"], checked["meta"], checked["counters"], checked["stored"]
-            if stored:
-                self.storage.write(0, enc, stored)
-            written = min(self.ring.inserted, self.capacity)  # slots this buffer wrote before: cleared past `stored`
-            for k in META_FIELDS:
-                self.meta[k][:stored] = meta[k]
-                if written > stored:
-                    self.meta[k][stored:written] = 0
-            self.ring.inserted, self._sampled = c["inserted"], c["sampled"]
-            self.ring.head, self._dropped_stale = c["head"], c["dropped_stale"]
-            self.ring.floor, self.ring.evicted_early = c["floor"], c["evicted_early"]
-            self.ring.holes = c["holes"]
-            for name, pstate in checked["pools"].items():
-                self.storage.pools[name].load(pstate)
-            self.ring.open_tail = checked["open_tail"]
-            self.rng.bit_generator.state = checked["rng"]
-            self.selector.load_state_dict(checked["selector_state"])
+            restore_state(self, checked)
             self._cond.notify_all()
 
     # ----------------------------------------------------------------- close
     def _check_open(self) -> None:
         if self._closed:
-            from .errors import ClosedError
             raise ClosedError("the buffer is closed. Fix: build a new one; state_dict() before close() keeps the data.")
 
     def close(self) -> None:
@@ -793,29 +409,6 @@ class ExperienceBuffer:
     @property
     def closed(self) -> bool:
         return self._closed
-
-
-def _check_memory(capacity: int, spec: ExperienceSpec, shards, selector: Selector) -> None:
-    """Refuse a capacity the tiers cannot hold, before anything is allocated: each tier's
-    columns, plus the per-slot metadata (and the selector's per-slot state, e.g. priority
-    trees) in host or shared memory."""
-    row = spec.stored_bytes_per_transition
-    prioritized = selector.bytes_per_slot > 0
-    meta = needed_bytes(capacity, 0, selector_bytes_per_slot=selector.bytes_per_slot)
-    need: dict[Tier, int] = {}
-    for shard in shards:   # each kind says what it takes from which tier (pinned pages come from host RAM)
-        for tier, n in shard_class(shard.kind).memory_needed(shard, row).items():
-            need[tier] = need.get(tier, 0) + n
-    shared = any(s.tier is Tier.SHARED for s in shards)
-    need[Tier.SHARED if shared else Tier.PAGEABLE] = need.get(Tier.SHARED if shared else Tier.PAGEABLE, 0) + meta
-    for tier, n in need.items():
-        free = available_bytes(tier)
-        if free is not None and n > free:
-            raise CapacityError(
-                f"capacity: {capacity} transitions of {row} B need {fmt(n)} on tier '{tier.value}' (columns and "
-                f"per-slot metadata{', priority trees' if prioritized else ''}), {fmt(free)} is free there. Fix: "
-                "lower capacity, or place part of it on another tier (shards=[ShardSpec(...), ...]; `conduit plan` "
-                "sizes them).")
 
 
 def replay(*, spec: ExperienceSpec, capacity: int, seed: int = 0, **kw) -> ExperienceBuffer:

@@ -120,3 +120,47 @@ def check_state(state: Mapping[str, Any], *, spec: ExperienceSpec, capacity: int
         raise bad("open_tail", "[source, seq] pairs", state["open_tail"]) from None
     return {"data": enc, "meta": meta, "counters": c, "stored": stored, "pools": saved_pools, "open_tail": open_tail,
             "rng": state["rng"], "selector_state": state["selector_state"]}
+
+
+def capture_state(buf) -> dict:
+    """``ExperienceBuffer.state_dict`` (lock held): the buffer's parts, as plain values."""
+    stored = min(buf.ring.inserted, buf.capacity)
+    rows = buf.run_storage(lambda: buf.storage.read_rows(0, stored))  # what survives
+    data = {k: v.cpu().numpy() if v.dtype != torch.bfloat16 else v.view(torch.int16).numpy()
+            for k, v in rows.items()}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "spec": buf.spec.to_config(),
+        "capacity": buf.capacity,
+        "selector": buf.selector.to_config(),
+        "selector_state": buf.selector.state_dict(),
+        "counters": {"inserted": buf.ring.inserted, "sampled": buf.counts.sampled, "head": buf.ring.head,
+                     "dropped_stale": buf.counts.dropped_stale, "floor": buf.ring.floor,
+                     "evicted_early": buf.ring.evicted_early, "holes": buf.ring.holes},
+        "pools": {name: pool.state() for name, pool in buf.storage.pools.items()},
+        "open_tail": [[int(k), int(v)] for k, v in buf.ring.open_tail.items()],
+        "rng": buf.rng.bit_generator.state,
+        "data": data,
+        "meta": {k: v[:stored].copy() for k, v in buf.meta.items()},
+    }
+
+
+def restore_state(buf, checked: dict) -> None:
+    """Write a state ``check_state`` has validated into the buffer's parts (lock held)."""
+    enc, meta, c, stored = checked["data"], checked["meta"], checked["counters"], checked["stored"]
+    if stored:
+        buf.storage.write(0, enc, stored)
+    written = min(buf.ring.inserted, buf.capacity)  # slots this buffer wrote before: cleared past `stored`
+    for k in META_FIELDS:
+        buf.meta[k][:stored] = meta[k]
+        if written > stored:
+            buf.meta[k][stored:written] = 0
+    buf.ring.inserted, buf.counts.sampled = c["inserted"], c["sampled"]
+    buf.ring.head, buf.counts.dropped_stale = c["head"], c["dropped_stale"]
+    buf.ring.floor, buf.ring.evicted_early = c["floor"], c["evicted_early"]
+    buf.ring.holes = c["holes"]
+    for name, pstate in checked["pools"].items():
+        buf.storage.pools[name].load(pstate)
+    buf.ring.open_tail = checked["open_tail"]
+    buf.rng.bit_generator.state = checked["rng"]
+    buf.selector.load_state_dict(checked["selector_state"])

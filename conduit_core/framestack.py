@@ -256,3 +256,26 @@ def frames_of(codec: FrameStackCodec, x: Any) -> np.ndarray:
 
 def pool_frames(capacity: int, codec: FrameStackCodec, fields_in_pool: int) -> int:
     return int(math.ceil(capacity * codec.frame_budget)) + codec.k * 4 * max(1, fields_in_pool)
+
+
+def first_surviving_seq(pending: list, frame_ids, lo: int, hi: int, capacity: int) -> int:
+    """The first seq in ``[lo, hi)`` whose frames the pending pool writes (``plan_frames``)
+    leave intact: rows before it must be evicted before the frames are written.
+    ``frame_ids(field)``: the stored last-frame ids of a pooled field, by slot."""
+    from .errors import CapacityError
+    new_floor = lo
+    for pool, _stacks, _sel, count, last in pending:
+        keep_from = pool.cursor + count - pool.capacity  # smallest frame id that survives
+        if last.size and int(last.min()) - pool.k + 1 < keep_from:
+            raise CapacityError(f"rollout: its {count} new frames exceed the frame pool ({pool.capacity} "
+                                "frames). Fix: ingest shorter rollouts or raise FrameStackCodec.frame_budget.")
+        ids = frame_ids(pool.fields[0])
+        a, b = lo, hi   # binary search: frame ids grow with seq
+        while a < b:
+            mid = (a + b) // 2
+            if int(ids[mid % capacity]) - pool.k + 1 >= keep_from:
+                b = mid
+            else:
+                a = mid + 1
+        new_floor = max(new_floor, a)
+    return new_floor

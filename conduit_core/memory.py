@@ -46,3 +46,28 @@ def needed_bytes(capacity: int, row_bytes: int, *, selector_bytes_per_slot: int 
 
 def fmt(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_layout_fits(capacity: int, spec, shards, selector_bytes_per_slot: int) -> None:
+    """Refuse a capacity the tiers cannot hold, before anything is allocated: each shard's
+    columns on the tiers its kind takes memory from (``Shard.memory_needed``), plus the
+    per-slot metadata (and the selector's per-slot state, e.g. priority trees) in host or
+    shared memory."""
+    from .errors import CapacityError
+    from .shards import shard_class
+    row = spec.stored_bytes_per_transition
+    meta = needed_bytes(capacity, 0, selector_bytes_per_slot=selector_bytes_per_slot)
+    need: dict[Tier, int] = {}
+    for shard in shards:
+        for tier, n in shard_class(shard.kind).memory_needed(shard, row).items():
+            need[tier] = need.get(tier, 0) + n
+    meta_tier = Tier.SHARED if any(s.tier is Tier.SHARED for s in shards) else Tier.PAGEABLE
+    need[meta_tier] = need.get(meta_tier, 0) + meta
+    for tier, n in need.items():
+        free = available_bytes(tier)
+        if free is not None and n > free:
+            raise CapacityError(
+                f"capacity: {capacity} transitions of {row} B need {fmt(n)} on tier '{tier.value}' (columns and "
+                f"per-slot metadata{', priority trees' if selector_bytes_per_slot > 0 else ''}), {fmt(free)} is free "
+                "there. Fix: lower capacity, or place part of it on another tier (shards=[ShardSpec(...), ...]; "
+                "`conduit plan` sizes them).")

@@ -78,3 +78,4 @@ class RateLimiter:
         return {"min_size": self.min_size, "samples_per_insert": self.samples_per_insert,
                 "tolerance": None if math.isinf(self.tolerance) else self.tolerance,
                 "on_limit": self.on_limit, "timeout": self.timeout}
+

@@ -1,0 +1,191 @@
+"""The buffer's delivery side: draw a batch (replay), a batch of sequences, or consume the
+oldest rows (FIFO), and gather them decoded on the learner's device.
+
+Each function takes the buffer and uses only its public parts (its lock, ring, storage,
+selector, episode walk, RNG, counters and ``gather``); ``ExperienceBuffer``'s methods of
+the same names are the documented entry points. Arguments are checked before anything is
+drawn (``sampling_args``); a lost remote shard during a draw is recovered and the draw runs
+again (``shard_loss``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .batch import Batch
+from .errors import CapacityError, ConfigError, ExperienceTimeout, SemanticError, SpecError
+from .rate_gate import wait_until
+from .sampling_args import (check_batch_size, check_episode_end, check_fields, check_length, check_redraw_selector,
+                            check_sampling)
+from .selection import select_slots
+
+
+@dataclass
+class DeliveryCounts:
+    """What left the buffer: rate limits and state dicts read these."""
+
+    sampled: int = 0         # items ever delivered by sample()/take()
+    dropped_stale: int = 0   # FIFO: items dropped for being from an older policy version
+
+
+def _weights_on(weights, device):
+    if weights is None:
+        return None
+    return torch.from_numpy(weights) if device is None else torch.from_numpy(weights).to(device)
+
+
+def sample(buf, batch_size, *, device, n_step, gamma, beta, timeout, fields, episode_end) -> Batch:
+    """``ExperienceBuffer.sample``."""
+    if buf.selector.consumes:
+        raise ConfigError("selector", "uniform or prioritized for sample()", "fifo",
+                          "use take() to consume FIFO (on-policy) data")
+    check_episode_end(episode_end)
+    if isinstance(n_step, list):
+        n_step = tuple(n_step)
+    check_sampling(n_step, gamma, beta)
+    check_batch_size(batch_size, buf.row_bytes)
+    check_fields(buf.spec, fields)
+    if n_step is not None and episode_end == "redraw":
+        check_redraw_selector(buf.selector)
+    ring, walk = buf.ring, buf.walk
+    with buf.lock:
+        buf.check_open()
+        buf.wait_for_sample(batch_size, timeout)
+
+        def draw():
+            if n_step is not None and episode_end == "redraw":
+                slots, weights, ret, last, steps = walk.sample_windows(
+                    ring, buf.storage, buf.selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True)
+                return slots, weights, walk.window_columns(buf.gather, slots, ret, last, steps, device, fields)
+            slots, weights = select_slots(ring, buf.selector, buf.rng, batch_size, buf.size, beta)
+            if n_step is None:
+                return slots, weights, buf.gather(slots, device, fields)
+            return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,
+                                                       device, fields)
+        slots, weights, data = buf.run_storage(draw, then=lambda: buf.wait_for_sample(batch_size, timeout))
+        buf.counts.sampled += batch_size
+        buf.lock.notify_all()
+        return Batch(data, slots=slots, seqs=ring.meta["seq"][slots], versions=ring.meta["version"][slots],
+                     weights=_weights_on(weights, device), inserted_at_selection=ring.inserted)
+
+
+def sample_sequences(buf, batch_size: int, length: int, *, device, timeout) -> Batch:
+    """``ExperienceBuffer.sample_sequences``."""
+    check_length(length, buf.capacity)
+    if buf.selector.consumes:
+        raise ConfigError("selector", "uniform or prioritized for sample_sequences()", "fifo",
+                          "use take() for FIFO data")
+    check_batch_size(batch_size, buf.row_bytes)
+    ring = buf.ring
+    with buf.lock:
+        buf.check_open()
+        buf.wait_for_sample(batch_size, timeout)
+
+        def draw():
+            starts, weights = select_slots(ring, buf.selector, buf.rng, batch_size, buf.size, None)
+            grid, mask = buf.walk.sequence_grid(ring, starts, length)
+            return starts, weights, mask, buf.gather(grid, device)
+        starts, weights, mask, data = buf.run_storage(draw, then=lambda: buf.wait_for_sample(batch_size, timeout))
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        data["mask"] = torch.from_numpy(mask).to(dev)
+        buf.counts.sampled += batch_size
+        buf.lock.notify_all()
+        return Batch(data, slots=starts, seqs=ring.meta["seq"][starts], versions=ring.meta["version"][starts],
+                     weights=None if weights is None else torch.from_numpy(weights).to(dev),
+                     inserted_at_selection=ring.inserted)
+
+
+def take(buf, batch_size: int | None, *, policy_version: int | None, device, timeout, wait: bool) -> Batch:
+    """``ExperienceBuffer.take``."""
+    if not buf.selector.consumes:
+        raise ConfigError("selector", "Fifo() for take()", buf.selector.name,
+                          "build the buffer with selector=Fifo() for on-policy data")
+    ring = buf.ring
+
+    def drop_stale() -> None:
+        if policy_version is not None:
+            buf.counts.dropped_stale += ring.drop_stale_prefix(policy_version)
+    with buf.lock:
+        buf.check_open()
+        if batch_size is not None:
+            check_batch_size(batch_size, buf.row_bytes)
+            if batch_size > buf.capacity:
+                raise CapacityError(f"batch_size: expected at most capacity={buf.capacity}, got "
+                                    f"{batch_size}. Fix: raise capacity or take smaller batches.")
+
+            def enough() -> bool:
+                drop_stale()
+                return ring.queued(policy_version) >= batch_size
+            if not enough():
+                if not wait:
+                    raise ExperienceTimeout(
+                        f"take: expected {batch_size} items of policy version {policy_version}, "
+                        f"{ring.queued(policy_version)} are available. Fix: flush the "
+                        "producers first, or take batch_size=None for what is there.")
+                wait_until(buf.lock, enough, limiter=buf.rate_limiter, timeout=timeout,
+                           why=f"{ring.queued(policy_version)} of {batch_size} items of version {policy_version} "
+                               "available", kind="take", check_open=buf.check_open)
+        else:
+            drop_stale()
+        k = ring.queued(policy_version) if batch_size is None else batch_size
+        seqs = np.arange(ring.head, ring.head + k, dtype=np.int64)
+        slots = seqs % buf.capacity
+        data = buf.gather(slots, device) if k else {f.name: torch.empty((0, *f.shape), dtype=f.dtype)
+                                                     for f in buf.spec}
+        versions = ring.meta["version"][slots].copy()
+        ring.head += k
+        buf.counts.sampled += k
+        buf.lock.notify_all()
+        return Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=ring.inserted)
+
+
+def update_priorities(buf, slots, priorities, *, seqs) -> int:
+    """``ExperienceBuffer.update_priorities``: rows overwritten since delivery (their seq
+    changed) are skipped; without ``seqs``, a slot that holds no stored row is an error."""
+    slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+    pr = priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
+    pr = pr.reshape(-1)
+    if pr.shape[0] != slots.shape[0]:
+        raise SpecError("priorities", f"{slots.shape[0]} values (one per delivered item)", pr.shape[0],
+                        "pass one priority per row of the batch")
+    with buf.lock:
+        buf.check_open()
+        if slots.size and (slots.min() < 0 or slots.max() >= buf.capacity):
+            bad = int(slots[(slots < 0) | (slots >= buf.capacity)][0])
+            raise SpecError("slots", f"ring slots in [0, {buf.capacity})", bad,
+                            "pass the slots of a delivered Batch (batch.slots) with batch.seqs")
+        stored = buf.meta["seq"][slots]
+        if seqs is not None:
+            keep = stored == np.asarray(seqs).reshape(-1)
+            if not keep.all():  # rows overwritten since delivery: skipped
+                slots, pr = slots[keep], pr[keep]
+        elif slots.size and not (live := buf.ring.live(slots, stored)).all():
+            bad = int(slots[~live][0])
+            raise SpecError("slots", "slots that hold a stored row", f"slot {bad} (empty or evicted)",
+                            "pass the slots of a delivered Batch, with its seqs so rows overwritten since "
+                            "are skipped")
+        buf.selector.update_priorities(slots, pr)
+        return int(slots.shape[0])
+
+
+def read(buf, seqs, *, fields, device) -> dict[str, torch.Tensor]:
+    """``ExperienceBuffer.read``: stored rows by seq, no draw; a seq not stored is an error."""
+    seqs = np.asarray(seqs, dtype=np.int64)
+    flat = seqs.reshape(-1)
+    check_fields(buf.spec, fields)
+    with buf.lock:
+        buf.check_open()
+        slots = flat % buf.capacity
+        live = buf.ring.stored(flat)
+        if not live.all():
+            bad = int(flat[np.argmin(live)])
+            raise SemanticError(f"read: seq {bad} is not stored (stored seqs are in [{buf.ring.lo()}, "
+                                f"{buf.ring.inserted}) minus evicted rows). Fix: read only rows this buffer "
+                                "still holds (e.g. seqs from a delivered batch or from the adapter's own "
+                                "ledger of stored episodes).")
+        data = buf.storage.gather(slots.reshape(seqs.shape),
+                                   device=None if device is None else torch.device(device), fields=fields)
+    return dict(data)

@@ -1,0 +1,60 @@
+"""Waiting for the rate limiter: the buffer's inserts and samples wait on its lock until
+``RateLimiter``'s pure decisions allow them, or end in a clear error, never a hang."""
+
+from __future__ import annotations
+
+import time
+
+from .errors import RateLimitError, RateLimitTimeout
+from .rate_limiter import RateLimiter
+
+
+def wait_until(cond, predicate, *, limiter: RateLimiter, timeout: float | None, why: str, kind: str,
+               check_open) -> None:
+    """Wait on ``cond`` (held) until ``predicate()``: raise at once under ``on_limit='raise'``,
+    else wait at most ``timeout`` (the limiter's when None) and end in a clear error, never a
+    hang. ``check_open`` raises when the buffer was closed meanwhile."""
+    if limiter.on_limit == "raise":
+        raise RateLimitError(f"{kind} refused: {why}. Fix: deliver/consume first, or use "
+                             "RateLimiter(on_limit='block') with a background worker.")
+    limit = limiter.timeout if timeout is None else timeout
+    deadline = time.monotonic() + limit
+    while not predicate():
+        check_open()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RateLimitTimeout(f"{kind} waited {limit:.3g} s: {why}. Fix: make sure the other "
+                                   "side (actors or learner) is running, or relax the RateLimiter.")
+        cond.wait(min(left, 0.05))
+
+
+def wait_to_insert(buf, n: int, timeout: float | None) -> None:
+    """Wait (the buffer's lock held) until ``n`` rows may be inserted: a FIFO buffer never
+    overwrites unconsumed rows, and the limiter's ratio holds."""
+    rl, ring = buf.rate_limiter, buf.ring
+
+    def fifo_full() -> bool:
+        return buf.selector.consumes and (ring.inserted + n - ring.head) > buf.capacity
+
+    def allowed() -> bool:
+        return not fifo_full() and rl.can_insert(inserts=ring.inserted, samples=buf.counts.sampled, n=n,
+                                                 size=buf.size)
+    if allowed():
+        return
+    if fifo_full():
+        why = (f"the FIFO queue holds {ring.inserted - ring.head} unconsumed items of "
+               f"capacity {buf.capacity}; overwriting them would lose on-policy data")
+    else:
+        why = rl.why_not_insert(inserts=ring.inserted, samples=buf.counts.sampled, n=n)
+    wait_until(buf.lock, allowed, limiter=rl, timeout=timeout, why=why, kind="insert", check_open=buf.check_open)
+
+
+def wait_to_sample(buf, n: int, timeout: float | None) -> None:
+    """Wait (the buffer's lock held) until the limiter lets ``n`` items be sampled."""
+    rl, ring = buf.rate_limiter, buf.ring
+
+    def allowed() -> bool:
+        return rl.can_sample(size=buf.size, inserts=ring.inserted, samples=buf.counts.sampled, n=n)
+    if not allowed():
+        wait_until(buf.lock, allowed, limiter=rl, timeout=timeout, kind="sample", check_open=buf.check_open,
+                   why=rl.why_not_sample(size=buf.size, inserts=ring.inserted, samples=buf.counts.sampled, n=n))

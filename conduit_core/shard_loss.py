@@ -1,0 +1,80 @@
+"""What the buffer does when a remote shard is lost (its actor died, or its node left).
+
+Its rows leave the buffer (they are no longer in ``len()`` and are never delivered), the loss
+is recorded with the rows' count and seq range, a new empty shard takes its place, and the
+operation that found the loss runs again. Nothing is silently lost: every loss is in
+``ExperienceBuffer.losses`` and in the log. A FIFO buffer cannot skip on-policy rows without
+breaking its order: there the loss reaches the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ShardLost
+
+log = logging.getLogger("conduit")
+
+
+@dataclass(frozen=True)
+class ShardLoss:
+    """A remote shard lost: its rows left the buffer (they are not in len(), never delivered)."""
+
+    shard: int
+    node_resource: str | None
+    rows: int
+    seq_range: tuple[int, int] | None
+    cause: str
+    replaced_on: str
+    at: float
+
+    def describe(self) -> str:
+        where = f"seqs {self.seq_range[0]}..{self.seq_range[1]}" if self.seq_range else "no stored rows"
+        return (f"remote shard {self.shard} (node resource {self.node_resource!r}) lost {self.rows} rows ({where}): "
+                f"{self.cause}; replaced by an empty shard on node {self.replaced_on[:12]}")
+
+
+class ShardLossRecovery:
+    """Runs storage operations for one buffer (under its lock) and recovers from lost shards,
+    through the buffer's public parts: its ring, storage, selector and ``evict``."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+        self.losses: list[ShardLoss] = []
+
+    def run(self, op, *, keep_from: int | None = None, then=None):
+        """``op()``; when a remote shard turns out lost, recover and run it again (after
+        ``then()``, e.g. waiting until enough rows are left to sample). ``keep_from``: rows
+        below this seq are being overwritten by the operation itself, so they are not
+        counted as lost."""
+        buf = self.buffer
+        for _ in range(len(buf.storage.shards) + 1):
+            try:
+                return op()
+            except ShardLost as lost:
+                if buf.selector.consumes:
+                    raise
+                self.recover(lost, buf.ring.lo() if keep_from is None else max(buf.ring.lo(), keep_from))
+                if then is not None:
+                    then()
+        return op()
+
+    def recover(self, lost: ShardLost, keep_from: int) -> None:
+        buf, s = self.buffer, lost.shard
+        slots = np.arange(int(buf.storage.bounds[s]), int(buf.storage.bounds[s + 1]), dtype=np.int64)
+        seqs = buf.meta["seq"][slots]
+        gone = seqs[buf.ring.live(slots, seqs) & (seqs >= keep_from)]
+        buf.evict(gone)
+        loss = ShardLoss(shard=s, node_resource=lost.node, rows=int(gone.size),
+                         seq_range=(int(gone.min()), int(gone.max())) if gone.size else None,
+                         cause=f"{type(lost.cause).__name__}: {lost.cause}", replaced_on="(not replaced)",
+                         at=time.time())
+        self.losses.append(loss)  # recorded before the replacement, which may fail in turn
+        log.warning("conduit: %s", loss.describe())
+        node = buf.storage.replace_shard(s)
+        self.losses[-1] = dataclasses.replace(loss, replaced_on=node)
