@@ -26,10 +26,10 @@ from .batch import Batch
 from .buffer_state import capture_state, check_state, restore_state
 from .episodes import EpisodeWalk
 from .errors import CapacityError, ClosedError, ConfigError
-from .framestack import first_surviving_seq
+from . import insertion
 from .memory import check_layout_fits
 from .output_pool import OutputPool
-from .rate_gate import wait_to_insert, wait_to_sample
+from .rate_gate import wait_to_sample
 from .rate_limiter import RateLimiter
 from .ring import Ring
 from . import delivery
@@ -88,7 +88,7 @@ class ExperienceBuffer:
         self.rng = np.random.default_rng(seed)
         self._seed = seed
         self.counts = DeliveryCounts()   # items delivered, and FIFO items dropped as stale
-        self._migration = None    # an active Migration (see migration.py) receives every insert
+        self.dual_writer = None   # an active Migration (see migration.py) receives every insert and eviction
         self._recovery = ShardLossRecovery(self)  # remote shards lost (actor died, node left), with their rows
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
@@ -158,35 +158,9 @@ class ExperienceBuffer:
 
     def add_encoded(self, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0, policy_version: int = 0,
                     timeout: float | None = None, priorities: Any = None) -> int:
-        if n == 0:
-            return self.ring.inserted
-        if priorities is not None:
-            if self._migration is not None:
-                raise ConfigError("priorities", "no initial priorities while a migration runs", "priorities",
-                                  "wait for the migration to finish, or add without priorities")
-            priorities = self.selector.check_initial_priorities(n, priorities)  # before anything is written
-        with self._cond:
-            self._check_open()
-            wait_to_insert(self, n, timeout)
-            first = self.ring.inserted
-            start = first % self.capacity
-            if self.storage.pools:
-                enc = dict(enc)
-                pending = self.storage.plan_frames(enc, n)
-                self._evict_for_frames(pending, n)
-                self.storage.commit_frames(pending)
-            leaving = self.ring.holes_leaving(n)  # removed rows the ring now overwrites leave the window
-            self.run_storage(lambda: self.storage.write(start, enc, n), keep_from=first + n - self.capacity)
-            self.ring.holes -= leaving  # only once the write happened: a failed insert changes nothing
-            prev_tail = self.ring.write(first, n, enc, self.done_fields, int(source), int(policy_version))
-            if self._migration is not None:  # dual write: the new layout gets every insert too
-                self._migration.on_insert(first, enc, n, int(source), int(policy_version), prev_tail)
-            self.ring.advance(n)
-            self.selector.on_insert(start, n, min(self.ring.inserted, self.capacity))
-            if priorities is not None:
-                self.selector.set_initial_priorities((start + np.arange(n)) % self.capacity, priorities)
-            self._cond.notify_all()
-            return first
+        """``add`` of a batch ``encode`` already validated and encoded (insertion.py)."""
+        return insertion.add_encoded(self, enc, n, source=source, policy_version=policy_version, timeout=timeout,
+                                     priorities=priorities)
 
     # ------------------------------------------------------------ lost shards
     def run_storage(self, op, *, keep_from: int | None = None, then=None):
@@ -213,13 +187,13 @@ class ExperienceBuffer:
                               "FIFO data leaves when it is taken; use take()")
         seqs = np.unique(np.asarray(seqs, dtype=np.int64).reshape(-1))
         with self._cond:
-            self._check_open()
+            self.check_open()
             seqs, slots = self.ring.remove(seqs)
             if not seqs.size:
                 return 0
             self.selector.on_evict(slots)
-            if self._migration is not None:
-                self._migration.on_evict(seqs)
+            if self.dual_writer is not None:
+                self.dual_writer.on_evict(seqs)
             self._cond.notify_all()
             return int(seqs.size)
 
@@ -233,19 +207,15 @@ class ExperienceBuffer:
         the ring, evicted, or on a lost shard) is an error naming it; nothing is read then."""
         return delivery.read(self, seqs, fields=fields, device=device)
 
-    def recount_holes(self) -> None:
-        """Recompute the removed-row count from the metadata (after a layout change)."""
-        with self._cond:
-            self.ring.recount_holes()
-
     @property
     def migrating(self) -> bool:
-        return self._migration is not None
+        return self.dual_writer is not None
 
     # ------------------------------------------------- layout changes (migration.py)
     def check_open(self) -> None:
         """Raise ClosedError if the buffer is closed."""
-        self._check_open()
+        if self._closed:
+            raise ClosedError("the buffer is closed. Fix: build a new one; state_dict() before close() keeps the data.")
 
     def live_range(self) -> tuple[int, int]:
         """(oldest seq that may be stored, next seq): the window of live rows (evicted rows
@@ -259,17 +229,17 @@ class ExperienceBuffer:
         current while it copies. Returns ``live_range()`` at that moment: the rows to copy.
         One writer at a time."""
         with self._cond:
-            self._check_open()
-            if self._migration is not None:
+            self.check_open()
+            if self.dual_writer is not None:
                 raise ConfigError("migration", "one migration at a time", "another one running",
                                   "finish() the running migration first")
-            self._migration = writer
+            self.dual_writer = writer
             return self.ring.lo(), self.ring.inserted
 
     def detach_dual_writer(self, writer) -> None:
         with self._cond:
-            if self._migration is writer:
-                self._migration = None
+            if self.dual_writer is writer:
+                self.dual_writer = None
 
     def stored_columns(self, seqs: np.ndarray) -> dict[str, torch.Tensor]:
         """Every field of rows ``seqs`` as stored (encoded), on the host: what a copy moves."""
@@ -287,20 +257,9 @@ class ExperienceBuffer:
             old = self.storage
             self.storage = storage
             self.ring.adopt(meta, capacity)
-            self._migration = None
+            self.dual_writer = None
             self._cond.notify_all()
             return old
-
-    def _evict_for_frames(self, pending: list, n: int) -> None:
-        """Evict (oldest first) the rows whose frames the pending frame writes overwrite."""
-        a = max(self.ring.lo(), self.ring.inserted + n - self.capacity)  # rows that survive the ring
-        new_floor = first_surviving_seq(pending, self.storage.host_view, a, self.ring.inserted, self.capacity)
-        if new_floor <= a:
-            return
-        if self.selector.consumes and new_floor > self.ring.head:
-            raise CapacityError(f"frame pool full: storing this rollout would evict {new_floor - self.ring.head} "
-                                "unconsumed on-policy rows. Fix: consume first or raise frame_budget.")
-        self.selector.on_evict(self.ring.raise_floor(a, new_floor))
 
     # ---------------------------------------------------------------- select
     def sample(self, batch_size: int, *, device: torch.device | str | None = None,
@@ -376,7 +335,7 @@ class ExperienceBuffer:
         """Everything needed to continue exactly: data, metadata, selector, counters, RNG.
         Values are numpy arrays, numbers, strings, lists and dicts (no pickle needed)."""
         with self._cond:
-            self._check_open()
+            self.check_open()
             return capture_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -387,15 +346,11 @@ class ExperienceBuffer:
         checked = check_state(state, spec=self.spec, capacity=self.capacity, selector=self.selector,
                               pools=self.storage.pools, rng_kind=type(self.rng.bit_generator).__name__)
         with self._cond:
-            self._check_open()
+            self.check_open()
             restore_state(self, checked)
             self._cond.notify_all()
 
     # ----------------------------------------------------------------- close
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("the buffer is closed. Fix: build a new one; state_dict() before close() keeps the data.")
-
     def close(self) -> None:
         with self._cond:
             if self._closed:

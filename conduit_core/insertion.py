@@ -1,0 +1,65 @@
+"""The buffer's insert side: store an encoded batch at the ring's head, all or nothing.
+
+Every step is checked or planned before the first byte is written (initial priorities, the
+rate limiter's wait, the frames a pooled field needs and the rows they evict), so a rejected
+insert leaves the buffer as it was. A migration in progress (the buffer's ``dual_writer``)
+gets every insert too. Uses only the buffer's public parts; ``ExperienceBuffer.add`` and
+``add_encoded`` are the documented entry points.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from .errors import CapacityError, ConfigError
+from .framestack import first_surviving_seq
+from .rate_gate import wait_to_insert
+
+
+def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int, policy_version: int,
+                timeout: float | None, priorities: Any) -> int:
+    """Store ``n`` encoded rows of one source, in time order. Returns the first seq."""
+    if n == 0:
+        return buf.ring.inserted
+    if priorities is not None:
+        if buf.dual_writer is not None:
+            raise ConfigError("priorities", "no initial priorities while a migration runs", "priorities",
+                              "wait for the migration to finish, or add without priorities")
+        priorities = buf.selector.check_initial_priorities(n, priorities)  # before anything is written
+    with buf.lock:
+        buf.check_open()
+        wait_to_insert(buf, n, timeout)
+        first = buf.ring.inserted
+        start = first % buf.capacity
+        if buf.storage.pools:
+            enc = dict(enc)
+            pending = buf.storage.plan_frames(enc, n)
+            evict_for_frames(buf, pending, n)
+            buf.storage.commit_frames(pending)
+        leaving = buf.ring.holes_leaving(n)  # removed rows the ring now overwrites leave the window
+        buf.run_storage(lambda: buf.storage.write(start, enc, n), keep_from=first + n - buf.capacity)
+        buf.ring.holes -= leaving  # only once the write happened: a failed insert changes nothing
+        prev_tail = buf.ring.write(first, n, enc, buf.done_fields, int(source), int(policy_version))
+        if buf.dual_writer is not None:  # dual write: the new layout gets every insert too
+            buf.dual_writer.on_insert(first, enc, n, int(source), int(policy_version), prev_tail)
+        buf.ring.advance(n)
+        buf.selector.on_insert(start, n, min(buf.ring.inserted, buf.capacity))
+        if priorities is not None:
+            buf.selector.set_initial_priorities((start + np.arange(n)) % buf.capacity, priorities)
+        buf.lock.notify_all()
+        return first
+
+
+def evict_for_frames(buf, pending: list, n: int) -> None:
+    """Evict (oldest first) the rows whose frames the pending frame writes overwrite."""
+    a = max(buf.ring.lo(), buf.ring.inserted + n - buf.capacity)  # rows that survive the ring
+    new_floor = first_surviving_seq(pending, buf.storage.host_view, a, buf.ring.inserted, buf.capacity)
+    if new_floor <= a:
+        return
+    if buf.selector.consumes and new_floor > buf.ring.head:
+        raise CapacityError(f"frame pool full: storing this rollout would evict {new_floor - buf.ring.head} "
+                            "unconsumed on-policy rows. Fix: consume first or raise frame_budget.")
+    buf.selector.on_evict(buf.ring.raise_floor(a, new_floor))
