@@ -292,21 +292,42 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         """Everything to continue exactly; numpy arrays and plain values (no pickle needed)."""
         # the ingestion's part: sources, next_source, added, source_ids, lookback_rows
         return {"conduit_rllib": 1, "edp": None if self.edp is None else self.edp.state_dict(),
-                "spec": None if self.edp is None else self.edp.buffer.spec.to_config(),
-                **self.ingest.state(), "sampled": self._sampled, "ledger": self.ledger.state(),
+                "spec": None if self.edp is None else self.edp.buffer.spec.to_config(), **self._adapter_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore ``get_state``'s output, all or nothing: the adapter's own parts (ingestion,
+        ledger, infos, counters) are loaded first and put back as they were if anything after
+        fails; the core's part is loaded last and is itself all or nothing."""
+        from conduit_core import ExperienceSpec, StateError
+        if not isinstance(state, dict) or state.get("conduit_rllib") != 1:
+            raise StateError("replay buffer state: expected a conduit_rllib state (version 1). "
+                             "Fix: restore a checkpoint written with conduit_rllib enabled.")
+        before = self._adapter_state()
+        built = False
+        try:
+            self._load_adapter_state(state)
+            if state["edp"] is not None:
+                if self.edp is None:
+                    self._build_for(ExperienceSpec.from_config(state["spec"]))
+                    built = True
+                self.edp.load_state_dict(state["edp"])
+        except BaseException as exc:
+            if built:   # a data plane built for this load goes with it
+                self.edp.close()
+                self.edp, self.tuner = None, None
+            self._load_adapter_state(before)
+            if isinstance(exc, (KeyError, TypeError, ValueError, IndexError)):
+                raise StateError(f"replay buffer state: a damaged part ({type(exc).__name__}: {exc}). Fix: restore "
+                                 "a checkpoint this version wrote; nothing was loaded") from exc
+            raise
+
+    def _adapter_state(self) -> dict[str, Any]:
+        return {**self.ingest.state(), "sampled": self._sampled, "ledger": self.ledger.state(),
                 "infos": self.infos.state(self.ledger.stored_seqs() if self.options.store_infos
                                           else np.zeros(0, np.int64)),
                 "sequence_rng": self._sequence_rng.bit_generator.state}
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        from conduit_core import ExperienceSpec, StateError
-        if state.get("conduit_rllib") != 1:
-            raise StateError("replay buffer state: expected a conduit_rllib state (version 1). "
-                             "Fix: restore a checkpoint written with conduit_rllib enabled.")
-        if state["edp"] is not None:
-            if self.edp is None:
-                self._build_for(ExperienceSpec.from_config(state["spec"]))
-            self.edp.load_state_dict(state["edp"])
+    def _load_adapter_state(self, state: dict[str, Any]) -> None:
         self.ingest.load(state)
         self._sampled = int(state["sampled"])
         if "ledger" in state:

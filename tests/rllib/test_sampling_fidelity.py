@@ -218,6 +218,45 @@ def test_a_restored_auto_schedule_buffer_keeps_its_tuner():
     assert a.tuner is not None and b.tuner is not None
 
 
+@pytest.mark.parametrize("damage", ["ledger", "edp", "sampled"])
+def test_a_failed_restore_changes_nothing(damage):
+    """set_state is all or nothing: a damaged part, whether the adapter's own (ledger, counters)
+    or the core's, raises StateError and leaves the buffer as it was, restored or fresh."""
+    import copy
+
+    from conduit_core import StateError
+    chunks, _ = make_chunks(5)
+    source = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, seed=1)
+    target = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, seed=1)
+    for c in chunks[:20]:
+        source.add([c])
+    for c in chunks[20:]:
+        target.add([c])
+    bad = copy.deepcopy(source.get_state())
+    if damage == "ledger":
+        bad["ledger"]["episodes"] = [["not", "an", "episode"]]
+    elif damage == "edp":
+        bad["edp"]["buffer"]["counters"]["inserted"] = -1
+    else:
+        bad["sampled"] = "many"
+    fresh = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, seed=1)
+    for buf in (target, fresh):
+        before = buf.get_state()
+        with pytest.raises(StateError):
+            buf.set_state(bad)
+        after = buf.get_state()
+        assert after.keys() == before.keys()
+        for key in before:
+            if key != "edp":
+                assert repr(after[key]) == repr(before[key]), key
+        assert (before["edp"] is None) == (after["edp"] is None)
+        if before["edp"] is not None:
+            assert after["edp"]["buffer"]["counters"] == before["edp"]["buffer"]["counters"]
+    assert fresh.edp is None and target.get_num_timesteps() == sum(len(c) for c in chunks[20:])
+    target.set_state(source.get_state())    # and a sound state still loads
+    assert target.get_num_timesteps() == source.get_num_timesteps()
+
+
 def _env_runner_adds(rng, *, envs: int = 3, adds: int = 30):
     """What several envs hand over per add(): one chunk each (1..8 steps), shuffled, episodes
     ending at random, continuation chunks with the same id (obs = [episode, t])."""
