@@ -27,6 +27,7 @@ import torch
 from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized, Uniform
 
 from .common import fmt_table, machine, median, memcpy_bandwidth, ratio_stats, time_per_call, write_json
+from .plain_ring import plain_ring_entry
 
 SHAPES = {"cartpole": ((4,), np.float32), "atari": ((84, 84, 4), np.uint8)}
 
@@ -58,66 +59,6 @@ def conduit_columns(r: dict) -> dict:
     L = r["action"].shape[0]
     return {"obs": r["obs_all"][:-1], "next_obs": r["obs_all"][1:], "action": r["action"], "reward": r["reward"],
             "terminated": r["terminated"], "truncated": np.zeros(L, bool)}
-
-
-# ----------------------------------------------------------------------------- a plain ring
-class PlainRing:
-    """The floor a user could write in numpy: preallocated columns, slice-copy inserts, uniform
-    draws with ``Generator.integers`` and one ``take`` per column into reused outputs. No
-    validation, no metadata, no priorities: what Conduit's uniform ring is compared against."""
-
-    def __init__(self, capacity: int, example: dict):
-        self.capacity, self.size, self.pos = capacity, 0, 0
-        self.cols = {k: np.empty((capacity, *v.shape[1:]), v.dtype) for k, v in example.items()}
-        self.rng = np.random.default_rng(0)
-        self.outs: dict[int, dict] = {}
-
-    def add(self, cols: dict) -> None:
-        n = len(cols["action"])
-        head = min(n, self.capacity - self.pos)
-        for k, v in cols.items():
-            self.cols[k][self.pos:self.pos + head] = v[:head]
-            if head < n:
-                self.cols[k][:n - head] = v[head:]
-        self.pos = (self.pos + n) % self.capacity
-        self.size = min(self.capacity, self.size + n)
-
-    def sample(self, batch: int) -> dict:
-        idx = self.rng.integers(0, self.size, batch)
-        out = self.outs.get(batch)
-        if out is None:
-            out = self.outs[batch] = {k: np.empty((batch, *v.shape[1:]), v.dtype) for k, v in self.cols.items()}
-        for k, v in self.cols.items():
-            np.take(v, idx, axis=0, out=out[k], mode="clip")
-        return out
-
-
-def plain_ring_entry(kind: str, cols: list[dict], fill: int, batch_sizes, *, calls: int, reps: int) -> dict:
-    """Insert rate and uniform sample time of PlainRing and of a Conduit ring with reused outputs,
-    both of ``fill`` slots, filled once (so inserts overwrite resident pages), timed in turns."""
-    ring = PlainRing(fill, cols[0])
-    cb = conduit_buffer(kind, fill, False, reuse=4)
-    for c in cols:
-        ring.add(c)
-        cb.add(c)
-
-    def rate(add) -> float:
-        t0 = time.perf_counter()
-        for c in cols:
-            add(c)
-        return fill / (time.perf_counter() - t0)
-    ins_p, ins_c = [], []
-    for _ in range(reps):   # alternated: both see the same machine state
-        ins_p.append(rate(ring.add))
-        ins_c.append(rate(cb.add))
-    entry = {"insert_per_s": median(ins_p), "conduit_insert_per_s": median(ins_c),
-             "insert_ratio": median(ins_c) / median(ins_p)}
-    for B in batch_sizes:
-        t_p = time_per_call(lambda: ring.sample(B), calls=calls, reps=reps)
-        t_c = time_per_call(lambda: cb.sample(B), calls=calls, reps=reps)
-        entry[f"B{B}"] = {"plain_s": median(t_p), "conduit_s": median(t_c), "ratio": ratio_stats(t_c, t_p)}
-    cb.close()
-    return entry
 
 
 # ----------------------------------------------------------------------------- RLlib

@@ -1,0 +1,70 @@
+"""The floor a user could write in numpy, which ``bench_buffer`` measures Conduit's uniform
+ring against (docs/benchmarks.md §1)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .common import median, ratio_stats, time_per_call
+
+
+class PlainRing:
+    """The floor a user could write in numpy: preallocated columns, slice-copy inserts, uniform
+    draws with ``Generator.integers`` and one ``take`` per column into reused outputs. No
+    validation, no metadata, no priorities: what Conduit's uniform ring is compared against."""
+
+    def __init__(self, capacity: int, example: dict):
+        self.capacity, self.size, self.pos = capacity, 0, 0
+        self.cols = {k: np.empty((capacity, *v.shape[1:]), v.dtype) for k, v in example.items()}
+        self.rng = np.random.default_rng(0)
+        self.outs: dict[int, dict] = {}
+
+    def add(self, cols: dict) -> None:
+        n = len(cols["action"])
+        head = min(n, self.capacity - self.pos)
+        for k, v in cols.items():
+            self.cols[k][self.pos:self.pos + head] = v[:head]
+            if head < n:
+                self.cols[k][:n - head] = v[head:]
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.capacity, self.size + n)
+
+    def sample(self, batch: int) -> dict:
+        idx = self.rng.integers(0, self.size, batch)
+        out = self.outs.get(batch)
+        if out is None:
+            out = self.outs[batch] = {k: np.empty((batch, *v.shape[1:]), v.dtype) for k, v in self.cols.items()}
+        for k, v in self.cols.items():
+            np.take(v, idx, axis=0, out=out[k], mode="clip")
+        return out
+
+
+def plain_ring_entry(kind: str, cols: list[dict], fill: int, batch_sizes, *, calls: int, reps: int) -> dict:
+    from .bench_buffer import conduit_buffer
+    """Insert rate and uniform sample time of PlainRing and of a Conduit ring with reused outputs,
+    both of ``fill`` slots, filled once (so inserts overwrite resident pages), timed in turns."""
+    ring = PlainRing(fill, cols[0])
+    cb = conduit_buffer(kind, fill, False, reuse=4)
+    for c in cols:
+        ring.add(c)
+        cb.add(c)
+
+    def rate(add) -> float:
+        t0 = time.perf_counter()
+        for c in cols:
+            add(c)
+        return fill / (time.perf_counter() - t0)
+    ins_p, ins_c = [], []
+    for _ in range(reps):   # alternated: both see the same machine state
+        ins_p.append(rate(ring.add))
+        ins_c.append(rate(cb.add))
+    entry = {"insert_per_s": median(ins_p), "conduit_insert_per_s": median(ins_c),
+             "insert_ratio": median(ins_c) / median(ins_p)}
+    for B in batch_sizes:
+        t_p = time_per_call(lambda: ring.sample(B), calls=calls, reps=reps)
+        t_c = time_per_call(lambda: cb.sample(B), calls=calls, reps=reps)
+        entry[f"B{B}"] = {"plain_s": median(t_p), "conduit_s": median(t_c), "ratio": ratio_stats(t_c, t_p)}
+    cb.close()
+    return entry
