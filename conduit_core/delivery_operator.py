@@ -1,0 +1,86 @@
+"""The delivery operator: select -> gather -> delivery hooks, for ``g_del`` batches at once.
+
+One call selects ``g_del`` batches' worth of items in a single draw and splits it, so a
+larger delivery granularity amortises the selection and gather without changing what is
+drawn. Every batch goes through the delivery hooks; if a hook fails, nothing of the call
+is handed out and the selection is undone (it does not count as sampled, so the rate
+limits stay exact, and the RNG continues as if the draw had not happened).
+
+Callers serialise their calls (the data plane's delivery lock), so selections never
+interleave and the RNG sequence equals a sequential run's.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .batch import Batch
+from .buffer import ExperienceBuffer
+from .errors import SpecError
+from .prepared_deliveries import DeliveryRequest, PreparedBatch
+
+
+class DeliveryOperator:
+    """Runs delivery requests against one buffer.
+
+    Public contract: ``hooks`` is the list of delivery hooks (Batch -> Batch), run in order;
+    ``run_hooks(batch)`` runs them on one batch and names a hook that breaks the contract;
+    ``run(request, timeout, ...)`` selects and gathers ``granularity`` batches for a replay
+    request and returns them as ``PreparedBatch``es stamped with the guard versions given.
+    """
+
+    def __init__(self, buffer: ExperienceBuffer, hooks: list[Callable[[Batch], Batch]]):
+        self._buffer = buffer
+        self.hooks = hooks
+
+    def run(self, request: DeliveryRequest, timeout: float | None, *, granularity: int, speculative: bool,
+            rows_committed: int, priority_version: int) -> list[PreparedBatch]:
+        """Select and gather ``granularity`` batches in one call (one selection, split).
+        ``speculative``: a batch may be handed out later or never, so the selection token is
+        kept to undo it; a batch handed out at once needs none. ``rows_committed`` and
+        ``priority_version``: what was stored and the priority updates made before the
+        selection, which the guards compare against when the batch is handed out."""
+        buffer = self._buffer
+        token = buffer.selection_token() if speculative else None
+        total = request.batch_size * granularity
+        if request.kind == "sequences":
+            big = buffer.sample_sequences(total, request.length, device=request.device, timeout=timeout)
+        else:
+            big = buffer.sample(total, device=request.device, n_step=request.n_step, gamma=request.gamma,
+                                beta=request.beta, timeout=timeout, episode_end=request.episode_end,
+                                fields=request.fields)
+        batches = split_rows(big, request.batch_size) if granularity > 1 else [big]
+        out = []
+        try:
+            for i, b in enumerate(batches):
+                b = self.run_hooks(b)
+                out.append(PreparedBatch(b, request, rows_committed, priority_version, token if i == 0 else None,
+                                         request.batch_size))
+        except BaseException:
+            # nothing of this selection is handed out: it does not count as sampled (rate limits stay true)
+            buffer.rollback_selection(token, items=total, restore_rng=token is not None)
+            raise
+        return out
+
+    def run_hooks(self, batch: Batch) -> Batch:
+        for hook in self.hooks:
+            batch = hook(batch)
+            if not isinstance(batch, Batch):
+                raise SpecError(f"delivery hook {getattr(hook, '__name__', type(hook).__name__)}",
+                                "a conduit_core.Batch", type(batch).__name__,
+                                "return the (modified) Batch; add columns with batch['name'] = tensor")
+        return batch
+
+
+def split_rows(batch: Batch, size: int) -> list[Batch]:
+    """``batch`` as consecutive batches of ``size`` rows (views, the last may be shorter),
+    each keeping its rows' provenance."""
+    n = batch.size
+    out = []
+    for s in range(0, n, size):
+        e = s + size
+        data = {k: v[s:e] for k, v in batch.items()}
+        out.append(Batch(data, slots=batch.slots[s:e], seqs=batch.seqs[s:e], versions=batch.versions[s:e],
+                         weights=None if batch.weights is None else batch.weights[s:e],
+                         inserted_at_selection=batch.inserted_at_selection))
+    return out

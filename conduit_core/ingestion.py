@@ -1,0 +1,208 @@
+"""The ingestion control point: accept rollouts, then store each exactly once, in order.
+
+    actors --ingest()--> [ accept: ticket, count rows ] --> inline: hooks -> validate -> encode -> write
+                                                        \\-> overlapped: bounded queue -> the worker
+
+Acceptance hands out the ticket (the acceptance number) and counts the rollout's rows;
+storing writes it into the buffer. The two counts, ``accepted_rows`` and
+``committed_rows``, are what the staleness guard and ``flush`` measure: an accepted row
+not yet committed is one a delivery may be missing.
+
+Sequential: a rollout is stored before ``ingest`` returns. Overlapped: it is queued (at
+most ``Schedule.queue_size``; a full queue makes the caller wait) and the background
+worker takes groups off the queue (``take_group_locked``), stores them with ``commit``
+and reports them done (``group_done_locked``).
+
+Methods ending in ``_locked`` expect the caller to hold the data plane's condition; the
+others take it themselves where they need it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Mapping
+
+from .background_errors import BackgroundErrors
+from .buffer import ExperienceBuffer
+from .errors import CapacityError, ExperienceTimeout, SpecError
+from .hooks import Rollout
+from .metrics import MetricsRecorder
+from .schedule import Schedule
+from .workers import Encoded, InlineTransformer, as_numpy_rows
+
+
+class IngestionPoint:
+    """Accepts and stores rollouts for one buffer.
+
+    Public contract:
+
+    - ``ingest(...)`` / ``ingest_many_inline(...)``: accept (and, sequentially, store)
+      rollouts; return their tickets. The data plane checks it is usable first.
+    - ``commit(encoded, timeout)``: store encoded rollouts in order (inline, and for the worker).
+    - ``wait_stored(allowed_missing, timeout, what)``: block until at most that many accepted
+      rows are not stored yet (0: and nothing is queued or being stored).
+    - ``take_group_locked(g)`` / ``group_done_locked(group)``: the worker's side of the queue.
+    - ``drop_queued_locked()``: forget what is queued (closing without a flush).
+    - ``restore_counts_locked(ticket, rows)``: continue from a loaded state.
+    - Read-only for others: ``ticket`` (the next one), ``accepted_rows``, ``committed_rows``,
+      ``pending`` (the queue: one deque for the point's life), ``busy`` (the worker is
+      storing a group it took off the queue).
+    - ``hooks`` (the ingest hooks, run in order) and ``schedule`` (set by the data plane when
+      it reschedules) are the data plane's to change.
+    """
+
+    def __init__(self, *, buffer: ExperienceBuffer, hooks: list[Callable], schedule: Schedule,
+                 metrics: MetricsRecorder, cond: threading.Condition, errors: BackgroundErrors):
+        self._buffer = buffer
+        self._metrics = metrics
+        self._cond = cond
+        self._errors = errors
+        self.hooks = hooks
+        self.schedule = schedule
+        self.pending: deque[Rollout] = deque()  # accepted, not yet taken by the worker (overlapped)
+        self.ticket = 0
+        self.accepted_rows = 0
+        self.committed_rows = 0
+        self.busy = False
+
+    def ingest(self, data: Mapping[str, Any], *, source: int, policy_version: int, timeout: float | None) -> int:
+        """Accept one rollout: stored before returning (sequential) or queued (overlapped)."""
+        rows = as_numpy_rows(data) if isinstance(data, Mapping) else 0
+        if not isinstance(data, Mapping):
+            raise SpecError("data", "a mapping of field name -> array", type(data).__name__,
+                            "pass a dict such as {'obs': obs, 'action': action, ...}")
+        validated = None
+        if not self.hooks:
+            # Nothing will transform it: reject bad input now, in the caller's frame.
+            validated = self._buffer.spec.validate(data)
+        with self._cond:
+            ticket = self.ticket
+            self.ticket += 1
+        rollout = Rollout(data=data, source=int(source), policy_version=int(policy_version),
+                          ticket=ticket, rows=rows)
+        if not self.schedule.is_overlapped:
+            t0 = time.perf_counter()
+            self.accepted_rows += rows
+            try:
+                if validated is not None:  # no hooks: encode what was validated, once
+                    n, cols = validated
+                    enc = [Encoded(ticket, rollout.source, rollout.policy_version, rows, n,
+                                   self._buffer.spec.encode(cols))]
+                else:
+                    enc = InlineTransformer(self._buffer.spec, self.hooks).transform([rollout])
+                self.commit(enc, timeout)
+            except BaseException:
+                self.accepted_rows -= rows  # rejected, not accepted
+                raise
+            finally:
+                self.committed_rows = self.accepted_rows
+            self._metrics.add_busy("ingest", time.perf_counter() - t0, items_in=rows,
+                                   items_out=sum(e.n for e in enc))
+            return ticket
+        limit = self.schedule.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with self._cond:
+            while len(self.pending) >= self.schedule.queue_size:
+                self._errors.raise_locked()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ExperienceTimeout(
+                        f"ingest: the ingestion queue stayed full ({self.schedule.queue_size} rollouts) for "
+                        f"{limit:g} s. Fix: the learner must deliver (rate limits / FIFO space), or raise "
+                        "Schedule.queue_size.")
+                self._cond.wait(min(left, 0.05))
+            self.pending.append(rollout)
+            self.accepted_rows += rows
+            self._metrics.set_queue("ingest", len(self.pending))
+            self._cond.notify_all()
+        return ticket
+
+    def ingest_many_inline(self, rollouts: list[Mapping[str, Any] | Rollout], timeout: float | None) -> list[int]:
+        """Accept and store several rollouts in one operator call (sequential schedule), so
+        hooks can vectorise across them. Returns their tickets."""
+        t0 = time.perf_counter()
+        group = []
+        for r in rollouts:
+            r = r if isinstance(r, Rollout) else Rollout(data=r)
+            with self._cond:
+                ticket = self.ticket
+                self.ticket += 1
+            group.append(Rollout(r.data, r.source, r.policy_version, ticket, as_numpy_rows(r.data), r.info))
+        rows = sum(r.rows for r in group)
+        enc = InlineTransformer(self._buffer.spec, self.hooks).transform(group)
+        try:
+            self.commit(enc, timeout)
+        except BaseException as exc:
+            # the rollouts stored before the failure stay stored, and are counted as such
+            stored = set(getattr(exc, "stored_tickets", ()))
+            self.accepted_rows += sum(r.rows for r in group if r.ticket in stored)
+            self.committed_rows = self.accepted_rows
+            raise
+        self.accepted_rows += rows
+        self.committed_rows = self.accepted_rows
+        self._metrics.add_busy("ingest", time.perf_counter() - t0, items_in=rows,
+                               items_out=sum(e.n for e in enc))
+        return [r.ticket for r in group]
+
+    def commit(self, encoded: list[Encoded], timeout: float | None) -> None:
+        """Store encoded rollouts in order. A rollout larger than the buffer fails the call
+        before anything is stored; a later failure (a rate-limit timeout) leaves the earlier
+        rollouts stored and names them in the error's ``stored_tickets``."""
+        buffer = self._buffer
+        for e in encoded:
+            if e.n > buffer.capacity:
+                raise CapacityError(f"rollout {e.ticket}: expected at most capacity={buffer.capacity} "
+                                    f"transitions, got {e.n}. Fix: raise the capacity or ingest it in smaller pieces")
+        for i, e in enumerate(encoded):
+            try:
+                buffer.add_encoded(e.columns, e.n, source=e.source, policy_version=e.policy_version,
+                                   timeout=timeout)
+            except BaseException as exc:
+                exc.stored_tickets = [x.ticket for x in encoded[:i]]  # type: ignore[attr-defined]
+                raise
+
+    def wait_stored(self, allowed_missing: int, timeout: float | None, what: str) -> None:
+        """Block until at most ``allowed_missing`` accepted rows are not stored yet; with 0,
+        also until nothing is queued or being stored (a rollout may have no rows). Raises a
+        background failure as soon as one is reported; ``what`` names the call in a timeout."""
+        if not self.schedule.is_overlapped:
+            return
+        limit = self.schedule.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with self._cond:
+            while True:
+                self._errors.raise_locked()
+                if self.accepted_rows - self.committed_rows <= allowed_missing and \
+                        (allowed_missing > 0 or not self.pending and not self.busy):
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ExperienceTimeout(
+                        f"{what}: {self.accepted_rows - self.committed_rows} accepted rows were still not stored "
+                        f"after {limit:g} s. Fix: check rate limits / FIFO space, or raise Schedule.timeout.")
+                self._cond.wait(min(left, 0.05))
+
+    def take_group_locked(self, g: int) -> list[Rollout]:
+        """Up to ``g`` queued rollouts, oldest first, for the worker to store (``busy`` until
+        ``group_done_locked``)."""
+        pending = self.pending
+        group = [pending.popleft() for _ in range(min(g, len(pending)))]
+        self.busy = bool(group)
+        self._metrics.set_queue("ingest", len(pending))
+        return group
+
+    def group_done_locked(self, group: list[Rollout]) -> None:
+        """The worker stored ``group``, or failed for good (the failure is reported): either
+        way its rows are no longer missing."""
+        self.committed_rows += sum(r.rows for r in group)
+        self.busy = False
+
+    def drop_queued_locked(self) -> None:
+        self.pending.clear()
+
+    def restore_counts_locked(self, *, ticket: int, rows: int) -> None:
+        """Continue from a loaded state: the next ticket, and ``rows`` accepted and stored."""
+        self.ticket = ticket
+        self.accepted_rows = self.committed_rows = rows
