@@ -74,7 +74,8 @@ class ExperienceDataPlane:
         # selections never interleave and the RNG sequence equals the sequential one.
         self._op_lock = threading.Lock()
         self._errors = BackgroundErrors()
-        self._ingestion = IngestionPoint(buffer=buffer, hooks=list(ingest_hooks or []), schedule=self.schedule,
+        # the ingestion part (its ``commit`` is the ingestion operator the worker and inline stores call)
+        self.ingestion = IngestionPoint(buffer=buffer, hooks=list(ingest_hooks or []), schedule=self.schedule,
                                          metrics=self._metrics, cond=self._cond, errors=self._errors)
         self._delivery = DeliveryOperator(buffer, list(delivery_hooks or []))
         self._prepared = PreparedDeliveries(buffer=buffer, metrics=self._metrics, cond=self._cond)
@@ -88,7 +89,7 @@ class ExperienceDataPlane:
     # ---------------------------------------------------------------- hooks
     def add_ingest_hook(self, hook: Callable[[list[Rollout]], list[Rollout]]) -> None:
         self._require_no_worker("add_ingest_hook")
-        self._ingestion.hooks.append(hook)
+        self.ingestion.hooks.append(hook)
 
     def add_delivery_hook(self, hook: Callable[[Batch], Batch]) -> None:
         self._require_no_worker("add_delivery_hook")
@@ -109,7 +110,7 @@ class ExperienceDataPlane:
         the rollout's ticket (its acceptance number)."""
         with self._metrics.blocked("ingest"):
             self._check_usable()
-            return self._ingestion.ingest(data, source=source, policy_version=policy_version, timeout=timeout)
+            return self.ingestion.ingest(data, source=source, policy_version=policy_version, timeout=timeout)
 
     def ingest_many(self, rollouts: list[Mapping[str, Any] | Rollout], *, timeout: float | None = None) -> list[int]:
         """Accept several rollouts at once (granularity g_ing: one operator call for the group,
@@ -118,26 +119,16 @@ class ExperienceDataPlane:
         if not self.schedule.is_overlapped:
             with self._metrics.blocked("ingest"):
                 self._check_usable()
-                return self._ingestion.ingest_many_inline(rollouts, timeout)
+                return self.ingestion.ingest_many_inline(rollouts, timeout)
         return [self.ingest(r.data if isinstance(r, Rollout) else r,
                             source=r.source if isinstance(r, Rollout) else 0,
                             policy_version=r.policy_version if isinstance(r, Rollout) else 0, timeout=timeout)
                 for r in rollouts]
 
-    @property
-    def _commit(self):
-        """The ingestion point's ``commit``; replacing it here (the conformance suite injects
-        a slow commit so) replaces it for inline and background stores alike."""
-        return self._ingestion.commit
-
-    @_commit.setter
-    def _commit(self, commit) -> None:
-        self._ingestion.commit = commit
-
     def flush(self, timeout: float | None = None) -> None:
         """Block until every accepted rollout is stored (visible to delivery)."""
         self._check_usable()
-        self._ingestion.wait_stored(0, timeout, "flush")
+        self.ingestion.wait_stored(0, timeout, "flush")
 
     # --------------------------------------------------------------- delivery
     def deliver(self, batch_size: int | None = None, *, policy_version: int | None = None,
@@ -165,7 +156,7 @@ class ExperienceDataPlane:
                                   None if fields is None else tuple(fields))
             if kind == "take":
                 if batch_size is None:
-                    self._ingestion.wait_stored(0, timeout, "deliver")
+                    self.ingestion.wait_stored(0, timeout, "deliver")
                 self._raise_error()
                 t0 = time.perf_counter()
                 batch = self.buffer.take(batch_size, policy_version=policy_version, device=self.device,
@@ -173,10 +164,10 @@ class ExperienceDataPlane:
                 batch = self._delivery.run_hooks(batch)
                 self._metrics.add_busy("deliver", time.perf_counter() - t0, items_out=batch.size)
                 return batch
-            self._ingestion.wait_stored(self.schedule.staleness, timeout, "deliver")
+            self.ingestion.wait_stored(self.schedule.staleness, timeout, "deliver")
             with self._op_lock:
                 with self._cond:
-                    batch = self._prepared.take_locked(req, accepted_rows=self._ingestion.accepted_rows,
+                    batch = self._prepared.take_locked(req, accepted_rows=self.ingestion.accepted_rows,
                                                        priority_version=self._priority_version,
                                                        staleness=self.schedule.staleness)
                 if batch is None:
@@ -198,7 +189,7 @@ class ExperienceDataPlane:
         version before it selects (the guards judge prepared batches against them). The
         caller holds ``_op_lock``."""
         with self._cond:
-            rows_committed = self._ingestion.committed_rows
+            rows_committed = self.ingestion.committed_rows
             pv = self._priority_version
         g = self.schedule.delivery_granularity
         return self._delivery.run(req, timeout, granularity=g, speculative=self.schedule.is_overlapped or g > 1,
@@ -239,7 +230,7 @@ class ExperienceDataPlane:
             self._transformer = None
         with self._cond:
             self._prepared.reset_locked()
-            self.schedule = self._ingestion.schedule = schedule
+            self.schedule = self.ingestion.schedule = schedule
         if schedule.is_overlapped:
             self._start_worker()
         self._raise_error()
@@ -276,11 +267,11 @@ class ExperienceDataPlane:
     # ----------------------------------------------------------------- worker
     def _start_worker(self) -> None:
         if self._transformer is None:
-            self._transformer = make_transformer(self.schedule.worker, self.buffer.spec, self._ingestion.hooks,
+            self._transformer = make_transformer(self.schedule.worker, self.buffer.spec, self.ingestion.hooks,
                                                  timeout=self.schedule.timeout)
         self._thread = BackgroundWorker(
             schedule=self.schedule, transformer=self._transformer, buffer=self.buffer, cond=self._cond,
-            ingestion=self._ingestion, prepared=self._prepared, errors=self._errors, delivery_lock=self._op_lock,
+            ingestion=self.ingestion, prepared=self._prepared, errors=self._errors, delivery_lock=self._op_lock,
             metrics=self._metrics, run_delivery_operator=self._run_delivery_operator)
         self._thread.start()
 
@@ -332,7 +323,7 @@ class ExperienceDataPlane:
         with self._cond:
             self._prepared.reset_locked()  # before the RNG is saved
             return {"edp_version": EDP_STATE_VERSION, "buffer": self.buffer.state_dict(),
-                    "ticket": self._ingestion.ticket, "rows": self._ingestion.accepted_rows,
+                    "ticket": self.ingestion.ticket, "rows": self.ingestion.accepted_rows,
                     "priority_version": self._priority_version}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -352,7 +343,7 @@ class ExperienceDataPlane:
             # undo prepared draws first: undoing them after the load would put back the old RNG state
             self._prepared.reset_locked()
             self.buffer.load_state_dict(state["buffer"])  # all or nothing: raises before it changes anything
-            self._ingestion.restore_counts_locked(ticket=counters["ticket"], rows=counters["rows"])
+            self.ingestion.restore_counts_locked(ticket=counters["ticket"], rows=counters["rows"])
             self._priority_version = counters["priority_version"]
 
     # ------------------------------------------------------------------ close
@@ -371,7 +362,7 @@ class ExperienceDataPlane:
             if self._thread is not None:
                 self._thread.request_stop_locked()
             if not flush:
-                self._ingestion.drop_queued_locked()
+                self.ingestion.drop_queued_locked()
         if self._thread is not None:
             self._thread.join(timeout=self.schedule.timeout)
             if self._thread.is_alive():  # pragma: no cover - defensive

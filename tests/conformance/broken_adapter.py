@@ -111,11 +111,11 @@ class BrokenHarness(example.AdapterHarness):
                                         alpha=alpha, schedule=schedule, staleness=staleness)
             if self.fault == "stale_prefetch" and schedule == "overlapped":
                 import time
-                orig = store.edp._commit
+                orig = store.edp.ingestion.commit
                 def slow_commit(enc, timeout, _orig=orig):  # a slow ingestion operator
                     time.sleep(0.002)
                     return _orig(enc, timeout)
-                store.edp._commit = slow_commit
+                store.edp.ingestion.commit = slow_commit  # the ingestion part's public operator
         return BrokenSession(store, self.fault, schedule)
 
     def shared_rng_sessions(self, *, seed, capacity=10_000):
