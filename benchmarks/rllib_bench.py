@@ -44,7 +44,7 @@ def _build(workload: str, system: str, args) -> object:
     else:  # pragma: no cover
         raise ValueError(workload)
     if system == "conduit":
-        conduit_rllib.enable(cfg, schedule=args.schedule, worker=args.worker, staleness=args.staleness)
+        conduit_rllib.enable(cfg, mode=args.mode, worker=args.worker, staleness=args.staleness)
     algo = cfg.build_algo()
     timer = PathTimer()
     timer.instrument(algo)
@@ -63,7 +63,7 @@ def run(workload: str, argv: list[str] | None) -> dict:
     p.add_argument("--block-iters", type=int, default=1, help="training iterations per block")
     p.add_argument("--warmup", type=int, default=2, help="iterations per system before measuring")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--schedule", default="sequential", choices=["sequential", "overlapped"])
+    p.add_argument("--mode", default="sequential", choices=["sequential", "overlapped"])
     p.add_argument("--worker", default="thread", choices=["thread", "process"])
     p.add_argument("--staleness", type=int, default=0)
     p.add_argument("--game", default="ale_py:ALE/Qbert-v5", help="Atari game (dqn-atari)")
@@ -161,7 +161,7 @@ def _median_breakdown(rows: list[dict]) -> dict:
 def render(report: dict) -> str:
     rec = report["systems"]
     lines = [f"{report['workload']}: {len(rec['rllib']['iter_s'])} paired blocks, medians "
-             f"(schedule={report['args']['schedule']})"]
+             f"(mode={report['args'].get('mode', report['args'].get('schedule'))})"]
     for s in SYSTEMS:
         br = _median_breakdown(rec[s]["breakdown"])
         parts = ", ".join(f"{k} {v:.3f}" for k, v in br.items() if k != "exposed")

@@ -5,7 +5,7 @@ The environment is a gymnasium env with a D-feature float observation (random fe
 CartPole-like episode lengths), so the transition size is the only thing that changes
 across D. One algorithm is built per size and every configuration is applied to it live
 (``reschedule`` for overlap and granularity, ``migrate`` for the placement): the same
-code path ``schedule="auto"`` uses, and it removes the build-to-build variance that
+code path ``mode="auto"`` uses, and it removes the build-to-build variance that
 separate runs carry. The 48 configurations are placement {host, shm} x schedule
 {sequential, thread, process} x ingest_granularity {1, 4} x delivery_granularity {1, 2, 4, 8}.
 
@@ -72,7 +72,7 @@ def build(dims: int, *, seed: int = 0, staleness: int = 32, steps_per_iter: int 
     cfg.environment(ENV, env_config={"dims": dims})
     cfg.reporting(min_sample_timesteps_per_iteration=steps_per_iter)
     cfg.training(num_steps_sampled_before_learning_starts=200)
-    conduit_rllib.enable(cfg, schedule="sequential", staleness=staleness)
+    conduit_rllib.enable(cfg, mode="sequential", staleness=staleness)
     return cfg.build_algo()
 
 

@@ -158,8 +158,9 @@ def _cmd_simulate(args: list[str]) -> int:
     p.add_argument("--cluster", choices=sorted(CLUSTERS), action="append")
     p.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
     p.add_argument("--scaling", choices=["weak", "strong"], action="append")
-    p.add_argument("--schedule", choices=["sequential", "overlapped"], default="sequential")
-    p.add_argument("--json", default=None, help="write every point (all schedules) here")
+    p.add_argument("--mode", choices=["sequential", "overlapped"], default="sequential",
+                   help="the schedule's mode (Schedule.mode)")
+    p.add_argument("--json", default=None, help="write every point (both modes) here")
     p.add_argument("--plot", default=None, help="write a PNG of the iteration time (needs matplotlib)")
     a = p.parse_args(args)
     points = []
@@ -172,9 +173,9 @@ def _cmd_simulate(args: list[str]) -> int:
                 points += pts
                 rows = {}
                 for q in pts:
-                    if q.schedule == a.schedule:
+                    if q.mode == a.mode:
                         rows.setdefault(q.gpus, {})[q.layout] = q
-                print(f"{cluster} {workload} {scaling} scaling ({a.schedule}): ms per iteration "
+                print(f"{cluster} {workload} {scaling} scaling ({a.mode}): ms per iteration "
                       f"[experience path], samples/s, sharded vs central")
                 print(f"  {'GPUs':>5s} {'batch/GPU':>9s} {'central':>20s} {'sharded':>20s} {'speedup':>8s} "
                       f"{'sharded eff.':>12s}")
@@ -193,11 +194,11 @@ def _cmd_simulate(args: list[str]) -> int:
             json.dump([q.to_dict() for q in points], fh, indent=1)
         print(f"wrote {a.json}")
     if a.plot:
-        _plot_simulation(points, a.schedule, a.plot)
+        _plot_simulation(points, a.mode, a.plot)
     return 0
 
 
-def _plot_simulation(points, schedule: str, path: str) -> None:
+def _plot_simulation(points, mode: str, path: str) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -210,7 +211,7 @@ def _plot_simulation(points, schedule: str, path: str) -> None:
     for ax, key in zip(axes[0], keys):
         for layout, style in (("central", "--o"), ("sharded", "-s")):
             pts = sorted((q for q in points if (q.cluster, q.workload, q.scaling) == key and q.layout == layout
-                          and q.schedule == schedule), key=lambda q: q.gpus)
+                          and q.mode == mode), key=lambda q: q.gpus)
             ax.plot([q.gpus for q in pts], [q.iteration_s * 1e3 for q in pts], style, label=layout, ms=3)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -130,7 +130,7 @@ class Point:
     workload: str
     scaling: str
     layout: str
-    schedule: str
+    mode: str   # the schedule's mode (Schedule.mode): sequential or overlapped
     gpus: int
     nodes: int
     per_gpu_batch: float
@@ -192,9 +192,9 @@ def experience_s(c: Cluster, w: Workload, gpus: int, layout: str, per_gpu_batch:
 def simulate(cluster: str = "a100", workload: str = "dqn-atari", *, scaling: str = "weak",
              gpus: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024),
              layouts: tuple[str, ...] = ("central", "sharded"),
-             schedules: tuple[str, ...] = ("sequential", "overlapped"),
+             modes: tuple[str, ...] = ("sequential", "overlapped"),
              global_batch: float | None = None) -> list[Point]:
-    """One point per (GPU count, layout, schedule). Strong scaling splits ``global_batch`` (default:
+    """One point per (GPU count, layout, schedule mode). Strong scaling splits ``global_batch`` (default:
     the per-GPU batch x 128, a large-scale global batch) over the GPUs; counts that would get less
     than one row per GPU are left out."""
     if cluster not in CLUSTERS:
@@ -220,10 +220,10 @@ def simulate(cluster: str = "a100", workload: str = "dqn-atari", *, scaling: str
         ar = allreduce_s(c, g, w.grad_bytes)
         for layout in layouts:
             exp, parts = experience_s(c, wl, g, layout, b)
-            for schedule in schedules:
-                exposed = exp if schedule == "sequential" else max(0.0, exp - compute)
+            for mode in modes:
+                exposed = exp if mode == "sequential" else max(0.0, exp - compute)
                 it = compute + ar + exposed
-                out.append(Point(c.name, w.name, scaling, layout, schedule, g, max(1, g // c.gpus_per_node), b,
+                out.append(Point(c.name, w.name, scaling, layout, mode, g, max(1, g // c.gpus_per_node), b,
                                  compute, ar, exp, exposed, it, g * b / it, parts))
     return out
 

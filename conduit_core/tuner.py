@@ -1,6 +1,6 @@
 """The auto-tuner: profile the live run briefly, predict every configuration, switch to the best.
 
-Used when an adapter is asked for ``schedule="auto"``. It is driven by the caller's own
+Used when an adapter is asked for ``mode="auto"``. It is driven by the caller's own
 deliveries (one ``observe()`` per learner step), so it measures the real workload:
 
     settle      wait (within bounds) for the step time to be steady: ``is_steady``

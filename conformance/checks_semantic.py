@@ -207,7 +207,7 @@ def consume_once(ctx: Ctx) -> None:
 def staleness_bound(ctx: Ctx) -> None:
     """With overlap on, an off-policy batch misses at most `staleness` accepted inserts."""
     for staleness in (0, 7):
-        with _closing(ctx.session(schedule="overlapped", staleness=staleness)) as s:
+        with _closing(ctx.session(mode="overlapped", staleness=staleness)) as s:
             accepted = 0
             for r in ctx.rollouts(n_rollouts=30, max_len=4):
                 s.ingest(r)
@@ -277,7 +277,7 @@ def overlap_same_multiset(ctx: Ctx) -> None:
     """With overlap on, the same multiset of transitions is ingested, per-source order kept."""
     rolls = ctx.rollouts(n_rollouts=20)
     kw = {} if "replay" in ctx.harness.capabilities else {"onpolicy": True}
-    with _closing(ctx.session(**kw)) as seq, _closing(ctx.session(schedule="overlapped", **kw)) as ovl:
+    with _closing(ctx.session(**kw)) as seq, _closing(ctx.session(mode="overlapped", **kw)) as ovl:
         for r in rolls:
             seq.ingest(r)
             ovl.ingest(r)

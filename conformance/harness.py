@@ -181,7 +181,7 @@ class Harness(ABC):
 
     @abstractmethod
     def session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False, alpha: float = 0.6,
-                onpolicy: bool = False, schedule: str = "sequential", staleness: int = 0) -> Session:
+                onpolicy: bool = False, mode: str = "sequential", staleness: int = 0) -> Session:
         """A fresh session of the adapter's path."""
 
     def native_session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False,

@@ -40,7 +40,7 @@ def main(args: Args) -> None:
     config = workloads.dqn_cartpole(seed=args.seed)
     # 2. One call routes the experience path through Conduit (sequential: RLlib's exact semantics).
     if not args.native:
-        conduit_rllib.enable(config, schedule="sequential")
+        conduit_rllib.enable(config, mode="sequential")
     algo = config.build_algo()
     t0 = time.perf_counter()
     for i in range(args.iterations):

@@ -3,7 +3,7 @@
 One call opts an algorithm config in::
 
     import conduit_rllib
-    config = conduit_rllib.enable(DQNConfig().environment("CartPole-v1"), schedule="sequential")
+    config = conduit_rllib.enable(DQNConfig().environment("CartPole-v1"), mode="sequential")
     algo = config.build_algo()
 
 Stage map (RLlib stage -> Conduit control point):

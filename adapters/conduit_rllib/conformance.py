@@ -158,11 +158,11 @@ class NativeReplaySession(Session):
 class OnPolicySession(Session):
     """PPO's path: the learner connector's output columns, ingested and delivered by version."""
 
-    def __init__(self, schedule: str):
+    def __init__(self, mode: str):
         from conduit_core import Schedule
 
         from .ppo import OnPolicyPath
-        self.path = OnPolicyPath(schedule=Schedule.overlapped() if schedule == "overlapped" else None)
+        self.path = OnPolicyPath(schedule=Schedule.overlapped() if mode == "overlapped" else None)
 
     @staticmethod
     def _columns(c: dict) -> dict:
@@ -216,12 +216,12 @@ class RLlibHarness(Harness):
         self.framework_version = ray.__version__
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
-                schedule="sequential", staleness=0) -> Session:
+                mode="sequential", staleness=0) -> Session:
         if onpolicy:
-            return OnPolicySession(schedule)
+            return OnPolicySession(mode)
         from .replay_buffer import ConduitEpisodeReplayBuffer
         buf = ConduitEpisodeReplayBuffer(capacity=capacity, prioritized=prioritized, alpha=alpha, beta=0.4,
-                                         conduit={"schedule": schedule, "staleness": staleness, "seed": seed,
+                                         conduit={"mode": mode, "staleness": staleness, "seed": seed,
                                                   "reuse_outputs": 0})
         return ReplaySession(buf)
 

@@ -11,17 +11,19 @@ from conduit_core.schedule import Schedule
 
 @dataclass(frozen=True)
 class ConduitOptions:
-    """``schedule``: 'sequential' (inline, RLlib's exact semantics), 'overlapped' (a
-    background worker ingests and prepares the next batch) or 'auto' (profile the first
-    training steps, then the cost model picks overlap and granularity; see conduit_core.tuner). ``worker``: 'thread' or
-    'process' for the overlapped schedule. ``staleness``: inserts an off-policy batch
+    """The schedule's knobs carry ``conduit_core.Schedule``'s names (``mode``, ``worker``,
+    ``staleness``, ``depth``, ``ingest_granularity``, ``delivery_granularity``), the same the
+    cost model and the tuner use. ``mode``: 'sequential' (inline, RLlib's exact semantics),
+    'overlapped' (a background worker ingests and prepares the next batch) or 'auto' (profile
+    the first training steps, then the cost model picks overlap and granularity; see
+    conduit_core.tuner). ``worker``: 'thread' or 'process' for the overlapped mode. ``staleness``: inserts an off-policy batch
     may miss (0 = RLlib's semantics). ``obs_codec``: 'auto' stores float observations
     that are k/255 as uint8 (verified exactly on every insert), None keeps them as they
     are. ``tier``: where the buffer lives. ``reuse_outputs``: reuse this many delivered
     batch buffers (the learner consumes each batch before the next is drawn).
     ``seed``: the selection RNG's seed (None: the config's seed). ``delivery_granularity``:
     batches prepared per delivery operator call; ``ingest_granularity``: episodes per
-    ingestion operator call (both are what ``schedule='auto'`` tunes). ``autotune_settle``:
+    ingestion operator call (both are what ``mode='auto'`` tunes). ``autotune_settle``:
     (least, most) learner steps the auto-tuner waits for a steady step time before it
     calibrates; ``autotune_steps_per_phase``: learner steps per calibration phase.
     ``restore_missing_buffer``: restore a checkpoint without a replay buffer file with an
@@ -37,7 +39,7 @@ class ConduitOptions:
     be plain values: numbers, strings, arrays, lists, dicts with str keys). False stores none,
     and every sample that would carry infos is refused."""
 
-    schedule: str = "sequential"
+    mode: str = "sequential"
     worker: str = "thread"
     staleness: int = 0
     depth: int = 2
@@ -76,11 +78,16 @@ class ConduitOptions:
                 or not 0 <= self.ring_slack <= 4:
             raise ConfigError("ring_slack", "a number in [0, 4]", repr(self.ring_slack),
                               "use e.g. 0.25 (a ring 25% larger than capacity)")
-        self.to_schedule()  # validates schedule/worker/staleness/depth
+        self.to_schedule()  # validates mode/worker/staleness/depth
 
     @classmethod
     def from_kwargs(cls, options: dict[str, Any]) -> "ConduitOptions":
         known = {f.name for f in fields(cls)}
+        if "schedule" in options and "mode" not in options:   # the name before the knobs took Schedule's
+            import warnings
+            warnings.warn("conduit_rllib option 'schedule' is now 'mode' (Schedule's name for it); pass "
+                          "mode='sequential'|'overlapped'|'auto'", DeprecationWarning, stacklevel=3)
+            options = {("mode" if k == "schedule" else k): v for k, v in options.items()}
         unknown = sorted(set(options) - known)
         if unknown:
             raise ConfigError(f"conduit_rllib.enable({unknown[0]}=...)", f"one of {sorted(known)}",
@@ -89,12 +96,12 @@ class ConduitOptions:
 
     def to_schedule(self) -> Schedule:
         g = {"delivery_granularity": self.delivery_granularity, "ingest_granularity": self.ingest_granularity}
-        if self.schedule in ("sequential", "auto"):  # auto starts sequential, then the tuner decides
+        if self.mode in ("sequential", "auto"):  # auto starts sequential, then the tuner decides
             return Schedule.sequential(staleness=self.staleness, depth=self.depth, **g)
-        if self.schedule == "overlapped":
+        if self.mode == "overlapped":
             return Schedule.overlapped(worker=self.worker, staleness=self.staleness, depth=self.depth, **g)
-        raise ConfigError("schedule", "'sequential', 'overlapped' or 'auto'", repr(self.schedule),
-                          "pick a schedule; 'auto' profiles the run and lets the cost model choose")
+        raise ConfigError("mode", "'sequential', 'overlapped' or 'auto'", repr(self.mode),
+                          "pick a mode; 'auto' profiles the run and lets the cost model choose")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -110,10 +110,10 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                               "prioritized" if self.prioritized else "a buffer already holding data",
                               "build a uniform ConduitEpisodeReplayBuffer and share the RNG first")
         o = self.options
-        if o.schedule != "sequential" or o.delivery_granularity != 1 or o.staleness != 0:
+        if o.mode != "sequential" or o.delivery_granularity != 1 or o.staleness != 0:
             # batches drawn ahead and discarded are rolled back on Conduit's RNG, not on the shared one
-            raise ConfigError("share_rng()", "schedule='sequential', delivery_granularity=1, staleness=0",
-                              f"schedule={o.schedule!r}, delivery_granularity={o.delivery_granularity}, "
+            raise ConfigError("share_rng()", "mode='sequential', delivery_granularity=1, staleness=0",
+                              f"mode={o.mode!r}, delivery_granularity={o.delivery_granularity}, "
                               f"staleness={o.staleness}", "share the RNG only with the sequential schedule")
         self._shared_draw = lambda count, batch: np.array([rng.integers(count) for _ in range(batch)], dtype=np.int64)
 
@@ -121,7 +121,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self._build_for(spec_for(first_cols, obs_codec=self.options.obs_codec))
 
     def _build_for(self, spec) -> None:
-        """The data plane (and, for schedule='auto', its tuner) for ``spec``: the one place
+        """The data plane (and, for mode='auto', its tuner) for ``spec``: the one place
         both a first add() and a restore build it, so a restored run is the run it saved."""
         buf = ExperienceBuffer(spec=spec, capacity=self._ring, selector=self._selector(), tier=self.options.tier,
                                seed=self._seed, reuse_outputs=self.options.reuse_outputs)
@@ -129,7 +129,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.ingest.attach(self.edp, ring=self._ring)
         # what the fast path gathers: the learner's columns, not the extra model outputs (computed once)
         self._core_fields = tuple(f for f in spec.names if not f.startswith(EXTRA))
-        if self.options.schedule == "auto":
+        if self.options.mode == "auto":
             from conduit_core.tuner import AutoTuner
             self.tuner = AutoTuner(self.edp, steps_per_phase=self.options.autotune_steps_per_phase,
                                    settle=self.options.autotune_settle)

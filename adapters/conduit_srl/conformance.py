@@ -122,7 +122,7 @@ class SRLHarness(Harness):
         return args
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
-                schedule="sequential", staleness=0) -> Session:
+                mode="sequential", staleness=0) -> Session:
         from .buffers import make_buffer
         kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"
         return ReplaySession(make_buffer(kind, **self._args(kind, capacity, seed, alpha)),

@@ -66,7 +66,7 @@ class VerlHarness(Harness):
         self.framework_version = verl.__version__
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
-                schedule="sequential", staleness=0) -> Session:
+                mode="sequential", staleness=0) -> Session:
         return OnPolicySession()
 
 

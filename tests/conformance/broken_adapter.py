@@ -39,10 +39,10 @@ FAULTS = {
 
 
 class BrokenSession(example.AdapterSession):
-    def __init__(self, store, fault: str, schedule: str = "sequential"):
+    def __init__(self, store, fault: str, mode: str = "sequential"):
         super().__init__(store)
         self.fault = fault
-        self.schedule = schedule
+        self.mode = mode
         self.n_ingested = 0
 
     def ingest(self, rollout):
@@ -51,7 +51,7 @@ class BrokenSession(example.AdapterSession):
             rollout = type(rollout)(rollout.ids[:-1], rollout.source, rollout.policy_version, rollout.terminated)
             if len(rollout.ids) == 0:
                 return
-        if self.fault == "reorder" or (self.fault == "overlap_reorder" and self.schedule == "overlapped"):
+        if self.fault == "reorder" or (self.fault == "overlap_reorder" and self.mode == "overlapped"):
             rollout = type(rollout)(rollout.ids[::-1], rollout.source, rollout.policy_version, rollout.terminated)
         super().ingest(rollout)
         if self.fault == "duplicate" and self.n_ingested == 2:
@@ -100,23 +100,23 @@ class BrokenHarness(example.AdapterHarness):
         self.fault = fault
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
-                schedule="sequential", staleness=0):
+                mode="sequential", staleness=0):
         if onpolicy:
-            store = ConduitRolloutStore(capacity, obs_shape=example.OBS_SHAPE, schedule=schedule)
-            return BrokenSession(store, self.fault, schedule)
+            store = ConduitRolloutStore(capacity, obs_shape=example.OBS_SHAPE, mode=mode)
+            return BrokenSession(store, self.fault, mode)
         else:
-            if self.fault == "stale_prefetch" and schedule == "overlapped":
+            if self.fault == "stale_prefetch" and mode == "overlapped":
                 staleness = 10 ** 9  # claims the bound it was asked for, enforces none
             store = ConduitReplayMemory(capacity, obs_shape=example.OBS_SHAPE, seed=seed, prioritized=prioritized,
-                                        alpha=alpha, schedule=schedule, staleness=staleness)
-            if self.fault == "stale_prefetch" and schedule == "overlapped":
+                                        alpha=alpha, mode=mode, staleness=staleness)
+            if self.fault == "stale_prefetch" and mode == "overlapped":
                 import time
                 orig = store.edp.ingestion.commit
                 def slow_commit(enc, timeout, _orig=orig):  # a slow ingestion operator
                     time.sleep(0.002)
                     return _orig(enc, timeout)
                 store.edp.ingestion.commit = slow_commit  # the ingestion part's public operator
-        return BrokenSession(store, self.fault, schedule)
+        return BrokenSession(store, self.fault, mode)
 
     def shared_rng_sessions(self, *, seed, capacity=10_000):
         import random

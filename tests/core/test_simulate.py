@@ -9,8 +9,8 @@ from conduit_core.errors import ConfigError
 from conduit_core.simulate import CLUSTERS, WORKLOADS, allreduce_s, experience_s, simulate
 
 
-def by(points, layout, schedule="sequential"):
-    return {p.gpus: p for p in points if p.layout == layout and p.schedule == schedule}
+def by(points, layout, mode="sequential"):
+    return {p.gpus: p for p in points if p.layout == layout and p.mode == mode}
 
 
 @pytest.mark.parametrize("cluster", sorted(CLUSTERS))

@@ -35,7 +35,7 @@ def test_dqn_trains_through_conduit(ray_session, num_env_runners):
 
 
 def test_overlapped_schedule_trains(ray_session):
-    algo = small_dqn(schedule="overlapped").build_algo()
+    algo = small_dqn(mode="overlapped").build_algo()
     try:
         algo.train()
         algo.train()
@@ -46,7 +46,7 @@ def test_overlapped_schedule_trains(ray_session):
 
 def test_auto_schedule_settles_calibrates_and_switches_without_loss(ray_session):
     from conduit_core.tuner import current_placement, schedule_for
-    algo = small_dqn(schedule="auto", autotune_settle=(5, 30), autotune_steps_per_phase=5).build_algo()
+    algo = small_dqn(mode="auto", autotune_settle=(5, 30), autotune_steps_per_phase=5).build_algo()
     try:
         buf = algo.local_replay_buffer
         for _ in range(20):
@@ -67,9 +67,9 @@ def test_auto_schedule_settles_calibrates_and_switches_without_loss(ray_session)
 
 def test_autotune_options_are_validated():
     with pytest.raises(ConfigError, match="autotune_settle.*least <= most"):
-        small_dqn(schedule="auto", autotune_settle=(10, 5))
+        small_dqn(mode="auto", autotune_settle=(10, 5))
     with pytest.raises(ConfigError, match="autotune_steps_per_phase"):
-        small_dqn(schedule="auto", autotune_steps_per_phase=0)
+        small_dqn(mode="auto", autotune_steps_per_phase=0)
 
 
 def test_buffer_survives_checkpoint_round_trip_exactly(ray_session, tmp_path):
@@ -153,7 +153,7 @@ def test_episode_chunks_become_columns_exactly(ray_session):
 
 @pytest.mark.parametrize("schedule", ["sequential", "overlapped"])
 def test_ingest_granularity_groups_episodes_per_operator_call(ray_session, schedule):
-    algo = small_dqn(schedule=schedule, ingest_granularity=3).build_algo()
+    algo = small_dqn(mode=schedule, ingest_granularity=3).build_algo()
     try:
         algo.train()  # builds the data plane
         buf = algo.local_replay_buffer
@@ -313,3 +313,16 @@ def test_a_stateful_module_trains_on_sequence_slices(ray_session):
         assert all(1 <= len(e) <= 8 for e in slices) and "state_out" in slices[0].extra_model_outputs
     finally:
         algo.stop()
+
+
+def test_the_mode_knob_carries_schedules_name_and_the_old_name_still_works():
+    """One vocabulary (issue 14): the adapter's knob is Schedule's ``mode``; the old
+    ``schedule=`` spelling is mapped onto it with a DeprecationWarning, never ignored."""
+    from conduit_core import ConfigError
+    from conduit_rllib.options import ConduitOptions
+    assert ConduitOptions.from_kwargs({"mode": "overlapped"}).to_schedule().mode == "overlapped"
+    with pytest.warns(DeprecationWarning, match="'schedule' is now 'mode'"):
+        old = ConduitOptions.from_kwargs({"schedule": "auto"})
+    assert old.mode == "auto"
+    with pytest.raises(ConfigError, match="mode"):
+        ConduitOptions.from_kwargs({"mode": "eventually"})

@@ -123,10 +123,10 @@ class MutantHarness(RLlibHarness):
         self.make_cls = make_cls
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
-                schedule="sequential", staleness=0):
+                mode="sequential", staleness=0):
         cls = self.make_cls()
         return ReplaySession(cls(capacity=capacity, prioritized=prioritized, alpha=alpha, beta=0.4,
-                                 conduit={"schedule": schedule, "staleness": staleness, "seed": seed,
+                                 conduit={"mode": mode, "staleness": staleness, "seed": seed,
                                           "reuse_outputs": 0}))
 
 

@@ -208,12 +208,12 @@ def test_eviction_at_small_capacity_matches_rllib(capacity, fragment_split):
 
 def test_a_restored_auto_schedule_buffer_keeps_its_tuner():
     """The restore path built its data plane without the auto-tuner, so a restored
-    schedule='auto' run silently stayed sequential."""
+    mode='auto' run silently stayed sequential."""
     chunks, _ = make_chunks(4)
-    a = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, seed=1, conduit={"schedule": "auto"})
+    a = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, seed=1, conduit={"mode": "auto"})
     for c in chunks:
         a.add([c])
-    b = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, seed=1, conduit={"schedule": "auto"})
+    b = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, seed=1, conduit={"mode": "auto"})
     b.set_state(a.get_state())
     assert a.tuner is not None and b.tuner is not None
 

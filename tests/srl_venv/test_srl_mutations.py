@@ -53,7 +53,7 @@ class MutantHarness(SRLHarness):
         self.cls = cls
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
-                schedule="sequential", staleness=0):
+                mode="sequential", staleness=0):
         kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"
         return ReplaySession(self.cls(kind, **self._args(kind, capacity, seed, alpha)), stored_ids=conduit_stored_ids)
 

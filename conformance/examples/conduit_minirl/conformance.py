@@ -89,11 +89,11 @@ class AdapterHarness(Harness):
                               "shared_rng"})
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
-                schedule="sequential", staleness=0) -> Session:
+                mode="sequential", staleness=0) -> Session:
         if onpolicy:
-            return AdapterSession(ConduitRolloutStore(capacity, obs_shape=OBS_SHAPE, schedule=schedule))
+            return AdapterSession(ConduitRolloutStore(capacity, obs_shape=OBS_SHAPE, mode=mode))
         return AdapterSession(ConduitReplayMemory(capacity, obs_shape=OBS_SHAPE, seed=seed, prioritized=prioritized,
-                                                  alpha=alpha, schedule=schedule, staleness=staleness))
+                                                  alpha=alpha, mode=mode, staleness=staleness))
 
     def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False):
         return None if (prioritized or onpolicy) else NativeSession(capacity, seed)

@@ -22,9 +22,9 @@ def spec_for(obs_shape: tuple[int, ...]) -> ExperienceSpec:
     return ExperienceSpec.transition(obs_shape=obs_shape, obs_dtype=torch.float32, action_dtype=torch.int64)
 
 
-def _plane(obs_shape, capacity, selector, schedule, staleness, seed) -> ExperienceDataPlane:
+def _plane(obs_shape, capacity, selector, mode, staleness, seed) -> ExperienceDataPlane:
     buf = ExperienceBuffer(spec=spec_for(obs_shape), capacity=capacity, selector=selector, seed=seed)
-    sched = Schedule.overlapped(staleness=staleness) if schedule == "overlapped" else Schedule.sequential()
+    sched = Schedule.overlapped(staleness=staleness) if mode == "overlapped" else Schedule.sequential()
     return ExperienceDataPlane(buffer=buf, schedule=sched)
 
 
@@ -32,7 +32,7 @@ class ConduitReplayMemory:
     """Same calls as minirl's ReplayMemory; sample() returns columns (a Conduit Batch)."""
 
     def __init__(self, capacity: int, *, obs_shape: tuple[int, ...], seed: int = 0, prioritized: bool = False,
-                 alpha: float = 0.6, schedule: str = "sequential", staleness: int = 0, shared_rng=None):
+                 alpha: float = 0.6, mode: str = "sequential", staleness: int = 0, shared_rng=None):
         """``shared_rng``: a ``random.Random`` to draw from exactly as minirl's ``ReplayMemory.sample``
         does (one ``randrange(len(items))`` per item, oldest item first), so this memory delivers
         the same rows as minirl's own from the same seed. STAGE MAP: mirror your sampler's calls."""
@@ -40,7 +40,7 @@ class ConduitReplayMemory:
             selector = Uniform(draw=lambda count, batch: np.array([shared_rng.randrange(count) for _ in range(batch)]))
         else:
             selector = Prioritized(alpha=alpha) if prioritized else Uniform()
-        self.edp = _plane(obs_shape, capacity, selector, schedule, staleness, seed)
+        self.edp = _plane(obs_shape, capacity, selector, mode, staleness, seed)
 
     def push(self, transitions: list[Transition], *, source: int = 0) -> None:
         self.edp.ingest(to_columns(transitions), source=source)
@@ -64,8 +64,8 @@ class ConduitReplayMemory:
 class ConduitRolloutStore:
     """Same calls as minirl's RolloutStore; drain() returns that version's rows once."""
 
-    def __init__(self, capacity: int, *, obs_shape: tuple[int, ...], schedule: str = "sequential"):
-        self.edp = _plane(obs_shape, capacity, Fifo(), schedule, 0, 0)
+    def __init__(self, capacity: int, *, obs_shape: tuple[int, ...], mode: str = "sequential"):
+        self.edp = _plane(obs_shape, capacity, Fifo(), mode, 0, 0)
 
     def push(self, transitions: list[Transition], *, policy_version: int, source: int = 0) -> None:
         self.edp.ingest(to_columns(transitions), source=source, policy_version=policy_version)
