@@ -15,6 +15,9 @@ Stage map (SRL stage -> Conduit control point):
                                                                           uniform / prioritized draw)
     trainer.step -> update_priorities(sampling_indices) ----> delivery   (seq-checked priority update)
 
+    ZMQ / shared-memory sample stream -> sample_consumer(stream, g_ing=...) -> ingestion at granularity
+        g_ing (one buffer call per g_ing samples, every sample received counted; conduit_srl.consumer)
+
 Each of SRL's four buffer kinds keeps its meaning (``make_buffer`` names and arguments):
 ``simple_queue`` (FIFO, drop oldest beyond max_size), ``priority_queue`` (SRL's default: serve
 each batch ``reuses`` times, freshest first, drop lowest on overflow), ``simple_replay_buffer``
@@ -26,6 +29,9 @@ importing this package costs nothing until ``enable`` (or a buffer) is used.
 from __future__ import annotations
 
 from .buffers import ConduitQueueBuffer, ConduitReplayBuffer, make_buffer
-from .install import disable, enable, enabled
+from .consumer import sample_consumer
+from .ingest import IngestCounts, StreamIngest
+from .install import disable, enable, enable_consumer, enabled
 
-__all__ = ["ConduitQueueBuffer", "ConduitReplayBuffer", "disable", "enable", "enabled", "make_buffer"]
+__all__ = ["ConduitQueueBuffer", "ConduitReplayBuffer", "IngestCounts", "StreamIngest", "disable", "enable",
+           "enable_consumer", "enabled", "make_buffer", "sample_consumer"]

@@ -1,7 +1,9 @@
 """How Conduit plugs into SRL: SRL has no buffer plug-in point (``rlsrl.base.buffer.make_buffer``
 knows four names), so ``enable`` replaces that factory in the launching process; SRL's trainer
 worker calls it through the module (``buffer_api.make_buffer``) after the workers fork, so every
-trainer worker builds Conduit's buffers. Nothing in SRL's tree changes; ``disable`` restores it."""
+trainer worker builds Conduit's buffers. ``enable`` also registers Conduit's trainer worker in SRL's
+worker table (:mod:`~conduit_srl.trainer_worker`: SRL's, plus binding a Conduit ``SampleConsumer``
+when the trainer's ``sample_stream`` is one). Nothing in SRL's tree changes; ``disable`` restores both."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ _options: dict[str, Any] = {}
 
 
 def enable(*, lease_depth: int = 2, seed_offset: int = 0) -> None:
-    """Make SRL's ``make_buffer`` build Conduit's buffers (all four kinds).
+    """Make SRL's ``make_buffer`` build Conduit's buffers (all four kinds), and register Conduit's
+    trainer worker (for a Conduit ``SampleConsumer``; :func:`enable_consumer` does only that).
 
     ``lease_depth``: gets after which a served queue entry's memory may be reused (2 covers SRL's
     one-step prefetching trainers; see ``conduit_core.entry_queue``)."""
@@ -30,8 +33,10 @@ def enable(*, lease_depth: int = 2, seed_offset: int = 0) -> None:
         raise ConfigError("multiprocessing start method", "'fork' (SRL's workers inherit the swapped make_buffer)",
                           repr(method), "call multiprocessing.set_start_method('fork') before enable(); with "
                           "spawn or forkserver the workers would silently build SRL's own buffers")
+    from . import trainer_worker
     from .buffers import make_buffer
     _options = dict(lease_depth=lease_depth, seed_offset=seed_offset)
+    trainer_worker.install()
     if _original is None:
         _original = srl_buffer.make_buffer
 
@@ -45,6 +50,8 @@ def enable(*, lease_depth: int = 2, seed_offset: int = 0) -> None:
 def disable() -> None:
     """Give SRL back its own ``make_buffer``."""
     global _original
+    from . import trainer_worker
+    trainer_worker.uninstall()
     if _original is not None:
         from rlsrl.base import buffer as srl_buffer
         srl_buffer.make_buffer = _original
@@ -57,3 +64,14 @@ def enabled() -> bool:
     except ImportError:
         return False
     return getattr(srl_buffer.make_buffer, "__conduit__", False)
+
+
+def enable_consumer() -> None:
+    """Register Conduit's trainer worker only (SRL's own buffers stay): what a Conduit
+    ``SampleConsumer`` needs, in the launching process before SRL forks its workers."""
+    try:
+        from . import trainer_worker
+        trainer_worker.install()
+    except ImportError as e:
+        raise ConfigError("conduit_srl.enable_consumer", "SRL importable (module rlsrl)", f"ImportError: {e}",
+                          "build SRL's venv with ../shared/srl/setup-srl-venv.sh SRC VENV and run there") from e

@@ -1,0 +1,85 @@
+"""Conduit's trainer worker for SRL: SRL's ``TrainerWorker`` plus one step, handing a Conduit
+``SampleConsumer`` what SRL's ``make_consumer`` gives only its own consumers.
+
+SRL's ``TrainerWorker._configure`` (``system/impl/trainer_worker.py:298``) calls
+``make_consumer(cfg.sample_stream, worker_info, ctrl)``, which returns an instance of
+``SampleConsumer`` unchanged (``system/api/sample_stream.py:136``), dropping the worker's names and,
+for a shared-memory stream, the stream's ``OutOfOrderSharedMemoryControl`` (made by SRL's launcher
+before the fork, ``system/api/worker_control.py``). This subclass runs SRL's ``_configure`` and
+then binds the consumer: ``bind(worker_info=cfg.worker_info, ctrl=self.ctrl.spl_ctrls[index])``.
+Every other trainer worker behaves exactly as SRL's (a stream that is not Conduit's is left alone).
+
+:func:`install` puts this class in SRL's worker table (``rlsrl.system.RL_WORKERS["trainer"]``) in the
+launching process; SRL's ``run_worker`` loads the class from the table in each forked worker. The
+class is built on first use (it subclasses SRL's), so importing this module imports nothing of SRL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_CLASS = None
+_saved_spec = None
+CLASS_NAME = "ConduitTrainerWorker"
+
+
+def bind_consumer(worker: Any, cfg: Any) -> bool:
+    """Bind ``cfg.sample_stream`` when it is a Conduit consumer; True when it was."""
+    stream = cfg.sample_stream
+    if not getattr(stream, "__conduit_consumer__", False):
+        return False
+    ctrl = None
+    if stream.kind == "SHARED_MEMORY":
+        ctrl = worker.ctrl.spl_ctrls[stream.stream_index]
+    stream.bind(worker_info=cfg.worker_info, ctrl=ctrl)
+    return True
+
+
+def worker_class():
+    global _CLASS
+    if _CLASS is None:
+        from rlsrl.system.impl.trainer_worker import TrainerWorker
+
+        def _configure(self, cfg):
+            r = TrainerWorker._configure(self, cfg)
+            bind_consumer(self, cfg)
+            return r
+
+        _CLASS = type(CLASS_NAME, (TrainerWorker,), {"__module__": __name__, "__qualname__": CLASS_NAME,
+                                                     "_configure": _configure, "__doc__": __doc__})
+    return _CLASS
+
+
+def install() -> None:
+    """Make SRL's launcher run :func:`worker_class` as its trainer worker (idempotent)."""
+    global _saved_spec
+    import rlsrl.system as system
+    spec = system.RL_WORKERS["trainer"]
+    if spec.module == __name__:
+        return
+    _saved_spec = spec
+    system.RL_WORKERS["trainer"] = system.WorkerSpec(short_name=spec.short_name, class_name=CLASS_NAME,
+                                                     config_field_name=spec.config_field_name, module=__name__)
+
+
+def uninstall() -> None:
+    global _saved_spec
+    if _saved_spec is not None:
+        import rlsrl.system as system
+        system.RL_WORKERS["trainer"] = _saved_spec
+        _saved_spec = None
+
+
+def installed() -> bool:
+    try:
+        import rlsrl.system as system
+    except ImportError:
+        return False
+    return system.RL_WORKERS["trainer"].module == __name__
+
+
+def __getattr__(name: str):
+    """SRL's ``WorkerSpec.load_worker`` does ``getattr(module, class_name)``: built on first use."""
+    if name == CLASS_NAME:
+        return worker_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
