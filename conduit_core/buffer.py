@@ -22,14 +22,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from .batch import Batch
 from .buffer_state import capture_state, check_state, restore_state
 from .episodes import EpisodeWalk
 from .errors import CapacityError, ClosedError, ConfigError
 from . import insertion
 from .memory import check_layout_fits
 from .output_pool import OutputPool
-from .rate_gate import wait_to_sample
 from .rate_limiter import RateLimiter
 from .ring import Ring
 from . import delivery
@@ -89,7 +87,10 @@ class ExperienceBuffer:
         self._seed = seed
         self.counts = DeliveryCounts()   # items delivered, and FIFO items dropped as stale
         self.dual_writer = None   # an active Migration (see migration.py) receives every insert and eviction
-        self._recovery = ShardLossRecovery(self)  # remote shards lost (actor died, node left), with their rows
+        # storage operations run through it: a lost remote shard's rows leave, reported, and the
+        # operation runs again on a new shard (shard_loss.py); run_storage(op) is its run
+        self.recovery = ShardLossRecovery(self)
+        self.run_storage = self.recovery.run
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
@@ -156,24 +157,18 @@ class ExperienceBuffer:
         return self.add_encoded(enc, n, source=source, policy_version=policy_version, timeout=timeout,
                                 priorities=priorities)
 
-    def add_encoded(self, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0, policy_version: int = 0,
-                    timeout: float | None = None, priorities: Any = None) -> int:
-        """``add`` of a batch ``encode`` already validated and encoded (insertion.py)."""
-        return insertion.add_encoded(self, enc, n, source=source, policy_version=policy_version, timeout=timeout,
-                                     priorities=priorities)
+
+    # the write side's entry for batches ``encode`` already checked (insertion.py)
+    add_encoded = insertion.add_encoded
 
     # ------------------------------------------------------------ lost shards
-    def run_storage(self, op, *, keep_from: int | None = None, then=None):
-        """Run a storage operation (lock held); a lost remote shard's rows leave the buffer, a
-        new shard takes its place, and the operation runs again (shard_loss.py)."""
-        return self._recovery.run(op, keep_from=keep_from, then=then)
 
     @property
     def losses(self) -> list["ShardLoss"]:
         """Every remote shard lost so far: which, its rows (count and seq range), the cause,
         and where the empty shard that replaced it runs."""
         with self._cond:
-            return list(self._recovery.losses)
+            return list(self.recovery.losses)
 
     # -------------------------------------------------------------- eviction
     def evict(self, seqs) -> int:
@@ -197,15 +192,6 @@ class ExperienceBuffer:
             self._cond.notify_all()
             return int(seqs.size)
 
-    def read(self, seqs, *, fields: Sequence[str] | None = None,
-             device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-        """Stored rows by their seq, decoded: each field shaped ``seqs.shape + field shape``.
-
-        For an adapter that rebuilds its framework's own objects around rows it already
-        knows (RLlib's episode slices, with their lookback): no selection, no RNG draw,
-        nothing counted as sampled. A seq that is not stored (never written, overwritten by
-        the ring, evicted, or on a lost shard) is an error naming it; nothing is read then."""
-        return delivery.read(self, seqs, fields=fields, device=device)
 
     @property
     def migrating(self) -> bool:
@@ -261,29 +247,14 @@ class ExperienceBuffer:
             self._cond.notify_all()
             return old
 
-    # ---------------------------------------------------------------- select
-    def sample(self, batch_size: int, *, device: torch.device | str | None = None,
-               n_step: int | tuple[int, int] | None = None, gamma: float = 0.99,
-               beta: float | None = None, timeout: float | None = None,
-               fields: Sequence[str] | None = None, episode_end: str = "shorten") -> Batch:
-        """Select ``batch_size`` items (uniform or prioritized) and gather them, decoded,
-        on ``device``. With ``n_step`` (an int, or ``(lo, hi)`` drawn per item from
-        ``[lo, hi)`` as RLlib does), ``reward`` is the discounted n-step return within the
-        episode and ``next_obs``/done fields come from the last step; ``n_step`` is added
-        (the window's true length, for the gamma^n_step bootstrap).
+    # ---------------------------------------------------------------- delivery
+    # The read side's entry points are defined in delivery.py, over the buffer's public parts.
+    sample = delivery.sample
+    sample_sequences = delivery.sample_sequences
+    take = delivery.take
+    read = delivery.read
+    update_priorities = delivery.update_priorities
 
-        ``episode_end`` decides what happens to a window that would run past its episode's
-        stored end (the episode ended, or its next steps are not stored yet). 'shorten'
-        delivers the shorter window (RLlib's uniform ``EpisodeReplayBuffer`` draws these);
-        'redraw' draws the item and its n again, so every delivered window has its full n
-        (RLlib's ``PrioritizedEpisodeReplayBuffer``). The two are different distributions
-        over the same data, and they change how fast DQN learns: pick the framework's."""
-        return delivery.sample(self, batch_size, device=device, n_step=n_step, gamma=gamma, beta=beta,
-                               timeout=timeout, fields=fields, episode_end=episode_end)
-
-    def wait_for_sample(self, n: int, timeout: float | None) -> None:
-        """Wait (lock held) until the rate limiter lets ``n`` items be sampled."""
-        wait_to_sample(self, n, timeout)
 
     def gather(self, slots: np.ndarray, device=None, fields=None) -> dict[str, torch.Tensor]:
         """Decoded rows at ``slots`` (lock held), into the reused outputs when the buffer keeps them."""
@@ -291,22 +262,7 @@ class ExperienceBuffer:
         return self.storage.gather(slots, device=None if device is None else torch.device(device),
                                    out=out, out_tensors=views, fields=fields)
 
-    def sample_sequences(self, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:
-        """``batch_size`` sequences of ``length`` consecutive steps of one episode each,
-        shaped ``[B, T, ...]``, with a boolean ``mask`` [B, T] that is False after the
-        episode ends (those steps repeat the last real step and must be ignored).
-        Starts are chosen by the selector."""
-        return delivery.sample_sequences(self, batch_size, length, device=device, timeout=timeout)
 
-    def take(self, batch_size: int | None = None, *, policy_version: int | None = None,
-             device=None, timeout: float | None = None, wait: bool = True) -> Batch:
-        """Consume the oldest unconsumed items, each exactly once (FIFO selector only).
-
-        With ``policy_version``, items from older versions are dropped (counted in
-        ``dropped_stale``), never delivered; an item from a *newer* version is a caller
-        error. ``batch_size=None`` takes everything available now."""
-        return delivery.take(self, batch_size, policy_version=policy_version, device=device, timeout=timeout,
-                             wait=wait)
 
     # ------------------------------------------------------------- rollback
     def selection_token(self) -> tuple:
@@ -324,11 +280,6 @@ class ExperienceBuffer:
             self.counts.sampled -= items
             self._cond.notify_all()
 
-    # ------------------------------------------------------------ priorities
-    def update_priorities(self, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None) -> int:
-        """Set new priorities for delivered items. With ``seqs`` (from the Batch), items
-        overwritten since they were delivered are skipped. Returns how many were updated."""
-        return delivery.update_priorities(self, slots, priorities, seqs=seqs)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

@@ -11,13 +11,14 @@ again (``shard_loss``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from .batch import Batch
 from .errors import CapacityError, ConfigError, ExperienceTimeout, SemanticError, SpecError
-from .rate_gate import wait_until
+from .rate_gate import wait_to_sample, wait_until
 from .sampling_args import (check_batch_size, check_episode_end, check_fields, check_length, check_redraw_selector,
                             check_sampling)
 from .selection import select_slots
@@ -37,8 +38,22 @@ def _weights_on(weights, device):
     return torch.from_numpy(weights) if device is None else torch.from_numpy(weights).to(device)
 
 
-def sample(buf, batch_size, *, device, n_step, gamma, beta, timeout, fields, episode_end) -> Batch:
-    """``ExperienceBuffer.sample``."""
+def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
+           n_step: int | tuple[int, int] | None = None, gamma: float = 0.99,
+           beta: float | None = None, timeout: float | None = None,
+           fields: Sequence[str] | None = None, episode_end: str = "shorten") -> Batch:
+    """Select ``batch_size`` items (uniform or prioritized) and gather them, decoded,
+    on ``device``. With ``n_step`` (an int, or ``(lo, hi)`` drawn per item from
+    ``[lo, hi)`` as RLlib does), ``reward`` is the discounted n-step return within the
+    episode and ``next_obs``/done fields come from the last step; ``n_step`` is added
+    (the window's true length, for the gamma^n_step bootstrap).
+
+    ``episode_end`` decides what happens to a window that would run past its episode's
+    stored end (the episode ended, or its next steps are not stored yet). 'shorten'
+    delivers the shorter window (RLlib's uniform ``EpisodeReplayBuffer`` draws these);
+    'redraw' draws the item and its n again, so every delivered window has its full n
+    (RLlib's ``PrioritizedEpisodeReplayBuffer``). The two are different distributions
+    over the same data, and they change how fast DQN learns: pick the framework's."""
     if buf.selector.consumes:
         raise ConfigError("selector", "uniform or prioritized for sample()", "fifo",
                           "use take() to consume FIFO (on-policy) data")
@@ -50,30 +65,35 @@ def sample(buf, batch_size, *, device, n_step, gamma, beta, timeout, fields, epi
     check_fields(buf.spec, fields)
     if n_step is not None and episode_end == "redraw":
         check_redraw_selector(buf.selector)
-    ring, walk = buf.ring, buf.walk
-    with buf.lock:
+    ring, walk, cond = buf.ring, buf.walk, buf.lock
+    with cond:
         buf.check_open()
-        buf.wait_for_sample(batch_size, timeout)
+        wait_to_sample(buf, batch_size, timeout)
 
         def draw():
             if n_step is not None and episode_end == "redraw":
                 slots, weights, ret, last, steps = walk.sample_windows(
                     ring, buf.storage, buf.selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True)
                 return slots, weights, walk.window_columns(buf.gather, slots, ret, last, steps, device, fields)
-            slots, weights = select_slots(ring, buf.selector, buf.rng, batch_size, buf.size, beta)
+            selector = buf.selector
+            slots, weights = select_slots(ring, selector, buf.rng, batch_size, buf.size if selector.weighted else 0,
+                                          beta)
             if n_step is None:
                 return slots, weights, buf.gather(slots, device, fields)
             return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,
                                                        device, fields)
-        slots, weights, data = buf.run_storage(draw, then=lambda: buf.wait_for_sample(batch_size, timeout))
+        slots, weights, data = buf.run_storage(draw, then=lambda: wait_to_sample(buf, batch_size, timeout))
         buf.counts.sampled += batch_size
-        buf.lock.notify_all()
+        cond.notify_all()
         return Batch(data, slots=slots, seqs=ring.meta["seq"][slots], versions=ring.meta["version"][slots],
                      weights=_weights_on(weights, device), inserted_at_selection=ring.inserted)
 
 
-def sample_sequences(buf, batch_size: int, length: int, *, device, timeout) -> Batch:
-    """``ExperienceBuffer.sample_sequences``."""
+def sample_sequences(buf, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:
+    """``batch_size`` sequences of ``length`` consecutive steps of one episode each,
+    shaped ``[B, T, ...]``, with a boolean ``mask`` [B, T] that is False after the
+    episode ends (those steps repeat the last real step and must be ignored).
+    Starts are chosen by the selector."""
     check_length(length, buf.capacity)
     if buf.selector.consumes:
         raise ConfigError("selector", "uniform or prioritized for sample_sequences()", "fifo",
@@ -82,13 +102,13 @@ def sample_sequences(buf, batch_size: int, length: int, *, device, timeout) -> B
     ring = buf.ring
     with buf.lock:
         buf.check_open()
-        buf.wait_for_sample(batch_size, timeout)
+        wait_to_sample(buf, batch_size, timeout)
 
         def draw():
             starts, weights = select_slots(ring, buf.selector, buf.rng, batch_size, buf.size, None)
             grid, mask = buf.walk.sequence_grid(ring, starts, length)
             return starts, weights, mask, buf.gather(grid, device)
-        starts, weights, mask, data = buf.run_storage(draw, then=lambda: buf.wait_for_sample(batch_size, timeout))
+        starts, weights, mask, data = buf.run_storage(draw, then=lambda: wait_to_sample(buf, batch_size, timeout))
         dev = torch.device(device) if device is not None else torch.device("cpu")
         data["mask"] = torch.from_numpy(mask).to(dev)
         buf.counts.sampled += batch_size
@@ -98,8 +118,13 @@ def sample_sequences(buf, batch_size: int, length: int, *, device, timeout) -> B
                      inserted_at_selection=ring.inserted)
 
 
-def take(buf, batch_size: int | None, *, policy_version: int | None, device, timeout, wait: bool) -> Batch:
-    """``ExperienceBuffer.take``."""
+def take(buf, batch_size: int | None = None, *, policy_version: int | None = None,
+         device=None, timeout: float | None = None, wait: bool = True) -> Batch:
+    """Consume the oldest unconsumed items, each exactly once (FIFO selector only).
+
+    With ``policy_version``, items from older versions are dropped (counted in
+    ``dropped_stale``), never delivered; an item from a *newer* version is a caller
+    error. ``batch_size=None`` takes everything available now."""
     if not buf.selector.consumes:
         raise ConfigError("selector", "Fifo() for take()", buf.selector.name,
                           "build the buffer with selector=Fifo() for on-policy data")
@@ -142,9 +167,9 @@ def take(buf, batch_size: int | None, *, policy_version: int | None, device, tim
         return Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=ring.inserted)
 
 
-def update_priorities(buf, slots, priorities, *, seqs) -> int:
-    """``ExperienceBuffer.update_priorities``: rows overwritten since delivery (their seq
-    changed) are skipped; without ``seqs``, a slot that holds no stored row is an error."""
+def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None) -> int:
+    """Set new priorities for delivered items. With ``seqs`` (from the Batch), items
+    overwritten since they were delivered are skipped. Returns how many were updated."""
     slots = np.asarray(slots, dtype=np.int64).reshape(-1)
     pr = priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
     pr = pr.reshape(-1)
@@ -171,8 +196,14 @@ def update_priorities(buf, slots, priorities, *, seqs) -> int:
         return int(slots.shape[0])
 
 
-def read(buf, seqs, *, fields, device) -> dict[str, torch.Tensor]:
-    """``ExperienceBuffer.read``: stored rows by seq, no draw; a seq not stored is an error."""
+def read(buf, seqs, *, fields: Sequence[str] | None = None,
+         device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """Stored rows by their seq, decoded: each field shaped ``seqs.shape + field shape``.
+
+    For an adapter that rebuilds its framework's own objects around rows it already
+    knows (RLlib's episode slices, with their lookback): no selection, no RNG draw,
+    nothing counted as sampled. A seq that is not stored (never written, overwritten by
+    the ring, evicted, or on a lost shard) is an error naming it; nothing is read then."""
     seqs = np.asarray(seqs, dtype=np.int64)
     flat = seqs.reshape(-1)
     check_fields(buf.spec, fields)

@@ -19,9 +19,10 @@ from .framestack import first_surviving_seq
 from .rate_gate import wait_to_insert
 
 
-def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int, policy_version: int,
-                timeout: float | None, priorities: Any) -> int:
-    """Store ``n`` encoded rows of one source, in time order. Returns the first seq."""
+def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0, policy_version: int = 0,
+                timeout: float | None = None, priorities: Any = None) -> int:
+    """``ExperienceBuffer.add_encoded``: store ``n`` rows of one source, in time order, that
+    ``encode`` already validated and encoded. Returns the first seq."""
     if n == 0:
         return buf.ring.inserted
     if priorities is not None:

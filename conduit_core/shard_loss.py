@@ -52,16 +52,21 @@ class ShardLossRecovery:
         ``then()``, e.g. waiting until enough rows are left to sample). ``keep_from``: rows
         below this seq are being overwritten by the operation itself, so they are not
         counted as lost."""
+        try:
+            return op()   # the usual case: nothing lost, one call
+        except ShardLost as lost:
+            first = lost
         buf = self.buffer
-        for _ in range(len(buf.storage.shards) + 1):
+        for _ in range(len(buf.storage.shards)):
+            if buf.selector.consumes:
+                raise first
+            self.recover(first, buf.ring.lo() if keep_from is None else max(buf.ring.lo(), keep_from))
+            if then is not None:
+                then()
             try:
                 return op()
             except ShardLost as lost:
-                if buf.selector.consumes:
-                    raise
-                self.recover(lost, buf.ring.lo() if keep_from is None else max(buf.ring.lo(), keep_from))
-                if then is not None:
-                    then()
+                first = lost
         return op()
 
     def recover(self, lost: ShardLost, keep_from: int) -> None:
