@@ -18,10 +18,11 @@ for ``buffer_zero_copy``, ``system/api/worker_control.py:112``): the consumer fo
 wrapped ``SampleStream``, which is the very object the actors' configs hold until SRL pickles the
 configs, so ``buffer_zero_copy`` reshapes the actors' stream as it does without Conduit. What
 ``make_consumer`` does not pass to an instance (the worker's names, the shared-memory control) the
-trainer worker registered by :func:`conduit_srl.enable` hands over with :meth:`bind`.
+trainer worker registered by :func:`conduit_srl.enable` hands over with :meth:`bind`, then :meth:`open`.
 
 The consumer is pickled into the trainer worker (SRL sends configs through a pipe): nothing is open
-before the first ``consume_to`` in that process; pickling drops what is open or bound.
+before :meth:`open` (or the first ``consume_to``) in that process, after the fork; an opened
+consumer refuses to be pickled, and unpickling gives an unbound, unopened one.
 """
 
 from __future__ import annotations
@@ -108,6 +109,14 @@ class ConsumerBase:
     @property
     def bound(self) -> bool:
         return self.worker_info is not None
+
+    def open(self) -> None:
+        """Open the stream's receiving end in this process (idempotent; ``consume_to`` opens it too).
+        Conduit's trainer worker opens it in its ``_configure``, as SRL's consumers open theirs: SRL
+        configures the trainers before the actors, whose ZMQ producers look the address up then."""
+        source = self._open()
+        if not source.opened:
+            source.open()   # shared memory: attaches once a producer has created the dock
 
     # ------------------------------------------------ SRL's SampleConsumer interface
     def consume_to(self, buffer: Any, max_iter: int = 16) -> int:

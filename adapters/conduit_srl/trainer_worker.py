@@ -6,7 +6,7 @@ SRL's ``TrainerWorker._configure`` (``system/impl/trainer_worker.py:298``) calls
 ``SampleConsumer`` unchanged (``system/api/sample_stream.py:136``), dropping the worker's names and,
 for a shared-memory stream, the stream's ``OutOfOrderSharedMemoryControl`` (made by SRL's launcher
 before the fork, ``system/api/worker_control.py``). This subclass runs SRL's ``_configure`` and
-then binds the consumer: ``bind(worker_info=cfg.worker_info, ctrl=self.ctrl.spl_ctrls[index])``.
+then binds and opens the consumer: ``bind(worker_info=cfg.worker_info, ctrl=self.ctrl.spl_ctrls[index])``.
 Every other trainer worker behaves exactly as SRL's (a stream that is not Conduit's is left alone).
 
 :func:`install` puts this class in SRL's worker table (``rlsrl.system.RL_WORKERS["trainer"]``) in the
@@ -24,7 +24,9 @@ CLASS_NAME = "ConduitTrainerWorker"
 
 
 def bind_consumer(worker: Any, cfg: Any) -> bool:
-    """Bind ``cfg.sample_stream`` when it is a Conduit consumer; True when it was."""
+    """Bind and open ``cfg.sample_stream`` when it is a Conduit consumer; True when it was. Opened here,
+    in ``_configure``, as SRL's consumers are: SRL configures trainers before actors, and the actors'
+    ZMQ producers look the trainer's address up when they are configured."""
     stream = cfg.sample_stream
     if not getattr(stream, "__conduit_consumer__", False):
         return False
@@ -32,6 +34,7 @@ def bind_consumer(worker: Any, cfg: Any) -> bool:
     if stream.kind == "SHARED_MEMORY":
         ctrl = worker.ctrl.spl_ctrls[stream.stream_index]
     stream.bind(worker_info=cfg.worker_info, ctrl=ctrl)
+    stream.open()
     return True
 
 

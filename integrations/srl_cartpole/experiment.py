@@ -26,6 +26,7 @@ import rlsrl.api.config as cfg
 from . import env as cartpole_env
 
 STREAMS = ("shm", "zmq")
+CONSUMERS = ("srl", "conduit")
 
 
 @dataclasses.dataclass
@@ -50,10 +51,16 @@ class CartPolePPOExperiment(cfg.Experiment):
     entropy_bonus_weight: float = 0.01
     returns_dir: Optional[str] = None  # else $CONDUIT_SRL_RETURNS_DIR (env.py)
     log_frequency_seconds: int = 5
+    consumer: str = "srl"            # "srl": SRL's own consumer for the stream; "conduit": conduit_srl.sample_consumer
+    g_ing: int = 1                   # Conduit's consumer: samples per buffer call
+    shm_order: str = "fresh"         # Conduit's consumer on shared memory: "fresh" (SRL's) or "old"
+    consumer_stats_path: Optional[str] = None   # Conduit's consumer writes its counters there ({pid})
 
     def __post_init__(self):
         if self.stream not in STREAMS:
             raise ValueError(f"stream must be one of {STREAMS}, got {self.stream!r}")
+        if self.consumer not in CONSUMERS:
+            raise ValueError(f"consumer must be one of {CONSUMERS}, got {self.consumer!r}")
 
     def make_envs(self, aw_rank: int):
         env_name = cartpole_env.register()
@@ -116,6 +123,13 @@ class CartPolePPOExperiment(cfg.Experiment):
         policies = [cfg.PolicyWorker(policy_name=policy_name, inference_stream=inference_stream, policy=policy,
                                      worker_info=cfg.WorkerInformation(device=self.device))
                     for _ in range(self.policy_workers)]
+        # the trainer's end of the stream: SRL's consumer (built by make_consumer from the SampleStream) or
+        # Conduit's, wrapping the same SampleStream object the actors hold (conduit_srl.consumer)
+        trainer_stream = sample_stream
+        if self.consumer == "conduit":
+            import conduit_srl
+            trainer_stream = conduit_srl.sample_consumer(sample_stream, g_ing=self.g_ing, shm_order=self.shm_order,
+                                                         stats_path=self.consumer_stats_path)
         trainers = [cfg.TrainerWorker(
             buffer_name=self.buffer_name,
             buffer_zero_copy=self.buffer_zero_copy,
@@ -124,7 +138,7 @@ class CartPolePPOExperiment(cfg.Experiment):
             trainer=trainer,
             policy=policy,
             log_frequency_seconds=self.log_frequency_seconds,
-            sample_stream=sample_stream,
+            sample_stream=trainer_stream,
             worker_info=cfg.WorkerInformation(wandb_job_type="tw", wandb_group="cartpole",
                                               wandb_project="conduit-srl", wandb_name=f"seed{self.seed}",
                                               log_terminal=True, device=self.device),

@@ -1,7 +1,13 @@
 """Run real SRL training CartPole with PPO through SRL's own launcher, with SRL's buffer or Conduit's.
 
     cd /work/main && PYTHONPATH=.:adapters /work/srl-venv/bin/python -m integrations.srl_cartpole.run \\
-        --buffer srl|conduit --stream shm|zmq --seconds 90 --seed 0 --out out/srl_cartpole/conduit-s0
+        --buffer srl|conduit --stream shm|zmq --consumer srl|conduit --g-ing 1 --seconds 90 --seed 0 \\
+        --out out/srl_cartpole/conduit-s0
+
+``--consumer conduit`` makes the trainer's end of the stream Conduit's ``SampleConsumer``
+(``conduit_srl.sample_consumer``, at ``--g-ing`` samples per buffer call, over whichever ``--stream``);
+the launching process then registers Conduit's trainer worker (``conduit_srl.enable`` or, with SRL's
+buffer, ``conduit_srl.enable_consumer``), which binds the consumer after the fork.
 
 The launching process (a child in its own session) applies the CPU shims (``cpu.py``), for
 ``--buffer conduit`` calls ``conduit_srl.enable()`` (SRL's ``make_buffer`` builds Conduit's buffers),
@@ -14,7 +20,9 @@ summarized from what the workers left in ``--out``:
 
 - ``buffer_stats_<pid>.json`` (trainer worker): trained frames/s after warm-up, the trainer's
   exposed wait for data (fraction of wall time, ms per trainer step), get ms per step, put ms per sample;
-- ``returns/returns_<pid>.jsonl`` (actor workers): every finished episode with its wall time.
+- ``returns/returns_<pid>.jsonl`` (actor workers): every finished episode with its wall time;
+- ``consumer_stats_<pid>.json`` (trainer worker, ``--consumer conduit``): the consumer's counters
+  (received == put + staged + rejected), written every 2 s and at close.
 
 The summary is printed and written to ``<out>/summary.json``; SRL's log is ``<out>/srl.log``.
 """
@@ -56,6 +64,9 @@ class Args:
     quiet: bool = False
     zero_copy: bool = False        # SRL's buffer_zero_copy: the shm stream batches, the buffer is a simple_queue
     kill_actor_after: float = 0.0  # > 0: SIGKILL the actor worker(s) this many seconds into the run (fault test)
+    consumer: str = "srl"          # srl | conduit: the trainer's end of the sample stream
+    g_ing: int = 1                 # Conduit's consumer: samples per buffer call (1 = SRL's behaviour)
+    shm_order: str = "fresh"       # Conduit's consumer on shared memory: fresh (SRL's reader) | old
 
 
 # ---------------------------------------------------------------------------- child: SRL's launcher
@@ -71,15 +82,19 @@ def _child(args: Args, trial: str, port: int, state_dir: str) -> None:
 
     from . import cpu, experiment, timing
     cpu.apply()
+    import conduit_srl
     if args.buffer == "conduit":
-        import conduit_srl
-        conduit_srl.enable()
+        conduit_srl.enable()            # Conduit's buffers (and Conduit's trainer worker)
+    elif args.consumer == "conduit":
+        conduit_srl.enable_consumer()   # Conduit's trainer worker only: it binds the consumer
     timing.install(out, label=args.buffer)   # wraps whichever make_buffer is now in place
     # SRL's filesystem parameter DB lives under $HOME/marl_checkpoints: keep this run's in state_dir
     parameter_db.PytorchFilesystemParameterDB.ROOT = os.path.join(state_dir, "marl_checkpoints/")
 
     experiment.register(EXPERIMENT, seed=args.seed, stream=args.stream, actors=args.actors,
                         envs_per_actor=args.envs_per_actor, port=port, buffer_zero_copy=args.zero_copy,
+                        consumer=args.consumer, g_ing=args.g_ing, shm_order=args.shm_order,
+                        consumer_stats_path=os.path.join(out, "consumer_stats_{pid}.json"),
                         buffer_name="priority_queue",
                         buffer_args=dict(batch_size=args.batch_size, reuses=args.reuses, max_size=args.max_size))
     sys.argv = ["srl-local", "run", "-e", EXPERIMENT, "-f", trial, "--wandb_mode", "disabled",
@@ -130,6 +145,7 @@ def launch(args: Args) -> dict:
               "'cannot mmap an empty file', rlsrl/base/shared_memory.py:41-47); use --stream zmq", file=sys.stderr)
     if os.path.exists(out):
         for stale in glob.glob(os.path.join(out, "buffer_stats_*.json")) + \
+                glob.glob(os.path.join(out, "consumer_stats_*.json")) + \
                 glob.glob(os.path.join(out, "returns", "*.jsonl")):
             os.remove(stale)
     os.makedirs(os.path.join(out, "returns"), exist_ok=True)
@@ -241,6 +257,10 @@ def summarize(out: str, *, t_launch: float, t_stop: float, warmup: float = 10.0,
                 s["samples_put_per_s"] = d["puts"] / dt if dt > 0 else None
         s["totals"] = {k: v for k, v in h[-1].items() if k != "t"} if h else {}
         s["buffer_accounting"] = st.get("buffer_accounting")  # Conduit's: every sample put, accounted for
+    consumer = sorted(glob.glob(os.path.join(out, "consumer_stats_*.json")))
+    if consumer:   # Conduit's consumer: every sample received, accounted for (written every 2 s and at close)
+        with open(consumer[-1]) as fh:
+            s["consumer"] = json.load(fh)
     eps = [e for e in _returns(out) if e["t"] <= t_stop]
     rets = [e["ret"] for e in eps]
     s["episodes"] = len(eps)
@@ -288,6 +308,11 @@ def parser() -> argparse.ArgumentParser:
                         "count everything it received)")
     p.add_argument("--zero-copy", action="store_true",
                    help="SRL's buffer_zero_copy (shm stream only): batching and reuses move into the stream")
+    p.add_argument("--consumer", choices=["srl", "conduit"], default=d.consumer,
+                   help="the trainer's end of the sample stream: SRL's consumer or conduit_srl.sample_consumer")
+    p.add_argument("--g-ing", type=int, default=d.g_ing, help="Conduit's consumer: samples per buffer call")
+    p.add_argument("--shm-order", choices=["fresh", "old"], default=d.shm_order,
+                   help="Conduit's consumer on shared memory: freshest first (SRL's reader) or oldest first")
     p.add_argument("--_child", nargs=2, metavar=("TRIAL", "PORT"), help=argparse.SUPPRESS)
     return p
 
@@ -307,7 +332,8 @@ def main(argv=None) -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     summary = launch(args)
     if not args.quiet:
-        print(f"[{args.buffer}/{args.stream} seed {args.seed}] " + _fmt(summary))
+        print(f"[{args.buffer}/{args.stream}/consumer {args.consumer} g_ing {args.g_ing} seed {args.seed}] "
+              + _fmt(summary))
         print(json.dumps({k: v for k, v in summary.items() if k not in ("args", "totals")}, indent=None, default=str))
 
 
