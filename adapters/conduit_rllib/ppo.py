@@ -13,6 +13,12 @@ minibatch; here each minibatch is one ``index_select`` per column on tensors tha
 already live on the learner's device. The order follows RLlib's: the first epoch in
 batch order, each later epoch a fresh permutation, minibatches running across epoch
 boundaries until every row was seen ``num_epochs`` times.
+
+With ``num_learners >= 1`` each learner is its own process with its own FIFO plane: RLlib
+shards the episodes across learners, each learner's connector output is ingested and
+delivered where it is trained on, and with several learners RLlib's ``num_total_minibatches``
+(every learner makes the same number of updates, as data-parallel gradients need) sets the
+count of minibatches, as in RLlib's own iterator.
 """
 
 from __future__ import annotations
@@ -31,9 +37,12 @@ from .options import ConduitOptions
 
 
 def minibatch_order(n: int, *, num_epochs: int, minibatch_size: int, shuffle: bool,
-                    rng: np.random.Generator) -> np.ndarray:
-    """The row index of every minibatch slot, RLlib's cyclic order (see module docstring)."""
-    k = math.ceil(num_epochs * n / minibatch_size)
+                    rng: np.random.Generator, num_total_minibatches: int = 0) -> np.ndarray:
+    """The row index of every minibatch slot, RLlib's cyclic order (see module docstring).
+    ``num_total_minibatches`` (RLlib passes it with several learners, so that every learner
+    makes the same number of updates): that many minibatches, cycling on through the batch,
+    in place of ``num_epochs`` passes."""
+    k = num_total_minibatches or math.ceil(num_epochs * n / minibatch_size)
     total = k * minibatch_size
     epochs = math.ceil(total / n)
     order = [np.arange(n)]
@@ -117,8 +126,7 @@ class ConduitPPOTorchLearner(PPOTorchLearner):
 
     def _create_iterator_if_necessary(self, *, training_data, num_total_minibatches: int = 0, num_epochs: int = 1,
                                       minibatch_size=None, shuffle_batch_per_epoch: bool = False, **kwargs):
-        if (training_data.episodes is None or num_total_minibatches or training_data.data_iterators
-                or not minibatch_size):
+        if training_data.episodes is None or training_data.data_iterators or not minibatch_size:
             return super()._create_iterator_if_necessary(
                 training_data=training_data, num_total_minibatches=num_total_minibatches, num_epochs=num_epochs,
                 minibatch_size=minibatch_size, shuffle_batch_per_epoch=shuffle_batch_per_epoch, **kwargs)
@@ -146,7 +154,9 @@ class ConduitPPOTorchLearner(PPOTorchLearner):
             raise RuntimeError(f"conduit: delivered {delivered.size} rows of version {version}, ingested {n}")
         cols = dict(delivered)
         order = minibatch_order(n, num_epochs=num_epochs, minibatch_size=int(minibatch_size),
-                                shuffle=shuffle_batch_per_epoch and num_epochs > 1, rng=self._conduit_rng)
+                                shuffle=shuffle_batch_per_epoch and num_epochs > 1, rng=self._conduit_rng,
+                                num_total_minibatches=int(num_total_minibatches or 0))
+        self.conduit_minibatches = (n, order.shape[0])   # (rows, minibatches) of the last update
         return ConduitMinibatches(cols, order, module_id=DEFAULT_MODULE_ID, env_steps=batch.env_steps())
 
 
@@ -154,9 +164,6 @@ def enable_ppo(config, opts: ConduitOptions):
     from .algorithms import ConduitPPO
     if config.framework_str != "torch":
         raise ConfigError("framework", "'torch'", repr(config.framework_str), "call config.framework('torch')")
-    if config.num_learners > 0:
-        raise ConfigError("num_learners", "0 (a local learner)", config.num_learners,
-                          "set config.learners(num_learners=0); remote learners are not supported yet")
     lcd = dict(config.learner_config_dict or {})
     lcd["conduit"] = opts.to_dict()
     config.learners(learner_class=ConduitPPOTorchLearner, learner_config_dict=lcd)

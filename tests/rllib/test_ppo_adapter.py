@@ -49,6 +49,56 @@ def test_minibatch_order_matches_rllibs_cyclic_iterator():
     assert flat[:n].tolist() != flat[n:2 * n].tolist()
 
 
+@pytest.mark.parametrize("n, mb, total", [(10, 4, 7), (10, 4, 2), (8, 4, 5), (12, 5, 9)])
+def test_minibatch_order_with_a_total_count_matches_rllibs(n, mb, total):
+    """With several learners RLlib passes num_total_minibatches so every learner makes the
+    same number of updates; the cyclic order runs on through the batch until that count."""
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+    from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
+    batch = MultiAgentBatch({"p": SampleBatch({"i": np.arange(n)})}, n)
+    theirs = [m.policy_batches["p"]["i"].tolist() for m in
+              MiniBatchCyclicIterator(batch, num_epochs=1, minibatch_size=mb, shuffle_batch_per_epoch=False,
+                                      num_total_minibatches=total)]
+    ours = minibatch_order(n, num_epochs=1, minibatch_size=mb, shuffle=False, rng=np.random.default_rng(0),
+                           num_total_minibatches=total).tolist()
+    assert ours == theirs and len(ours) == total
+
+
+def test_ppo_trains_through_conduit_with_two_learners(ray_session):
+    """num_learners=2 (data-parallel, DDP over gloo on CPU): each learner ingests its own shard
+    of the episodes into its own FIFO plane and is delivered exactly that shard, once; both make
+    the same number of updates (RLlib's num_total_minibatches)."""
+    cfg = workloads.ppo_cartpole(seed=2, num_env_runners=0)
+    cfg.training(train_batch_size_per_learner=200, minibatch_size=64, num_epochs=2)
+    cfg.learners(num_learners=2, num_cpus_per_learner=1)
+    algo = conduit_rllib.enable(cfg).build_algo()
+    try:
+        for _ in range(2):
+            res = algo.train()
+
+        def conduit_counts(learner):
+            m = learner._conduit_path.edp.metrics()
+            from conduit_rllib.ppo import ConduitPPOTorchLearner
+            return (isinstance(learner, ConduitPPOTorchLearner), m.ingest.calls, m.deliver.calls, m.ingest.items_in,
+                    m.deliver.items_out, m.dropped_stale, len(learner._conduit_path.edp.buffer),
+                    learner.conduit_minibatches)
+        counts = [r.get() for r in algo.learner_group.foreach_learner(conduit_counts)]
+        assert len(counts) == 2
+        for is_conduit, ingests, delivers, rows_in, rows_out, stale, left, _ in counts:
+            assert is_conduit
+            assert ingests == delivers == 2               # one shard in, once out, per update
+            assert rows_in == rows_out > 0 and stale == 0 and left == 0
+        (rows_a, mbs_a), (rows_b, mbs_b) = counts[0][-1], counts[1][-1]
+        env_steps = res["env_runners"]["num_env_steps_sampled"]
+        assert rows_a + rows_b >= env_steps >= 400          # the two shards of the train batch
+        # both learners make RLlib's count: int(num_epochs * env steps / (learners * minibatch_size))
+        assert mbs_a == mbs_b == int(2 * env_steps / (2 * 64))
+        steps = res["learners"]["default_policy"]["num_module_steps_trained"]
+        assert steps > 0
+    finally:
+        algo.stop()
+
+
 def test_ppo_unknown_option_is_rejected():
     from conduit_core import ConfigError
     with pytest.raises(ConfigError, match="staleness_"):
