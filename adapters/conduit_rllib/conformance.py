@@ -104,8 +104,7 @@ class ReplaySession(Session):
         return sequences_of(self.buf.sample(**_sequence_args(batch_size, length, lookback, min_length)))
 
     def update_priorities(self, d, priorities) -> None:
-        self.buf._last = d.handle
-        self.buf.update_priorities(np.asarray(priorities, dtype=np.float64))
+        self.buf.update_priorities_of(d.handle, np.asarray(priorities, dtype=np.float64))
 
     def stored_ids(self):
         return edp_stored_ids(self.buf.edp)

@@ -247,12 +247,18 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         return out
 
     def update_priorities(self, priorities, module_id=None) -> None:
-        if not self.prioritized or self._last is None:
+        """RLlib's call: priorities for the rows of the last sample."""
+        if self._last is not None:
+            self.update_priorities_of(self._last, priorities)
+
+    def update_priorities_of(self, batch, priorities) -> None:
+        """Priorities for the rows of a delivered core ``Batch`` (any earlier one; rows
+        overwritten since are skipped). RLlib floors each priority at 1e-12 (never 0: a zero
+        would never be drawn again) and adds no epsilon; the selector is built with eps=0 to match."""
+        if not self.prioritized:
             return
-        # RLlib floors each priority at 1e-12 (never 0: a zero would never be drawn again)
-        # and adds no epsilon; the selector is built with eps=0 to match.
-        self.edp.update_priorities(self._last, np.maximum(np.abs(np.asarray(priorities, dtype=np.float64)),
-                                                          RLLIB_MIN_PRIORITY))
+        self.edp.update_priorities(batch, np.maximum(np.abs(np.asarray(priorities, dtype=np.float64)),
+                                                     RLLIB_MIN_PRIORITY))
 
     # ---------------------------------------------------------------- metrics
     def get_metrics(self) -> dict:
