@@ -160,7 +160,10 @@ class ConsumerBase:
         """Counters (``received == put + staged + rejected + returned``), the configuration, and
         whether the stream is open."""
         src = self._source
-        return dict(self._ingest.counts.as_dict(), g_ing=self.g_ing,
+        counts = self._ingest.counts.as_dict()
+        if src is not None:
+            counts["undecodable"] = src.undecodable   # also what a pump that raised had counted
+        return dict(counts, g_ing=self.g_ing,
                     stream=self.kind, opened=bool(src is not None and src.opened), closed=self._closed,
                     address=getattr(src, "address", None),
                     last_decode_error=getattr(src, "last_decode_error", None))

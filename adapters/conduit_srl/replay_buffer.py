@@ -87,32 +87,55 @@ class ConduitReplayBuffer:
 
     # ---------------------------------------------------------------- SRL's interface
     def put(self, x) -> None:
-        if hasattr(x, "policy_name"):
-            x.policy_name = None  # as SRL's replay buffers do (a non-numeric field)
-        if self._codec is None:
-            self._codec = samples.SampleCodec(x)
-        flat = self._codec.flatten(x)
+        self.put_batch([x])
+
+    def put_batch(self, xs) -> None:
+        """Several samples in one call (a consumer's group of ``g_ing``): every sample checked first,
+        then stored in order with one ``add`` (one validate-and-encode, one lock); all or none."""
+        xs = list(xs)
+        if not xs:
+            return
+        flats = []
+        for x in xs:
+            if hasattr(x, "policy_name"):
+                x.policy_name = None  # as SRL's replay buffers do (a non-numeric field)
+            if self._codec is None:
+                self._codec = samples.SampleCodec(x)
+            flats.append(self._codec.flatten(x))
         with self._lock:
             if self._buffer is None:
-                self._build(flat)
-            cols = {}
-            for name, spec in self._template.items():
-                v = flat.get(name)
-                if spec is None:
-                    if v is not None:
-                        raise SpecError(name, "None (as in the first sample)", type(v).__name__,
-                                        "keep the set of fields the same in every sample")
-                    continue
-                if v is None:
-                    raise SpecError(name, f"an array of shape {spec.shape}", None,
-                                    "keep the set of fields the same in every sample")
-                cols[name] = np.asarray(v)[None]
-            if set(flat) - set(self._template):
-                raise SpecError("sample fields", sorted(self._template), sorted(flat),
-                                "keep the set of fields the same in every sample")
-            priorities = self._initial_priority(flat) if self.prioritized else None
+                self._build(flats[0])
+            rows = [self._row(flat) for flat in flats]
+            cols = {name: np.stack([r[name] for r in rows]) for name in rows[0]}
+            priorities = None
+            if self.prioritized:
+                initial = [self._initial_priority(flat) for flat in flats]
+                priorities = None if initial[0] is None else [p[0] for p in initial]
             first = self._buffer.add(cols, priorities=priorities)
-            self._replay_times[first % self._max_size] = 0
+            self._replay_times[(first + np.arange(len(rows))) % self._max_size] = 0
+
+    def _row(self, flat: dict[str, Any]) -> dict[str, np.ndarray]:
+        """One sample's stored fields, checked against the first sample's (raises before anything is written)."""
+        if set(flat) - set(self._template):
+            raise SpecError("sample fields", sorted(self._template), sorted(flat),
+                            "keep the set of fields the same in every sample")
+        row = {}
+        for name, spec in self._template.items():
+            v = flat.get(name)
+            if spec is None:
+                if v is not None:
+                    raise SpecError(name, "None (as in the first sample)", type(v).__name__,
+                                    "keep the set of fields the same in every sample")
+                continue
+            if v is None:
+                raise SpecError(name, f"an array of shape {spec.shape}", None,
+                                "keep the set of fields the same in every sample")
+            arr = np.asarray(v)
+            if arr.shape != tuple(spec.shape):
+                raise SpecError(f"{name}.shape", tuple(spec.shape), arr.shape,
+                                "send samples of the first sample's shapes (SRL's sample_steps)")
+            row[name] = arr
+        return row
 
     def get(self, batch_size: int | None = None):
         """SRL's ``get``. ``batch_size`` (an extension; default: the configured one) lets a harness
