@@ -104,7 +104,8 @@ class ReplaySession(Session):
         return sequences_of(self.buf.sample(**_sequence_args(batch_size, length, lookback, min_length)))
 
     def update_priorities(self, d, priorities) -> None:
-        self.buf.update_priorities_of(d.handle, np.asarray(priorities, dtype=np.float64))
+        self.buf.last_sampled = d.handle   # the batch RLlib's call applies to: drive the path DQN uses
+        self.buf.update_priorities(np.asarray(priorities, dtype=np.float64))
 
     def stored_ids(self):
         return edp_stored_ids(self.buf.edp)

@@ -89,7 +89,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.context = EpisodeContext()         # spaces and ids for rebuilt episodes (from the first chunk)
         self._sequence_rng = np.random.default_rng([self._seed, 1])  # sequence starts (stateful modules)
         self._shared_draw = None                 # share_rng(): RLlib's own draws, for exact equivalence
-        self._last: Batch | None = None
+        # the core Batch of the last sample: RLlib's update_priorities(priorities) applies to it
+        self.last_sampled: Batch | None = None
         self._sampled = 0
 
     # ------------------------------------------------------------------ build
@@ -205,7 +206,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                              beta=self.beta if beta is None else beta,
                              episode_end="redraw" if self.prioritized else "shorten",
                              fields=None if include_extra_model_outputs else self._core_fields)
-        self._last = b
+        self.last_sampled = b
         self._sampled += b.size
         if self.tuner is not None:
             self.tuner.observe()
@@ -236,20 +237,20 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                               rules=self.sequence_rules, ctx=self.context, store_infos=self.options.store_infos,
                               B=B, T=T, n_step=n_step, lookback=lookback, min_T=min_T)
         self._sampled += B
-        self._last = None  # no priorities for the uniform buffer
+        self.last_sampled = None  # no priorities for the uniform buffer
         return out
 
     def _sample_batch_form(self, B: int, T: int) -> dict[str, np.ndarray]:
         """RLlib's ``sample_episodes=False`` dict of ``[B, T]`` arrays (``sample_forms.batch_form``)."""
         out = batch_form(self.edp, self.ledger, rng=self._sequence_rng, fields=self._core_fields, B=B, T=T)
         self._sampled += B * T
-        self._last = None
+        self.last_sampled = None
         return out
 
     def update_priorities(self, priorities, module_id=None) -> None:
         """RLlib's call: priorities for the rows of the last sample."""
-        if self._last is not None:
-            self.update_priorities_of(self._last, priorities)
+        if self.last_sampled is not None:
+            self.update_priorities_of(self.last_sampled, priorities)
 
     def update_priorities_of(self, batch, priorities) -> None:
         """Priorities for the rows of a delivered core ``Batch`` (any earlier one; rows

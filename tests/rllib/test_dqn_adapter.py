@@ -222,7 +222,7 @@ def test_episode_delivery_gives_the_learner_the_same_batch_as_columns(ray_sessio
         learner = algo.learner_group._learner
         buf = algo.local_replay_buffer
         cols = buf.sample(32, n_step=(1, 4), gamma=0.99, beta=0.4)
-        eps = buf._episodes_of(buf._last, include_infos=True, include_extras=False, lookback=0)
+        eps = buf._episodes_of(buf.last_sampled, include_infos=True, include_extras=False, lookback=0)
         got = learner._learner_connector(rl_module=learner.module, batch={}, episodes=cols, shared_data={},
                                          metrics=None)["default_policy"]
         ref = learner._learner_connector(rl_module=learner.module, batch={}, episodes=eps, shared_data={},

@@ -167,7 +167,7 @@ def test_episodes_for_several_learners_line_up_with_the_rows():
     for c in chunks:
         buf.add([c])
     eps = buf.sample(32, n_step=1)
-    rows = buf._last["obs"].numpy()
+    rows = buf.last_sampled["obs"].numpy()
     parts = list(ShardEpisodesIterator(eps, 2))
     got = np.concatenate([np.stack([e.get_observations(0) for e in part]) for part in parts])
     assert np.array_equal(got, rows)

@@ -50,7 +50,7 @@ class ShortenedWindows(ConduitEpisodeReplayBuffer):
         B = num_items or kw.get("batch_size_B") or self.batch_size_B
         b = self.edp.deliver(int(B), n_step=n_step or 1, gamma=gamma, beta=self.beta if beta is None else beta,
                              episode_end="shorten")
-        self._last = b
+        self.last_sampled = b
         from conduit_rllib.replay_buffer import DeliveredBatch
         return [DeliveredBatch(b)]
 
