@@ -103,7 +103,7 @@ class ExperienceBuffer:
     def size(self) -> int:
         """Items currently stored (for FIFO: not yet consumed)."""
         if self.selector.consumes:
-            return self.ring.inserted - self.ring.head
+            return self.ring.queued()
         return self.ring.inserted - self.ring.lo() - self.ring.holes
 
     @property

@@ -133,6 +133,34 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
     def drop_stale() -> None:
         if policy_version is not None:
             buf.counts.dropped_stale += ring.drop_stale_prefix(policy_version)
+
+    def enough() -> bool:
+        drop_stale()
+        return ring.queued(policy_version) >= batch_size
+
+    def wait_for_rows() -> None:
+        """Until ``batch_size`` rows of the version are queued (again, after a lost shard)."""
+        if batch_size is None:
+            drop_stale()
+            return
+        if enough():
+            return
+        if not wait:
+            raise ExperienceTimeout(
+                f"take: expected {batch_size} items of policy version {policy_version}, "
+                f"{ring.queued(policy_version)} are available. Fix: flush the "
+                "producers first, or take batch_size=None for what is there.")
+        wait_until(buf.lock, enough, limiter=buf.rate_limiter, timeout=timeout,
+                   why=f"{ring.queued(policy_version)} of {batch_size} items of version {policy_version} "
+                       "available", kind="take", check_open=buf.check_open)
+
+    def draw():
+        k = ring.queued(policy_version) if batch_size is None else batch_size
+        seqs = ring.queued_seqs(k)
+        slots = seqs % buf.capacity
+        data = buf.gather(slots, device) if k else {f.name: torch.empty((0, *f.shape), dtype=f.dtype)
+                                                     for f in buf.spec}
+        return k, seqs, slots, data
     with buf.lock:
         buf.check_open()
         if batch_size is not None:
@@ -140,28 +168,11 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
             if batch_size > buf.capacity:
                 raise CapacityError(f"batch_size: expected at most capacity={buf.capacity}, got "
                                     f"{batch_size}. Fix: raise capacity or take smaller batches.")
-
-            def enough() -> bool:
-                drop_stale()
-                return ring.queued(policy_version) >= batch_size
-            if not enough():
-                if not wait:
-                    raise ExperienceTimeout(
-                        f"take: expected {batch_size} items of policy version {policy_version}, "
-                        f"{ring.queued(policy_version)} are available. Fix: flush the "
-                        "producers first, or take batch_size=None for what is there.")
-                wait_until(buf.lock, enough, limiter=buf.rate_limiter, timeout=timeout,
-                           why=f"{ring.queued(policy_version)} of {batch_size} items of version {policy_version} "
-                               "available", kind="take", check_open=buf.check_open)
-        else:
-            drop_stale()
-        k = ring.queued(policy_version) if batch_size is None else batch_size
-        seqs = np.arange(ring.head, ring.head + k, dtype=np.int64)
-        slots = seqs % buf.capacity
-        data = buf.gather(slots, device) if k else {f.name: torch.empty((0, *f.shape), dtype=f.dtype)
-                                                     for f in buf.spec}
+        wait_for_rows()
+        k, seqs, slots, data = buf.run_storage(draw, then=wait_for_rows)   # a lost shard's rows are passed over
         versions = ring.meta["version"][slots].copy()
-        ring.head += k
+        if k:
+            ring.consume_through(int(seqs[-1]))
         buf.counts.sampled += k
         buf.lock.notify_all()
         return Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=ring.inserted)

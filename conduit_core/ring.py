@@ -132,13 +132,26 @@ class Ring:
         return self.count_holes(lo, new_lo) if new_lo > lo else 0
 
     # ---------------------------------------------------------------- FIFO
+    def queued_seqs(self, k: int | None = None) -> np.ndarray:
+        """The first ``k`` (all if None) rows not yet consumed, oldest first: seqs from ``head``,
+        skipping removed rows (a lost shard's)."""
+        if not self.holes:
+            return np.arange(self.head, self.inserted if k is None else self.head + k, dtype=np.int64)
+        seqs = np.arange(self.head, self.inserted, dtype=np.int64)
+        seqs = seqs[self.meta["seq"][seqs % self.capacity] == seqs]
+        return seqs if k is None else seqs[:k]
+
     def queued(self, policy_version: int | None = None) -> int:
         """Rows not yet consumed; with ``policy_version``, the leading ones of that version."""
         if policy_version is None:
-            return self.inserted - self.head
-        vers = self.meta["version"][np.arange(self.head, self.inserted, dtype=np.int64) % self.capacity]
+            return self.inserted - self.head if not self.holes else int(self.queued_seqs().size)
+        vers = self.meta["version"][self.queued_seqs() % self.capacity]
         bad = np.flatnonzero(vers != policy_version)
         return int(bad[0]) if bad.size else int(vers.shape[0])
+
+    def consume_through(self, seq: int) -> None:
+        """Rows up to ``seq`` are consumed (removed rows among them are passed over)."""
+        self.head = max(self.head, int(seq) + 1)
 
     def drop_stale_prefix(self, policy_version: int) -> int:
         """Consume (without delivering) the leading rows of versions older than
@@ -146,7 +159,8 @@ class Ring:
         reorder what stays. A row of a newer version is the caller's error."""
         if self.head == self.inserted:
             return 0
-        vers = self.meta["version"][np.arange(self.head, self.inserted, dtype=np.int64) % self.capacity]
+        seqs = self.queued_seqs()
+        vers = self.meta["version"][seqs % self.capacity]
         newer = vers > policy_version
         if newer.any():
             from .errors import SemanticError
@@ -155,7 +169,8 @@ class Ring:
                 f"version {int(vers[newer][0])}. Fix: deliver with the learner's current policy version.")
         stale = vers < policy_version
         n = int(stale.shape[0]) if stale.all() else int(np.argmin(stale))
-        self.head += n
+        if n:
+            self.consume_through(int(seqs[n - 1]))
         return n
 
     # ---------------------------------------------------------------- change

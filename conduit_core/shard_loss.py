@@ -3,8 +3,9 @@
 Its rows leave the buffer (they are no longer in ``len()`` and are never delivered), the loss
 is recorded with the rows' count and seq range, a new empty shard takes its place, and the
 operation that found the loss runs again. Nothing is silently lost: every loss is in
-``ExperienceBuffer.losses`` and in the log. A FIFO buffer cannot skip on-policy rows without
-breaking its order: there the loss reaches the caller.
+``ExperienceBuffer.losses`` and in the log. A FIFO buffer loses only rows not yet consumed; the
+queue passes over them and keeps the survivors' order (a consumer waiting for a full batch
+waits for more rows).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class ShardLoss:
 
 class ShardLossRecovery:
     """Runs storage operations for one buffer (under its lock) and recovers from lost shards,
-    through the buffer's public parts: its ring, storage, selector and ``evict``."""
+    through the buffer's public parts: its ring, storage, selector, dual writer and ``evict``."""
 
     def __init__(self, buffer):
         self.buffer = buffer
@@ -58,8 +59,6 @@ class ShardLossRecovery:
             first = lost
         buf = self.buffer
         for _ in range(len(buf.storage.shards)):
-            if buf.selector.consumes:
-                raise first
             self.recover(first, buf.ring.lo() if keep_from is None else max(buf.ring.lo(), keep_from))
             if then is not None:
                 then()
@@ -73,8 +72,16 @@ class ShardLossRecovery:
         buf, s = self.buffer, lost.shard
         slots = np.arange(int(buf.storage.bounds[s]), int(buf.storage.bounds[s + 1]), dtype=np.int64)
         seqs = buf.meta["seq"][slots]
+        if buf.selector.consumes:   # consumed rows were delivered already: only queued ones are lost
+            keep_from = max(keep_from, buf.ring.head)
         gone = seqs[buf.ring.live(slots, seqs) & (seqs >= keep_from)]
-        buf.evict(gone)
+        if buf.selector.consumes:   # the queue passes over them, in order (evict() is replay's)
+            removed, removed_slots = buf.ring.remove(np.unique(gone))
+            buf.selector.on_evict(removed_slots)
+            if buf.dual_writer is not None:
+                buf.dual_writer.on_evict(removed)
+        else:
+            buf.evict(gone)
         loss = ShardLoss(shard=s, node_resource=lost.node, rows=int(gone.size),
                          seq_range=(int(gone.min()), int(gone.max())) if gone.size else None,
                          cause=f"{type(lost.cause).__name__}: {lost.cause}", replaced_on="(not replaced)",

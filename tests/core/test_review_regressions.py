@@ -158,14 +158,19 @@ def test_sampling_after_every_row_was_lost_is_a_clear_error_not_empty_rows(selec
     assert len(buf) == 0 and buf.losses[0].rows == 20
 
 
-def test_a_fifo_buffer_raises_the_loss_it_cannot_skip():
-    from conduit_core import Fifo, ShardLost
+def test_a_fifo_buffer_passes_over_the_rows_a_lost_shard_held():
+    """Issue 16: a FIFO buffer survives a lost shard as replay does (it used to raise the loss
+    and stay stuck): the queued rows that were there leave, reported; the insert that found the
+    loss is kept; the queue goes on in order."""
+    from conduit_core import Fifo
     buf = ExperienceBuffer(spec=SPEC, capacity=100, selector=Fifo(), seed=1)
     buf.add(rollout(5, 0))
     _lose_on_first_call(buf.storage, "write")
-    with pytest.raises(ShardLost):
-        buf.add(rollout(5, 10))
+    buf.add(rollout(5, 10))
+    (loss,) = buf.losses
+    assert loss.rows == 5 and loss.seq_range == (0, 4)
     assert len(buf) == 5
+    assert buf.take(None)["obs"][:, 0].numpy().astype(int).tolist() == list(range(10, 15))
 
 
 def test_state_round_trip_with_a_prefetch_in_flight_and_load_into_a_prefetching_plane():
