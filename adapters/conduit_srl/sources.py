@@ -20,6 +20,7 @@ SRL is imported inside the methods only.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -152,9 +153,9 @@ class ShmSource:
                 one = self.ctrl.acquire_read(batch_size=1, preference=self.order)
                 if one is None:
                     break
-                out += self._split(self._copy_out(one), one)
+                out += self._samples(one)
             return out
-        return [] if ids is None else self._split(self._copy_out(ids), ids)
+        return [] if ids is None else self._samples(ids)
 
     def close(self) -> None:
         if self._dock is not None:
@@ -162,10 +163,13 @@ class ShmSource:
             self._dock = None
 
     # ---------------------------------------------------------------- internals
-    def _copy_out(self, ids) -> Any:
-        """The slots' samples, copied (a gather), batch on axis 1 in ascending slot order; the slots
-        are released whatever happens, as SRL's reader releases them."""
+    def _copy_out(self, ids, *, one: bool = False) -> Any:
+        """The slots' samples, copied, batch on axis 1 in ascending slot order (``one``: the single
+        slot's ``[T, ...]`` sample, as SRL's reader copies it); the slots are released whatever
+        happens, as SRL's reader releases them."""
         try:
+            if one:
+                return copy.deepcopy(self._dock.get(int(ids[0])))
             return self._dock.get(np.asarray(ids))
         except Exception:
             self.undecodable += len(ids)
@@ -173,11 +177,13 @@ class ShmSource:
         finally:
             self.ctrl.release_read(ids)
 
-    @staticmethod
-    def _split(batch: Any, ids) -> list[Any]:
-        """One ``[T, ...]`` sample per slot (views of the gathered copy), in the order the control
-        gave the slots (its preference), not the gather's ascending slot order."""
+    def _samples(self, ids) -> list[Any]:
+        """One ``[T, ...]`` sample per slot, in the order the control gave the slots (its preference),
+        not the gather's ascending slot order; several slots are one gather per field."""
+        if len(ids) == 1:
+            return [self._copy_out(ids, one=True)]
         from rlsrl.base import namedarray
+        batch = self._copy_out(ids)
         ids = np.asarray(ids)
         pos = np.searchsorted(np.sort(ids), ids)
         flat = namedarray.flatten(batch)
