@@ -161,3 +161,29 @@ def test_bad_configuration_names_the_field_and_the_fix():
         sample_consumer(name_stream(), g_ing=0)
     with pytest.raises(ConfigError, match=r"^shm_order: "):
         sample_consumer(name_stream(), shm_order="random")
+
+
+def test_an_ip_stream_binds_the_given_address_for_srls_ip_producer():
+    import socket
+
+    import rlsrl.api.config as cfg
+    import rlsrl.system.impl.remote_sample  # noqa: F401 - registers SRL's IP producer
+    from rlsrl.system.api.sample_stream import make_producer
+
+    from consumer_helpers import sample
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stream = cfg.SampleStream(type_=cfg.SampleStream.Type.IP, plugin=cfg.IpStreamPlugin(address=f"127.0.0.1:{port}"))
+    consumer = sample_consumer(stream, g_ing=2, max_delay_s=0.0)
+    consumer.bind(worker_info=worker_info("ip"))
+    consumer.open()
+    assert consumer.stats()["address"] == f"127.0.0.1:{port}"
+    producer = make_producer(stream)
+    for i in range(5):
+        producer.post(sample(3, i))
+    producer.flush()
+    buffer = conduit_make_buffer("simple_queue", max_size=100)
+    got = pump_until(consumer, buffer, [], lambda g: len(g) >= 5)
+    assert got == [(3, i) for i in range(5)]
+    consumer.close()
