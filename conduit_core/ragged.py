@@ -243,9 +243,10 @@ class RaggedStore:
         return slots
 
     # ------------------------------------------------------------ operations
-    def put(self, keys, columns: dict[str, Column]) -> None:
+    def check_put(self, keys, columns: dict[str, Column]) -> np.ndarray:
+        """Every check ``put`` makes, writing nothing; returns the keys as an array."""
         keys = self._check_keys(keys)
-        for name, col in columns.items():   # every check before any write: a refused put changes nothing
+        for name, col in columns.items():
             col.check(name, keys.size)
             if col.kind == "tensor":
                 f = self._tensors.get(name)
@@ -256,6 +257,10 @@ class RaggedStore:
                                       "write a field with one dtype and inner shape, or use a new field name")
             elif name in self._tensors:
                 raise ConfigError(f"field {name!r}", "tensor rows", "objects", "use a new field name")
+        return keys
+
+    def put(self, keys, columns: dict[str, Column]) -> None:
+        keys = self.check_put(keys, columns)   # every check before any write: a refused put changes nothing
         slots = self._slots_for_write(keys)
         for name, col in columns.items():
             if col.kind == "tensor":
@@ -291,6 +296,30 @@ class RaggedStore:
                 raise KeyNotStored(f"field {name!r} of key {int(keys[np.argmax(missing)])} is not stored")
             out[name] = col
         return out
+
+    def held(self, keys, field: str | None = None) -> np.ndarray:
+        """Which of ``keys`` are stored (and, with ``field``, hold a value for it)."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        slots = np.full(keys.size, -1, dtype=np.int64)
+        inside = (keys >= 0) & (keys < self._slot_of.size)
+        slots[inside] = self._slot_of[keys[inside]]
+        out = slots >= 0
+        if field is not None:
+            has = self._tensors[field].start[slots[out]] >= 0 if field in self._tensors else (
+                self._object_set[field][slots[out]] if field in self._objects else np.zeros(int(out.sum()), bool))
+            out[out] = has
+        return out
+
+    def unset(self, keys, fields) -> None:
+        """Forget ``fields`` of the stored rows of ``keys`` (the rows themselves stay)."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        slots = self._slot_of[keys[self.held(keys)]]
+        for name in fields:
+            if name in self._tensors:
+                self._tensors[name].drop(slots)
+            elif name in self._objects:
+                self._objects[name][slots] = None
+                self._object_set[name][slots] = False
 
     def clear(self, keys) -> int:
         """Forget the rows of ``keys`` (absent keys are ignored); returns how many were stored."""

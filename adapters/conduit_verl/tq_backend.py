@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import pickle
 import uuid
@@ -40,14 +39,16 @@ from typing import Any
 
 import numpy as np
 import ray
-import torch
-from tensordict import NonTensorStack, TensorDict
-from transfer_queue.metadata import BatchMeta, extract_field_schema
+from tensordict import TensorDict
+from transfer_queue.metadata import BatchMeta
 from transfer_queue.storage.bootstrap.provider import StorageBootstrapProvider
 from transfer_queue.storage.managers.base import StorageManager, StorageManagerFactory
 
 from conduit_core.errors import ConfigError
-from conduit_core.ragged import Column, KeyNotStored, RaggedStore, gather_segments
+from conduit_core.ragged import Column, KeyNotStored, RaggedStore
+
+from .put_undo import put_undo, restore_put
+from .tq_columns import _concat, decode, encode, field_schema  # noqa: F401 - encode/field_schema: the codec
 
 BACKEND = "Conduit"
 NAMESPACE = "conduit_tq"
@@ -64,8 +65,16 @@ class ConduitStorageUnit:
         self.store = RaggedStore(slots=slots)
         self._staged: RaggedStore | None = None   # a checkpoint read aside, until every unit has one
 
-    def put(self, keys: np.ndarray, columns: dict[str, Column]) -> int:
+    def put(self, keys: np.ndarray, columns: dict[str, Column]) -> dict:
+        """Store the rows; returns what undoes it (``restore``): a put spread over several units
+        is all or nothing, so the units that took their part give it back when another refused."""
+        undo = put_undo(self.store, keys, columns)
         self.store.put(keys, columns)
+        return undo
+
+    def restore(self, undo: dict) -> int:
+        """Undo a ``put``: its new rows leave, fields it set are unset, values it replaced return."""
+        restore_put(self.store, undo)
         return len(self.store)
 
     def get(self, keys: np.ndarray, fields: list[str]) -> dict[str, Column]:
@@ -146,135 +155,6 @@ def _named_units() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- columns <-> values
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _bytes_of(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu().contiguous().reshape(-1)
-    return t.view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
-
-
-def _jagged_column(value: torch.Tensor) -> Column:
-    """A jagged nested tensor's rows, as one Column: its values as they are when they lie back to
-    back from offset 0, else gathered from each row's own start (a narrowed or sliced view)."""
-    values = value.values()
-    offsets = value.offsets().cpu().numpy().astype(np.int64)
-    holes = value.lengths()
-    lengths = np.diff(offsets) if holes is None else holes.cpu().numpy().astype(np.int64)
-    inner = tuple(values.shape[1:])
-    per = math.prod(inner) * values.element_size()
-    data = _bytes_of(values)
-    if holes is not None or offsets[0] != 0 or offsets[-1] != values.shape[0]:
-        data = gather_segments(data, offsets[:-1] * per, lengths * per)
-    return Column("tensor", data, lengths * per, lengths, _dtype_name(values.dtype), inner)
-
-
-def encode(name: str, value: Any, rows: int) -> Column:
-    """One field of a put, as a Column (rows in batch order). Tensors become byte rows; anything
-    else (``NonTensorStack`` values, tensors among them) is kept as objects, as SimpleStorage keeps it."""
-    if isinstance(value, torch.Tensor) and value.is_nested:
-        # torch names no public accessor for the ragged dimension; rows ragged along their first one
-        # (what TQ and verl build) are one Column, any other layout goes row by row below
-        if value.layout == torch.jagged and getattr(value, "_ragged_idx", None) == 1:
-            col = _jagged_column(value)
-            if col.rows != rows:
-                raise ConfigError(f"data[{name!r}]", f"a batch of {rows} rows", col.rows, "put one row per global index")
-            return col
-        items = list(value.unbind())                   # strided nested: rows as tensors
-        if len(items) == rows and items and all(v.dim() >= 1 for v in items):
-            first = items[0]
-            if all(v.dtype == first.dtype and v.shape[1:] == first.shape[1:] for v in items):
-                lengths = np.array([v.shape[0] for v in items], np.int64)
-                per = math.prod(first.shape[1:]) * first.element_size()
-                data = _bytes_of(torch.cat([v.reshape(v.shape[0], *first.shape[1:]) for v in items]))
-                return Column("tensor", data, lengths * per, lengths, _dtype_name(first.dtype), tuple(first.shape[1:]))
-        value = items
-    elif isinstance(value, torch.Tensor):
-        if value.dim() == 0 or value.shape[0] != rows:
-            raise ConfigError(f"data[{name!r}]", f"a batch of {rows} rows", tuple(value.shape),
-                              "put one row per global index")
-        if value.dim() == 1:
-            return Column("tensor", _bytes_of(value), np.full(rows, value.element_size(), np.int64),
-                          np.ones(rows, np.int64), _dtype_name(value.dtype), (), scalar=True)
-        per = math.prod(value.shape[1:]) * value.element_size()
-        return Column("tensor", _bytes_of(value), np.full(rows, per, np.int64),
-                      np.full(rows, value.shape[1], np.int64), _dtype_name(value.dtype), tuple(value.shape[2:]))
-    items = value.tolist() if isinstance(value, NonTensorStack) else list(value)
-    if len(items) != rows:
-        raise ConfigError(f"data[{name!r}]", f"{rows} values", len(items), "put one value per global index")
-    objects = np.empty(rows, dtype=object)
-    for i, v in enumerate(items):
-        objects[i] = v
-    return Column("object", objects)
-
-
-def field_schema(data: TensorDict, columns: dict[str, Column]) -> dict[str, dict[str, Any]]:
-    """TQ's ``extract_field_schema(data)``, equal to it, from the columns already built: TQ's
-    version unbinds every nested field row by row to list the rows' shapes."""
-    schema = {}
-    for name, col in columns.items():
-        value = data[name] if col.kind == "tensor" else None
-        if col.kind == "object":
-            raw = data.get(name)
-            if isinstance(raw, torch.Tensor) or (len(col.data) and isinstance(col.data[0], torch.Tensor)):
-                # tensor rows ragged in 2+ dims: TQ's own row-by-row walk, as it would do
-                schema.update(extract_field_schema(TensorDict({name: raw}, batch_size=data.batch_size)))
-                continue
-            schema[name] = {"dtype": None, "shape": None, "is_nested": False, "is_non_tensor": True}
-        elif not value.is_nested:
-            row = value.shape[1:] if value.dim() > 1 else torch.Size([1])
-            schema[name] = {"dtype": value.dtype, "shape": row, "is_nested": False, "is_non_tensor": False}
-        else:
-            lengths = col.lengths.tolist()
-            schema[name] = {"dtype": value.dtype, "shape": torch.Size((lengths[0], *col.inner)),
-                            "is_nested": True, "is_non_tensor": False,
-                            "per_sample_shapes": [(n, *col.inner) for n in lengths]}
-    return schema
-
-
-def _pack_objects(items: list) -> Any:
-    """Per-row values as SimpleStorage's get packs them (AsyncSimpleStorageManager._pack_field_values):
-    tensors (none missing) stacked when they are scalars, else a jagged nested tensor, else a strided
-    one; anything else a NonTensorStack."""
-    if items and all(isinstance(v, torch.Tensor) for v in items):
-        if all(v.dim() == 0 for v in items):
-            return torch.stack(items)
-        for layout in (torch.jagged, torch.strided):
-            try:
-                return torch.nested.as_nested_tensor(items, layout=layout)
-            except (RuntimeError, TypeError):
-                continue
-    return NonTensorStack(*items)
-
-
-def decode(col: Column) -> Any:
-    """A get's field from its Column: what SimpleStorage's re-packing gives for the same rows."""
-    if col.kind == "object":
-        return _pack_objects(list(col.data))
-    data = np.require(col.data, requirements="W")     # Ray hands back read-only views
-    flat = torch.from_numpy(data).view(getattr(torch, col.dtype))
-    if col.scalar:
-        return flat
-    values = flat.view(int(col.lengths.sum()), *col.inner)
-    offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(col.lengths)]).astype(np.int64))
-    # the row-length bounds travel with the tensor, as SimpleStorage's as_nested_tensor sets them:
-    # without them TensorDict.to_padded_tensor pads to the total length (verl pads every get)
-    return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=int(col.lengths.min()),
-                                                  max_seqlen=int(col.lengths.max()))
-
-
-def _concat(cols: list[Column]) -> Column:
-    if len(cols) == 1:
-        return cols[0]
-    c0 = cols[0]
-    if c0.kind == "object":
-        return Column("object", np.concatenate([c.data for c in cols]))
-    return Column("tensor", np.concatenate([c.data for c in cols]), np.concatenate([c.nbytes for c in cols]),
-                  np.concatenate([c.lengths for c in cols]), c0.dtype, c0.inner, c0.scalar)
-
-
-# ----------------------------------------------------------------------------- manager
 @StorageManagerFactory.register(BACKEND)
 class ConduitStorageManager(StorageManager):
     """The client side (one per process that holds a TQ client): routes rows to units by
@@ -309,7 +189,18 @@ class ConduitStorageManager(StorageManager):
         for u, pos, keys in routes:
             part = columns if len(routes) == 1 else {n: c.select(pos) for n, c in columns.items()}
             refs.append(self.units[u].put.remote(keys, part))
-        await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
+        done = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs], return_exceptions=True)
+        failed = [d for d in done if isinstance(d, BaseException)]
+        if failed:   # all or nothing: the units that took their part give it back, then the error
+            back = [self.units[u].restore.remote(d) for (u, _, _), d in zip(routes, done)
+                    if not isinstance(d, BaseException)]
+            undone = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in back], return_exceptions=True)
+            lost = [e for e in undone if isinstance(e, BaseException)]
+            if lost:
+                raise RuntimeError(f"put of {rows} rows failed on {len(failed)} unit(s) and could not be undone on "
+                                   f"{len(lost)}: {lost[0]!r}. Fix: the named units hold part of this put; clear "
+                                   "its keys or restart TransferQueue") from failed[0]
+            raise failed[0]
         await self.notify_data_update(metadata.partition_ids[0], list(metadata.global_indexes), schema)
 
     async def get_data(self, metadata: BatchMeta) -> TensorDict:

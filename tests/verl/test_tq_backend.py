@@ -199,3 +199,61 @@ def test_a_checkpoint_with_a_bad_unit_file_loads_nothing(tmp_path):
         with pytest.raises(Exception):
             tq.get_client()._run_coroutine(manager.load_checkpoint(str(tmp_path / "ckpt")))
         assert_same(live, tq.kv_batch_get(keys=keys + more, partition_id="train"), "after a refused load")
+
+
+def test_undoing_a_put_gives_back_exactly_what_it_changed():
+    """put_undo/restore_put on one store: new rows, new fields on stored rows and real
+    overwrites all return to the state before the put (compared through the store's state)."""
+    from conduit_core.ragged import RaggedStore
+    from conduit_verl.put_undo import put_undo, restore_put
+    store = RaggedStore(slots=4)
+    enc = tq_backend.encode
+    store.put(np.array([0, 1, 2]), {"a": enc("a", torch.arange(6).view(3, 2), 3),
+                                    "o": enc("o", NonTensorStack("x", "y", "z"), 3)})
+    store.put(np.array([1]), {"b": enc("b", torch.ones(1, 4), 1)})
+
+    def snapshot():
+        return repr(store.state())
+    before = snapshot()
+    keys = np.array([1, 2, 7, 9])                     # 1, 2 stored (1 holds b), 7 and 9 new (and past the slots)
+    cols = {"a": enc("a", torch.arange(100, 108).view(4, 2), 4), "b": enc("b", torch.zeros(4, 4), 4),
+            "o": enc("o", NonTensorStack("p", "q", "r", "s"), 4)}
+    undo = put_undo(store, keys, cols)
+    store.put(keys, cols)
+    assert snapshot() != before
+    restore_put(store, undo)
+    assert snapshot() == before
+    assert len(store) == 3 and store.held(np.array([1, 2]), "b").tolist() == [True, False]
+
+
+def test_a_put_over_several_units_is_all_or_nothing():
+    """Three units; a put whose rows land on all three, refused by one (its field has another
+    dtype there): the two units that took their part give it back, the error reaches the caller,
+    and a later get finds exactly the rows there were before."""
+    with tq_session("Conduit", 3):
+        client = tq.get_client()
+        manager = client.storage_manager
+        units = manager.units
+
+        class Meta:   # the parts of BatchMeta the manager reads
+            def __init__(self, keys, fields=()):
+                self.global_indexes, self.size, self.field_names = list(keys), len(keys), list(fields)
+                self.partition_ids = ["p"]
+        manager.notify_data_update = lambda *a, **k: asyncio_done()
+        client._run_coroutine(manager.put_data(TensorDict({"f": torch.ones(2, dtype=torch.float32)}, batch_size=2),
+                                               Meta([0, 3])))          # unit 0 holds f as float32
+        rows = [ray.get(u.stats.remote())["rows"] for u in units]
+        assert rows == [2, 0, 0]
+        with pytest.raises(Exception, match="field 'f'"):
+            client._run_coroutine(manager.put_data(TensorDict({"f": torch.arange(3)}, batch_size=3),
+                                                   Meta([1, 2, 6])))   # units 1, 2 take int64 rows; unit 0 refuses
+        assert [ray.get(u.stats.remote())["rows"] for u in units] == rows   # nothing of it is kept
+        got = client._run_coroutine(manager.get_data(Meta([0, 3], ["f"])))
+        assert got["f"].tolist() == [1.0, 1.0]
+
+
+def asyncio_done():
+    import asyncio
+    fut = asyncio.get_event_loop().create_future()
+    fut.set_result(None)
+    return fut

@@ -1,0 +1,29 @@
+"""Giving a put back: a TransferQueue put spread over several storage units is all or nothing,
+so a unit that took its part returns it when another unit refused (``tq_backend``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conduit_core.ragged import Column, RaggedStore
+
+
+def put_undo(store: RaggedStore, keys: np.ndarray, columns: dict[str, Column]) -> dict:
+    """What a put of ``columns`` at ``keys`` changes, to give it back: the rows it creates, per
+    field the stored rows that lacked it, and the values it replaces (only real overwrites copy)."""
+    keys = store.check_put(keys, columns)
+    held = store.held(keys)
+    old = keys[held]
+    fields = {}
+    for name in columns:
+        had = store.held(old, name)
+        fields[name] = (old[~had], old[had], store.get(old[had], [name])[name] if had.any() else None)
+    return {"new": keys[~held], "fields": fields}
+
+
+def restore_put(store: RaggedStore, undo: dict) -> None:
+    store.clear(undo["new"])
+    for name, (lacked, replaced, values) in undo["fields"].items():
+        store.unset(lacked, [name])
+        if values is not None:
+            store.put(replaced, {name: values})
