@@ -21,8 +21,8 @@ configs, so ``buffer_zero_copy`` reshapes the actors' stream as it does without 
 trainer worker registered by :func:`conduit_srl.enable` hands over with :meth:`bind`, then :meth:`open`.
 
 The consumer is pickled into the trainer worker (SRL sends configs through a pipe): nothing is open
-before :meth:`open` (or the first ``consume_to``) in that process, after the fork; an opened
-consumer refuses to be pickled, and unpickling gives an unbound, unopened one.
+before :meth:`open` (or the first ``consume_to``) in that process, after the fork. Pickling carries
+the configuration only: an unpickled (or copied) consumer is unbound and unopened, with zero counts.
 """
 
 from __future__ import annotations
@@ -170,9 +170,8 @@ class ConsumerBase:
 
     # ------------------------------------------------ pickling: nothing open or bound travels
     def __getstate__(self) -> dict:
-        if self._source is not None and self._source.opened:
-            raise ClosedError("ConduitSampleConsumer: an opened consumer cannot be pickled (its sockets belong to "
-                              "this process). Fix: pickle the configuration before the first consume_to.")
+        """The configuration only, also of an opened consumer (SRL's machinery may copy the trainer's
+        config, e.g. for wandb): sockets, mappings, staged samples and counters stay with this one."""
         return dict(stream=self.stream, g_ing=self.g_ing, max_delay_s=self.max_delay_s, shm_order=self.shm_order,
                     stats_path=self.stats_path, stats_interval_s=self.stats_interval_s)
 
