@@ -61,8 +61,8 @@ def check_state(state: Mapping[str, Any], *, spec: ExperienceSpec, capacity: int
                          "Fix: build the buffer with the same selector.")
     raw = state["counters"]
     c = {}
-    for k in ("inserted", "sampled", "head", "dropped_stale", "floor", "evicted_early", "holes"):
-        v = as_int(raw.get(k, 0) if k in ("floor", "evicted_early", "holes") else raw.get(k))
+    for k in ("inserted", "sampled", "head", "dropped_stale", "floor", "evicted_early", "holes", "lost"):
+        v = as_int(raw.get(k, 0) if k in ("floor", "evicted_early", "holes", "lost") else raw.get(k))
         if v is None or v < 0:
             raise bad(f"counters.{k}", "an int >= 0", raw.get(k))
         c[k] = v
@@ -135,7 +135,7 @@ def capture_state(buf) -> dict:
         "selector": buf.selector.to_config(),
         "selector_state": buf.selector.state_dict(),
         "counters": {"inserted": buf.ring.inserted, "sampled": buf.counts.sampled, "head": buf.ring.head,
-                     "dropped_stale": buf.counts.dropped_stale, "floor": buf.ring.floor,
+                     "dropped_stale": buf.counts.dropped_stale, "floor": buf.ring.floor, "lost": buf.counts.lost,
                      "evicted_early": buf.ring.evicted_early, "holes": buf.ring.holes},
         "pools": {name: pool.state() for name, pool in buf.storage.pools.items()},
         "open_tail": [[int(k), int(v)] for k, v in buf.ring.open_tail.items()],
@@ -156,7 +156,7 @@ def restore_state(buf, checked: dict) -> None:
         if written > stored:
             buf.meta[k][stored:written] = 0
     buf.ring.inserted, buf.counts.sampled = c["inserted"], c["sampled"]
-    buf.ring.head, buf.counts.dropped_stale = c["head"], c["dropped_stale"]
+    buf.ring.head, buf.counts.dropped_stale, buf.counts.lost = c["head"], c["dropped_stale"], c["lost"]
     buf.ring.floor, buf.ring.evicted_early = c["floor"], c["evicted_early"]
     buf.ring.holes = c["holes"]
     for name, pstate in checked["pools"].items():

@@ -30,6 +30,7 @@ class DeliveryCounts:
 
     sampled: int = 0         # items ever delivered by sample()/take()
     dropped_stale: int = 0   # FIFO: items dropped for being from an older policy version
+    lost: int = 0            # FIFO: queued items lost with a shard (never to be taken; see shard_loss)
 
 
 def _weights_on(weights, device):
@@ -145,6 +146,13 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
             return
         if enough():
             return
+        gaps = ring.inserted - ring.head - ring.queued()
+        if gaps and ring.inserted - ring.head >= buf.capacity:   # full of queued rows and gaps: no insert can come
+            raise ExperienceTimeout(
+                f"take: expected {batch_size} items of policy version {policy_version}, "
+                f"{ring.queued(policy_version)} are queued and no more can be: a lost shard's rows hold "
+                f"{gaps} slots until the rows before them are taken. Fix: "
+                "take what is there (batch_size=None), then go on.")
         if not wait:
             raise ExperienceTimeout(
                 f"take: expected {batch_size} items of policy version {policy_version}, "

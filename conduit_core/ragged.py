@@ -310,6 +310,13 @@ class RaggedStore:
             out[out] = has
         return out
 
+    def drop_field(self, name: str) -> None:
+        """Forget a field no stored row holds (so a later put may give it another dtype)."""
+        if self.held(np.nonzero(self._slot_of >= 0)[0], name).any():
+            raise ConfigError(f"field {name!r}", "a field no stored row holds", "rows holding it",
+                              "unset it on those rows first")
+        self._tensors.pop(name, None), self._objects.pop(name, None), self._object_set.pop(name, None)
+
     def unset(self, keys, fields) -> None:
         """Forget ``fields`` of the stored rows of ``keys`` (the rows themselves stay)."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)

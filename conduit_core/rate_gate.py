@@ -37,15 +37,16 @@ def wait_to_insert(buf, n: int, timeout: float | None) -> None:
         return buf.selector.consumes and (ring.inserted + n - ring.head) > buf.capacity
 
     def allowed() -> bool:
-        return not fifo_full() and rl.can_insert(inserts=ring.inserted, samples=buf.counts.sampled, n=n,
-                                                 size=buf.size)
+        return not fifo_full() and rl.can_insert(inserts=ring.inserted, samples=buf.counts.sampled + buf.counts.lost,
+                                                 n=n, size=buf.size)
     if allowed():
         return
     if fifo_full():
-        why = (f"the FIFO queue holds {ring.inserted - ring.head} unconsumed items of "
-               f"capacity {buf.capacity}; overwriting them would lose on-policy data")
+        why = (f"the FIFO queue holds {ring.queued()} unconsumed items (and {ring.inserted - ring.head - ring.queued()} "
+               f"slots of lost rows behind them) of capacity {buf.capacity}; overwriting them would lose "
+               "on-policy data")
     else:
-        why = rl.why_not_insert(inserts=ring.inserted, samples=buf.counts.sampled, n=n)
+        why = rl.why_not_insert(inserts=ring.inserted, samples=buf.counts.sampled + buf.counts.lost, n=n)
     wait_until(buf.lock, allowed, limiter=rl, timeout=timeout, why=why, kind="insert", check_open=buf.check_open)
 
 
@@ -54,7 +55,8 @@ def wait_to_sample(buf, n: int, timeout: float | None) -> None:
     rl, ring = buf.rate_limiter, buf.ring
 
     def allowed() -> bool:
-        return rl.can_sample(size=buf.size, inserts=ring.inserted, samples=buf.counts.sampled, n=n)
+        return rl.can_sample(size=buf.size, inserts=ring.inserted, samples=buf.counts.sampled + buf.counts.lost, n=n)
     if not allowed():
         wait_until(buf.lock, allowed, limiter=rl, timeout=timeout, kind="sample", check_open=buf.check_open,
-                   why=rl.why_not_sample(size=buf.size, inserts=ring.inserted, samples=buf.counts.sampled, n=n))
+                   why=rl.why_not_sample(size=buf.size, inserts=ring.inserted,
+                                         samples=buf.counts.sampled + buf.counts.lost, n=n))

@@ -186,7 +186,7 @@ class RemoteShard(Shard):
                 new = RemoteShard(self.spec, self.layout, node=node, pin=False)
             except Exception:  # noqa: BLE001 - no Ray, or it refused the actor: try anywhere
                 continue
-            new.layout_index = self.index
+            new.index = self.index
             try:
                 new.ready(timeout if node is None else min(timeout, 15.0))
             except Exception:  # noqa: BLE001 - that node is gone too: try anywhere

@@ -150,8 +150,16 @@ class Ring:
         return int(bad[0]) if bad.size else int(vers.shape[0])
 
     def consume_through(self, seq: int) -> None:
-        """Rows up to ``seq`` are consumed (removed rows among them are passed over)."""
+        """Rows up to ``seq`` are consumed (removed rows among them, and right after, are passed over)."""
         self.head = max(self.head, int(seq) + 1)
+        self.skip_leading_holes()
+
+    def skip_leading_holes(self) -> None:
+        """Move ``head`` past removed rows at the front of the queue: their slots are free."""
+        if not self.holes:
+            return
+        while self.head < self.inserted and self.meta["seq"][self.head % self.capacity] != self.head:
+            self.head += 1
 
     def drop_stale_prefix(self, policy_version: int) -> int:
         """Consume (without delivering) the leading rows of versions older than

@@ -58,7 +58,7 @@ class ShardLossRecovery:
         except ShardLost as lost:
             first = lost
         buf = self.buffer
-        for _ in range(len(buf.storage.shards)):
+        for _ in range(len(buf.storage.shards) + 1):   # each shard lost once, and a replacement once more
             self.recover(first, buf.ring.lo() if keep_from is None else max(buf.ring.lo(), keep_from))
             if then is not None:
                 then()
@@ -66,7 +66,7 @@ class ShardLossRecovery:
                 return op()
             except ShardLost as lost:
                 first = lost
-        return op()
+        raise first
 
     def recover(self, lost: ShardLost, keep_from: int) -> None:
         buf, s = self.buffer, lost.shard
@@ -80,6 +80,8 @@ class ShardLossRecovery:
             buf.selector.on_evict(removed_slots)
             if buf.dual_writer is not None:
                 buf.dual_writer.on_evict(removed)
+            buf.ring.skip_leading_holes()              # gaps at the head free their slots at once
+            buf.counts.lost += int(removed.size)        # they will never be taken: the limiter counts them out
         else:
             buf.evict(gone)
         loss = ShardLoss(shard=s, node_resource=lost.node, rows=int(gone.size),

@@ -289,6 +289,7 @@ class ColumnarStorage:
         """A new, empty shard in place of a lost one (a remote actor that died or whose node
         left): on its node if that is still there, else on any node. Returns where it runs."""
         new, where = self.parts[shard].replacement(timeout=timeout)
+        new.index = shard
         self.parts[shard] = new
         return where
 

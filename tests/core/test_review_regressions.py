@@ -4,8 +4,8 @@ test failed before its fix."""
 import numpy as np
 import pytest
 
-from conduit_core import (ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Prioritized, Schedule, StateError,
-                          Uniform, WorkerError)
+from conduit_core import (ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, ExperienceTimeout, Prioritized,
+                          Schedule, StateError, Uniform, WorkerError)
 from conduit_core import episodes as episodes_mod
 
 from .helpers import SPEC, rollout
@@ -236,3 +236,83 @@ def test_reused_outputs_repair_a_wrapper_changed_in_place_by_requires_grad():
     buf.sample(8)["reward"].requires_grad_()
     assert not buf.sample(8)["reward"].requires_grad
     buf.close()
+
+
+def _fifo_two_shards(**kw):
+    from conduit_core import Fifo, ShardSpec
+    buf = ExperienceBuffer(spec=SPEC, capacity=100, selector=Fifo(), seed=1,
+                           shards=[ShardSpec("pageable", 50), ShardSpec("pageable", 50)], **kw)
+    buf.storage.replace_shard = lambda s: "node-x"
+    return buf
+
+
+def _lose_shard_once(storage, shard, method="gather"):
+    from conduit_core import ShardLost
+    orig, calls = getattr(storage, method), [0]
+
+    def once(*a, **k):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ShardLost(shard, None, RuntimeError("actor died"))
+        return orig(*a, **k)
+    setattr(storage, method, once)
+
+
+def test_a_fifo_whose_front_rows_were_lost_frees_their_slots_at_once():
+    """Review: lost rows at the head of a full queue kept their slots, so inserts and a take
+    waiting for a full batch waited for each other until both timed out."""
+    from conduit_core import RateLimiter
+    buf = _fifo_two_shards(rate_limiter=RateLimiter(timeout=2.0))
+    buf.add(rollout(100, 0))
+    _lose_shard_once(buf.storage, 0)
+    with pytest.raises(ExperienceTimeout):
+        buf.take(64, wait=False)                     # the loss is found: 50 survivors
+    assert buf.losses[0].rows == 50 and len(buf) == 50
+    buf.add(rollout(14, 100))                        # the 50 lost slots are free again
+    got = buf.take(64)
+    assert got["obs"][:, 0].numpy().astype(int).tolist() == list(range(50, 114))
+
+
+def test_a_fifo_full_of_rows_and_gaps_says_so_instead_of_waiting():
+    """Lost rows behind queued ones hold their slots until those are taken: a take that needs
+    more rows than can ever be queued is told at once, and taking what is there frees them."""
+    buf = _fifo_two_shards()
+    buf.add(rollout(100, 0))
+    _lose_shard_once(buf.storage, 1)
+    with pytest.raises(ExperienceTimeout, match="slots until the rows before them are taken"):
+        buf.take(64)
+    assert buf.take(None)["obs"][:, 0].numpy().astype(int).tolist() == list(range(50))
+    buf.add(rollout(64, 100))
+    assert buf.take(64)["obs"][:, 0].numpy().astype(int).tolist() == list(range(100, 164))
+
+
+def test_rows_lost_from_a_fifo_do_not_stall_a_samples_per_insert_limit():
+    """Review: lost FIFO rows stayed in the limiter's inserts but could never be sampled, so a
+    ratio limit refused every later insert."""
+    from conduit_core import RateLimiter
+    buf = _fifo_two_shards(rate_limiter=RateLimiter(samples_per_insert=1.0, tolerance=40, on_limit="raise"))
+    buf.add(rollout(30, 0))
+    buf.take(30)
+    buf.add(rollout(40, 30))                         # seqs 30..69: 50..69 on shard 1
+    _lose_shard_once(buf.storage, 1)
+    buf.take(None)                                   # 20 survivors taken, 20 lost
+    assert buf.losses[0].rows == 20 and buf.counts.lost == 20
+    buf.add(rollout(40, 70))                         # inserts - (sampled + lost) = 110 - 70 = 40: allowed
+    again = ExperienceBuffer(spec=SPEC, capacity=100, selector=type(buf.selector)())
+    again.load_state_dict(buf.state_dict())
+    assert again.counts.lost == 20
+
+
+def test_a_replaced_shard_keeps_its_index():
+    """Review: a replacement reported itself as shard 0, so its own loss wiped shard 0."""
+    from unittest import mock
+
+    from conduit_core.remote import RemoteShard
+    from conduit_core.shards import ShardSpec
+    with mock.patch("conduit_core.remote.spawn", return_value=mock.MagicMock()), \
+            mock.patch("conduit_core.remote.wait_ready"), mock.patch("ray.get", return_value="node-id"), \
+            mock.patch("ray.kill"):
+        shard = RemoteShard(SPEC, ShardSpec("remote", 10, node="n1"))
+        shard.index = 3
+        new, where = shard.replacement(timeout=1.0)
+    assert new.index == 3 and new.placed_on == "n1" and where == "node-id"

@@ -224,6 +224,18 @@ def test_undoing_a_put_gives_back_exactly_what_it_changed():
     restore_put(store, undo)
     assert snapshot() == before
     assert len(store) == 3 and store.held(np.array([1, 2]), "b").tolist() == [True, False]
+    # a field the put created leaves with it: a later put may give it another dtype (found in review)
+    undo = put_undo(store, np.array([5]), {"c": enc("c", torch.ones(1, 2), 1)})
+    store.put(np.array([5]), {"c": enc("c", torch.ones(1, 2), 1)})
+    restore_put(store, undo)
+    assert "c" not in store.fields and snapshot() == before
+    store.put(np.array([5]), {"c": enc("c", torch.arange(2).view(1, 2), 1)})   # int64 now: accepted
+    # a row the failed put created that a concurrent put has written to since keeps that write
+    undo = put_undo(store, np.array([8]), {"a": enc("a", torch.arange(2).view(1, 2), 1)})
+    store.put(np.array([8]), {"a": enc("a", torch.arange(2).view(1, 2), 1)})
+    store.put(np.array([8]), {"o": enc("o", NonTensorStack("other writer"), 1)})
+    restore_put(store, undo)
+    assert store.held(np.array([8])).tolist() == [True] and store.held(np.array([8]), "a").tolist() == [False]
 
 
 def test_a_put_over_several_units_is_all_or_nothing():
