@@ -13,7 +13,7 @@ def put_undo(store: RaggedStore, keys: np.ndarray, columns: dict[str, Column]) -
     """What a put of ``columns`` at ``keys`` changes, to give it back: the rows it creates, the
     fields it creates, per field the stored rows that lacked it, and the values it replaces (only
     real overwrites copy)."""
-    keys = store.check_put(keys, columns)
+    keys = np.asarray(keys, dtype=np.int64).reshape(-1)   # the put itself checks everything before writing
     held = store.held(keys)
     old = keys[held]
     fields = {}
