@@ -130,14 +130,15 @@ def test_the_native_window_pass_equals_its_python_reference():
             assert (x is None and y is None) or np.array_equal(x, y), trial
 
 
-def _lose_on_first_call(storage, method):
+def _lose_on_first_call(storage, method, shard=0):
+    """The first ``method`` call finds ``shard`` lost; its replacement is mocked ("node-x")."""
     from conduit_core import ShardLost
     orig, calls = getattr(storage, method), [0]
 
     def once(*a, **k):
         calls[0] += 1
         if calls[0] == 1:
-            raise ShardLost(0, None, RuntimeError("actor died"))
+            raise ShardLost(shard, None, RuntimeError("actor died"))
         return orig(*a, **k)
     setattr(storage, method, once)
     storage.replace_shard = lambda s: "node-x"
@@ -240,22 +241,8 @@ def test_reused_outputs_repair_a_wrapper_changed_in_place_by_requires_grad():
 
 def _fifo_two_shards(**kw):
     from conduit_core import Fifo, ShardSpec
-    buf = ExperienceBuffer(spec=SPEC, capacity=100, selector=Fifo(), seed=1,
-                           shards=[ShardSpec("pageable", 50), ShardSpec("pageable", 50)], **kw)
-    buf.storage.replace_shard = lambda s: "node-x"
-    return buf
-
-
-def _lose_shard_once(storage, shard, method="gather"):
-    from conduit_core import ShardLost
-    orig, calls = getattr(storage, method), [0]
-
-    def once(*a, **k):
-        calls[0] += 1
-        if calls[0] == 1:
-            raise ShardLost(shard, None, RuntimeError("actor died"))
-        return orig(*a, **k)
-    setattr(storage, method, once)
+    return ExperienceBuffer(spec=SPEC, capacity=100, selector=Fifo(), seed=1,
+                            shards=[ShardSpec("pageable", 50), ShardSpec("pageable", 50)], **kw)
 
 
 def test_a_fifo_whose_front_rows_were_lost_frees_their_slots_at_once():
@@ -264,7 +251,7 @@ def test_a_fifo_whose_front_rows_were_lost_frees_their_slots_at_once():
     from conduit_core import RateLimiter
     buf = _fifo_two_shards(rate_limiter=RateLimiter(timeout=2.0))
     buf.add(rollout(100, 0))
-    _lose_shard_once(buf.storage, 0)
+    _lose_on_first_call(buf.storage, "gather", shard=0)
     with pytest.raises(ExperienceTimeout):
         buf.take(64, wait=False)                     # the loss is found: 50 survivors
     assert buf.losses[0].rows == 50 and len(buf) == 50
@@ -278,7 +265,7 @@ def test_a_fifo_full_of_rows_and_gaps_says_so_instead_of_waiting():
     more rows than can ever be queued is told at once, and taking what is there frees them."""
     buf = _fifo_two_shards()
     buf.add(rollout(100, 0))
-    _lose_shard_once(buf.storage, 1)
+    _lose_on_first_call(buf.storage, "gather", shard=1)
     with pytest.raises(ExperienceTimeout, match="slots until the rows before them are taken"):
         buf.take(64)
     assert buf.take(None)["obs"][:, 0].numpy().astype(int).tolist() == list(range(50))
@@ -294,7 +281,7 @@ def test_rows_lost_from_a_fifo_do_not_stall_a_samples_per_insert_limit():
     buf.add(rollout(30, 0))
     buf.take(30)
     buf.add(rollout(40, 30))                         # seqs 30..69: 50..69 on shard 1
-    _lose_shard_once(buf.storage, 1)
+    _lose_on_first_call(buf.storage, "gather", shard=1)
     buf.take(None)                                   # 20 survivors taken, 20 lost
     assert buf.losses[0].rows == 20 and buf.counts.lost == 20
     buf.add(rollout(40, 70))                         # inserts - (sampled + lost) = 110 - 70 = 40: allowed

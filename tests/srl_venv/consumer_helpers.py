@@ -100,3 +100,17 @@ def per_source(got):
     for src, seq in got:
         by.setdefault(src, []).append(seq)
     return by
+
+
+class GroupRecorder:
+    """Records, for each put, which operator call (the consumer's group counter) it came in."""
+
+    def __init__(self, inner, consumer):
+        self.inner, self.consumer, self.group_of_put = inner, consumer, []
+
+    def put(self, x):
+        self.group_of_put.append(self.consumer.stats()["groups"])
+        return self.inner.put(x)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)

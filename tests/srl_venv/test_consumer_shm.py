@@ -13,7 +13,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from consumer_helpers import drain, per_source, pump_until, sample, shm_stream, start_producers, STREAM
+from consumer_helpers import (GroupRecorder, drain, per_source, pump_until, sample, shm_stream, start_producers,
+                              STREAM)
 
 from conduit_srl.buffers import make_buffer as conduit_make_buffer
 from conduit_srl.consumer import sample_consumer
@@ -56,18 +57,6 @@ def finish(consumer, ctrls, writer, procs, done):
         c.close()
     for p in procs:
         p.join(10)
-
-
-class GroupRecorder:
-    def __init__(self, inner, consumer):
-        self.inner, self.consumer, self.group_of_put = inner, consumer, []
-
-    def put(self, x):
-        self.group_of_put.append(self.consumer.stats()["groups"])
-        return self.inner.put(x)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 @pytest.mark.parametrize("g_ing", [1, 8])

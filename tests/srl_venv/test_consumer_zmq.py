@@ -10,7 +10,8 @@ import time
 from collections import Counter
 
 import pytest
-from consumer_helpers import drain, name_stream, per_source, pump_until, start_producers, worker_info
+from consumer_helpers import (GroupRecorder, drain, name_stream, per_source, pump_until, start_producers,
+                              worker_info)
 
 from conduit_core.errors import ClosedError, ConfigError
 from conduit_srl.buffers import make_buffer as conduit_make_buffer
@@ -37,20 +38,6 @@ def opened_consumer(trial, **kw):
     consumer = sample_consumer(name_stream(), **kw)
     consumer.bind(worker_info=worker_info(trial))
     return consumer
-
-
-class GroupRecorder:
-    """Records, for each put, which operator call (the consumer's group counter) it came in."""
-
-    def __init__(self, inner, consumer):
-        self.inner, self.consumer, self.group_of_put = inner, consumer, []
-
-    def put(self, x):
-        self.group_of_put.append(self.consumer.stats()["groups"])
-        return self.inner.put(x)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 @pytest.mark.parametrize("buffer_kind", sorted(BUFFERS))
