@@ -1,7 +1,8 @@
 """Builds the C helpers (conduit_core._sumtree: priority trees and n-step walks; conduit_core._frames:
 frame stacks out of a frame pool; conduit_core._segments: variable-length rows gathered;
 conduit_core._affine: the affine codec's encode in one pass; conduit_core._draws: uniform draws;
-conduit_core._scan: finite-value checks); everything else is in pyproject.toml.
+conduit_core._scan: finite-value checks;
+conduit_core._insert: a plain host ring's insert); everything else is in pyproject.toml.
 
 If no C compiler is available the build still succeeds and Conduit falls back to numpy
 (slower, same results).
@@ -27,12 +28,27 @@ class OptionalBuildExt(build_ext):
 
 NATIVE_H = ["conduit_core/_native.h"]  # shared by every helper: a change rebuilds them all
 
+
+def numpy_headers() -> list[str] | None:
+    """numpy's C headers (a build requirement in pyproject.toml): _insert reads arrays through
+    numpy's C API. Without them _insert is not built and inserts take the Python route."""
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - a build without numpy
+        return None
+    return [numpy.get_include()]
+
+
+NUMPY_H = numpy_headers()
+
 setup(
     ext_modules=[Extension("conduit_core._sumtree", ["conduit_core/_sumtree.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
                  Extension("conduit_core._frames", ["conduit_core/_frames.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
                  Extension("conduit_core._segments", ["conduit_core/_segments.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
                  Extension("conduit_core._scan", ["conduit_core/_scan.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
                  Extension("conduit_core._draws", ["conduit_core/_draws.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
-                 Extension("conduit_core._affine", ["conduit_core/_affine.c"], depends=NATIVE_H, extra_compile_args=["-O3", "-ffp-contract=off", "-fno-trapping-math"])],
+                 Extension("conduit_core._affine", ["conduit_core/_affine.c"], depends=NATIVE_H, extra_compile_args=["-O3", "-ffp-contract=off", "-fno-trapping-math"])]
+                + ([Extension("conduit_core._insert", ["conduit_core/_insert.c"], include_dirs=NUMPY_H, extra_compile_args=["-O3"])]
+                   if NUMPY_H else []),
     cmdclass={"build_ext": OptionalBuildExt},
 )

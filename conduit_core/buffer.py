@@ -139,11 +139,11 @@ class ExperienceBuffer:
     # ---------------------------------------------------------------- insert
     def encode(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor]]:
         """Validate and encode a batch; pure with respect to the buffer (stores nothing)."""
-        n, cols = self.spec.validate(batch)
-        if n > self.capacity:
+        n, enc = self.spec.validate_and_encode(batch)
+        if n > self.ring.capacity:
             raise CapacityError(f"batch: expected at most capacity={self.capacity} transitions, got {n}. "
                                 "Fix: raise the buffer capacity or ingest the rollout in smaller pieces.")
-        return n, self.spec.encode(cols)
+        return n, enc
 
     def add(self, batch: Mapping[str, Any], *, source: int = 0, policy_version: int = 0,
             timeout: float | None = None, priorities: Any = None) -> int:

@@ -30,24 +30,26 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
             raise ConfigError("priorities", "no initial priorities while a migration runs", "priorities",
                               "wait for the migration to finish, or add without priorities")
         priorities = buf.selector.check_initial_priorities(n, priorities)  # before anything is written
+    source, policy_version = int(source), int(policy_version)
     with buf.lock:
         buf.check_open()
         wait_to_insert(buf, n, timeout)
-        first = buf.ring.inserted
-        start = first % buf.capacity
-        if buf.storage.pools:
+        ring, storage = buf.ring, buf.storage
+        cap, first = ring.capacity, ring.inserted
+        start = first % cap
+        if storage.pools:
             enc = dict(enc)
-            pending = buf.storage.plan_frames(enc, n)
+            pending = storage.plan_frames(enc, n)
             evict_for_frames(buf, pending, n)
-            buf.storage.commit_frames(pending)
-        leaving = buf.ring.holes_leaving(n)  # removed rows the ring now overwrites leave the window
-        buf.run_storage(lambda: buf.storage.write(start, enc, n), keep_from=first + n - buf.capacity)
-        buf.ring.holes -= leaving  # only once the write happened: a failed insert changes nothing
-        prev_tail = buf.ring.write(first, n, enc, buf.done_fields, int(source), int(policy_version))
+            storage.commit_frames(pending)
+        leaving = ring.holes_leaving(n)  # removed rows the ring now overwrites leave the window
+        buf.run_storage(lambda: buf.storage.write(start, enc, n), keep_from=first + n - cap)
+        ring.holes -= leaving  # only once the write happened: a failed insert changes nothing
+        prev_tail = ring.write(first, n, enc, buf.done_fields, source, policy_version)
         if buf.dual_writer is not None:  # dual write: the new layout gets every insert too
-            buf.dual_writer.on_insert(first, enc, n, int(source), int(policy_version), prev_tail)
-        buf.ring.advance(n)
-        buf.selector.on_insert(start, n, min(buf.ring.inserted, buf.capacity))
+            buf.dual_writer.on_insert(first, enc, n, source, policy_version, prev_tail)
+        ring.advance(n)
+        buf.selector.on_insert(start, n, min(ring.inserted, cap))
         if priorities is not None:
             buf.selector.set_initial_priorities((start + np.arange(n)) % buf.capacity, priorities)
         buf.lock.notify_all()

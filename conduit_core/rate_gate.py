@@ -32,6 +32,8 @@ def wait_to_insert(buf, n: int, timeout: float | None) -> None:
     """Wait (the buffer's lock held) until ``n`` rows may be inserted: a FIFO buffer never
     overwrites unconsumed rows, and the limiter's ratio holds."""
     rl, ring = buf.rate_limiter, buf.ring
+    if rl.samples_per_insert is None and not buf.selector.consumes:
+        return   # no ratio to keep and no unconsumed rows to protect: nothing to wait for
 
     def fifo_full() -> bool:
         return buf.selector.consumes and (ring.inserted + n - ring.head) > buf.capacity

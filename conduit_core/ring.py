@@ -29,6 +29,11 @@ import torch
 
 META_FIELDS = ("seq", "version", "source", "next_seq")
 
+try:
+    from ._insert import write_meta as _c_write_meta   # write_meta_rows in C, the same values
+except ImportError:  # pragma: no cover - no C compiler where it was installed
+    _c_write_meta = None
+
 
 def write_meta_rows(meta: dict, cap: int, first: int, n: int, enc: Mapping[str, Any], done_fields, source: int,
                     version: int, prev_tail: int | None) -> np.ndarray | None:
@@ -188,8 +193,15 @@ class Ring:
         ``inserted``: ``advance`` does that once every part took the rows). Returns the seq
         of the source's previous open row, which the new rows continue (or None)."""
         prev = self.open_tail.pop(source, None)
-        done = write_meta_rows(self.meta, self.capacity, first, n, enc, done_fields, source, version, prev)
-        if done is None or not done[-1]:
+        last_done = None
+        if _c_write_meta is not None:   # one C call for numpy bool done fields (the usual case)
+            m = self.meta
+            last_done = _c_write_meta(m["seq"], m["next_seq"], m["version"], m["source"], first, n,
+                                      tuple(map(enc.__getitem__, done_fields)), source, version, -1 if prev is None else prev)
+        if last_done is None:
+            done = write_meta_rows(self.meta, self.capacity, first, n, enc, done_fields, source, version, prev)
+            last_done = done is not None and bool(done[-1])
+        if not last_done:
             self.open_tail[source] = first + n - 1
         return prev
 

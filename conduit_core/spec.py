@@ -128,6 +128,15 @@ class ExperienceSpec:
             self.fields[f.name] = f
         if not self.fields:
             raise SpecError("fields", "at least one field", "none", "declare the fields of a transition")
+        self._native_check = _native_check_plan(self.fields.values())
+        self._all_identity = all(f.codec.is_identity for f in self.fields.values())
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a process worker's copy, an older checkpoint): the derived plan is rebuilt
+        in this process, where numpy's dtype instances are not the pickled ones."""
+        self.__dict__.update(state)
+        self._native_check = _native_check_plan(self.fields.values())
+        self._all_identity = all(f.codec.is_identity for f in self.fields.values())
 
     # ----------------------------------------------------------------- presets
     @classmethod
@@ -190,13 +199,15 @@ class ExperienceSpec:
         """Validated columns (``validate``'s second value) in their stored form: each field
         through its codec (identity fields pass as they are). The one encode step every
         ingestion path uses (inline, thread or process worker, ``ExperienceBuffer.add``)."""
+        if self._all_identity:
+            return dict(columns)
         return {name: c if self[name].codec.is_identity else self[name].codec.encode(name, c)
                 for name, c in columns.items()}
 
     def validate_and_encode(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
         """``validate`` then ``encode``: (rows, stored columns); stores nothing."""
         n, cols = self.validate(batch)
-        return n, self.encode(cols)
+        return n, (cols if self._all_identity else self.encode(cols))   # validate's dict is a fresh one
 
     def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor]]:
         """Check a batch of transitions (dict of arrays with a leading batch dim).
@@ -205,6 +216,10 @@ class ExperienceSpec:
         tensor), so nothing is copied or converted on the hot path. Raises :class:`SpecError` naming the field, the
         expected and actual value and the fix. Nothing is stored by this call.
         """
+        if self._native_check is not None and type(batch) is dict:
+            checked = _c_check_columns(batch, self._native_check, np.ndarray)
+            if checked is not None:   # the whole check in one C call; else the route below names the error
+                return checked
         if not isinstance(batch, Mapping):
             raise SpecError("batch", "a mapping of field name -> array", type(batch).__name__,
                             "pass a dict such as {'obs': obs, 'action': action, ...}")
@@ -253,6 +268,23 @@ try:
     from ._scan import all_finite as _c_all_finite
 except ImportError:  # pragma: no cover - no C compiler where it was installed
     _c_all_finite = None
+try:
+    from ._insert import check_columns as _c_check_columns
+except ImportError:  # pragma: no cover - no C compiler where it was installed
+    _c_check_columns = None
+
+
+def _native_check_plan(fields) -> tuple | None:
+    """What ``_insert.check_columns`` checks a batch against: per field (name, numpy dtype,
+    per-row shape, the float itemsize whose values must be finite, or 0). None when the C
+    helper is missing or a field has no numpy dtype (bfloat16): ``validate`` then checks in Python."""
+    if _c_check_columns is None or any(f.np_dtype is None for f in fields):
+        return None
+    # np.dtype(str) is numpy's own instance for the type, the one every array of it carries (an
+    # unpickled dtype is a copy, and the C check compares identity)
+    return tuple((f.name, np.dtype(f.np_dtype.str), tuple(int(d) for d in f.shape),
+                  f.np_dtype.itemsize if f.dtype.is_floating_point and not f.allow_nonfinite else 0)
+                 for f in fields)
 
 
 def _check_finite(name: str, col) -> None:

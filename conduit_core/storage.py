@@ -25,6 +25,11 @@ from .shards import Shard, ShardSpec, even_shards, shard_class
 from .spec import ExperienceSpec, as_tensor
 from .tiers import Tier
 
+try:
+    from ._insert import copy_rows as _c_copy_rows   # every column of an insert in one C call
+except ImportError:  # pragma: no cover - no C compiler where it was installed
+    _c_copy_rows = None
+
 __all__ = ["ColumnarStorage", "ShardSpec", "even_shards"]
 
 
@@ -70,6 +75,8 @@ class ColumnarStorage:
                        self.decoders[f.name], f.dtype) for f in spec]
         # every field a plain numpy column of one host shard: delivery is one take per field
         self._plain_host = self._single_host and all(v is not None and d is None for _, v, d, _ in self._plan)
+        # ... and an insert is one C call copying every column (wrapping at the ring's end)
+        self._copy_targets = tuple((name, v) for name, v, _, _ in self._plan) if self._plain_host else None
 
     def _make_pools(self) -> dict[str, FramePool]:
         groups: dict[str, list] = {}
@@ -139,6 +146,9 @@ class ColumnarStorage:
             raise CapacityError(f"batch of {n} transitions is larger than the buffer capacity "
                                 f"{self.capacity}. Fix: raise capacity or split the batch.")
         slot = start % self.capacity
+        if self._copy_targets is not None and type(columns) is dict and _c_copy_rows is not None \
+                and _c_copy_rows(columns, self._copy_targets, slot, n):
+            return
         if self._single_host and slot + n <= self.capacity:  # the common case: one run, one host shard
             part = self.parts[0]
             for name, src in columns.items():
@@ -297,6 +307,7 @@ class ColumnarStorage:
     def close(self) -> None:
         self._plan = []
         self._plain_host = False
+        self._copy_targets = None
         for pool in self.pools.values():
             pool.close()
         for part in self.parts:

@@ -1,0 +1,227 @@
+"""The insert path in C (``conduit_core/_insert.c``) against the Python route it shortcuts.
+
+Each C function either does exactly what the Python route does or declines (None / False) and
+leaves the job to it: checked here on the same inputs, valid and broken, by Hypothesis, and end
+to end on buffers built with and without the C helpers."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import conduit_core.ring as ring_mod
+import conduit_core.spec as spec_mod
+import conduit_core.storage as storage_mod
+from conduit_core import ExperienceBuffer, ExperienceSpec, FieldSpec, Uniform
+from conduit_core.errors import SpecError
+from conduit_core.ring import write_meta_rows
+
+native = pytest.importorskip("conduit_core._insert", reason="the C helpers were not built (python setup.py build_ext --inplace)")
+
+SPEC = ExperienceSpec([FieldSpec("obs", (3,), torch.float32), FieldSpec("action", (), torch.int64),
+                       FieldSpec("reward", (), torch.float32), FieldSpec("img", (2, 2), torch.uint8),
+                       FieldSpec("terminated", (), torch.bool), FieldSpec("truncated", (), torch.bool),
+                       FieldSpec("raw", (), torch.float64, allow_nonfinite=True)])
+
+
+def python_spec() -> ExperienceSpec:
+    """The same spec checked by the Python route only (as where no C compiler was found)."""
+    saved = spec_mod._c_check_columns
+    spec_mod._c_check_columns = None
+    try:
+        return ExperienceSpec.from_config(SPEC.to_config())
+    finally:
+        spec_mod._c_check_columns = saved
+
+
+def good_batch(n: int, rng: np.random.Generator) -> dict:
+    return {"obs": rng.standard_normal((n, 3)).astype(np.float32), "action": rng.integers(0, 4, n),
+            "reward": rng.standard_normal(n).astype(np.float32), "img": rng.integers(0, 255, (n, 2, 2), dtype=np.uint8),
+            "terminated": rng.random(n) < 0.1, "truncated": rng.random(n) < 0.05,
+            "raw": np.where(rng.random(n) < 0.2, np.inf, 1.0)}
+
+
+BREAKS = ["none", "dtype", "shape", "nan", "strided", "tensor", "extra", "missing", "rows", "list",
+          "byteorder", "fortran"]
+
+
+def broken(batch: dict, how: str, rng: np.random.Generator) -> dict:
+    b = dict(batch)
+    n = len(b["action"])
+    if how == "dtype":
+        b["reward"] = b["reward"].astype(np.float64)
+    elif how == "shape":
+        b["obs"] = b["obs"][:, :2].copy()
+    elif how == "nan" and n:
+        b["obs"] = b["obs"].copy()
+        b["obs"][rng.integers(n), rng.integers(3)] = np.nan
+    elif how == "strided":
+        b["obs"] = np.repeat(b["obs"], 2, axis=0)[::2]
+    elif how == "tensor":
+        b["reward"] = torch.from_numpy(b["reward"])
+    elif how == "extra":
+        b["other"] = np.zeros(n)
+    elif how == "missing":
+        del b["truncated"]
+    elif how == "rows":
+        b["action"] = b["action"][:-1] if n else np.zeros(1, np.int64)
+    elif how == "list":
+        b["action"] = list(b["action"])
+    elif how == "byteorder":
+        b["action"] = b["action"].astype(">i8")
+    elif how == "fortran":
+        b["img"] = np.asfortranarray(b["img"])
+    return b
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(0, 40), how=st.sampled_from(BREAKS), seed=st.integers(0, 2**31))
+def test_the_c_check_agrees_with_the_python_route_or_declines(n, how, seed):
+    rng = np.random.default_rng(seed)
+    batch = broken(good_batch(n, rng), how, rng)
+    py = python_spec()
+    try:
+        expected = py.validate(batch)
+    except SpecError:
+        expected = None
+    got = native.check_columns(batch, SPEC._native_check, np.ndarray)
+    if expected is None:
+        assert got is None                         # never accepts what the Python route refuses
+        with pytest.raises(SpecError):             # and the spec still names the error
+            SPEC.validate(batch)
+        return
+    if got is None:                                # declined: the Python route takes it, as before
+        assert how in ("strided", "tensor", "byteorder", "fortran")
+        return
+    assert got[0] == expected[0]
+    assert set(got[1]) == set(expected[1]) and all(got[1][k] is expected[1][k] for k in got[1])
+    assert got[1] is not batch                    # a fresh dict: the caller may change theirs
+
+
+@settings(max_examples=200, deadline=None)
+@given(cap=st.integers(1, 30), first=st.integers(0, 200), n=st.integers(1, 30), steps=st.sampled_from([0, 1, 3]),
+       prev=st.one_of(st.none(), st.integers(0, 230)), seed=st.integers(0, 2**31), fields=st.integers(0, 2))
+def test_the_c_metadata_equals_write_meta_rows(cap, first, n, steps, prev, seed, fields):
+    n = min(n, cap)
+    rng = np.random.default_rng(seed)
+    shape = (n,) if steps == 0 else (n, steps)
+    enc = {f"d{i}": rng.random(shape) < 0.3 for i in range(fields)}
+    done_fields = tuple(enc)
+    base = {k: rng.integers(-1, 300, cap).astype(np.int64) for k in ("seq", "next_seq", "version", "source")}
+    if prev is not None:
+        base["seq"][prev % cap] = prev   # a previous open row still in its slot (or overwritten below)
+    a = {k: v.copy() for k, v in base.items()}
+    b = {k: v.copy() for k, v in base.items()}
+    done = write_meta_rows(a, cap, first, n, enc, done_fields, 7, 3, prev)
+    last = native.write_meta(b["seq"], b["next_seq"], b["version"], b["source"], first, n,
+                             tuple(enc[f] for f in done_fields), 7, 3, -1 if prev is None else prev)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert last == (done is not None and bool(done[-1]))
+
+
+def test_write_meta_declines_done_fields_it_cannot_read():
+    meta = [np.zeros(8, np.int64) for _ in range(4)]
+    before = [m.copy() for m in meta]
+    for done in [(torch.zeros(4, dtype=torch.bool),), (np.zeros(4, np.int64),), (np.zeros(3, bool),)]:
+        assert native.write_meta(*meta, 0, 4, done, 0, 0, -1) is None
+        for m, b in zip(meta, before):
+            np.testing.assert_array_equal(m, b)   # declined: nothing written
+
+
+@settings(max_examples=100, deadline=None)
+@given(cap=st.integers(1, 20), slot=st.integers(0, 19), n=st.integers(0, 20), seed=st.integers(0, 2**31))
+def test_copy_rows_writes_what_slicing_writes(cap, slot, n, seed):
+    slot, n = slot % cap, min(n, cap)
+    rng = np.random.default_rng(seed)
+    dst = {"a": rng.standard_normal((cap, 3)).astype(np.float32), "b": rng.integers(0, 9, cap)}
+    src = {"a": rng.standard_normal((n, 3)).astype(np.float32), "b": rng.integers(0, 9, n)}
+    want = {k: v.copy() for k, v in dst.items()}
+    for k in want:
+        idx = (slot + np.arange(n)) % cap
+        want[k][idx] = src[k]
+    assert native.copy_rows(src, tuple(dst.items()), slot, n)
+    for k in want:
+        np.testing.assert_array_equal(dst[k], want[k])
+
+
+def test_copy_rows_declines_what_is_not_the_same_item_type_or_layout():
+    dst = {"a": np.zeros((8, 2), np.float32)}
+    before = dst["a"].copy()
+    for src in [{"a": np.ones((2, 2), np.int32)},            # same row bytes, another type
+                {"a": np.ones((4, 2), np.float32)[::2]},     # strided
+                {"a": np.ones((2, 3), np.float32)},          # another row size
+                {"a": torch.ones(2, 2)}]:                    # not an ndarray
+        assert not native.copy_rows(src, tuple(dst.items()), 0, 2)
+        np.testing.assert_array_equal(dst["a"], before)
+    frozen = np.zeros((8, 2), np.float32)
+    frozen.flags.writeable = False
+    assert not native.copy_rows({"a": np.ones((2, 2), np.float32)}, (("a", frozen),), 0, 2)
+
+
+class python_route:
+    """Within it, every insert takes the Python route (as where no C compiler was found)."""
+
+    def __enter__(self):
+        self.mp = pytest.MonkeyPatch()
+        for mod, name in ((spec_mod, "_c_check_columns"), (storage_mod, "_c_copy_rows"), (ring_mod, "_c_write_meta")):
+            self.mp.setattr(mod, name, None)
+
+    def __exit__(self, *exc):
+        self.mp.undo()
+
+
+@settings(max_examples=25, deadline=None)
+@given(capacity=st.integers(5, 60), sizes=st.lists(st.integers(1, 25), min_size=1, max_size=12),
+       seed=st.integers(0, 2**31))
+def test_a_buffer_ends_in_the_same_state_with_or_without_the_c_route(capacity, sizes, seed):
+    fast = ExperienceBuffer(spec=SPEC, capacity=capacity, selector=Uniform())
+    with python_route():
+        slow = ExperienceBuffer(spec=ExperienceSpec.from_config(SPEC.to_config()), capacity=capacity, selector=Uniform())
+    assert fast.spec._native_check is not None and slow.spec._native_check is None
+    rng = np.random.default_rng(seed)
+    try:
+        for i, k in enumerate(sizes):
+            batch = good_batch(min(k, capacity), rng)
+            src, ver = int(rng.integers(0, 3)), i
+            first = fast.add(batch, source=src, policy_version=ver)
+            with python_route():
+                assert slow.add(batch, source=src, policy_version=ver) == first
+        for k in fast.meta:
+            np.testing.assert_array_equal(fast.meta[k], slow.meta[k], err_msg=k)
+        slots = fast.ring.live_seqs() % capacity   # the rest of a column was never written
+        for name in SPEC.names:
+            np.testing.assert_array_equal(fast.storage.host_view(name)[slots], slow.storage.host_view(name)[slots],
+                                          err_msg=name)
+        assert fast.ring.open_tail == slow.ring.open_tail
+        assert len(fast) == len(slow)
+    finally:
+        fast.close()
+        slow.close()
+
+
+def test_a_refused_batch_is_named_and_changes_nothing():
+    buf = ExperienceBuffer(spec=SPEC, capacity=16, selector=Uniform())
+    rng = np.random.default_rng(0)
+    buf.add(good_batch(5, rng))
+    meta = {k: v.copy() for k, v in buf.meta.items()}
+    bad = good_batch(4, rng)
+    bad["obs"][2, 1] = np.nan
+    with pytest.raises(SpecError, match="obs"):
+        buf.add(bad)
+    bad = good_batch(4, rng)
+    bad["reward"] = bad["reward"].astype(np.float64)
+    with pytest.raises(SpecError, match="reward.*float32"):
+        buf.add(bad)
+    assert len(buf) == 5
+    for k in meta:
+        np.testing.assert_array_equal(buf.meta[k], meta[k])
+    buf.close()
+
+
+def test_an_unpickled_spec_takes_the_c_route_again():
+    import pickle
+    spec = pickle.loads(pickle.dumps(SPEC))
+    batch = good_batch(3, np.random.default_rng(1))
+    assert native.check_columns(batch, spec._native_check, np.ndarray) is not None
