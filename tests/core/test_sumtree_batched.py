@@ -1,0 +1,100 @@
+"""The C sum tree's batched walks (many walks a level at a time) against one walk at a time.
+
+The batched walks exist for speed only (the memory system serves a level's loads together); they
+must leave the same trees bit for bit and find the same leaves, duplicates and chunk edges
+(64 walks per chunk) included. The reference here is the one-walk rule written in Python."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+c = pytest.importorskip("conduit_core._sumtree", reason="the C helpers were not built (python setup.py build_ext --inplace)")
+
+
+def min_positive(a: float, b: float) -> float:
+    if a == 0.0:
+        return b
+    if b == 0.0:
+        return a
+    return min(a, b)
+
+
+def set_leaf(s, m, size, i, v):
+    node = i + size
+    s[node] = v
+    m[node] = v if v > 0 else 0.0
+    node >>= 1
+    while node >= 1:
+        s[node] = s[2 * node] + s[2 * node + 1]
+        m[node] = min_positive(m[2 * node], m[2 * node + 1])
+        node >>= 1
+
+
+def descend(s, size, v):
+    node = 1
+    while node < size:
+        left, right = s[2 * node], s[2 * node + 1]
+        if (v < left and left > 0.0) or right <= 0.0:
+            node = 2 * node
+        else:
+            v -= left
+            node = 2 * node + 1
+    return node
+
+
+@settings(max_examples=60, deadline=None)
+@given(log_size=st.integers(1, 9), seed=st.integers(0, 2**31), batches=st.lists(st.integers(1, 150), min_size=1, max_size=4),
+       alpha=st.sampled_from([1.0, 0.6]))
+def test_batched_priority_updates_leave_the_trees_one_by_one_walks_leave(log_size, seed, batches, alpha):
+    size = 1 << log_size
+    rng = np.random.default_rng(seed)
+    s, m = np.zeros(2 * size), np.zeros(2 * size)
+    rs, rm = s.copy(), m.copy()
+    eps = 1e-6
+    for b in batches:
+        idx = rng.integers(0, size, b).astype(np.int64)      # duplicates: the later one wins
+        pr = rng.random(b) * rng.choice([1e-3, 1.0, 1e3])
+        mx = c.set_priorities(s, m, size, idx, pr, alpha, eps)
+        for i, p in zip(idx, pr):
+            set_leaf(rs, rm, size, int(i), (p + eps) if alpha == 1.0 else (p + eps) ** alpha)
+        assert mx == pytest.approx(float((pr + eps).max()), rel=0, abs=0)
+        np.testing.assert_array_equal(s, rs)
+        np.testing.assert_array_equal(m, rm)
+
+
+@settings(max_examples=60, deadline=None)
+@given(log_size=st.integers(1, 9), seed=st.integers(0, 2**31), n=st.integers(1, 200), zeros=st.floats(0, 0.8))
+def test_batched_descents_find_the_leaves_one_walk_finds(log_size, seed, n, zeros):
+    size = 1 << log_size
+    rng = np.random.default_rng(seed)
+    s, m = np.zeros(2 * size), np.zeros(2 * size)
+    vals = np.where(rng.random(size) < zeros, 0.0, rng.random(size))
+    vals[rng.integers(size)] = 0.5                            # at least one leaf can be drawn
+    c.update(s, m, size, np.arange(size, dtype=np.int64), vals)
+    targets = rng.random(n) * s[1]
+    targets[: n // 4] = np.nextafter(s[1], 0.0)                # the top edge, where rounding bites
+    want = np.array([descend(s, size, float(v)) - size for v in targets])
+    got = np.empty(n, np.int64)
+    c.find(s, size, targets.copy(), got)
+    np.testing.assert_array_equal(got, want)
+    assert (vals[got] > 0).all()                                # never a zero leaf
+    w = np.empty(n, np.float32)
+    got2 = np.empty(n, np.int64)
+    c.select_weighted(s, m, size, targets.copy(), 0.4, got2, w)
+    np.testing.assert_array_equal(got2, want)
+    np.testing.assert_array_equal(w, np.array([np.float32((s[i + size] / m[1]) ** -0.4) for i in want]))
+
+
+def test_draws_come_from_the_generator_in_order_and_match_the_walks():
+    size = 256
+    rng = np.random.default_rng(3)
+    s, m = np.zeros(2 * size), np.zeros(2 * size)
+    c.update(s, m, size, np.arange(size, dtype=np.int64), rng.random(size) + 0.01)
+    g, ref = np.random.default_rng(11), np.random.default_rng(11)
+    idx, w = np.empty(150, np.int64), np.empty(150, np.float32)   # more than one chunk of walks
+    with g.bit_generator.lock:
+        c.draw_weighted(s, m, size, g.bit_generator.capsule, s[1], False, 0.0, idx, w)
+    u = ref.random(150) * s[1]
+    np.testing.assert_array_equal(idx, [descend(s, size, float(v)) - size for v in u])
+    assert g.random() == ref.random()                              # the stream advanced by exactly 150 draws
