@@ -475,7 +475,62 @@ static PyObject *set_priorities(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(bad ? -1.0 : mx);
 }
 
+/* set_delivered(sums, mins, size, seq_col, slots:i64[n], seqs:i64[n], prios:f64[n], alpha, eps) -> (count, max) or None
+ * A delivered batch's priority update in one call: rows whose slot no longer holds the seq they
+ * were delivered with (overwritten since) are skipped; the others get (p + eps)^alpha, as
+ * set_priorities gives them. Returns how many were set and the largest p + eps among them (0.0 if
+ * none); None, with nothing changed, when a slot is out of range or a kept priority is not finite
+ * and >= 0 (or is 0 with eps = 0): the caller's Python route then names the error. */
+static PyObject *set_delivered(PyObject *self, PyObject *args) {
+    PyObject *o_sum, *o_min, *o_col, *o_slots, *o_seqs, *o_p;
+    Py_ssize_t size;
+    double alpha, eps;
+    if (!PyArg_ParseTuple(args, "OOnOOOOdd", &o_sum, &o_min, &size, &o_col, &o_slots, &o_seqs, &o_p, &alpha, &eps))
+        return NULL;
+    Py_buffer b[6];
+    int got = 0;
+    PyObject *result = NULL;
+    if (get_buf(o_sum, &b[0], "d", 1)) goto out; got++;
+    if (get_buf(o_min, &b[1], "d", 1)) goto out; got++;
+    if (get_buf(o_col, &b[2], "ql", 0)) goto out; got++;
+    if (get_buf(o_slots, &b[3], "ql", 0)) goto out; got++;
+    if (get_buf(o_seqs, &b[4], "ql", 0)) goto out; got++;
+    if (get_buf(o_p, &b[5], "d", 0)) goto out; got++;
+    double *sum = b[0].buf, *mn = b[1].buf;
+    const long long *col = b[2].buf, *slots = b[3].buf, *seqs = b[4].buf;
+    const double *pr = b[5].buf;
+    Py_ssize_t n = b[3].len / 8, cap = b[2].len / 8;
+    if (b[4].len / 8 != n || b[5].len / 8 != n || cap > size || b[0].len < 2 * size * 8) { result = Py_None; Py_INCREF(result); goto out; }
+    long long idx[WALKS];
+    double v[WALKS], mx = 0.0;
+    Py_ssize_t node[WALKS], count = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {   /* every check before the first write */
+        if (slots[k] < 0 || slots[k] >= cap) { result = Py_None; Py_INCREF(result); goto out; }
+        if (col[slots[k]] != seqs[k]) continue;
+        double p = pr[k];
+        if (!(p >= 0.0) || !isfinite(p) || (eps == 0.0 && p == 0.0)) { result = Py_None; Py_INCREF(result); goto out; }
+        if (p + eps > mx) mx = p + eps;
+    }
+    Py_ssize_t c = 0;
+    for (Py_ssize_t k = 0; k <= n; k++) {   /* the kept rows, in order, a chunk of walks at a time */
+        if (k < n && col[slots[k]] == seqs[k]) {
+            idx[c] = slots[k];
+            v[c++] = alpha == 1.0 ? pr[k] + eps : pow(pr[k] + eps, alpha);
+        }
+        if (c == WALKS || (k == n && c > 0)) {
+            set_leaves_many(sum, mn, size, idx, v, c, node);
+            count += c;
+            c = 0;
+        }
+    }
+    result = Py_BuildValue("(nd)", count, mx);
+out:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"set_delivered", set_delivered, METH_VARARGS, "a delivered batch's priority update: skip overwritten rows, check, set"},
     {"select_weighted", select_weighted, METH_VARARGS, "prefix-sum search and importance weights"},
     {"draw_weighted", draw_weighted, METH_VARARGS, "draw targets from a bit generator, then select_weighted"},
     {"set_priorities", set_priorities, METH_VARARGS, "validate, exponentiate and set priorities"},

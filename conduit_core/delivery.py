@@ -197,6 +197,11 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
                         "pass one priority per row of the batch")
     with buf.lock:
         buf.check_open()
+        if seqs is not None:   # the usual case, one native step where the selector has one
+            done = buf.selector.update_delivered(slots, np.ascontiguousarray(seqs, dtype=np.int64).reshape(-1),
+                                                 np.ascontiguousarray(pr, dtype=np.float64), buf.meta["seq"])
+            if done is not None:
+                return done
         if slots.size and (slots.min() < 0 or slots.max() >= buf.capacity):
             bad = int(slots[(slots < 0) | (slots >= buf.capacity)][0])
             raise SpecError("slots", f"ring slots in [0, {buf.capacity})", bad,

@@ -24,6 +24,10 @@ try:
     from ._draws import uniform_ints as _c_uniform_ints
 except ImportError:  # pragma: no cover - no C compiler where it was installed
     _c_uniform_ints = None
+try:
+    from ._sumtree import draw_weighted as _c_draw_weighted, set_delivered as _c_set_delivered
+except ImportError:  # pragma: no cover - no C compiler where it was installed
+    _c_draw_weighted = _c_set_delivered = None
 
 
 def uniform_ints(rng: np.random.Generator, n: int, count: int) -> np.ndarray:
@@ -73,6 +77,14 @@ class Selector(ABC):
 
     def on_evict(self, slots: np.ndarray) -> None:
         """The rows at ``slots`` were removed: they must not be selected again."""
+
+    def update_delivered(self, slots: np.ndarray, seqs: np.ndarray, priorities: np.ndarray,
+                         stored_seqs: np.ndarray) -> int | None:
+        """A delivered batch's update in one step, where the selector has one: the rows whose
+        slot still holds the seq they were delivered with (``stored_seqs`` is the ring's seq
+        column) get their priority; returns how many, or None when it declines (no fast route,
+        or input to refuse), with nothing changed: the caller then takes ``update_priorities``."""
+        return None
 
     def update_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         raise ConfigError("selector", "a prioritized selector for update_priorities", self.name,
@@ -211,12 +223,11 @@ class Prioritized(Selector):
         beta = self.beta if beta is None else beta
         total = self.index.total
         if self.index.use_c:  # draws, search and weights in one C pass (the numpy route's values)
-            from ._sumtree import draw_weighted
             slots = np.empty(batch_size, dtype=np.int64)
             weights = np.empty(batch_size, dtype=np.float32)
             bits = rng.bit_generator
             with bits.lock:
-                draw_weighted(*self.index.trees(), bits.capsule, total, self.stratified, float(beta), slots, weights)
+                _c_draw_weighted(*self.index.trees(), bits.capsule, total, self.stratified, float(beta), slots, weights)
             return slots, weights
         slots = self.index.find_prefixsum(self._masses(batch_size, total, rng))
         if beta == 0.0:
@@ -225,6 +236,17 @@ class Prioritized(Selector):
         p_min = self.index.min / total
         weights = (p / p_min) ** (-beta)  # == (N p)^-beta / (N p_min)^-beta
         return slots, weights.astype(np.float32)
+
+    def update_delivered(self, slots, seqs, priorities, stored_seqs):
+        if not self.index.use_c:
+            return None
+        got = _c_set_delivered(*self.index.trees(), stored_seqs, slots, seqs, priorities, self.alpha, self.eps)
+        if got is None:
+            return None
+        count, mx = got
+        if count:
+            self.max_priority = max(self.max_priority, mx)
+        return count
 
     def update_priorities(self, slots, priorities):
         pr = np.asarray(priorities, dtype=np.float64).reshape(-1)

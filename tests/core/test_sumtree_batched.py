@@ -98,3 +98,65 @@ def test_draws_come_from_the_generator_in_order_and_match_the_walks():
     u = ref.random(150) * s[1]
     np.testing.assert_array_equal(idx, [descend(s, size, float(v)) - size for v in u])
     assert g.random() == ref.random()                              # the stream advanced by exactly 150 draws
+
+
+# ------------------------------------------------------- a delivered batch's update in one call
+def _filled(capacity: int, rows: int, seed: int):
+    from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized
+    buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(2,)), capacity=capacity,
+                           selector=Prioritized(alpha=0.6, eps=1e-6), seed=seed)
+    rng = np.random.default_rng(seed)
+    done = 0
+    while done < rows:
+        n = int(min(rng.integers(1, 20), rows - done, capacity))
+        buf.add({"obs": rng.random((n, 2), np.float32), "action": np.zeros(n, np.int64),
+                 "reward": np.ones(n, np.float32), "next_obs": rng.random((n, 2), np.float32),
+                 "terminated": rng.random(n) < 0.1, "truncated": np.zeros(n, bool)})
+        done += n
+    return buf
+
+
+@settings(max_examples=40, deadline=None)
+@given(capacity=st.integers(8, 100), seed=st.integers(0, 2**31), b=st.integers(1, 150),
+       overwrite=st.integers(0, 60), kind=st.sampled_from(["ok", "nan", "negative", "zero", "bad-slot", "short"]))
+def test_the_one_call_update_equals_the_checked_route(capacity, seed, b, overwrite, kind):
+    """Same trees, max priority, count and errors as the route that checks in numpy, including
+    rows overwritten between delivery and update (skipped), duplicates and refused input."""
+    from conduit_core.errors import SpecError
+    bufs = [_filled(capacity, capacity + 5, seed) for _ in range(2)]
+    batches = [buf.sample(b) for buf in bufs]
+    assert np.array_equal(batches[0].slots, batches[1].slots)
+    rng = np.random.default_rng(seed)
+    overwrite = min(overwrite, capacity)
+    for buf in bufs:   # overwrite some delivered rows before their update comes back
+        if overwrite:
+            buf.add({"obs": np.zeros((overwrite, 2), np.float32), "action": np.zeros(overwrite, np.int64),
+                     "reward": np.zeros(overwrite, np.float32), "next_obs": np.zeros((overwrite, 2), np.float32),
+                     "terminated": np.zeros(overwrite, bool), "truncated": np.zeros(overwrite, bool)})
+    pr = rng.random(b) * 5
+    slots = batches[0].slots.copy()
+    if kind == "nan":
+        pr[rng.integers(b)] = np.nan
+    elif kind == "negative":
+        pr[rng.integers(b)] = -1.0
+    elif kind == "zero":
+        pr[rng.integers(b)] = 0.0
+    elif kind == "bad-slot":
+        slots[rng.integers(b)] = capacity + 3
+    elif kind == "short":
+        pr = pr[:-1]
+    outcomes = []
+    for i, buf in enumerate(bufs):
+        if i == 1:   # the checked route: the selector declines its one-call update
+            buf.selector.update_delivered = lambda *a: None
+        try:
+            outcomes.append(("ok", buf.update_priorities(slots, pr, seqs=batches[i].seqs)))
+        except SpecError as exc:
+            outcomes.append(("error", str(exc)))
+    assert outcomes[0] == outcomes[1]
+    a, b_ = (buf.selector.index.trees() for buf in bufs)
+    np.testing.assert_array_equal(a[0], b_[0])
+    np.testing.assert_array_equal(a[1], b_[1])
+    assert bufs[0].selector.max_priority == bufs[1].selector.max_priority
+    for buf in bufs:
+        buf.close()
