@@ -2,7 +2,7 @@
 frame stacks out of a frame pool; conduit_core._segments: variable-length rows gathered;
 conduit_core._affine: the affine codec's encode in one pass; conduit_core._draws: uniform draws;
 conduit_core._scan: finite-value checks;
-conduit_core._insert: a plain host ring's insert); everything else is in pyproject.toml.
+conduit_core._rows: a plain host ring's rows in (the insert) and out (the gather)); everything else is in pyproject.toml.
 
 If no C compiler is available the build still succeeds and Conduit falls back to numpy
 (slower, same results).
@@ -30,8 +30,8 @@ NATIVE_H = ["conduit_core/_native.h"]  # shared by every helper: a change rebuil
 
 
 def numpy_headers() -> list[str] | None:
-    """numpy's C headers (a build requirement in pyproject.toml): _insert reads arrays through
-    numpy's C API. Without them _insert is not built and inserts take the Python route."""
+    """numpy's C headers (a build requirement in pyproject.toml): _rows reads arrays through
+    numpy's C API. Without them _rows is not built and inserts take the Python route."""
     try:
         import numpy
     except ImportError:  # pragma: no cover - a build without numpy
@@ -48,7 +48,7 @@ setup(
                  Extension("conduit_core._scan", ["conduit_core/_scan.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
                  Extension("conduit_core._draws", ["conduit_core/_draws.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
                  Extension("conduit_core._affine", ["conduit_core/_affine.c"], depends=NATIVE_H, extra_compile_args=["-O3", "-ffp-contract=off", "-fno-trapping-math"])]
-                + ([Extension("conduit_core._insert", ["conduit_core/_insert.c"], include_dirs=NUMPY_H, extra_compile_args=["-O3"])]
+                + ([Extension("conduit_core._rows", ["conduit_core/_rows.c"], include_dirs=NUMPY_H, extra_compile_args=["-O3"])]
                    if NUMPY_H else []),
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -30,7 +30,7 @@ import torch
 META_FIELDS = ("seq", "version", "source", "next_seq")
 
 try:
-    from ._insert import write_meta as _c_write_meta   # write_meta_rows in C, the same values
+    from ._rows import write_meta as _c_write_meta   # write_meta_rows in C, the same values
 except ImportError:  # pragma: no cover - no C compiler where it was installed
     _c_write_meta = None
 

@@ -269,13 +269,13 @@ try:
 except ImportError:  # pragma: no cover - no C compiler where it was installed
     _c_all_finite = None
 try:
-    from ._insert import check_columns as _c_check_columns
+    from ._rows import check_columns as _c_check_columns
 except ImportError:  # pragma: no cover - no C compiler where it was installed
     _c_check_columns = None
 
 
 def _native_check_plan(fields) -> tuple | None:
-    """What ``_insert.check_columns`` checks a batch against: per field (name, numpy dtype,
+    """What ``_rows.check_columns`` checks a batch against: per field (name, numpy dtype,
     per-row shape, the float itemsize whose values must be finite, or 0). None when the C
     helper is missing or a field has no numpy dtype (bfloat16): ``validate`` then checks in Python."""
     if _c_check_columns is None or any(f.np_dtype is None for f in fields):

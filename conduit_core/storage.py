@@ -25,10 +25,10 @@ from .shards import Shard, ShardSpec, even_shards, shard_class
 from .spec import ExperienceSpec, as_tensor
 from .tiers import Tier
 
-try:
-    from ._insert import copy_rows as _c_copy_rows   # every column of an insert in one C call
+try:   # every column of an insert, and of a reused-output gather, in one C call
+    from ._rows import copy_rows as _c_copy_rows, gather_rows as _c_gather_rows
 except ImportError:  # pragma: no cover - no C compiler where it was installed
-    _c_copy_rows = None
+    _c_copy_rows = _c_gather_rows = None
 
 __all__ = ["ColumnarStorage", "ShardSpec", "even_shards"]
 
@@ -224,8 +224,10 @@ class ColumnarStorage:
         if target.type == "cpu" and fields is None and out is not None and out_tensors is not None \
                 and self._plain_host:
             result = {}
+            gathered = _c_gather_rows is not None and _c_gather_rows(slots, self._copy_targets, out)
             for name, view, _, _ in self._plan:   # the hot path: reused outputs, no codec, no wrapping
-                view.take(slots, axis=0, out=out[name], mode="clip")
+                if not gathered:
+                    view.take(slots, axis=0, out=out[name], mode="clip")
                 t = out_tensors[name]
                 if t.shape != out[name].shape or t.requires_grad:
                     # an earlier batch changed this wrapper in place (unsqueeze_, requires_grad_): a fresh

@@ -1,6 +1,7 @@
 /*
- * The insert path of a plain host ring in three C calls: check a batch against the spec, copy
- * its columns into the ring's columns, write the rows' metadata.
+ * A plain host ring's rows in and out, in C. In: an insert in three calls (check a batch against
+ * the spec, copy its columns into the ring's columns, write the rows' metadata). Out: a batch's
+ * rows gathered from every column into reused outputs in one call.
  *
  * Why: a CartPole rollout of 200 steps is ~9 KB; copying it takes well under a microsecond, but
  * checking and storing it field by field in Python took ~45 us (a dozen numpy calls per field,
@@ -188,16 +189,73 @@ static PyObject *write_meta(PyObject *self, PyObject *args) {
     return PyBool_FromLong(last_done);
 }
 
+/* One row of `row` bytes: a load and a store for the usual small sizes, else memcpy. */
+static inline void copy_row(char *dst, const char *src, npy_intp row) {
+    switch (row) {
+    case 1: *dst = *src; break;
+    case 4: memcpy(dst, src, 4); break;
+    case 8: memcpy(dst, src, 8); break;
+    case 16: memcpy(dst, src, 16); break;
+    default: memcpy(dst, src, (size_t)row);
+    }
+}
+
+/* gather_rows(slots, targets, out) -> bool
+ *
+ * out[name][i] = column[slots[i]] for every (name, column) of targets (out: a dict of arrays).
+ * Every row of every column is prefetched first, so the cache misses of a random batch overlap
+ * instead of coming one after another. False (nothing written) unless slots is a C-contiguous
+ * int64 array of n slots inside every column and each out is a writable C-contiguous array of n
+ * rows of its column's type and row size. */
+static PyObject *gather_rows(PyObject *self, PyObject *args) {
+    PyObject *o_slots, *targets, *out;
+    if (!PyArg_ParseTuple(args, "OO!O!", &o_slots, &PyTuple_Type, &targets, &PyDict_Type, &out)) return NULL;
+    PyArrayObject *sl = plain_array(o_slots, 0);
+    Py_ssize_t nt = PyTuple_GET_SIZE(targets);
+    if (sl == NULL || PyArray_TYPE(sl) != NPY_INT64 || PyArray_NDIM(sl) != 1 || nt > 64) Py_RETURN_FALSE;
+    npy_intp n = PyArray_DIM(sl, 0);
+    const int64_t *slots = (const int64_t *)PyArray_DATA(sl);
+    PyArrayObject *col[64], *dst[64];
+    npy_intp row[64], cap = -1;
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        PyObject *t = PyTuple_GET_ITEM(targets, i);
+        col[i] = plain_array(PyTuple_GET_ITEM(t, 1), 0);
+        dst[i] = plain_array(PyDict_GetItemWithError(out, PyTuple_GET_ITEM(t, 0)), 1);
+        if (col[i] == NULL || dst[i] == NULL || PyArray_NDIM(col[i]) < 1 || PyArray_NDIM(dst[i]) < 1
+            || PyArray_DIM(dst[i], 0) != n || PyArray_TYPE(col[i]) != PyArray_TYPE(dst[i])
+            || PyArray_ITEMSIZE(col[i]) != PyArray_ITEMSIZE(dst[i])) goto decline;
+        npy_intp c = PyArray_DIM(col[i], 0);
+        row[i] = c ? PyArray_NBYTES(col[i]) / c : 0;
+        if (n && PyArray_NBYTES(dst[i]) / n != row[i]) goto decline;
+        cap = cap < 0 || c < cap ? c : cap;
+    }
+    for (npy_intp k = 0; k < n; k++)
+        if (slots[k] < 0 || slots[k] >= cap) goto decline;
+    for (npy_intp k = 0; k < n; k++)
+        for (Py_ssize_t i = 0; i < nt; i++) __builtin_prefetch(PyArray_BYTES(col[i]) + slots[k] * row[i]);
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        const char *c = PyArray_BYTES(col[i]);
+        char *d = PyArray_BYTES(dst[i]);
+        npy_intp r = row[i];
+        for (npy_intp k = 0; k < n; k++) copy_row(d + k * r, c + slots[k] * r, r);
+    }
+    Py_RETURN_TRUE;
+decline:
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_FALSE;
+}
+
 static PyMethodDef methods[] = {
+    {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(slots, targets, out) -> bool"},
     {"check_columns", check_columns, METH_VARARGS, "check_columns(batch, fields, ndarray) -> (n, columns) or None"},
     {"copy_rows", copy_rows, METH_VARARGS, "copy_rows(columns, targets, slot, n) -> bool"},
     {"write_meta", write_meta, METH_VARARGS, "write_meta(seq, next_seq, version, source, first, n, done, source, version, prev_tail) -> last row done, or None"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_insert", "a plain host ring's insert in C", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_rows", "a plain host ring's rows in and out, in C", -1, methods};
 
-PyMODINIT_FUNC PyInit__insert(void) {
+PyMODINIT_FUNC PyInit__rows(void) {
     import_array();   /* numpy's C API; an ImportError here sends Conduit to the Python route */
     return PyModule_Create(&module);
 }

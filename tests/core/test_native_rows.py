@@ -1,4 +1,4 @@
-"""The insert path in C (``conduit_core/_insert.c``) against the Python route it shortcuts.
+"""The insert path in C (``conduit_core/_rows.c``) against the Python route it shortcuts.
 
 Each C function either does exactly what the Python route does or declines (None / False) and
 leaves the job to it: checked here on the same inputs, valid and broken, by Hypothesis, and end
@@ -17,7 +17,7 @@ from conduit_core import ExperienceBuffer, ExperienceSpec, FieldSpec, Uniform
 from conduit_core.errors import SpecError
 from conduit_core.ring import write_meta_rows
 
-native = pytest.importorskip("conduit_core._insert", reason="the C helpers were not built (python setup.py build_ext --inplace)")
+native = pytest.importorskip("conduit_core._rows", reason="the C helpers were not built (python setup.py build_ext --inplace)")
 
 SPEC = ExperienceSpec([FieldSpec("obs", (3,), torch.float32), FieldSpec("action", (), torch.int64),
                        FieldSpec("reward", (), torch.float32), FieldSpec("img", (2, 2), torch.uint8),
@@ -225,3 +225,56 @@ def test_an_unpickled_spec_takes_the_c_route_again():
     spec = pickle.loads(pickle.dumps(SPEC))
     batch = good_batch(3, np.random.default_rng(1))
     assert native.check_columns(batch, spec._native_check, np.ndarray) is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(cap=st.integers(1, 50), n=st.integers(0, 40), seed=st.integers(0, 2**31))
+def test_gather_rows_writes_what_take_writes(cap, n, seed):
+    rng = np.random.default_rng(seed)
+    cols = {"a": rng.standard_normal((cap, 3)).astype(np.float32), "b": rng.integers(0, 9, cap),
+            "c": rng.random(cap) < 0.5, "d": rng.integers(0, 255, (cap, 5, 7), dtype=np.uint8),
+            "e": rng.standard_normal((cap, 2, 2))}
+    slots = rng.integers(0, cap, n).astype(np.int64)
+    out = {k: np.empty((n, *v.shape[1:]), v.dtype) for k, v in cols.items()}
+    assert native.gather_rows(slots, tuple(cols.items()), out)
+    for k, v in cols.items():
+        np.testing.assert_array_equal(out[k], v.take(slots, axis=0))
+
+
+def test_gather_rows_declines_what_take_would_do_otherwise():
+    cols = (("a", np.arange(8, dtype=np.float32).reshape(4, 2)),)
+    good = {"a": np.full((2, 2), -1, np.float32)}
+    for slots, out in [(np.array([0, 4]), good),                       # a slot outside the column
+                       (np.array([0, -1]), good),
+                       (np.array([0, 1], np.int32), good),            # not int64
+                       (np.array([0, 1]), {"a": np.zeros((2, 2), np.float64)}),   # another type
+                       (np.array([0, 1]), {"a": np.zeros((3, 2), np.float32)}),   # another row count
+                       (np.array([0, 1]), {"a": np.zeros((4, 2), np.float32)[::2]}),  # strided
+                       (np.array([0, 1]), {})]:                        # no output for the field
+        before = {k: v.copy() for k, v in out.items()}
+        assert not native.gather_rows(slots, cols, out)
+        for k in out:
+            np.testing.assert_array_equal(out[k], before[k])
+
+
+@settings(max_examples=20, deadline=None)
+@given(capacity=st.integers(5, 60), seed=st.integers(0, 2**31), batch=st.integers(1, 40))
+def test_reused_output_batches_are_the_same_with_or_without_the_c_gather(capacity, seed, batch):
+    bufs = []
+    for route in (False, True):
+        buf = ExperienceBuffer(spec=SPEC, capacity=capacity, selector=Uniform(), reuse_outputs=2, seed=seed)
+        rng = np.random.default_rng(seed)
+        for _ in range(3):
+            buf.add(good_batch(capacity // 2 + 1, rng))
+        bufs.append(buf)
+    a = bufs[0].sample(batch)
+    with python_route():
+        mp = pytest.MonkeyPatch()
+        mp.setattr(storage_mod, "_c_gather_rows", None)
+        b = bufs[1].sample(batch)
+        mp.undo()
+    np.testing.assert_array_equal(a.slots, b.slots)
+    for name in SPEC.names:
+        assert torch.equal(a[name], b[name]), name
+    for buf in bufs:
+        buf.close()
