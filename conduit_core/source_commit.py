@@ -43,6 +43,7 @@ class StagedRows(Mapping):
         self.spec, self.receipt, self.staged = spec, receipt, self
         self.key, self.actor, self.shard = receipt.key, receipt.actor, receipt.shard
         self.columns: dict[str, np.ndarray] | None = None
+        self.pulled_into: set = set()   # actors a piece of the rows was pulled into (released after)
 
     def fetch(self) -> dict[str, np.ndarray]:
         """Every column, gathered from the staging actor once (StagedRowsLost if it is gone)."""
@@ -115,17 +116,26 @@ def shard_runs(bounds: np.ndarray, capacity: int, start: int, n: int) -> list[tu
     return runs
 
 
-def prepare(buf, rows: StagedRows, first_seq: int) -> None:
-    """Every destination shard of the rows makes its run local (all started before any is awaited)."""
+def begin_prepare(buf, rows: StagedRows, first_seq: int) -> list:
+    """Start making the rows' runs local to their destination shards, as if they got seqs
+    from ``first_seq``; returns the calls that finish it."""
     started = []
     for shard, _, first, n in shard_runs(buf.storage.bounds, buf.capacity, first_seq, rows.receipt.n):
         part = buf.storage.parts[shard]
         begin = getattr(part, "begin_pull", None)
         if begin is None:
-            rows.fetch()       # a shard in this process: the driver gathers the rows
+            started.append(rows.fetch)   # a shard in this process: the driver gathers the rows
         else:
             started.append(begin(rows, first, n))
-    for finish in started:
+            if part.actor != rows.actor:
+                rows.pulled_into.add(part.actor)
+    return started
+
+
+def prepare(buf, rows: StagedRows, first_seq: int, started: list | None = None) -> None:
+    """Every destination shard of the rows makes its run local: ``started`` (begun for these
+    seqs ahead of time), else all begun now before any is awaited."""
+    for finish in (started if started is not None else begin_prepare(buf, rows, first_seq)):
         finish()
 
 
@@ -135,6 +145,7 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
     report = CommitReport()
     ledger = buf.ingest_ledger
     release: dict = {}
+    receipts = list(receipts)
     for r in receipts:
         if not isinstance(r, Receipt):
             raise ConfigError("receipts", "Receipts that SourceWriter.write returned", type(r).__name__,
@@ -142,51 +153,73 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
         if r.buffer != ledger.buffer:
             raise ConfigError("receipt.buffer", f"this buffer's id {ledger.buffer[:8]}", r.buffer[:8],
                               "commit a receipt to the buffer whose writer made it")
-        with buf.lock:
-            buf.check_open()
-            while r.key in ledger.pending:     # the same receipt committing in another thread: wait it out
-                buf.lock.wait(0.05)
-            if r.key in ledger.committed:
-                ledger.duplicates += 1
-                report.duplicates.append(r)
-                continue
-            if r.n == 0:
-                ledger.committed[r.key] = buf.ring.inserted
-                report.committed.append((r, buf.ring.inserted))
-                continue
-            ledger.pending.add(r.key)
-            try:
-                first = insert_staged(buf, r, timeout)
-            except StagedRowsLost as lost:
-                ledger.never_accepted += r.n
-                report.never_accepted.append((r, str(lost)))
-                log.warning("conduit: %s", lost)
-                continue
-            finally:
-                ledger.pending.discard(r.key)
-                buf.lock.notify_all()
-            ledger.committed[r.key] = first
-            report.committed.append((r, first))
-        release.setdefault(r.actor, []).append(r.key)
+    with buf.lock:   # held throughout (waits release it): the seqs guessed below are usually the ones given
+        buf.check_open()
+        ahead, seq, seen = {}, buf.ring.inserted, set()
+        for i, r in enumerate(receipts):   # every receipt's pulls at once, for the seqs it will get if none waits
+            if r.n and r.key not in ledger.committed and r.key not in seen and not buf.storage.pools:
+                seen.add(r.key)
+                rows = StagedRows(buf.spec, r)
+                ahead[i] = (seq, rows, begin_prepare(buf, rows, seq))
+                seq += r.n
+        for i, r in enumerate(receipts):
+            commit_one(buf, r, ahead.get(i), timeout, report, release)
     for r in report.duplicates:
-        release.setdefault(r.actor, []).append(r.key)
+        release.setdefault(r.actor, set()).add(r.key)
     for actor, keys in release.items():   # nothing waits on it: a lost reply leaves rows a late stage ignores
         try:
-            actor.release.options(concurrency_group="staging").remote(keys)
+            actor.release.options(concurrency_group="staging").remote(sorted(keys))
         except Exception:  # noqa: BLE001 - the staging actor is gone: its rows went with it
             pass
     return report
 
 
-def insert_staged(buf, r: Receipt, timeout: float | None) -> int:
+def commit_one(buf, r: Receipt, ahead, timeout: float | None, report: CommitReport, release: dict) -> None:
+    """One receipt, the buffer's lock held: exactly once, all or nothing."""
+    ledger = buf.ingest_ledger
+    buf.check_open()
+    while r.key in ledger.pending:     # the same receipt committing in another thread: wait it out
+        buf.lock.wait(0.05)
+    if r.key in ledger.committed:
+        ledger.duplicates += 1
+        report.duplicates.append(r)
+        return
+    if r.n == 0:
+        ledger.committed[r.key] = buf.ring.inserted
+        report.committed.append((r, buf.ring.inserted))
+        return
+    ledger.pending.add(r.key)
+    rows = ahead[1] if ahead is not None else StagedRows(buf.spec, r)
+    try:
+        first = insert_staged(buf, r, rows, ahead, timeout)
+    except StagedRowsLost as lost:
+        ledger.never_accepted += r.n
+        report.never_accepted.append((r, str(lost)))
+        log.warning("conduit: %s", lost)
+        return
+    finally:
+        ledger.pending.discard(r.key)
+        for actor in rows.pulled_into:   # pieces pulled there and not written (a guess that missed)
+            release.setdefault(actor, set()).add(r.key)
+        buf.lock.notify_all()
+    ledger.committed[r.key] = first
+    report.committed.append((r, first))
+    release.setdefault(r.actor, set()).add(r.key)
+
+
+def insert_staged(buf, r: Receipt, rows: StagedRows, ahead, timeout: float | None) -> int:
     """One receipt, the buffer's lock held: wait, prepare, insert. Returns the first seq."""
     if buf.storage.pools:
         raise ConfigError("commit", "a buffer without frame pools", "frame-stacked fields",
                           "add frame-stacked rollouts through ExperienceBuffer.add")
     wait_to_insert(buf, r.n, timeout)        # the lock stays held from here: the seqs below stay ours
-    rows = StagedRows(buf.spec, r)
     first = buf.ring.inserted
-    buf.run_storage(lambda: prepare(buf, rows, first))
+    started = [ahead[2] if ahead is not None and ahead[0] == first else None]
+
+    def op():   # a retry after a lost destination shard begins its pulls again
+        ready, started[0] = started[0], None
+        prepare(buf, rows, first, ready)
+    buf.run_storage(op)
     return buf.add_encoded(rows, r.n, source=r.source, policy_version=r.policy_version, timeout=timeout)
 
 
