@@ -25,7 +25,7 @@ import torch
 from .buffer_state import capture_state, check_state, restore_state
 from .episodes import EpisodeWalk
 from .errors import CapacityError, ClosedError, ConfigError
-from . import insertion
+from . import insertion, source_commit
 from .memory import check_layout_fits
 from .output_pool import OutputPool
 from .rate_limiter import RateLimiter
@@ -91,6 +91,7 @@ class ExperienceBuffer:
         # operation runs again on a new shard (shard_loss.py); run_storage(op) is its run
         self.recovery = ShardLossRecovery(self)
         self.run_storage = self.recovery.run
+        self.ingest_ledger = source_commit.CommitLedger()   # receipts of writers at the source, each taken once
         self._cond = threading.Condition(threading.RLock())
         self._closed = False
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
@@ -160,6 +161,11 @@ class ExperienceBuffer:
 
     # the write side's entry for batches ``encode`` already checked (insertion.py)
     add_encoded = insertion.add_encoded
+
+    # ingestion at the source (source_writer.py, source_commit.py): writers on other nodes stage
+    # their rows in a shard's actor; commit takes each receipt once, the rows never pass through here
+    writer = source_commit.make_writer
+    commit = source_commit.commit
 
     # ------------------------------------------------------------ lost shards
 

@@ -81,3 +81,9 @@ class ShardLost(ConduitError, RuntimeError):
     def __init__(self, shard: int, node: str | None, cause: BaseException):
         self.shard, self.node, self.cause = shard, node, cause
         super().__init__(f"remote shard {shard} (node resource {node!r}) is lost: {type(cause).__name__}: {cause}")
+
+
+class StagedRowsLost(ConduitError, RuntimeError):
+    """Rows a ``SourceWriter`` staged are gone before the buffer took them (their staging
+    shard's actor died, or its node left): they were never accepted, so nothing counts them.
+    The writer's caller sends them again (a new writer from ``ExperienceBuffer.writer``)."""

@@ -16,8 +16,9 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from .errors import ConfigError, ShardLost
+from .errors import ConfigError, ShardLost, StagedRowsLost
 from .shards import Gathered, Shard, ShardSpec, register_shard_kind
+from .source_writer import STAGING_GROUP, StagingArea
 from .tiers import Tier
 
 
@@ -63,14 +64,16 @@ def cut_columns(spec, columns: dict[str, np.ndarray], n_rows: int) -> tuple[list
     return names, pieces
 
 
-class ShardActor:
-    """The actor's body: a one-shard pageable ColumnarStorage of the same spec."""
+class ShardActor(StagingArea):
+    """The actor's body: a one-shard pageable ColumnarStorage of the same spec, and the
+    staging area of the writers at the source that stage here (source_writer.py)."""
 
     def __init__(self, spec_config: list, capacity: int):
         from .spec import ExperienceSpec
         from .storage import ColumnarStorage, ShardSpec
         self.storage = ColumnarStorage(spec=ExperienceSpec.from_config(spec_config),
                                        shards=[ShardSpec("pageable", capacity)])
+        self.init_staging()
 
     def write_pieces(self, start: int, n: int, names: list[str], *pieces) -> None:
         """Write ``n`` rows at ``start``: the columns cut by ``cut_columns``, one argument per piece."""
@@ -100,7 +103,8 @@ def spawn(spec_config: list, capacity: int, node: str | None):
     if not ray.is_initialized():
         raise ConfigError("tier 'remote'", "a running Ray session (ray.init or a cluster)", "none",
                           "call ray.init(address=...) before building a buffer with remote shards")
-    actor_cls = ray.remote(num_cpus=0)(ShardActor)
+    # staging calls get their own thread: an actor pulling staged rows from another never waits on a busy one
+    actor_cls = ray.remote(num_cpus=0, concurrency_groups={STAGING_GROUP: 1})(ShardActor)
     opts = {"resources": {node: 0.001}} if node else {}
     return actor_cls.options(**opts).remote(spec_config, capacity)
 
@@ -149,10 +153,28 @@ class RemoteShard(Shard):
         wait_ready({self.index: self.actor}, {self.index: self.placed_on}, timeout=timeout)
 
     def write(self, start: int, columns: Mapping[str, np.ndarray | torch.Tensor], first: int, n: int) -> None:
+        staged = getattr(columns, "staged", None)   # rows a SourceWriter staged: the actor takes them itself
+        if staged is not None:
+            self.check_pulled(self._get(self.actor.write_staged.remote(start, *staged.key, first, n, staged.actor)),
+                              staged)
+            return
         part = {name: (src.numpy() if isinstance(src, torch.Tensor) else np.asarray(src))[first: first + n]
                 for name, src in columns.items()}
         names, pieces = cut_columns(self.spec, part, n)
         self._get(self.actor.write_pieces.remote(start, n, names, *pieces))
+
+    def begin_pull(self, staged, first: int, n: int):
+        """Start making rows ``first .. first+n`` of a staged rollout local to this shard's actor
+        (pulled actor to actor); the returned call finishes it (ShardLost: this shard is lost;
+        StagedRowsLost: the staging actor is)."""
+        ref = self.actor.pull_staged.remote(*staged.key, first, n, staged.actor)
+        return lambda: self.check_pulled(self._get(ref), staged)
+
+    def check_pulled(self, status: str, staged) -> None:
+        if status != "ok":
+            raise StagedRowsLost(f"writer {staged.key[0][:8]} ticket {staged.key[1]}: the rows staged in shard "
+                                 f"{staged.shard} are gone ({status}); they were never accepted. Fix: write them again "
+                                 "through a new writer (ExperienceBuffer.writer)")
 
     def begin_gather(self, local: np.ndarray, names: Sequence[str], target: torch.device) -> Gathered:
         import ray

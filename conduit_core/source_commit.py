@@ -1,0 +1,271 @@
+"""The driver's side of ingestion at the source: hand out writers, commit their receipts.
+
+``ExperienceBuffer.commit(receipts)`` takes each receipt exactly once, all or nothing:
+
+    1. under the buffer's lock, wait as any insert waits (rate limiter, FIFO space), and
+       compute where the rows go: seqs ``inserted ..``, slots ``seq % capacity``, one run per shard;
+    2. prepare: every remote destination shard pulls its run from the actor that staged it
+       (actor to actor, all runs at once; the staging actor itself copies nothing), a local
+       one gathers its run into the driver. A staging actor found gone here means the rows
+       were never accepted: nothing changed, the receipt is reported in ``never_accepted``;
+    3. insert: ``add_encoded`` with the staged rows as its columns, so the ring, selector,
+       rate limiter, migration dual write and shard-loss recovery are those of every insert.
+       Each remote shard copies its prepared run into its own storage.
+
+The ledger (``CommitLedger``) remembers every committed (writer, ticket): a receipt sent
+twice is counted in ``duplicates`` and changes nothing. Once committed, the staging actor
+drops the rows (and refuses a late retry of that stage).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .errors import ConfigError, StagedRowsLost
+from .rate_gate import wait_to_insert
+from .source_writer import Receipt, SourceWriter
+
+log = logging.getLogger("conduit")
+
+
+class StagedRows(Mapping):
+    """A receipt's rows as ``add_encoded``'s columns: a remote shard takes them actor to
+    actor (it reads ``staged``); the done fields come with the receipt; any other reader
+    (a local shard, a migration's new layout) gets the columns gathered from the staging actor."""
+
+    def __init__(self, spec, receipt: Receipt):
+        self.spec, self.receipt, self.staged = spec, receipt, self
+        self.key, self.actor, self.shard = receipt.key, receipt.actor, receipt.shard
+        self.columns: dict[str, np.ndarray] | None = None
+        self.pulled_into: set = set()   # actors a piece of the rows was pulled into (released after)
+
+    def fetch(self) -> dict[str, np.ndarray]:
+        """Every column, gathered from the staging actor once (StagedRowsLost if it is gone)."""
+        if self.columns is None:
+            import ray
+
+            from .remote import join_reply, reply_layout
+            names, n = list(self.spec.names), self.receipt.n
+            layout = reply_layout(self.spec, names, n)
+            k = sum(len(p) for _, p in layout)
+            try:
+                refs = self.actor.staged_slice.options(num_returns=k, concurrency_group="staging").remote(
+                    *self.key, 0, n, names)
+                self.columns = join_reply(layout, ray.get(refs if k > 1 else [refs]))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                    ray.exceptions.RayTaskError) as exc:
+                raise StagedRowsLost(f"writer {self.key[0][:8]} ticket {self.key[1]}: the rows staged in shard "
+                                     f"{self.shard} are gone ({type(exc).__name__}); they were never accepted. Fix: "
+                                     "write them again through a new writer (ExperienceBuffer.writer)") from exc
+        return self.columns
+
+    def __getitem__(self, name: str):
+        if name in self.receipt.done:
+            return self.receipt.done[name]
+        return self.fetch()[name]
+
+    def __iter__(self):
+        return iter(self.spec.names)
+
+    def __len__(self) -> int:
+        return len(self.spec.names)
+
+
+@dataclass
+class CommitLedger:
+    """Which receipts a buffer took (exactly once), and what it refused."""
+
+    buffer: str = field(default_factory=lambda: uuid.uuid4().hex)
+    committed: dict = field(default_factory=dict)      # (writer, ticket) -> first seq
+    pending: set = field(default_factory=set)          # being committed now (a concurrent retry waits it out)
+    duplicates: int = 0
+    never_accepted: int = 0                            # rows whose staging actor was gone at commit
+
+
+@dataclass
+class CommitReport:
+    """What one ``commit`` call did: first seq per committed receipt, retries it ignored,
+    and receipts whose rows were gone before the buffer took them (with the cause)."""
+
+    committed: list = field(default_factory=list)        # (receipt, first seq)
+    duplicates: list = field(default_factory=list)       # receipts committed before
+    never_accepted: list = field(default_factory=list)   # (receipt, cause)
+
+    @property
+    def rows(self) -> int:
+        return sum(r.n for r, _ in self.committed)
+
+
+def shard_runs(bounds: np.ndarray, capacity: int, start: int, n: int) -> list[tuple[int, int, int, int]]:
+    """(shard, local slot, first row, rows) of ``n`` rows written at ring slot ``start``, as
+    ``ColumnarStorage.write`` cuts them."""
+    runs, done, slot = [], 0, start % capacity
+    while done < n:
+        shard = int(np.searchsorted(bounds, slot, side="right") - 1)
+        lo, hi = int(bounds[shard]), int(bounds[shard + 1])
+        run = min(n - done, hi - slot)
+        runs.append((shard, slot - lo, done, run))
+        done += run
+        slot = (slot + run) % capacity
+    return runs
+
+
+def begin_prepare(buf, rows: StagedRows, first_seq: int) -> list:
+    """Start making the rows' runs local to their destination shards, as if they got seqs
+    from ``first_seq``; returns the calls that finish it."""
+    started = []
+    for shard, _, first, n in shard_runs(buf.storage.bounds, buf.capacity, first_seq, rows.receipt.n):
+        part = buf.storage.parts[shard]
+        begin = getattr(part, "begin_pull", None)
+        if begin is None:
+            started.append(rows.fetch)   # a shard in this process: the driver gathers the rows
+        else:
+            started.append(begin(rows, first, n))
+            if part.actor != rows.actor:
+                rows.pulled_into.add(part.actor)
+    return started
+
+
+def prepare(buf, rows: StagedRows, first_seq: int, started: list | None = None) -> None:
+    """Every destination shard of the rows makes its run local: ``started`` (begun for these
+    seqs ahead of time), else all begun now before any is awaited."""
+    for finish in (started if started is not None else begin_prepare(buf, rows, first_seq)):
+        finish()
+
+
+def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) -> CommitReport:
+    """``ExperienceBuffer.commit``: store the staged rows of ``receipts``, each exactly once,
+    in the order given (one source's receipts in its time order)."""
+    report = CommitReport()
+    ledger = buf.ingest_ledger
+    release: dict = {}
+    receipts = list(receipts)
+    for r in receipts:
+        if not isinstance(r, Receipt):
+            raise ConfigError("receipts", "Receipts that SourceWriter.write returned", type(r).__name__,
+                              "commit what the buffer's writers returned")
+        if r.buffer != ledger.buffer:
+            raise ConfigError("receipt.buffer", f"this buffer's id {ledger.buffer[:8]}", r.buffer[:8],
+                              "commit a receipt to the buffer whose writer made it")
+    with buf.lock:   # held throughout (waits release it): the seqs guessed below are usually the ones given
+        buf.check_open()
+        ahead, seq, seen = {}, buf.ring.inserted, set()
+        for i, r in enumerate(receipts):   # every receipt's pulls at once, for the seqs it will get if none waits
+            if r.n and r.key not in ledger.committed and r.key not in seen and not buf.storage.pools:
+                seen.add(r.key)
+                rows = StagedRows(buf.spec, r)
+                ahead[i] = (seq, rows, begin_prepare(buf, rows, seq))
+                seq += r.n
+        for i, r in enumerate(receipts):
+            commit_one(buf, r, ahead.get(i), timeout, report, release)
+    for r in report.duplicates:
+        release.setdefault(r.actor, set()).add(r.key)
+    for actor, keys in release.items():   # nothing waits on it: a lost reply leaves rows a late stage ignores
+        try:
+            actor.release.options(concurrency_group="staging").remote(sorted(keys))
+        except Exception:  # noqa: BLE001 - the staging actor is gone: its rows went with it
+            pass
+    return report
+
+
+def commit_one(buf, r: Receipt, ahead, timeout: float | None, report: CommitReport, release: dict) -> None:
+    """One receipt, the buffer's lock held: exactly once, all or nothing."""
+    ledger = buf.ingest_ledger
+    buf.check_open()
+    while r.key in ledger.pending:     # the same receipt committing in another thread: wait it out
+        buf.lock.wait(0.05)
+    if r.key in ledger.committed:
+        ledger.duplicates += 1
+        report.duplicates.append(r)
+        return
+    if r.n == 0:
+        ledger.committed[r.key] = buf.ring.inserted
+        report.committed.append((r, buf.ring.inserted))
+        return
+    ledger.pending.add(r.key)
+    rows = ahead[1] if ahead is not None else StagedRows(buf.spec, r)
+    try:
+        first = insert_staged(buf, r, rows, ahead, timeout)
+    except StagedRowsLost as lost:
+        ledger.never_accepted += r.n
+        report.never_accepted.append((r, str(lost)))
+        log.warning("conduit: %s", lost)
+        return
+    finally:
+        ledger.pending.discard(r.key)
+        for actor in rows.pulled_into:   # pieces pulled there and not written (a guess that missed)
+            release.setdefault(actor, set()).add(r.key)
+        buf.lock.notify_all()
+    ledger.committed[r.key] = first
+    report.committed.append((r, first))
+    release.setdefault(r.actor, set()).add(r.key)
+
+
+def insert_staged(buf, r: Receipt, rows: StagedRows, ahead, timeout: float | None) -> int:
+    """One receipt, the buffer's lock held: wait, prepare, insert. Returns the first seq."""
+    if buf.storage.pools:
+        raise ConfigError("commit", "a buffer without frame pools", "frame-stacked fields",
+                          "add frame-stacked rollouts through ExperienceBuffer.add")
+    wait_to_insert(buf, r.n, timeout)        # the lock stays held from here: the seqs below stay ours
+    first = buf.ring.inserted
+    started = [ahead[2] if ahead is not None and ahead[0] == first else None]
+
+    def op():   # a retry after a lost destination shard begins its pulls again
+        ready, started[0] = started[0], None
+        prepare(buf, rows, first, ready)
+    buf.run_storage(op)
+    return buf.add_encoded(rows, r.n, source=r.source, policy_version=r.policy_version, timeout=timeout)
+
+
+def make_writer(buf, *, source: int, shard: int | None = None, node: str | None = None) -> SourceWriter:
+    """``ExperienceBuffer.writer``: a writer for one source that stages in remote shard
+    ``shard``, or in the remote shard whose actor runs on Ray node ``node`` (e.g. the caller's
+    ``ray.get_runtime_context().get_node_id()``), or by default in remote shard ``source``
+    modulo their number."""
+    remote = {i: p for i, p in enumerate(buf.storage.parts) if getattr(p, "begin_pull", None) is not None}
+    if not remote:
+        raise ConfigError("writer()", "a buffer with remote shards (ShardSpec('remote', n, node=...))",
+                          "no remote shard", "add through ExperienceBuffer.add, or place shards on the nodes")
+    if shard is None and node is not None:
+        shard = assign_sources({source: node}, shard_nodes(buf))[source]
+    if shard is None:
+        shard = sorted(remote)[int(source) % len(remote)]
+    if shard not in remote:
+        raise ConfigError("shard", f"the index of a remote shard, one of {sorted(remote)}", shard,
+                          "pick a remote shard (or pass node= and let the buffer pick)")
+    return SourceWriter(spec_config=buf.spec.to_config(), capacity=buf.capacity, done_fields=buf.done_fields,
+                        actor=remote[shard].actor, shard=shard, source=source, buffer=buf.ingest_ledger.buffer)
+
+
+def shard_nodes(buf) -> dict[int, str]:
+    """The Ray node each remote shard's actor runs on."""
+    import ray
+    remote = {i: p for i, p in enumerate(buf.storage.parts) if getattr(p, "begin_pull", None) is not None}
+    ids = ray.get([p.actor.node_id.remote() for p in remote.values()])
+    return dict(zip(remote, ids))
+
+
+def assign_sources(source_nodes: Mapping[int, str | None], shard_nodes: Mapping[int, str]) -> dict[int, int]:
+    """Pure: a shard per source, one on the source's own node where there is one (the least
+    loaded of them), else the least loaded of all; ties go to the lower index."""
+    if not shard_nodes:
+        raise ConfigError("shard_nodes", "at least one remote shard", "none", "place a remote shard on a node")
+    load = {s: 0 for s in shard_nodes}
+    out = {}
+    for source in sorted(source_nodes):
+        near = [s for s, node in shard_nodes.items() if node == source_nodes[source]]
+        pick = min(near or list(shard_nodes), key=lambda s: (load[s], s))
+        load[pick] += 1
+        out[source] = pick
+    return out
+
+
+def committed_seqs(report: CommitReport) -> Sequence[int]:
+    """Seqs the report's committed receipts got, in order."""
+    return [int(s) for r, first in report.committed for s in range(first, first + r.n)]
