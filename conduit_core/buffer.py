@@ -29,6 +29,7 @@ from . import insertion, source_commit
 from .memory import check_layout_fits
 from .output_pool import OutputPool
 from .rate_limiter import RateLimiter
+from .rate_gate import BufferCondition
 from .ring import Ring
 from . import delivery
 from .delivery import DeliveryCounts
@@ -92,7 +93,7 @@ class ExperienceBuffer:
         self.recovery = ShardLossRecovery(self)
         self.run_storage = self.recovery.run
         self.ingest_ledger = source_commit.CommitLedger()   # receipts of writers at the source, each taken once
-        self._cond = threading.Condition(threading.RLock())
+        self._cond = BufferCondition()
         self._closed = False
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
 

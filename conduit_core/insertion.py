@@ -31,7 +31,7 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
                               "wait for the migration to finish, or add without priorities")
         priorities = buf.selector.check_initial_priorities(n, priorities)  # before anything is written
     source, policy_version = int(source), int(policy_version)
-    with buf.lock:
+    with buf.lock.mutex:   # the condition's own RLock, entered in C (the hot path; notify works under it)
         buf.check_open()
         wait_to_insert(buf, n, timeout)
         ring, storage = buf.ring, buf.storage
@@ -43,7 +43,10 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
             evict_for_frames(buf, pending, n)
             storage.commit_frames(pending)
         leaving = ring.holes_leaving(n)  # removed rows the ring now overwrites leave the window
-        buf.run_storage(lambda: buf.storage.write(start, enc, n), keep_from=first + n - cap)
+        if storage.may_lose_shards:   # a lost remote shard: recover, then write again
+            buf.run_storage(lambda: buf.storage.write(start, enc, n), keep_from=first + n - cap)
+        else:
+            storage.write(start, enc, n)
         ring.holes -= leaving  # only once the write happened: a failed insert changes nothing
         prev_tail = ring.write(first, n, enc, buf.done_fields, source, policy_version)
         if buf.dual_writer is not None:  # dual write: the new layout gets every insert too

@@ -3,11 +3,27 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from .errors import RateLimitError, RateLimitTimeout
 from .rate_limiter import RateLimiter
 
+
+class BufferCondition(threading.Condition):
+    """The buffer's lock and condition. Every insert and delivery notifies (a consumer may wait
+    for rows, a producer for room), and almost always nobody waits: ``notify_all`` then returns
+    at once instead of walking the standard library's notify (~0.6 us per insert). Called with
+    the lock held, as ``threading.Condition`` requires, so the waiter list cannot change under it.
+    ``mutex`` is that lock, for hot paths: ``with cond:`` enters it through a Python method."""
+
+    def __init__(self):
+        self.mutex = threading.RLock()   # ``with cond.mutex:`` holds the same lock, entered in C
+        super().__init__(self.mutex)
+
+    def notify_all(self) -> None:
+        if self._waiters:
+            super().notify_all()
 
 def wait_until(cond, predicate, *, limiter: RateLimiter, timeout: float | None, why: str, kind: str,
                check_open) -> None:

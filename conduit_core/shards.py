@@ -129,6 +129,9 @@ class Shard:
     """
 
     kind: ClassVar[str] = ""
+    # whether the shard can be lost while the buffer runs (another process or node): its
+    # operations then raise ShardLost and run under the buffer's recovery
+    can_be_lost: ClassVar[bool] = False
     default_tier: ClassVar[Tier] = Tier.PAGEABLE
 
     def __init__(self, spec, layout: ShardSpec):

@@ -63,6 +63,7 @@ class ColumnarStorage:
             self.close()
             raise
         self._single_host = len(self.parts) == 1 and self.parts[0].on_host
+        self.may_lose_shards = any(part.can_be_lost for part in self.parts)   # replacements are of the same kind
         # Decoders per field: None (identity), the field's codec, or a frame-pool reader.
         self.decoders = {}
         for f in spec:

@@ -156,6 +156,7 @@ def test_fifo_accounting_holds_through_lost_shards(program):
                            shards=[ShardSpec("pageable", 32), ShardSpec("pageable", 32)])
     storage = buf.storage
     storage.replace_shard = lambda s: "node-x"      # the shard "comes back" empty (its rows are gone)
+    storage.may_lose_shards = True                  # shard 1 plays a remote one
     real_gather, real_write, armed = storage.gather, storage.write, [False]
 
     def lossy(real):

@@ -142,6 +142,7 @@ def _lose_on_first_call(storage, method, shard=0):
         return orig(*a, **k)
     setattr(storage, method, once)
     storage.replace_shard = lambda s: "node-x"
+    storage.may_lose_shards = True   # the shard plays a remote one
 
 
 @pytest.mark.parametrize("selector", [Uniform, Prioritized])
