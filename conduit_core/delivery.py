@@ -67,7 +67,7 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     if n_step is not None and episode_end == "redraw":
         check_redraw_selector(buf.selector)
     ring, walk, cond = buf.ring, buf.walk, buf.lock
-    with cond:
+    with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
         buf.check_open()
         wait_to_sample(buf, batch_size, timeout)
 
@@ -83,7 +83,10 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
                 return slots, weights, buf.gather(slots, device, fields)
             return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,
                                                        device, fields)
-        slots, weights, data = buf.run_storage(draw, then=lambda: wait_to_sample(buf, batch_size, timeout))
+        if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
+            slots, weights, data = buf.run_storage(draw, then=lambda: wait_to_sample(buf, batch_size, timeout))
+        else:
+            slots, weights, data = draw()
         buf.counts.sampled += batch_size
         cond.notify_all()
         return Batch(data, slots=slots, seqs=ring.meta["seq"][slots], versions=ring.meta["version"][slots],
@@ -195,7 +198,7 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
     if pr.shape[0] != slots.shape[0]:
         raise SpecError("priorities", f"{slots.shape[0]} values (one per delivered item)", pr.shape[0],
                         "pass one priority per row of the batch")
-    with buf.lock:
+    with buf.lock.mutex:
         buf.check_open()
         if seqs is not None:   # the usual case, one native step where the selector has one
             done = buf.selector.update_delivered(slots, np.ascontiguousarray(seqs, dtype=np.int64).reshape(-1),
