@@ -87,6 +87,43 @@ class CommitLedger:
     duplicates: int = 0
     never_accepted: int = 0                            # rows whose staging actor was gone at commit
 
+    def state(self) -> dict:
+        """The ledger as plain values (saved in ``ExperienceBuffer.state_dict``): a receipt
+        committed before a checkpoint is a duplicate after the restore. ``committed`` rows:
+        (writer's index in ``writers``, ticket, first seq). Pending commits are not saved."""
+        writers = sorted({w for w, _ in self.committed})
+        index = {w: i for i, w in enumerate(writers)}
+        rows = [(index[w], t, s) for (w, t), s in self.committed.items()]
+        return {"buffer": self.buffer, "writers": writers, "duplicates": self.duplicates,
+                "never_accepted": self.never_accepted,
+                "committed": np.asarray(rows, dtype=np.int64).reshape(-1, 3)}
+
+    @staticmethod
+    def check_state(state) -> "CommitLedger":
+        """A ledger from ``state()``'s output, validated (StateError naming the part)."""
+        from .errors import StateError
+
+        def bad(part: str, expected: str, got) -> StateError:
+            return StateError(f"ingest.{part}: expected {expected}, got {got}. Fix: the state is damaged or from "
+                              "another buffer; nothing was loaded")
+        if not isinstance(state, Mapping):
+            raise bad("", "a dict from CommitLedger.state()", type(state).__name__)
+        buffer, writers = state.get("buffer"), state.get("writers")
+        if not isinstance(buffer, str) or not buffer:
+            raise bad("buffer", "the buffer id (a str)", repr(buffer))
+        if not isinstance(writers, (list, tuple)) or not all(isinstance(w, str) for w in writers):
+            raise bad("writers", "a list of writer ids (str)", type(writers).__name__)
+        rows = np.asarray(state.get("committed"))
+        if rows.ndim != 2 or rows.shape[1] != 3 or (rows.size and (rows.dtype.kind not in "iu" or rows.min() < 0
+                                                                   or rows[:, 0].max() >= len(writers))):
+            raise bad("committed", f"(writer index < {len(writers)}, ticket, seq) int rows >= 0",
+                      f"{rows.dtype} {rows.shape}")
+        counts = [state.get(k) for k in ("duplicates", "never_accepted")]
+        if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 0 for c in counts):
+            raise bad("duplicates/never_accepted", "ints >= 0", counts)
+        return CommitLedger(buffer=buffer, committed={(writers[int(w)], int(t)): int(s) for w, t, s in rows},
+                            duplicates=int(counts[0]), never_accepted=int(counts[1]))
+
 
 @dataclass
 class CommitReport:
