@@ -16,6 +16,7 @@ import torch
 
 from .errors import StateError
 from .ring import META_FIELDS
+from .source_commit import CommitLedger
 from .spec import ExperienceSpec
 
 SCHEMA_VERSION = 1
@@ -118,8 +119,10 @@ def check_state(state: Mapping[str, Any], *, spec: ExperienceSpec, capacity: int
         open_tail = {int(k): int(v) for k, v in state["open_tail"]}
     except (TypeError, ValueError):
         raise bad("open_tail", "[source, seq] pairs", state["open_tail"]) from None
+    # the commit ledger of writers at the source (absent in states written before it was saved)
+    ingest = CommitLedger.check_state(state["ingest"]) if "ingest" in state else None
     return {"data": enc, "meta": meta, "counters": c, "stored": stored, "pools": saved_pools, "open_tail": open_tail,
-            "rng": state["rng"], "selector_state": state["selector_state"]}
+            "rng": state["rng"], "selector_state": state["selector_state"], "ingest": ingest}
 
 
 def capture_state(buf) -> dict:
@@ -142,6 +145,7 @@ def capture_state(buf) -> dict:
         "rng": buf.rng.bit_generator.state,
         "data": data,
         "meta": {k: v[:stored].copy() for k, v in buf.meta.items()},
+        "ingest": buf.ingest_ledger.state(),
     }
 
 
@@ -164,3 +168,5 @@ def restore_state(buf, checked: dict) -> None:
     buf.ring.open_tail = checked["open_tail"]
     buf.rng.bit_generator.state = checked["rng"]
     buf.selector.load_state_dict(checked["selector_state"])
+    if checked["ingest"] is not None:   # receipts committed before the checkpoint stay committed
+        buf.ingest_ledger = checked["ingest"]

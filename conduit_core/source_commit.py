@@ -82,10 +82,49 @@ class CommitLedger:
     """Which receipts a buffer took (exactly once), and what it refused."""
 
     buffer: str = field(default_factory=lambda: uuid.uuid4().hex)
-    committed: dict = field(default_factory=dict)      # (writer, ticket) -> first seq
+    committed: dict = field(default_factory=dict)      # (writer, ticket) -> first seq (-1: declined)
     pending: set = field(default_factory=set)          # being committed now (a concurrent retry waits it out)
     duplicates: int = 0
     never_accepted: int = 0                            # rows whose staging actor was gone at commit
+    declined: int = 0                                  # rows the caller declined (``decline``), never stored
+
+    def state(self) -> dict:
+        """The ledger as plain values (saved in ``ExperienceBuffer.state_dict``): a receipt
+        committed before a checkpoint is a duplicate after the restore. ``committed`` rows:
+        (writer's index in ``writers``, ticket, first seq). Pending commits are not saved."""
+        writers = sorted({w for w, _ in self.committed})
+        index = {w: i for i, w in enumerate(writers)}
+        rows = [(index[w], t, s) for (w, t), s in self.committed.items()]
+        return {"buffer": self.buffer, "writers": writers, "duplicates": self.duplicates,
+                "never_accepted": self.never_accepted, "declined": self.declined,
+                "committed": np.asarray(rows, dtype=np.int64).reshape(-1, 3)}
+
+    @staticmethod
+    def check_state(state) -> "CommitLedger":
+        """A ledger from ``state()``'s output, validated (StateError naming the part)."""
+        from .errors import StateError
+
+        def bad(part: str, expected: str, got) -> StateError:
+            return StateError(f"ingest.{part}: expected {expected}, got {got}. Fix: the state is damaged or from "
+                              "another buffer; nothing was loaded")
+        if not isinstance(state, Mapping):
+            raise bad("", "a dict from CommitLedger.state()", type(state).__name__)
+        buffer, writers = state.get("buffer"), state.get("writers")
+        if not isinstance(buffer, str) or not buffer:
+            raise bad("buffer", "the buffer id (a str)", repr(buffer))
+        if not isinstance(writers, (list, tuple)) or not all(isinstance(w, str) for w in writers):
+            raise bad("writers", "a list of writer ids (str)", type(writers).__name__)
+        rows = np.asarray(state.get("committed"))
+        if rows.ndim != 2 or rows.shape[1] != 3 or (rows.size and (rows.dtype.kind not in "iu" or rows[:, :2].min() < 0
+                                                                   or rows[:, 2].min() < -1
+                                                                   or rows[:, 0].max() >= len(writers))):
+            raise bad("committed", f"(writer index < {len(writers)}, ticket >= 0, seq >= -1) int rows",
+                      f"{rows.dtype} {rows.shape}")
+        counts = [state.get(k, 0) for k in ("duplicates", "never_accepted", "declined")]
+        if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 0 for c in counts):
+            raise bad("duplicates/never_accepted/declined", "ints >= 0", counts)
+        return CommitLedger(buffer=buffer, committed={(writers[int(w)], int(t)): int(s) for w, t, s in rows},
+                            duplicates=int(counts[0]), never_accepted=int(counts[1]), declined=int(counts[2]))
 
 
 @dataclass
@@ -172,6 +211,28 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
         except Exception:  # noqa: BLE001 - the staging actor is gone: its rows went with it
             pass
     return report
+
+
+def decline(buf, receipts: Iterable[Receipt]) -> int:
+    """Drop the staged rows of receipts the caller will not commit (an adapter's rule
+    refuses them, e.g. RLlib's drops a chunk of an episode evicted in the same add): never
+    accepted, counted in the ledger's ``declined``; a later commit of one is a duplicate.
+    Returns their rows."""
+    ledger, release, rows = buf.ingest_ledger, {}, 0
+    with buf.lock:
+        for r in receipts:
+            if r.key in ledger.committed or r.key in ledger.pending:
+                continue
+            ledger.committed[r.key] = -1   # taken: never stored
+            ledger.declined += r.n
+            rows += r.n
+            release.setdefault(r.actor, set()).add(r.key)
+    for actor, keys in release.items():
+        try:
+            actor.release.options(concurrency_group="staging").remote(sorted(keys))
+        except Exception:  # noqa: BLE001 - the staging actor is gone: its rows went with it
+            pass
+    return rows
 
 
 def commit_one(buf, r: Receipt, ahead, timeout: float | None, report: CommitReport, release: dict) -> None:

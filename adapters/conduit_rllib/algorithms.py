@@ -1,7 +1,8 @@
 """Algorithm subclasses that add buffer checkpointing and build-time checks, nothing else.
 
 They are set as the config's ``algo_class`` by ``conduit_rllib.enable``; the training
-step, sampling, learner updates and weight syncs are RLlib's own.
+step, sampling, learner updates and weight syncs are RLlib's own (with ``source_ingest``,
+DQN's step first hands the env runners their writers).
 """
 
 from __future__ import annotations
@@ -29,6 +30,22 @@ class ConduitDQN(BufferCheckpointMixin, DQN):
         super().setup(config)
         check_capacity(self)
         check_learner_shards(self)
+        self.conduit_writers: dict[int, str] = {}   # source_ingest: env runner index -> its writer's id
+        self.conduit_writers_for = None             # the buffer id they write for (a restore changes it)
+
+    def training_step(self):
+        """RLlib's DQN step. With ``source_ingest``, the remote env runners get writers once
+        the buffer exists (after the first step's driver-side add, or a restore), and again
+        for the runners that lack one (restarted); DQN's step then hands their
+        ``WrittenChunk``s to the buffer's ``add`` (see source_ingest.py)."""
+        buf = getattr(self, "local_replay_buffer", None)
+        if buf is not None and buf.options.source_ingest and buf.edp is not None:
+            ledger = buf.edp.buffer.ingest_ledger.buffer
+            healthy = self.env_runner_group.num_healthy_remote_workers()
+            if self.conduit_writers_for != ledger or len(self.conduit_writers) != healthy:
+                from .source_ingest import push_writers
+                self.conduit_writers, self.conduit_writers_for = push_writers(self, buf), ledger
+        return super().training_step()
 
     def cleanup(self):
         buf = getattr(self, "local_replay_buffer", None)

@@ -17,6 +17,11 @@ beside the rows:
 
 The buffer builds the data plane on its first add (or restore) and ``attach``-es it
 here; nothing is stored before that.
+
+A chunk is an RLlib episode (its columns stored through the data plane) or a
+``source_ingest.WrittenChunk`` (its rows staged by an env runner's writer: committed
+through ``ExperienceBuffer.commit``, under the source this plan gives its episode). Both
+go through the same plan; a call holds one kind (the buffer splits mixed lists).
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ import numpy as np
 
 from conduit_core import ExperienceDataPlane, Rollout
 
-from .columns import chunk_lookback_row, episode_infos
 from .episode_ledger import EpisodeLedger
 from .info_store import InfoStore
+from .source_ingest import chunk_infos, chunk_lookback
 
 
 class EpisodeIngest:
@@ -48,6 +53,8 @@ class EpisodeIngest:
         self.next_source = 0
         self.lookback_rows: dict[int, dict] = {}  # source -> its first chunk's lookback step (see columns)
         self.added = 0                           # steps stored
+        self.duplicates = 0                      # written chunks committed before (a retried add)
+        self.lost_rows = 0                       # written rows whose staging shard was gone at commit
 
     def attach(self, edp: ExperienceDataPlane, *, ring: int) -> None:
         """Store into ``edp``, a data plane of ``ring`` slots."""
@@ -74,6 +81,10 @@ class EpisodeIngest:
                                 "here too. Fix: raise the replay buffer capacity, or hand over fewer steps per add.")
         for src in evict:
             self._evict_episode(src)
+        dropped = [ep.receipt for ep, _, src, _ in chunks if src in drop and getattr(ep, "receipt", None)]
+        if dropped:   # RLlib's rule drops them: their staged rows were never accepted
+            from conduit_core.source_commit import decline
+            decline(self.edp.buffer, dropped)
         for ep, _, src, _ in chunks:
             if ep.is_done or src in drop:  # over, or evicted: its id starts a new episode if it comes back
                 self._forget_source(src)
@@ -152,7 +163,9 @@ class EpisodeIngest:
         self.edp.evict(np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in ranges]))
 
     def _ingest(self, group: list[tuple[Rollout, Any]]) -> None:
-        infos = [episode_infos(ep, r.rows) if self.store_infos else None for r, ep in group]
+        if getattr(group[0][1], "receipt", None) is not None:
+            return self._commit_written(group)
+        infos = [chunk_infos(ep, r.rows) if self.store_infos else None for r, ep in group]
         try:
             self.edp.ingest_many([r for r, _ in group])  # refuses bad input before storing any of the group
             stored = len(group)
@@ -161,14 +174,39 @@ class EpisodeIngest:
             raise
         finally:
             for (r, ep), info in zip(group[:stored], infos):  # stored rows take the next seqs, in order
-                if r.source not in self.ledger.episodes and ep.t_started > 0:  # a stored episode starts mid-way
-                    row = chunk_lookback_row(ep)
-                    if row is not None:
-                        self.lookback_rows[r.source] = row
-                self.ledger.record(r.source, self.added, r.rows, id_=ep.id_, t_started=ep.t_started)
-                if info is not None:
-                    self.infos.put(self.added, info)
-                self.added += r.rows
+                self._record(r, ep, info, self.added)
+
+    def _record(self, r: Rollout, ep, info, first: int) -> None:
+        """A stored chunk: its episode's ledger entry, infos and lookback row (rows from seq ``first``)."""
+        if r.source not in self.ledger.episodes and ep.t_started > 0:  # a stored episode starts mid-way
+            row = chunk_lookback(ep)
+            if row is not None:
+                self.lookback_rows[r.source] = row
+        self.ledger.record(r.source, first, r.rows, id_=ep.id_, t_started=ep.t_started)
+        if info is not None:
+            self.infos.put(first, info)
+        self.added = first + r.rows
+
+    def _commit_written(self, group: list[tuple[Rollout, Any]]) -> None:
+        """Chunks env runners wrote: their receipts committed (each once), under the sources
+        this plan gave their episodes. A chunk whose staged rows are gone is reported and
+        left out (the ledger records what the buffer took, at the seqs it took them)."""
+        from dataclasses import replace
+
+        from conduit_core import SemanticError
+        report = self.edp.buffer.commit([replace(ep.receipt, source=r.source) for r, ep in group])
+        first = {rec.key: seq for rec, seq in report.committed}
+        for r, ep in group:
+            seq = first.get(ep.receipt.key)
+            if seq is None:
+                continue
+            if seq != self.added:
+                raise SemanticError(f"commit of writer {ep.receipt.writer[:8]} ticket {ep.receipt.ticket}: expected "
+                                    f"its rows at seq {self.added} (the adapter is the buffer's only writer), got "
+                                    f"{seq}. Fix: do not add to the buffer's data plane outside this adapter")
+            self._record(r, ep, ep.infos if self.store_infos else None, seq)
+        self.duplicates += len(report.duplicates)
+        self.lost_rows += sum(rec.n for rec, _ in report.never_accepted)
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:

@@ -52,6 +52,10 @@ def _enable_dqn(config, opts: ConduitOptions):
     config.replay_buffer_config = {"type": BUFFER_TYPE, **keep, "prioritized": prioritized,
                                    "conduit": opts.to_dict(), "learner_shards": max(1, config.num_learners)}
     config.learners(learner_class=ConduitDQNTorchLearner)
+    if opts.source_ingest:
+        check_source_ingest(config)
+        from .source_ingest import ConduitEnvRunner
+        config.env_runners(env_runner_cls=ConduitEnvRunner)
     config.algo_class = ConduitDQN
     return config
 
@@ -84,3 +88,14 @@ def check_learner_connector(config) -> None:
         raise ConfigError("training(learner_connector=...)", "conduit_rllib.enable() called after the learner "
                           "connector pieces were configured", custom, "call conduit_rllib.enable(config) again: "
                           "the buffer then delivers RLlib episodes and RLlib's whole learner pipeline runs")
+
+
+def check_source_ingest(config) -> None:
+    """``source_ingest=True`` needs remote env runners (they hold the writers) of RLlib's own class."""
+    if config.num_env_runners < 1:
+        raise ConfigError("num_env_runners", "an int >= 1 with source_ingest=True", config.num_env_runners,
+                          "call config.env_runners(num_env_runners=2) (or more), or drop source_ingest")
+    cls = config.env_runner_cls
+    if cls is not None and getattr(cls, "__name__", "") not in ("SingleAgentEnvRunner", "ConduitEnvRunner"):
+        raise ConfigError("env_runner_cls", "RLlib's SingleAgentEnvRunner with source_ingest=True", cls.__name__,
+                          "drop env_runner_cls (Conduit sets its subclass of RLlib's runner), or source_ingest")

@@ -37,7 +37,12 @@ class ConduitOptions:
     each step's env infos beside its row, as RLlib's buffers keep them (``include_infos``,
     sequence slices and episode delivery hand them out; a checkpoint saves them, so they must
     be plain values: numbers, strings, arrays, lists, dicts with str keys). False stores none,
-    and every sample that would carry infos is refused."""
+    and every sample that would carry infos is refused. ``source_ingest``: remote env runners
+    write their episode chunks into the buffer's remote shards through writers, and the
+    driver commits their receipts (``source_ingest.py``; DQN with ``num_env_runners >= 1``,
+    mode 'sequential', delivery_granularity 1). ``source_nodes``: with it, the Ray custom
+    resources that pin one remote shard each (the ring split between them); () places one
+    remote shard where Ray puts it."""
 
     mode: str = "sequential"
     worker: str = "thread"
@@ -55,6 +60,8 @@ class ConduitOptions:
     ring_slack: float = 0.25
     delivery: str | None = None
     store_infos: bool = True
+    source_ingest: bool = False
+    source_nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.delivery not in (None, "columns", "episodes"):
@@ -79,6 +86,19 @@ class ConduitOptions:
             raise ConfigError("ring_slack", "a number in [0, 4]", repr(self.ring_slack),
                               "use e.g. 0.25 (a ring 25% larger than capacity)")
         self.to_schedule()  # validates mode/worker/staleness/depth
+        if not isinstance(self.source_ingest, bool):
+            raise ConfigError("source_ingest", "True or False", repr(self.source_ingest),
+                              "pass source_ingest=True to have env runners write at the source")
+        nodes = self.source_nodes
+        if not isinstance(nodes, (tuple, list)) or not all(isinstance(n, str) and n for n in nodes):
+            raise ConfigError("source_nodes", "a tuple of Ray custom resource names", repr(nodes),
+                              "e.g. ('node_a', 'node_b') (resources the nodes were started with), or ()")
+        object.__setattr__(self, "source_nodes", tuple(nodes))
+        if self.source_ingest and (self.mode != "sequential" or self.delivery_granularity != 1):
+            # commits go straight into the buffer: batches prepared ahead would not see them
+            raise ConfigError("source_ingest", "mode='sequential' and delivery_granularity=1",
+                              f"mode={self.mode!r}, delivery_granularity={self.delivery_granularity}",
+                              "use the sequential schedule with source_ingest=True")
 
     @classmethod
     def from_kwargs(cls, options: dict[str, Any]) -> "ConduitOptions":

@@ -125,7 +125,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         """The data plane (and, for mode='auto', its tuner) for ``spec``: the one place
         both a first add() and a restore build it, so a restored run is the run it saved."""
         buf = ExperienceBuffer(spec=spec, capacity=self._ring, selector=self._selector(), tier=self.options.tier,
-                               seed=self._seed, reuse_outputs=self.options.reuse_outputs)
+                               shards=self._source_shards(), seed=self._seed, reuse_outputs=self.options.reuse_outputs)
         self.edp = ExperienceDataPlane(buffer=buf, schedule=self.options.to_schedule())
         self.ingest.attach(self.edp, ring=self._ring)
         # what the fast path gathers: the learner's columns, not the extra model outputs (computed once)
@@ -134,6 +134,15 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             from conduit_core.tuner import AutoTuner
             self.tuner = AutoTuner(self.edp, steps_per_phase=self.options.autotune_steps_per_phase,
                                    settle=self.options.autotune_settle)
+
+    def _source_shards(self):
+        """Remote shards env runners' writers stage in (``source_ingest``), else None (``tier``)."""
+        if not self.options.source_ingest:
+            return None
+        from conduit_core import ShardSpec
+        nodes = self.options.source_nodes or (None,)
+        per, extra = divmod(self._ring, len(nodes))
+        return [ShardSpec("remote", per + (i < extra), node=n) for i, n in enumerate(nodes)]
 
     # -------------------------------------------------------------- ingestion
     def add(self, episodes, weight=None) -> None:
@@ -145,6 +154,13 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         the uniform one (an episode evicted mid-call restarts with its next chunk)."""
         if not isinstance(episodes, (list, tuple)):
             episodes = [episodes]
+        written = [getattr(ep, "receipt", None) is not None for ep in episodes]
+        if any(written):   # chunks env runners wrote at the source (source_ingest.py)
+            if not all(written):   # a runner without a writer yet (e.g. restarted): runs of each kind, in order
+                k = written.index(not written[0])
+                self.add(episodes[:k])
+                return self.add(episodes[k:])
+            return self._add_written(episodes)
         chunks = []
         source_of = self.ingest.source_of
         for ep in episodes:
@@ -165,6 +181,24 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             self.ingest.add_as_prioritized(chunks)
         else:
             self.ingest.add_as_uniform(chunks)
+
+    def _add_written(self, written) -> None:
+        """``add`` for ``WrittenChunk``s: the same plan as for episodes; each receipt is
+        committed once (one committed or declined before is skipped, counted in
+        ``ingest.duplicates``, and changes nothing)."""
+        if self.edp is None or not self.options.source_ingest:
+            raise ConfigError("add(written chunks)", "a buffer built with source_ingest=True by an earlier add()",
+                              "no data plane yet" if self.edp is None else "source_ingest=False",
+                              "enable source_ingest and let the first training step go through the driver")
+        taken, seen, chunks = self.edp.buffer.ingest_ledger.committed, set(), []
+        for c in written:
+            if c.receipt.key in taken or c.receipt.key in seen:
+                self.ingest.duplicates += 1
+                continue
+            seen.add(c.receipt.key)
+            chunks.append((c, None, self.ingest.source_of(c), c.n))
+        if chunks:
+            (self.ingest.add_as_prioritized if self.prioritized else self.ingest.add_as_uniform)(chunks)
 
     def _check_extras(self, cols: dict) -> None:
         have = {k for k in cols if k.startswith(EXTRA)}
