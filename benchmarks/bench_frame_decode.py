@@ -100,7 +100,8 @@ def ingest(reps: int, rows: int = 4, chunks: int = 250) -> dict:
     codec = FrameStackCodec(k=k, axis=-1, inner=AffineCodec.divide(128, offset=-1.0))
     frames = np.random.default_rng(0).integers(0, 256, (rows * chunks * (reps + 1) + k + 1, 84, 84), dtype=np.uint8)
     idx = np.arange(frames.shape[0] - k + 1)[:, None] + np.arange(k)
-    stacks = np.moveaxis(frames[idx], 1, -1).astype(np.float32) / 128.0 - 1.0   # RLlib's layout and values
+    # RLlib's layout and values, C-contiguous as the adapter's np.stack of per-step observations makes them
+    stacks = np.ascontiguousarray(np.moveaxis(frames[idx], 1, -1)).astype(np.float32) / 128.0 - 1.0
     buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(84, 84, k), obs_codec=codec),
                            capacity=rows * chunks, seed=0)   # the warm-up round fills it: timed adds overwrite
     z = {"action": np.zeros(rows, np.int64), "reward": np.zeros(rows, np.float32),
