@@ -7,7 +7,8 @@ field layout), the same samples are put into SRL's ``PriorityQueueBuffer`` (its 
 and into Conduit's, as ``consume_to`` puts them on the main thread, and every formed batch is
 taken with ``get`` as the training thread takes it; both run on one thread here, so contention for
 Conduit's lock between a put and a get is not in these figures. Printed per workload: put cost per sample
-(main thread; SRL's includes the ``np.stack`` at every B-th put), get cost per batch (training
+(main thread; SRL's includes the ``np.stack`` at every B-th put; ``conduit_g16``: Conduit's ``put_batch``
+of 16 samples, what its consumer does at g_ing=16), get cost per batch (training
 thread), and their ratios Conduit/SRL; medians over ``--reps`` repetitions. Also the replay
 kinds (uniform and prioritized ``get`` of B chunks + priority update).
 """
@@ -50,22 +51,31 @@ def make_sample(T: int, obs_shape: tuple, obs_dtype, rng):
                        policy_version_steps=np.zeros((T, 1), np.int64))
 
 
-def time_queue(buffer, samples, batches: int, warmup: int) -> tuple[float, float]:
+def time_queue(buffer, samples, batches: int, warmup: int, group: int = 1) -> tuple[float, float]:
     """(seconds per put, seconds per get) over ``batches`` batches after ``warmup`` untimed ones (the
-    first writes into fresh memory fault its pages in, in either arm)."""
+    first writes into fresh memory fault its pages in, in either arm). ``group > 1``: the samples go in
+    ``put_batch`` calls of ``group`` (a consumer's g_ing); the put time is still per sample."""
+    groups = [samples[i:i + group] for i in range(0, len(samples), group)]
+
+    def put_all():
+        spent = 0.0
+        for g in groups:
+            t0 = time.perf_counter()
+            if group > 1:
+                buffer.put_batch(g)
+            else:
+                buffer.put(g[0])
+            spent += time.perf_counter() - t0
+        return spent
     for _ in range(warmup):
-        for s in samples:
-            buffer.put(s)
+        put_all()
         while not buffer.empty():
             buffer.get()
     t_put = t_get = 0.0
     n_put = n_get = 0
     for _ in range(batches):
-        for s in samples:
-            t0 = time.perf_counter()
-            buffer.put(s)
-            t_put += time.perf_counter() - t0
-            n_put += 1
+        t_put += put_all()
+        n_put += len(samples)
         while not buffer.empty():
             e = None  # the previous batch is freed here, outside the timed get (SRL's stacks are 46 MB on Atari)
             t0 = time.perf_counter()
@@ -105,12 +115,12 @@ def main(argv=None) -> int:
     print(f"{'workload':16s} {'arm':8s} {'put us/sample':>14s} {'get us/batch':>13s}")
     for name, w in workloads.items():
         samples = [make_sample(w["T"], w["obs"], w["dtype"], rng) for _ in range(w["B"])]
-        per_arm = {"srl": ([], []), "conduit": ([], [])}
+        per_arm = {"srl": ([], []), "conduit": ([], []), "conduit_g16": ([], [])}
         for _ in range(args.reps):
-            for arm in ("srl", "conduit"):
+            for arm in per_arm:
                 kw = dict(max_size=16, reuses=1, batch_size=w["B"])
                 buf = srl.PriorityQueueBuffer(**kw) if arm == "srl" else ConduitQueueBuffer("priority_queue", **kw)
-                p, g = time_queue(buf, samples, w["batches"], warmup=20)
+                p, g = time_queue(buf, samples, w["batches"], warmup=20, group=16 if arm == "conduit_g16" else 1)
                 per_arm[arm][0].append(p)
                 per_arm[arm][1].append(g)
         row = {}
@@ -118,10 +128,12 @@ def main(argv=None) -> int:
             row[arm] = {"put_us": statistics.median(ps) * 1e6, "get_us": statistics.median(gs) * 1e6}
             print(f"{name:16s} {arm:8s} {row[arm]['put_us']:14.1f} {row[arm]['get_us']:13.1f}")
         row["ratio_put"] = row["conduit"]["put_us"] / row["srl"]["put_us"]
+        row["ratio_put_g16"] = row["conduit_g16"]["put_us"] / row["srl"]["put_us"]
         row["ratio_get"] = row["conduit"]["get_us"] / row["srl"]["get_us"]
         row["ratio_main_thread_per_batch"] = ((row["conduit"]["put_us"] * w["B"]) /
                                               (row["srl"]["put_us"] * w["B"]))
-        print(f"{name:16s} ratio    {row['ratio_put']:14.2f}x {row['ratio_get']:12.2f}x   (conduit / srl)")
+        print(f"{name:16s} ratio    {row['ratio_put']:14.2f}x {row['ratio_get']:12.2f}x   (conduit / srl; "
+              f"put_batch of 16: {row['ratio_put_g16']:.2f}x)")
         results[name] = row
 
     # replay kinds: a get of B chunks (+ the priority update for the prioritized kind)

@@ -51,6 +51,8 @@ def run_arm(python: str, arm: str, seed: int, a, out: str) -> dict:
            "--seconds", str(a.seconds), "--seed", str(seed), "--out", out, "--warmup", str(a.warmup),
            "--batch-size", str(a.batch_size), "--reuses", str(a.reuses), "--max-size", str(a.max_size),
            "--actors", str(a.actors), "--quiet"]
+    if arm == "conduit" and a.consumer == "conduit":   # Conduit's consumer too: the trainer's whole data path
+        cmd += ["--consumer", "conduit", "--g-ing", str(a.g_ing)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "adapters")] +
                                         ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -79,6 +81,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--reuses", type=int, default=1)
     p.add_argument("--max-size", type=int, default=32)
     p.add_argument("--actors", type=int, default=1)
+    p.add_argument("--consumer", choices=["srl", "conduit"], default="srl",
+                   help="the conduit arm's end of the sample stream: SRL's consumer or Conduit's (at --g-ing)")
+    p.add_argument("--g-ing", type=int, default=16, help="Conduit's consumer: samples per buffer call")
     p.add_argument("--python", default=os.environ.get("CONDUIT_SRL_PYTHON") or sys.executable,
                    help="a python where rlsrl imports (SRL's venv)")
     p.add_argument("--out", default="out/bench_srl_ppo", help="one folder per run under it")

@@ -31,7 +31,8 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .errors import CapacityError, ClosedError, ConfigError, SpecError
 from .reuse_order import ReuseOrder, check_rules
@@ -148,20 +149,77 @@ class EntryQueue:
             self._counts["samples_put"] += 1
             if not completes:
                 return False
-            order = self._next_order
-            self._next_order += 1
-            self._slot_of[order] = self._filling  # the arena holds the slot until the entry departs
-            self._info[order] = (time.time(), self._filling_version, 0)
-            self._order.add(order, self.reuses)
-            self._filling, self._filled, self._filling_version = None, 0, None
-            self._counts["entries_formed"] += 1
-            while len(self._order) > self.max_entries:
-                victim = self._order.victim()
-                self._order.remove(victim)
-                self._depart(victim)
-                self._counts["dropped_overflow"] += 1
-                self._counts["dropped_overflow_samples"] += per_entry
+            self._form(per_entry)
             return True
+
+    def put_many(self, samples: Sequence[Mapping[str, Any]], *,
+                 policy_versions: Sequence[int | None] | None = None) -> int:
+        """Store ``samples`` in order, as that many :meth:`put` calls would (the same entries, overflow
+        drops, counters and serve order), with one copy per array field per entry the group writes
+        into instead of one per sample. Returns the entries the group formed.
+
+        All or nothing: every sample is checked before anything is written, and a bad one raises
+        :class:`SpecError` naming ``samples[i].<field>`` with the queue unchanged. With
+        ``overflow='reject'`` the group is refused whole (:class:`CapacityError`, ``rejected`` counts
+        its samples) when any of its puts would be refused; single puts would keep the ones before."""
+        if isinstance(samples, Mapping) or not isinstance(samples, Sequence):
+            raise SpecError("samples", "a sequence of samples (mappings of field name -> array)",
+                            type(samples).__name__, "pass a list of samples; put() takes a single one")
+        n = len(samples)
+        if policy_versions is not None and (isinstance(policy_versions, (str, bytes)) or len(policy_versions) != n):
+            raise SpecError("policy_versions", f"one per sample ({n}) or None", repr(policy_versions)[:80],
+                            "pass a list as long as samples, or None")
+        versions = None
+        if policy_versions is not None:
+            try:
+                versions = [None if v is None else int(v) for v in policy_versions]
+            except (TypeError, ValueError):
+                raise SpecError("policy_versions", "integers or None", repr(list(policy_versions))[:80],
+                                "pass each sample's policy version (or None)") from None
+        for i, sample in enumerate(samples):
+            if not isinstance(sample, Mapping):
+                raise SpecError(f"samples[{i}]", "a mapping of field name -> array", type(sample).__name__,
+                                "flatten nested samples first (conduit_core.nested.flatten)")
+        if n == 0:
+            return 0
+        with self._lock:
+            if self._closed:
+                raise ClosedError("EntryQueue.put_many: the queue is closed. Fix: create a new queue.")
+            layout = self._layout if self._layout is not None else layout_of(samples[0])
+            cols = []
+            for i, sample in enumerate(samples):
+                try:
+                    cols.append(conform(sample, layout))
+                except SpecError as e:
+                    raise SpecError(f"samples[{i}].{e.field}", e.expected, e.actual, e.fix) from None
+            per_entry = self.batch_size or 1
+            filled = self._filled if self._filling is not None else 0
+            forms = (filled + n) // per_entry
+            if self._order.overflow == "reject" and len(self._order) + forms > self.max_entries:
+                self._counts["rejected"] += n
+                raise CapacityError(
+                    f"EntryQueue.put_many: expected at most max_entries={self.max_entries} queued entries, the "
+                    f"group of {n} would form {forms} more on top of {len(self._order)} (nothing was stored). "
+                    "Fix: get() entries faster, put smaller groups, raise max_entries, or use "
+                    "overflow='drop_lowest'/'drop_oldest' to drop (counted) instead of refusing.")
+            if self._layout is None:
+                self._layout = layout
+                self._arena.set_layout(layout)
+            i = 0
+            while i < n:   # one segment per entry the group writes into
+                if self._filling is None:
+                    self._filling, self._filled, self._filling_version = self._arena.take(), 0, None
+                m = min(per_entry - self._filled, n - i)
+                self._arena.write_many(self._filling, self._filled, cols[i:i + m])
+                for v in (versions[i:i + m] if versions is not None else ()):
+                    if v is not None:
+                        self._filling_version = v if self._filling_version is None else min(self._filling_version, v)
+                self._filled += m
+                self._counts["samples_put"] += m
+                i += m
+                if self._filled == per_entry:
+                    self._form(per_entry)
+            return forms
 
     def get(self, *, current_version: int | None = None) -> Entry | None:
         """The next entry by the serve rule, or None when none is ready. Never blocks."""
@@ -270,6 +328,22 @@ class EntryQueue:
         self._next_order, self._counts, self._closed = state["next_order"], state["counts"], state["closed"]
 
     # ---------------------------------------------------------------- internals
+    def _form(self, per_entry: int) -> None:
+        """The entry being filled is complete: queue it, then apply the overflow rule (a put's last step)."""
+        order = self._next_order
+        self._next_order += 1
+        self._slot_of[order] = self._filling  # the arena holds the slot until the entry departs
+        self._info[order] = (time.time(), self._filling_version, 0)
+        self._order.add(order, self.reuses)
+        self._filling, self._filled, self._filling_version = None, 0, None
+        self._counts["entries_formed"] += 1
+        while len(self._order) > self.max_entries:
+            victim = self._order.victim()
+            self._order.remove(victim)
+            self._depart(victim)
+            self._counts["dropped_overflow"] += 1
+            self._counts["dropped_overflow_samples"] += per_entry
+
     def _depart(self, order: int) -> None:
         """The entry leaves the queue (spent or dropped); its slot is reused once no lease holds it."""
         slot = self._slot_of.pop(order)

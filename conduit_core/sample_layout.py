@@ -55,7 +55,7 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
     does not fit. A sample of exact numpy arrays of the layout's shapes and dtypes (the common case,
     checked first) comes back as it is, so the put path pays no conversion for it. Otherwise:
     the field names must be the layout's; arrays are converted (tensors, scalars) and must keep the
-    shape and cast ``same_kind`` to the dtype; a missing array (``None``) becomes ``0`` (as SRL's
+    shape and cast ``same_kind`` to the dtype; a missing array (``None``) becomes zeros (as SRL's
     aggregation fills a missing array with zeros); a ``"none"`` field must stay ``None``."""
     if sample.keys() == layout.keys():  # the common case: exact arrays of the first sample's shape and dtype
         for name, f in layout.items():
@@ -82,8 +82,8 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
         elif f.kind == "object":
             cols[name] = value
         else:
-            if value is None:
-                cols[name] = 0  # as SRL's aggregation fills a missing array with zeros
+            if value is None:  # as SRL's aggregation fills a missing array with zeros
+                cols[name] = np.zeros(f.shape, f.dtype)
                 continue
             arr = as_array(value)
             if arr is None or tuple(arr.shape) != f.shape:

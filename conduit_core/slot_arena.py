@@ -49,6 +49,7 @@ class SlotArena:
         self.layout: dict[str, FieldLayout] | None = None
         self._chunks: list[dict[str, np.ndarray]] = []
         self._views: dict[int, dict[str, np.ndarray]] = {}      # slot -> its array views
+        self._bm_views: dict[int, dict[str, np.ndarray]] = {}   # slot -> the same, batch axis first
         self._objects: dict[int, dict[str, list]] = {}       # slot -> name -> per-sample Python objects
         self._free: list[int] = []
         self._next_slot = 0
@@ -111,6 +112,23 @@ class SlotArena:
             elif f.kind == "object":
                 self._objects.setdefault(slot, {}).setdefault(name, [None] * (self.batch_size or 1))[b] = value
 
+    def write_many(self, slot: int, b: int, group: list[Mapping[str, Any]]) -> None:
+        """Samples ``b, b+1, ...`` of the slot's entry (each conformed to the layout), in one copy per
+        array field: the group's arrays stacked straight into the entry's columns ``b:b+len(group)``."""
+        if len(group) == 1 or self.adopt or self.batch_size is None:
+            for k, cols in enumerate(group):
+                self.write(slot, b + k, cols)
+            return
+        views, m = self._batch_views(slot), len(group)
+        for name, f in self.layout.items():
+            if f.kind == "array":
+                # numpy assigns the list of same-shaped arrays in one call (np.stack(out=) costs twice
+                # as much per field as 16 single assignments: it is Python per array)
+                views[name][b:b + m] = [cols[name] for cols in group]
+            elif f.kind == "object":
+                objs = self._objects.setdefault(slot, {}).setdefault(name, [None] * self.batch_size)
+                objs[b:b + m] = [cols[name] for cols in group]
+
     def view(self, slot: int) -> dict[str, Any]:
         """The entry's columns in layout order: array views (no copy), ``None``, or its objects
         (stacked on the batch axis when they are arrays)."""
@@ -156,7 +174,7 @@ class SlotArena:
 
     def close(self) -> None:
         """Drop the storage. Views handed out before stay valid (numpy keeps them alive)."""
-        self._chunks, self._objects, self._views = [], {}, {}
+        self._chunks, self._objects, self._views, self._bm_views = [], {}, {}, {}
 
     # ------------------------------------------------------------- internals
     def _free_if_unused(self, slot: int) -> None:
@@ -182,6 +200,15 @@ class SlotArena:
                 shape = (n, per_entry, *f.shape)
             out[name] = np.zeros(shape, dtype=f.dtype)
         return out
+
+    def _batch_views(self, slot: int) -> dict[str, np.ndarray]:
+        """The slot's array views batch axis first (``[B, T, ...]`` views of a time-major slot), cached."""
+        views = self._bm_views.get(slot)
+        if views is None:
+            views = self._bm_views[slot] = {
+                name: (np.moveaxis(v, 1, 0) if self.time_major and self.layout[name].shape else v)
+                for name, v in self._slot_views(slot).items()}
+        return views
 
     def _slot_views(self, slot: int) -> dict[str, np.ndarray]:
         """The slot's array views (cached: a slot's memory never moves)."""

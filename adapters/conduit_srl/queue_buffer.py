@@ -74,6 +74,19 @@ class ConduitQueueBuffer:
             return None
         return formed and bool(self.batch_size)
 
+    def put_batch(self, xs) -> int:
+        """Several samples in one call (a consumer's group of ``g_ing``), stored as that many ``put``
+        calls in order would store them, with one copy per field per batch the group writes into
+        (``EntryQueue.put_many``); all or none: a bad sample raises naming it, nothing stored.
+        Returns the batches the group formed."""
+        xs = list(xs)
+        if not xs:
+            return 0
+        if self._codec is None:
+            self._codec = samples.SampleCodec(xs[0])
+        flatten = self._codec.flatten
+        return self._queue.put_many([flatten(x) for x in xs])
+
     def get(self):
         entry = self._queue.get()
         if entry is None:

@@ -10,7 +10,8 @@ is a :class:`TimedBuffer`. Recorded there:
   returned True (SRL's thread then sleeps 5 ms): the time from that answer to the thread's next
   ``empty()`` call is the trainer's exposed wait for data (the thread also calls ``empty()`` once per
   100 loop iterations for its log line: at most 1% of the polls counted are not followed by a sleep);
-- trainer main thread (``consume_to``): ``put()`` calls, the time in them, the steps put.
+- trainer main thread (``consume_to``): ``put()`` calls (a ``put_batch`` of n samples counts n), the time in
+  them, the steps put.
 
 Cumulative counters are snapshotted every ``interval`` seconds by a daemon thread of the trainer
 process into ``<stats_dir>/buffer_stats_<pid>.json`` (write to a temporary file, then rename), so
@@ -58,6 +59,27 @@ class TimedBuffer:
         except Exception:  # a sample without a time axis
             pass
         return r
+
+    @property
+    def put_batch(self):
+        """The inner buffer's ``put_batch`` (a consumer's group in one call), timed and counted as that many
+        puts; AttributeError when it has none (SRL's buffers), so the consumer puts per sample as without
+        the proxy."""
+        inner = self._inner.put_batch
+
+        def put_batch(xs):
+            xs = list(xs)
+            t = time.perf_counter()
+            r = inner(xs)
+            c = self._c
+            c["put_s"] += time.perf_counter() - t
+            c["puts"] += len(xs)
+            try:
+                c["put_steps"] += sum(int(x.length(0)) for x in xs)
+            except Exception:  # samples without a time axis
+                pass
+            return r
+        return put_batch
 
     def get(self):
         t = time.perf_counter()

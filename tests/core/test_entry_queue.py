@@ -198,3 +198,90 @@ def test_adopt_keeps_the_put_arrays_without_copying_and_accounts_for_them():
     assert np.array_equal(back.get().columns["reward"], samples[2]["reward"])
     with pytest.raises(ConfigError, match="adopt"):
         EntryQueue(max_entries=2, batch_size=2, adopt=True)
+
+
+def group_sample(i, form):
+    """A sample with an object field; ``form`` 1: an array to convert (int32), 2: a missing array (zeros)."""
+    s = dict(sample(i), tag=f"s{i}")
+    if form == 1:
+        s["reward"] = s["reward"].astype(np.int32)
+    elif form == 2:
+        s["reward"] = None
+    return s
+
+
+def served(e):
+    """What a get delivered, comparable across queues (receive_time aside)."""
+    if e is None:
+        return None
+    return (e.order, e.reuses_left, e.reuses, e.policy_version, e.columns["obs.pixels"].tobytes(),
+            e.columns["reward"].tobytes(), list(e.columns["tag"]) if e.columns["tag"] is not None else None)
+
+
+@settings(max_examples=150, deadline=None)
+@given(max_entries=st.integers(1, 4), batch=st.sampled_from([None, 1, 2, 3, 5]), reuses=st.integers(1, 3),
+       serve=st.sampled_from(["freshest", "oldest"]), overflow=st.sampled_from(["drop_lowest", "drop_oldest", "reject"]),
+       time_major=st.booleans(), lag=st.sampled_from([None, 1]),
+       ops=st.lists(st.one_of(st.lists(st.integers(0, 2), min_size=0, max_size=7), st.none()), max_size=25))
+def test_put_many_equals_the_same_puts_one_at_a_time(max_entries, batch, reuses, serve, overflow, time_major, lag, ops):
+    kw = dict(max_entries=max_entries, batch_size=batch, reuses=reuses, serve=serve, overflow=overflow,
+              time_major=time_major, max_version_lag=lag, lease_depth=2)
+    one, many = EntryQueue(**kw), EntryQueue(**kw)
+    put_id, version, held, refused = 0, 0, [], 0
+    for op in ops:
+        if op is None:                       # a get on both, at the same current version
+            a, b = one.get(current_version=version), many.get(current_version=version)
+            assert served(a) == served(b)
+            if b is not None:
+                held = (held + [(served(b), b)])[-1:]   # lease_depth=2: the last batch stays intact
+            continue
+        forms = [0] + op[1:] if put_id == 0 else op   # the first sample fixes the layout: a plain one
+        group = [group_sample(put_id + k, f) for k, f in enumerate(forms)]
+        versions = [version + k // 2 for k in range(len(group))]
+        before = many.stats()
+        try:
+            formed = many.put_many(group, policy_versions=versions)
+        except CapacityError:
+            assert overflow == "reject"
+            assert many.stats() == dict(before, rejected=before["rejected"] + len(group))
+            trial = pickle.loads(pickle.dumps(one))   # single puts would have refused one of them
+            with pytest.raises(CapacityError):
+                for s, v in zip(group, versions):
+                    trial.put(s, policy_version=v)
+            refused += len(group)   # the group's samples, counted as refused puts
+            continue
+        assert formed == sum(one.put(s, policy_version=v) for s, v in zip(group, versions))
+        put_id, version = put_id + len(group), version + 1
+        assert dict(one.stats(), rejected=refused) == many.stats() and one.qsize() == many.qsize()
+        for was, e in held:
+            assert served(e) == was
+    while True:
+        a, b = one.get(), many.get()
+        assert served(a) == served(b)
+        if b is None:
+            break
+    assert dict(one.stats(), rejected=refused) == many.stats()
+
+
+def test_put_many_is_all_or_nothing_and_names_the_sample_and_field():
+    q = EntryQueue(max_entries=4, batch_size=3)
+    q.put(sample(0))
+    bad = sample(2)
+    bad["obs.pixels"] = np.zeros((T + 1, 2), np.float32)
+    with pytest.raises(SpecError, match=r"samples\[1\]\.obs\.pixels\.shape") as err:
+        q.put_many([sample(1), bad, sample(3)])
+    assert err.value.expected == (T, 2) and err.value.actual == (T + 1, 2) and err.value.fix
+    with pytest.raises(SpecError, match=r"samples\[0\]"):
+        q.put_many([np.zeros(3)])
+    with pytest.raises(SpecError, match="policy_versions"):
+        q.put_many([sample(1)], policy_versions=[0, 1])
+    with pytest.raises(SpecError, match="policy_versions"):
+        q.put_many([sample(1)], policy_versions=["x"])
+    with pytest.raises(SpecError, match="samples"):
+        q.put_many(sample(1))
+    assert q.stats()["samples_put"] == 1 and q.stats()["pending_samples"] == 1 and q.put_many([]) == 0
+    assert q.put_many([sample(i) for i in range(1, 6)]) == 2     # spans two entries
+    assert [int(v) for v in q.get().columns["reward"][0, :, 0]] == [3, 4, 5]
+    q.close()
+    with pytest.raises(Exception, match="closed"):
+        q.put_many([sample(0)])

@@ -112,5 +112,16 @@ class GroupRecorder:
         self.group_of_put.append(self.consumer.stats()["groups"])
         return self.inner.put(x)
 
+    @property
+    def put_batch(self):
+        """The inner buffer's ``put_batch``, recorded as one group (AttributeError when it has none)."""
+        inner = self.inner.put_batch
+
+        def put_batch(xs):
+            xs = list(xs)
+            self.group_of_put.extend([self.consumer.stats()["groups"]] * len(xs))
+            return inner(xs)
+        return put_batch
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
