@@ -36,26 +36,27 @@ static int all_finite_bits(const void *buf, npy_intp count, int itemsize) {
     return !bad;
 }
 
-/* An exact ndarray, C-contiguous and aligned (writable if asked): what the fast route reads. */
+/* An exact ndarray, C-contiguous, aligned and in native byte order (writable if asked): what the
+ * fast route reads. A byte-swapped array has the same type number, so it must be refused here:
+ * copied as raw bytes its values would change. */
 static inline PyArrayObject *plain_array(PyObject *obj, int writable) {
     if (obj == NULL || !PyArray_CheckExact(obj)) return NULL;
     PyArrayObject *a = (PyArrayObject *)obj;
-    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) return NULL;
+    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a)) return NULL;
     if (writable && !PyArray_ISWRITEABLE(a)) return NULL;
     return a;
 }
 
-/* check_columns(batch, fields, ndarray_type) -> (n, columns) or None
+/* check_columns(batch, fields) -> (n, columns) or None
  *
  * fields: tuple of (name, dtype, trailing shape tuple, finite itemsize or 0). The batch must be
  * an exact dict holding exactly those names, each an exact ndarray, C-contiguous, of that dtype
  * (the same dtype object: numpy's builtin dtypes are singletons), of shape [n, *trailing], one n
  * for all, and a field with a finite itemsize must hold finite values only. Anything else gives
- * None: the Python route then accepts it (a torch tensor, a strided view) or names the error.
- * ndarray_type is kept in the signature for callers; the check is numpy's own. */
+ * None: the Python route then accepts it (a torch tensor, a strided view) or names the error. */
 static PyObject *check_columns(PyObject *self, PyObject *args) {
-    PyObject *batch, *fields, *ndarray_type;
-    if (!PyArg_ParseTuple(args, "O!O!O", &PyDict_Type, &batch, &PyTuple_Type, &fields, &ndarray_type)) return NULL;
+    PyObject *batch, *fields;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &batch, &PyTuple_Type, &fields)) return NULL;
     Py_ssize_t nf = PyTuple_GET_SIZE(fields);
     if (!PyDict_CheckExact(batch) || PyDict_GET_SIZE(batch) != nf) Py_RETURN_NONE;
     PyObject *out = PyDict_New();
@@ -114,8 +115,9 @@ static PyObject *copy_rows(PyObject *self, PyObject *args) {
         npy_intp head = n < cap - slot ? n : cap - slot;
         char *d = PyArray_BYTES(dst[i]);
         const char *s = PyArray_BYTES(src[i]);
-        memcpy(d + slot * row, s, (size_t)(head * row));
-        if (head < n) memcpy(d, s + head * row, (size_t)((n - head) * row));
+        /* memmove: a source may be a view of the ring's own column (overlapping rows) */
+        memmove(d + slot * row, s, (size_t)(head * row));
+        if (head < n) memmove(d, s + head * row, (size_t)((n - head) * row));
     }
     Py_RETURN_TRUE;
 decline:
@@ -247,7 +249,7 @@ decline:
 
 static PyMethodDef methods[] = {
     {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(slots, targets, out) -> bool"},
-    {"check_columns", check_columns, METH_VARARGS, "check_columns(batch, fields, ndarray) -> (n, columns) or None"},
+    {"check_columns", check_columns, METH_VARARGS, "check_columns(batch, fields) -> (n, columns) or None"},
     {"copy_rows", copy_rows, METH_VARARGS, "copy_rows(columns, targets, slot, n) -> bool"},
     {"write_meta", write_meta, METH_VARARGS, "write_meta(seq, next_seq, version, source, first, n, done, source, version, prev_tail) -> last row done, or None"},
     {NULL, NULL, 0, NULL},

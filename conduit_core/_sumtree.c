@@ -493,9 +493,10 @@ static PyObject *set_delivered(PyObject *self, PyObject *args) {
     if (get_buf(o_sum, &b[0], "d", 1)) goto out; got++;
     if (get_buf(o_min, &b[1], "d", 1)) goto out; got++;
     if (get_buf(o_col, &b[2], "ql", 0)) goto out; got++;
-    if (get_buf(o_slots, &b[3], "ql", 0)) goto out; got++;
-    if (get_buf(o_seqs, &b[4], "ql", 0)) goto out; got++;
-    if (get_buf(o_p, &b[5], "d", 0)) goto out; got++;
+    /* the caller's arrays: one that is not contiguous int64/float64 is declined, not an error */
+    if (get_buf(o_slots, &b[3], "ql", 0)) goto decline; got++;
+    if (get_buf(o_seqs, &b[4], "ql", 0)) goto decline; got++;
+    if (get_buf(o_p, &b[5], "d", 0)) goto decline; got++;
     double *sum = b[0].buf, *mn = b[1].buf;
     const long long *col = b[2].buf, *slots = b[3].buf, *seqs = b[4].buf;
     const double *pr = b[5].buf;
@@ -524,6 +525,11 @@ static PyObject *set_delivered(PyObject *self, PyObject *args) {
         }
     }
     result = Py_BuildValue("(nd)", count, mx);
+    goto out;
+decline:
+    PyErr_Clear();
+    result = Py_None;
+    Py_INCREF(result);
 out:
     for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
     return result;

@@ -201,7 +201,8 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
     with buf.lock.mutex:
         buf.check_open()
         if seqs is not None:   # the usual case, one native step where the selector has one
-            done = buf.selector.update_delivered(slots, np.ascontiguousarray(seqs, dtype=np.int64).reshape(-1),
+            done = buf.selector.update_delivered(np.ascontiguousarray(slots),
+                                                 np.ascontiguousarray(seqs, dtype=np.int64).reshape(-1),
                                                  np.ascontiguousarray(pr, dtype=np.float64), buf.meta["seq"])
             if done is not None:
                 return done

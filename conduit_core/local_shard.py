@@ -27,6 +27,7 @@ class LocalShard(Shard):
     """Every field's column as one tensor on the shard's tier, in this process."""
 
     kind = "local"
+    can_be_lost = False   # this process's memory: it goes only with the process
 
     def __init__(self, spec, layout: ShardSpec):
         super().__init__(spec, layout)

@@ -132,7 +132,6 @@ class RemoteShard(Shard):
 
     kind = "remote"
     default_tier = Tier.REMOTE
-    can_be_lost = True
 
     def __init__(self, spec, layout: ShardSpec, *, node: str | None = None, pin: bool = True):
         super().__init__(spec, layout)

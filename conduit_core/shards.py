@@ -130,8 +130,10 @@ class Shard:
 
     kind: ClassVar[str] = ""
     # whether the shard can be lost while the buffer runs (another process or node): its
-    # operations then raise ShardLost and run under the buffer's recovery
-    can_be_lost: ClassVar[bool] = False
+    # operations may raise ShardLost and run under the buffer's recovery. A kind that does not
+    # say otherwise is treated as one that can; a kind in this process's memory sets False, and
+    # its writes and draws then skip the recovery wrapper (the hot path).
+    can_be_lost: ClassVar[bool] = True
     default_tier: ClassVar[Tier] = Tier.PAGEABLE
 
     def __init__(self, spec, layout: ShardSpec):

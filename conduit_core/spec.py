@@ -217,7 +217,7 @@ class ExperienceSpec:
         expected and actual value and the fix. Nothing is stored by this call.
         """
         if self._native_check is not None and type(batch) is dict:
-            checked = _c_check_columns(batch, self._native_check, np.ndarray)
+            checked = _c_check_columns(batch, self._native_check)
             if checked is not None:   # the whole check in one C call; else the route below names the error
                 return checked
         if not isinstance(batch, Mapping):
