@@ -78,8 +78,10 @@ class ShardLost(ConduitError, RuntimeError):
     handles it (its rows leave, a new empty shard takes its place, the loss is recorded in
     ``ExperienceBuffer.losses``); it reaches a caller only where that is not possible."""
 
-    def __init__(self, shard: int, node: str | None, cause: BaseException):
-        self.shard, self.node, self.cause = shard, node, cause
+    def __init__(self, shard: int, node: str | None, cause: BaseException, *, part=None):
+        # part: the shard object that found the loss; a handle kept from before the shard was
+        # replaced reports a loss the buffer already recovered from (ShardLossRecovery checks)
+        self.shard, self.node, self.cause, self.part = shard, node, cause, part
         super().__init__(f"remote shard {shard} (node resource {node!r}) is lost: {type(cause).__name__}: {cause}")
 
 

@@ -184,7 +184,7 @@ class RemoteShard(Shard):
         try:
             refs = self.actor.gather_columns.options(num_returns=k).remote(local, names)
         except ray.exceptions.RayActorError as exc:
-            raise ShardLost(self.index, self.layout.node, exc) from exc
+            raise ShardLost(self.index, self.layout.node, exc, part=self) from exc
 
         def gathered() -> dict[str, torch.Tensor]:
             cols = join_reply(layout, self._get(refs if k > 1 else [refs]))
@@ -197,7 +197,7 @@ class RemoteShard(Shard):
         try:
             return ray.get(refs)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-            raise ShardLost(self.index, self.layout.node, exc) from exc
+            raise ShardLost(self.index, self.layout.node, exc, part=self) from exc
 
     def replacement(self, *, timeout: float) -> tuple["RemoteShard", str]:
         """A new, empty actor: on this shard's node if it is still there, else on any node."""

@@ -205,6 +205,12 @@ class Ring:
             self.open_tail[source] = first + n - 1
         return prev
 
+    def end_episode(self, source: int) -> None:
+        """``source``'s open episode ends here: its next rows start a new one. For rows that
+        never arrived (a staged chunk lost before it was committed): no episode link may
+        bridge the gap, or n-step windows would run across missing steps."""
+        self.open_tail.pop(source, None)
+
     def advance(self, n: int) -> None:
         self.inserted += n
 

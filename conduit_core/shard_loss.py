@@ -59,7 +59,10 @@ class ShardLossRecovery:
             first = lost
         buf = self.buffer
         for _ in range(len(buf.storage.shards) + 1):   # each shard lost once, and a replacement once more
-            self.recover(first, buf.ring.lo() if keep_from is None else max(buf.ring.lo(), keep_from))
+            if first.part is None or buf.storage.parts[first.shard] is first.part:
+                self.recover(first, buf.ring.lo() if keep_from is None else max(buf.ring.lo(), keep_from))
+            # else: a handle from before that shard was replaced; its rows already left, and the
+            # replacement (which holds rows stored since) must not be evicted or replaced again
             if then is not None:
                 then()
             try:

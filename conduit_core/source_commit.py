@@ -199,7 +199,7 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
             if r.n and r.key not in ledger.committed and r.key not in seen and not buf.storage.pools:
                 seen.add(r.key)
                 rows = StagedRows(buf.spec, r)
-                ahead[i] = (seq, rows, begin_prepare(buf, rows, seq))
+                ahead[i] = (seq, rows, begin_prepare(buf, rows, seq), tuple(buf.storage.parts))
                 seq += r.n
         for i, r in enumerate(receipts):
             commit_one(buf, r, ahead.get(i), timeout, report, release)
@@ -256,6 +256,7 @@ def commit_one(buf, r: Receipt, ahead, timeout: float | None, report: CommitRepo
     except StagedRowsLost as lost:
         ledger.never_accepted += r.n
         report.never_accepted.append((r, str(lost)))
+        buf.ring.end_episode(r.source)   # the source's next rows must not link across the missing ones
         log.warning("conduit: %s", lost)
         return
     finally:
@@ -275,7 +276,10 @@ def insert_staged(buf, r: Receipt, rows: StagedRows, ahead, timeout: float | Non
                           "add frame-stacked rollouts through ExperienceBuffer.add")
     wait_to_insert(buf, r.n, timeout)        # the lock stays held from here: the seqs below stay ours
     first = buf.ring.inserted
-    started = [ahead[2] if ahead is not None and ahead[0] == first else None]
+    # pulls begun ahead hold the shard objects of that moment: used only for the seqs they were
+    # begun for and while no destination shard was replaced since (a recovery in between)
+    same_parts = ahead is not None and all(a is b for a, b in zip(ahead[3], buf.storage.parts))
+    started = [ahead[2] if ahead is not None and ahead[0] == first and same_parts else None]
 
     def op():   # a retry after a lost destination shard begins its pulls again
         ready, started[0] = started[0], None

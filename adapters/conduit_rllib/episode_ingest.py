@@ -194,10 +194,21 @@ class EpisodeIngest:
         from dataclasses import replace
 
         from conduit_core import SemanticError
-        report = self.edp.buffer.commit([replace(ep.receipt, source=r.source) for r, ep in group])
+        buf = self.edp.buffer
+        try:
+            report = buf.commit([replace(ep.receipt, source=r.source) for r, ep in group])
+        except BaseException:   # what was stored before the failure is recorded, or a retry would skip it
+            for r, ep in group:
+                seq = buf.ingest_ledger.committed.get(ep.receipt.key)
+                if seq is not None and seq == self.added:
+                    self._record(r, ep, ep.infos if self.store_infos else None, seq)
+            raise
+        lost = {rec.key for rec, _ in report.never_accepted}
         first = {rec.key: seq for rec, seq in report.committed}
         for r, ep in group:
             seq = first.get(ep.receipt.key)
+            if ep.receipt.key in lost:   # its steps never arrived: the episode's next chunk starts a new part
+                self._forget_source(r.source)
             if seq is None:
                 continue
             if seq != self.added:

@@ -304,3 +304,43 @@ def test_a_replaced_shard_keeps_its_index():
         shard.index = 3
         new, where = shard.replacement(timeout=1.0)
     assert new.index == 3 and new.placed_on == "n1" and where == "node-id"
+
+
+def test_a_loss_reported_through_a_handle_older_than_the_shards_replacement_is_not_recovered_again():
+    """Review of ingestion at the source: a pull begun before a shard was replaced finds the old
+    actor dead and reports ShardLost again. Recovering from it a second time would evict the rows
+    just stored on the replacement and kill the healthy replacement."""
+    from conduit_core import ShardLost, ShardSpec
+    spec = ExperienceSpec.transition(obs_shape=(2,))
+    buf = ExperienceBuffer(spec=spec, capacity=40, shards=[ShardSpec("pageable", 20), ShardSpec("pageable", 20)])
+    rng = np.random.default_rng(0)
+
+    def rows(n):
+        return {"obs": rng.random((n, 2), np.float32), "action": np.zeros(n, np.int64),
+                "reward": np.ones(n, np.float32), "next_obs": rng.random((n, 2), np.float32),
+                "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
+    buf.add(rows(30))
+    storage = buf.storage
+    storage.may_lose_shards = True
+    replaced = []
+    storage.replace_shard = lambda s: replaced.append(s) or "node-x"
+    real_write, calls = storage.write, [0]
+
+    def stale_once(*a, **k):
+        calls[0] += 1
+        if calls[0] == 1:   # a handle on an object that is no longer shard 1
+            raise ShardLost(1, None, RuntimeError("old actor died"), part=object())
+        return real_write(*a, **k)
+    storage.write = stale_once
+    buf.add(rows(5))
+    assert replaced == [] and buf.losses == [] and len(buf) == 35   # nothing evicted, nothing replaced
+    storage.write = real_write
+    current = storage.parts[1]
+
+    def live_once(*a, **k):
+        storage.write = real_write
+        raise ShardLost(1, None, RuntimeError("actor died"), part=current)
+    storage.write = live_once
+    buf.add(rows(5))
+    assert replaced == [1] and len(buf.losses) == 1                 # the current shard's loss is handled
+    buf.close()
