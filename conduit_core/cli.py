@@ -3,6 +3,7 @@
     conduit info                       what this machine offers (tiers, C helper, versions)
     conduit bench buffer [...]         the buffer benchmark (Conduit vs RLlib's buffers)
     conduit bench rllib-dqn [...]      unmodified RLlib vs RLlib with Conduit (adapter)
+    conduit bench rllib-learners [...] the same for DQN with num_learners 0, 1 and 2, as ratios
     conduit conformance ADAPTER        the conformance suite's table for an adapter
     conduit new-adapter NAME           scaffold an adapter package that passes the suite
     conduit probe                      measure this machine's memory tiers and links
