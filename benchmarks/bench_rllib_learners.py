@@ -48,7 +48,7 @@ def build(system: str, num_learners: int, a) -> object:
     else:
         buf = algo.local_replay_buffer
         for name in ("add", "sample", "update_priorities", "get_metrics"):
-            setattr(buf, name, timer._timed(name, getattr(buf, name)))
+            setattr(buf, name, timer.timed(name, getattr(buf, name)))
         algo.learner_group.foreach_learner(_instrument_learner)
     algo._conduit_bench_timer = timer  # type: ignore[attr-defined]
     return algo

@@ -33,7 +33,7 @@ class PathTimer:
         self.seconds.clear()
         self.calls.clear()
 
-    def _timed(self, name: str, fn):
+    def timed(self, name: str, fn):
         def wrapper(*args, **kwargs):
             t0 = time.perf_counter()
             try:
@@ -51,11 +51,11 @@ class PathTimer:
         buf = getattr(algo, "local_replay_buffer", None)
         if buf is not None:
             for name in ("add", "sample", "update_priorities", "get_metrics"):
-                setattr(buf, name, self._timed(name, getattr(buf, name)))
+                setattr(buf, name, self.timed(name, getattr(buf, name)))
         learner = algo.learner_group._learner
         if learner is None:
             raise RuntimeError("PathTimer needs a local learner (num_learners=0)")
-        learner._learner_connector = _TimedConnector(learner._learner_connector, self._timed("learner_connector",
+        learner._learner_connector = _TimedConnector(learner._learner_connector, self.timed("learner_connector",
                                                                                              learner._learner_connector))
 
     def _instrument_ppo(self, algo) -> None:
@@ -64,7 +64,7 @@ class PathTimer:
         minibatch it yields."""
         learner = algo.learner_group._learner
         inner_conn = learner._learner_connector
-        timed_conn = self._timed("ppo_connector", inner_conn)
+        timed_conn = self.timed("ppo_connector", inner_conn)
         learner._learner_connector = _TimedConnector(inner_conn, timed_conn)
         create = learner._create_iterator_if_necessary
         timer = self
