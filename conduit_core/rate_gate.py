@@ -71,6 +71,8 @@ def wait_to_insert(buf, n: int, timeout: float | None) -> None:
 def wait_to_sample(buf, n: int, timeout: float | None) -> None:
     """Wait (the buffer's lock held) until the limiter lets ``n`` items be sampled."""
     rl, ring = buf.rate_limiter, buf.ring
+    if rl.samples_per_insert is None and buf.size >= rl.min_size:
+        return   # no ratio to keep and enough rows: can_sample's answer, without its keyword call
 
     def allowed() -> bool:
         return rl.can_sample(size=buf.size, inserts=ring.inserted, samples=buf.counts.sampled + buf.counts.lost, n=n)
