@@ -119,7 +119,7 @@ class EntryQueue:
         self._lock = threading.Lock()       # state: indices, counters (short holds; get takes only this one)
         self._put_lock = threading.Lock()   # puts, one at a time: layout, the slot being filled (taken first)
         self._prepare = prepare
-        self._prepared: dict[int, Any] = {}                   # order -> what prepare built, for queued entries
+        self._ready: dict[int, tuple[dict, Any]] = {}         # order -> (columns, prepared), built as it formed
         self._layout: dict[str, FieldLayout] | None = None
         # slots: queued (+1 formed before the overflow drop) + the one being filled + leased
         self._arena = SlotArena(bound=max_entries + 2 + lease_depth, batch_size=batch_size, time_major=time_major,
@@ -256,14 +256,14 @@ class EntryQueue:
             reuses_left, reuses = reuses_left - 1, reuses + 1
             self._info[order] = (receive_time, version, reuses)
             self._arena.lease(slot)
-            prepared = self._prepared.get(order)
+            columns, prepared = self._ready[order]
             if reuses_left > 0:
                 self._order.add(order, reuses_left)
             else:
                 self._depart(order)
                 self._counts["retired"] += 1
             self._counts["served"] += 1
-            return Entry(columns=self._arena.view(slot), reuses_left=reuses_left, reuses=reuses,
+            return Entry(columns=columns, reuses_left=reuses_left, reuses=reuses,
                          receive_time=receive_time, policy_version=version, order=order,
                          prepared=prepared)
 
@@ -306,12 +306,13 @@ class EntryQueue:
             raise ConfigError("prepare", "a callable (Entry -> object) or None", repr(prepare)[:80],
                               "pass a function that builds the object each serve of an entry hands back")
         with self._put_lock, self._lock:
-            self._prepare, self._prepared = prepare, {}
-            for order, reuses_left in ([] if prepare is None else self._order.orders()):
+            self._prepare = prepare
+            for order, reuses_left in self._order.orders():
                 receive_time, version, reuses = self._info[order]
-                self._prepared[order] = prepare(Entry(columns=self._arena.view(self._slot_of[order]),
-                                                      reuses_left=reuses_left, reuses=reuses,
-                                                      receive_time=receive_time, policy_version=version, order=order))
+                columns = self._ready[order][0]
+                self._ready[order] = (columns, None if prepare is None else prepare(Entry(
+                    columns=columns, reuses_left=reuses_left, reuses=reuses, receive_time=receive_time,
+                    policy_version=version, order=order)))
 
     def close(self) -> None:
         """Release the storage. Views handed out before stay valid (numpy keeps them alive)."""
@@ -319,7 +320,7 @@ class EntryQueue:
             self._closed = True
             self._arena.close()
             self._order, self._slot_of, self._info = ReuseOrder(self._order.serve, self._order.overflow), {}, {}
-            self._prepared = {}
+            self._ready = {}
 
     # ---------------------------------------------------------------- pickling
     def __getstate__(self) -> dict:
@@ -348,6 +349,7 @@ class EntryQueue:
             slot = self._arena.take()
             self._arena.fill_from(slot, cols)
             self._slot_of[order], self._info[order] = slot, info
+            self._ready[order] = (self._arena.view(slot), None)
             self._order.add(order, reuses_left)
         if state["partial"] is not None:
             filled, version, cols = state["partial"]
@@ -361,24 +363,24 @@ class EntryQueue:
         """The entry being filled is complete (put lock held): build its ``prepare`` object outside the
         state lock, then queue it and apply the overflow rule under it (a put's last step)."""
         order, receive_time, prepared, failed = self._next_order, time.time(), None, None
+        columns = self._arena.view(self._filling)   # served as they are on every get (the slot never moves)
         if self._prepare is not None:
             try:
-                prepared = self._prepare(Entry(columns=self._arena.view(self._filling), reuses_left=self.reuses,
+                prepared = self._prepare(Entry(columns=columns, reuses_left=self.reuses,
                                                reuses=0, receive_time=receive_time,
                                                policy_version=self._filling_version, order=order))
             except Exception as e:  # the entry still forms (nothing put is lost); the put raises after
                 failed = e
         with self._lock:
-            self._form_locked(order, receive_time, prepared, per_entry)
+            self._form_locked(order, receive_time, columns, prepared, per_entry)
         if failed is not None:
             raise failed
 
-    def _form_locked(self, order: int, receive_time: float, prepared: Any, per_entry: int) -> None:
+    def _form_locked(self, order: int, receive_time: float, columns: dict, prepared: Any, per_entry: int) -> None:
         self._next_order += 1
         self._slot_of[order] = self._filling  # the arena holds the slot until the entry departs
         self._info[order] = (receive_time, self._filling_version, 0)
-        if self._prepare is not None and prepared is not None:
-            self._prepared[order] = prepared
+        self._ready[order] = (columns, prepared)
         self._order.add(order, self.reuses)
         self._filling, self._filled, self._filling_version = None, 0, None
         self._counts["entries_formed"] += 1
@@ -393,5 +395,5 @@ class EntryQueue:
         """The entry leaves the queue (spent or dropped); its slot is reused once no lease holds it."""
         slot = self._slot_of.pop(order)
         del self._info[order]
-        self._prepared.pop(order, None)
+        del self._ready[order]
         self._arena.release(slot)
