@@ -16,7 +16,15 @@ thread also gets and skips stale samples without a step) must copy it or raise `
 Which entry is served and which is dropped is decided by :class:`ReuseOrder` (pure); staleness
 is a version-lag window checked at ``get``. Every drop is counted in :meth:`stats`: nothing
 accepted leaves without being counted as served, dropped on overflow, or dropped as stale.
-Thread-safe: one lock, held for index updates and the per-put copy only.
+Thread-safe, with two locks so that ``get`` (the training thread) never waits behind a put's copies:
+puts are serialized by a put lock and copy into the slot being filled (which no get can see)
+outside the state lock; the state lock is held only for index updates (taking a slot, counting,
+queueing a formed entry, the overflow drop) and for ``get``'s own. The order of formed entries and
+gets on the state lock is the order of the outcome, exactly as with one lock held for the whole put.
+
+``prepare`` (optional): an object built once per entry when it forms, on the putting thread and
+outside the state lock (a framework's batch object over the entry's views), handed back as
+``Entry.prepared`` on every serve of that entry, so the serving thread only hands it over.
 
 Three parts, each with its own module: what a sample may be (:mod:`~conduit_core.sample_layout`,
 learned from the first put), where entries live and when a slot may be reused
@@ -31,7 +39,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .errors import CapacityError, ClosedError, ConfigError, SpecError
@@ -53,6 +61,7 @@ class Entry:
     receive_time: float             # wall time the entry was formed (time.time())
     policy_version: int | None      # the oldest policy version among its samples (None: not given)
     order: int                      # insertion number: larger is fresher
+    prepared: Any = None            # what ``prepare`` built for this entry when it formed (None: no prepare)
 
 
 class EntryQueue:
@@ -67,12 +76,19 @@ class EntryQueue:
             is below ``v - max_version_lag`` are dropped unserved (counted); ``None`` = no window.
         lease_depth: gets after which a departed entry's slot may be reused.
         time_major: ``[T, B, ...]`` (True) or ``[B, T, ...]`` entries.
+        prepare: called once per entry as it forms, with the :class:`Entry` its first get would see
+            before its counters move (``reuses_left=reuses``, ``reuses=0``); its result is ``Entry.prepared``
+            on every serve. Not pickled: set it again with :meth:`set_prepare` after unpickling.
     """
 
     def __init__(self, *, max_entries: float, batch_size: int | None = None, reuses: int = 1,
                  serve: str = "freshest", overflow: str = "drop_lowest", max_version_lag: float | None = None,
-                 lease_depth: int = 2, time_major: bool = True, adopt: bool = False):
+                 lease_depth: int = 2, time_major: bool = True, adopt: bool = False,
+                 prepare: Callable[[Entry], Any] | None = None):
         check_rules(serve, overflow)
+        if prepare is not None and not callable(prepare):
+            raise ConfigError("prepare", "a callable (Entry -> object) or None", repr(prepare)[:80],
+                              "pass a function that builds the object each serve of an entry hands back")
         if adopt and batch_size is not None:
             raise ConfigError("adopt", "False when batch_size is set", True,
                               "adopt=True keeps each put's own arrays as its entry: only for batch_size=None")
@@ -100,7 +116,10 @@ class EntryQueue:
         # buffer_zero_copy stream) a copy into a slot would only cost bandwidth
         self.adopt = bool(adopt)
         self._order = ReuseOrder(serve, overflow)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()       # state: indices, counters (short holds; get takes only this one)
+        self._put_lock = threading.Lock()   # puts, one at a time: layout, the slot being filled (taken first)
+        self._prepare = prepare
+        self._ready: dict[int, tuple[dict, Any]] = {}         # order -> (columns, prepared), built as it formed
         self._layout: dict[str, FieldLayout] | None = None
         # slots: queued (+1 formed before the overflow drop) + the one being filled + leased
         self._arena = SlotArena(bound=max_entries + 2 + lease_depth, batch_size=batch_size, time_major=time_major,
@@ -123,34 +142,20 @@ class EntryQueue:
         if not isinstance(sample, Mapping):
             raise SpecError("sample", "a mapping of field name -> array", type(sample).__name__,
                             "flatten nested samples first (conduit_core.nested.flatten)")
-        with self._lock:
+        with self._put_lock:
             if self._closed:
                 raise ClosedError("EntryQueue.put: the queue is closed. Fix: create a new queue.")
             layout = self._layout if self._layout is not None else layout_of(sample)
             cols = conform(sample, layout)
-            per_entry = self.batch_size or 1
-            completes = self._filled + 1 == per_entry
-            if completes and self._order.overflow == "reject" and len(self._order) >= self.max_entries:
-                self._counts["rejected"] += 1
-                raise CapacityError(
-                    f"EntryQueue.put: expected at most max_entries={self.max_entries} queued entries, the put would "
-                    f"form entry {len(self._order) + 1}. Fix: get() entries faster, raise max_entries, or use "
-                    "overflow='drop_lowest'/'drop_oldest' to drop (counted) instead of refusing.")
-            if self._layout is None:
-                self._layout = layout
-                self._arena.set_layout(layout)
-            if self._filling is None:
-                self._filling, self._filled, self._filling_version = self._arena.take(), 0, None
-            self._arena.write(self._filling, self._filled, cols)
-            if policy_version is not None:
-                v = int(policy_version)
-                self._filling_version = v if self._filling_version is None else min(self._filling_version, v)
-            self._filled += 1
-            self._counts["samples_put"] += 1
-            if not completes:
-                return False
-            self._form(per_entry)
-            return True
+            with self._lock:
+                if (self._filled + 1 == (self.batch_size or 1) and self._order.overflow == "reject"
+                        and len(self._order) >= self.max_entries):
+                    self._counts["rejected"] += 1
+                    raise CapacityError(
+                        f"EntryQueue.put: expected at most max_entries={self.max_entries} queued entries, the put "
+                        f"would form entry {len(self._order) + 1}. Fix: get() entries faster, raise max_entries, or "
+                        "use overflow='drop_lowest'/'drop_oldest' to drop (counted) instead of refusing.")
+            return self._store(layout, [cols], None if policy_version is None else [int(policy_version)]) == 1
 
     def put_many(self, samples: Sequence[Mapping[str, Any]], *,
                  policy_versions: Sequence[int | None] | None = None) -> int:
@@ -182,7 +187,7 @@ class EntryQueue:
                                 "flatten nested samples first (conduit_core.nested.flatten)")
         if n == 0:
             return 0
-        with self._lock:
+        with self._put_lock:
             if self._closed:
                 raise ClosedError("EntryQueue.put_many: the queue is closed. Fix: create a new queue.")
             layout = self._layout if self._layout is not None else layout_of(samples[0])
@@ -192,35 +197,42 @@ class EntryQueue:
                     cols.append(conform(sample, layout))
                 except SpecError as e:
                     raise SpecError(f"samples[{i}].{e.field}", e.expected, e.actual, e.fix) from None
-            per_entry = self.batch_size or 1
-            filled = self._filled if self._filling is not None else 0
-            forms = (filled + n) // per_entry
-            if self._order.overflow == "reject" and len(self._order) + forms > self.max_entries:
-                self._counts["rejected"] += n
-                raise CapacityError(
-                    f"EntryQueue.put_many: expected at most max_entries={self.max_entries} queued entries, the "
-                    f"group of {n} would form {forms} more on top of {len(self._order)} (nothing was stored). "
-                    "Fix: get() entries faster, put smaller groups, raise max_entries, or use "
-                    "overflow='drop_lowest'/'drop_oldest' to drop (counted) instead of refusing.")
-            if self._layout is None:
+            forms = (self._filled + n) // (self.batch_size or 1)
+            with self._lock:
+                if self._order.overflow == "reject" and len(self._order) + forms > self.max_entries:
+                    self._counts["rejected"] += n
+                    raise CapacityError(
+                        f"EntryQueue.put_many: expected at most max_entries={self.max_entries} queued entries, the "
+                        f"group of {n} would form {forms} more on top of {len(self._order)} (nothing was stored). "
+                        "Fix: get() entries faster, put smaller groups, raise max_entries, or use "
+                        "overflow='drop_lowest'/'drop_oldest' to drop (counted) instead of refusing.")
+            return self._store(layout, cols, versions)
+
+    def _store(self, layout: dict[str, FieldLayout], cols: list, versions: list | None) -> int:
+        """Write conformed samples in order (put lock held): copies into the slot being filled outside
+        the state lock (no get sees that slot), indices and counters under it. Returns entries formed."""
+        per_entry, n, i, forms = self.batch_size or 1, len(cols), 0, 0
+        if self._layout is None:
+            with self._lock:
                 self._layout = layout
                 self._arena.set_layout(layout)
-            i = 0
-            while i < n:   # one segment per entry the group writes into
-                if self._filling is None:
+        while i < n:   # one segment per entry the group writes into
+            if self._filling is None:
+                with self._lock:
                     self._filling, self._filled, self._filling_version = self._arena.take(), 0, None
-                m = min(per_entry - self._filled, n - i)
-                self._arena.write_many(self._filling, self._filled, cols[i:i + m])
-                for v in (versions[i:i + m] if versions is not None else ()):
-                    if v is not None:
-                        self._filling_version = v if self._filling_version is None else min(self._filling_version, v)
+            m = min(per_entry - self._filled, n - i)
+            self._arena.write_many(self._filling, self._filled, cols[i:i + m])
+            for v in (versions[i:i + m] if versions is not None else ()):
+                if v is not None:
+                    self._filling_version = v if self._filling_version is None else min(self._filling_version, v)
+            with self._lock:
                 self._filled += m
                 self._counts["samples_put"] += m
-                i += m
-                if self._filled == per_entry:
-                    self._form(per_entry)
-            return forms
-
+            i += m
+            if self._filled == per_entry:
+                self._form(per_entry)
+                forms += 1
+        return forms
     def get(self, *, current_version: int | None = None) -> Entry | None:
         """The next entry by the serve rule, or None when none is ready. Never blocks."""
         with self._lock:
@@ -244,14 +256,16 @@ class EntryQueue:
             reuses_left, reuses = reuses_left - 1, reuses + 1
             self._info[order] = (receive_time, version, reuses)
             self._arena.lease(slot)
+            columns, prepared = self._ready[order]
             if reuses_left > 0:
                 self._order.add(order, reuses_left)
             else:
                 self._depart(order)
                 self._counts["retired"] += 1
             self._counts["served"] += 1
-            return Entry(columns=self._arena.view(slot), reuses_left=reuses_left, reuses=reuses,
-                         receive_time=receive_time, policy_version=version, order=order)
+            return Entry(columns=columns, reuses_left=reuses_left, reuses=reuses,
+                         receive_time=receive_time, policy_version=version, order=order,
+                         prepared=prepared)
 
     def __contains__(self, order: int) -> bool:
         """Whether the entry of this ``order`` is still queued (formed, reuses left, not dropped)."""
@@ -282,21 +296,37 @@ class EntryQueue:
 
     @property
     def nbytes(self) -> int:
-        with self._lock:
+        with self._put_lock, self._lock:
             return self._arena.nbytes
+
+    def set_prepare(self, prepare: Callable[[Entry], Any] | None) -> None:
+        """Set (or clear) ``prepare`` and build its object for every queued entry now (an unpickled
+        queue has none: ``prepare`` is not pickled)."""
+        if prepare is not None and not callable(prepare):
+            raise ConfigError("prepare", "a callable (Entry -> object) or None", repr(prepare)[:80],
+                              "pass a function that builds the object each serve of an entry hands back")
+        with self._put_lock, self._lock:
+            self._prepare = prepare
+            for order, reuses_left in self._order.orders():
+                receive_time, version, reuses = self._info[order]
+                columns = self._ready[order][0]
+                self._ready[order] = (columns, None if prepare is None else prepare(Entry(
+                    columns=columns, reuses_left=reuses_left, reuses=reuses, receive_time=receive_time,
+                    policy_version=version, order=order)))
 
     def close(self) -> None:
         """Release the storage. Views handed out before stay valid (numpy keeps them alive)."""
-        with self._lock:
+        with self._put_lock, self._lock:
             self._closed = True
             self._arena.close()
             self._order, self._slot_of, self._info = ReuseOrder(self._order.serve, self._order.overflow), {}, {}
+            self._ready = {}
 
     # ---------------------------------------------------------------- pickling
     def __getstate__(self) -> dict:
         """Queued entries (copied, in serve order), the partial entry and the counters: what
         SRL's ``save_buffer_on_exit`` pickles. Leases are not kept (no trainer holds views)."""
-        with self._lock:
+        with self._put_lock, self._lock:
             if self._closed:
                 raise ClosedError("EntryQueue: a closed queue has no data to save. Fix: save it before close().")
             queued = [(order, r, self._info[order], self._arena.saved(self._slot_of[order]))
@@ -319,6 +349,7 @@ class EntryQueue:
             slot = self._arena.take()
             self._arena.fill_from(slot, cols)
             self._slot_of[order], self._info[order] = slot, info
+            self._ready[order] = (self._arena.view(slot), None)
             self._order.add(order, reuses_left)
         if state["partial"] is not None:
             filled, version, cols = state["partial"]
@@ -329,11 +360,27 @@ class EntryQueue:
 
     # ---------------------------------------------------------------- internals
     def _form(self, per_entry: int) -> None:
-        """The entry being filled is complete: queue it, then apply the overflow rule (a put's last step)."""
-        order = self._next_order
+        """The entry being filled is complete (put lock held): build its ``prepare`` object outside the
+        state lock, then queue it and apply the overflow rule under it (a put's last step)."""
+        order, receive_time, prepared, failed = self._next_order, time.time(), None, None
+        columns = self._arena.view(self._filling)   # served as they are on every get (the slot never moves)
+        if self._prepare is not None:
+            try:
+                prepared = self._prepare(Entry(columns=columns, reuses_left=self.reuses,
+                                               reuses=0, receive_time=receive_time,
+                                               policy_version=self._filling_version, order=order))
+            except Exception as e:  # the entry still forms (nothing put is lost); the put raises after
+                failed = e
+        with self._lock:
+            self._form_locked(order, receive_time, columns, prepared, per_entry)
+        if failed is not None:
+            raise failed
+
+    def _form_locked(self, order: int, receive_time: float, columns: dict, prepared: Any, per_entry: int) -> None:
         self._next_order += 1
         self._slot_of[order] = self._filling  # the arena holds the slot until the entry departs
-        self._info[order] = (time.time(), self._filling_version, 0)
+        self._info[order] = (receive_time, self._filling_version, 0)
+        self._ready[order] = (columns, prepared)
         self._order.add(order, self.reuses)
         self._filling, self._filled, self._filling_version = None, 0, None
         self._counts["entries_formed"] += 1
@@ -348,4 +395,5 @@ class EntryQueue:
         """The entry leaves the queue (spent or dropped); its slot is reused once no lease holds it."""
         slot = self._slot_of.pop(order)
         del self._info[order]
+        del self._ready[order]
         self._arena.release(slot)

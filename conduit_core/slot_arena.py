@@ -12,7 +12,10 @@ nobody can still read it: neither its owner (a queued entry, or the one being fi
 :meth:`SlotArena.take` to :meth:`SlotArena.release`) nor one of the last ``lease_depth`` serves
 (:meth:`SlotArena.lease`). That is the whole contract between the two; which entry is served or
 dropped is the queue's business (:class:`~conduit_core.reuse_order.ReuseOrder`), what a sample may
-be is :mod:`conduit_core.sample_layout`'s. No lock: the owner calls under its own.
+be is :mod:`conduit_core.sample_layout`'s. No lock: the owner calls under its own, except that
+:meth:`write`/:meth:`write_many`/:meth:`view` of a slot the writer holds (taken, not yet an entry
+anyone is served) may run beside the other calls: they touch only that slot's keys of the per-slot
+dicts (single dict operations) and its memory, never the free list or the leases.
 """
 
 from __future__ import annotations

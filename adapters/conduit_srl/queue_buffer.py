@@ -4,7 +4,9 @@ The queue does the work (slots, reuses, overflow, leases: ``conduit_core.entry_q
 class is SRL's ``Buffer`` interface over it: SRL's defaults per kind, SRL's return values and
 exceptions, and SRL's ``ReplayEntry`` (a reused batch comes back as the same object, its counters
 updated, as from SRL's priority queue). ``put`` runs on the trainer worker's main thread, ``get``
-on its training thread; neither blocks.
+on its training thread; neither blocks. The batch object SRL's trainer wants is built when the batch
+forms, on the putting thread (the queue's ``prepare``), so ``get`` only hands it over: it takes the
+queue's state lock for an index update, never waiting behind a put's copies.
 
 Deliberate difference from SRL's queues (for correctness; shown in
 ``tests/srl_venv/test_buffers_vs_srl.py``): entries are views into preallocated slots (no stacking
@@ -18,7 +20,6 @@ from __future__ import annotations
 import math
 import queue as queue_module
 import time
-from collections import OrderedDict
 from typing import Any
 
 from conduit_core.entry_queue import EntryQueue
@@ -49,7 +50,8 @@ class ConduitQueueBuffer:
             batch_size = 1 if batch_size is _DEFAULT else batch_size
             self._queue = EntryQueue(max_entries=_max_size(16 if max_size is None else max_size, kind),
                                      batch_size=batch_size or None, reuses=reuses, serve="freshest",
-                                     overflow="drop_lowest", lease_depth=lease_depth, adopt=not batch_size)
+                                     overflow="drop_lowest", lease_depth=lease_depth, adopt=not batch_size,
+                                     prepare=self._prepare)
         else:
             batch_size = None if batch_size is _DEFAULT else batch_size
             # SRL: SimpleQueueBuffer(batch_size=None, max_size=1e9): FIFO, the oldest dropped beyond max_size
@@ -57,10 +59,10 @@ class ConduitQueueBuffer:
             # an entry keeps the arrays it was given, as SRL's queue keeps the object: no copy
             self._queue = EntryQueue(max_entries=_max_size(1e9 if max_size is None else max_size, kind),
                                      batch_size=batch_size or None, reuses=1, serve="oldest",
-                                     overflow="drop_oldest", lease_depth=lease_depth, adopt=not batch_size)
+                                     overflow="drop_oldest", lease_depth=lease_depth, adopt=not batch_size,
+                                     prepare=self._prepare)
         self.batch_size, self.reuses = batch_size, reuses
         self._codec: samples.SampleCodec | None = None
-        self._rebuilt: OrderedDict[int, Any] = OrderedDict()  # queued entry's order -> its ReplayEntry (reuses)
 
     def put(self, x) -> bool | None:
         """Returns what SRL's buffer of this kind returns: the priority queue True when the put formed
@@ -93,32 +95,30 @@ class ConduitQueueBuffer:
             if self.kind == "simple_queue":
                 raise queue_module.Empty  # what SRL's SimpleQueueBuffer.get raises when empty
             raise AssertionError("attempting to get from empty buffer.")  # SRL's PriorityQueueBuffer
+        prepared = entry.prepared if entry.prepared is not None else self._prepare(entry)  # None: prepare failed
         if self.kind == "simple_queue":  # SRL reports these for its FIFO queue
-            return samples.replay_entry(reuses_left=0, reuses=0, receive_time=time.time(),
-                                        sample=self._codec.rebuild(entry.columns))
+            return samples.replay_entry(reuses_left=0, reuses=0, receive_time=time.time(), sample=prepared)
         # a reused entry comes back as the same ReplayEntry, its counters updated in place, as from
         # SRL's priority queue (what a trainer computed on the sample persists across its reuses)
-        replay_entry = self._rebuilt.pop(entry.order, None)
-        if replay_entry is None:
-            replay_entry = samples.replay_entry(reuses_left=entry.reuses_left, reuses=entry.reuses,
-                                                receive_time=entry.receive_time,
-                                                sample=self._codec.rebuild(entry.columns))
-        else:
-            replay_entry.reuses_left, replay_entry.reuses = entry.reuses_left, entry.reuses
-        if entry.reuses_left > 0:
-            self._rebuilt[entry.order] = replay_entry
-        for order in [o for o in self._rebuilt if o not in self._queue]:  # dropped on overflow since
-            del self._rebuilt[order]
-        return replay_entry
+        prepared.reuses_left, prepared.reuses = entry.reuses_left, entry.reuses
+        return prepared
+
+    def _prepare(self, entry):
+        """The object ``get`` hands over for ``entry``, built once when it forms (on the putting thread):
+        the simple queue's rebuilt sample (its ``ReplayEntry`` is stamped at ``get``, as SRL's), the
+        priority queue's ``ReplayEntry`` (the same object on every reuse)."""
+        sample = self._codec.rebuild(entry.columns)
+        if self.kind == "simple_queue":
+            return sample
+        return samples.replay_entry(reuses_left=entry.reuses_left, reuses=entry.reuses,
+                                    receive_time=entry.receive_time, sample=sample)
 
     def empty(self) -> bool:
         return self._queue.empty()
 
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_rebuilt"}
-
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _rebuilt=OrderedDict())
+        self.__dict__.update(state)
+        self._queue.set_prepare(self._prepare)  # the queue does not pickle it; queued entries get theirs now
 
     def qsize(self) -> int:
         return self._queue.qsize()

@@ -285,3 +285,56 @@ def test_put_many_is_all_or_nothing_and_names_the_sample_and_field():
     q.close()
     with pytest.raises(Exception, match="closed"):
         q.put_many([sample(0)])
+
+
+def test_prepare_runs_once_per_entry_as_it_forms_and_every_serve_hands_it_over():
+    made = []
+
+    def prepare(entry):
+        made.append((entry.order, entry.reuses_left, entry.reuses, float(entry.columns["reward"][0, 0, 0])))
+        return object()
+    q = EntryQueue(max_entries=2, batch_size=2, reuses=3, prepare=prepare)
+    for i in range(6):
+        q.put(sample(i))          # three entries formed; the overflow drops one
+    assert [m[:3] for m in made] == [(0, 3, 0), (1, 3, 0), (2, 3, 0)] and made[2][3] == 4.0
+    served = [q.get() for _ in range(6)]
+    assert len({id(e.prepared) for e in served}) == 2 and len(made) == 3   # built at form only, never at get
+    by_order = {}
+    assert all(by_order.setdefault(e.order, e.prepared) is e.prepared for e in served) and q.get() is None
+    q2 = EntryQueue(max_entries=2, batch_size=1, reuses=3, prepare=prepare)
+    q2.put(sample(9))
+    back = pickle.loads(pickle.dumps(q2))
+    assert back.get().prepared is None and len(made) == 4   # prepare is not pickled
+    back.set_prepare(prepare)                               # queued entries get theirs now
+    assert made[-1] == (0, 2, 1, 9.0) and back.get().prepared is back.get().prepared is not None
+    with pytest.raises(ConfigError, match="prepare"):
+        EntryQueue(max_entries=2, prepare="not callable")
+
+
+def test_a_get_never_waits_behind_a_put_in_progress():
+    """The put lock, not the state lock, is held while a put copies and prepares: a get of an entry
+    already formed completes while another thread's put is stuck inside ``prepare``."""
+    import threading
+    inside, release = threading.Event(), threading.Event()
+
+    def prepare(entry):
+        if entry.order == 1:
+            inside.set()
+            assert release.wait(10)
+        return entry.order
+    q = EntryQueue(max_entries=4, batch_size=2, reuses=2, prepare=prepare)
+    q.put(sample(0))
+    q.put(sample(1))
+    putter = threading.Thread(target=lambda: [q.put(sample(i)) for i in (2, 3)])
+    putter.start()
+    try:
+        assert inside.wait(10)
+        got = []
+        getter = threading.Thread(target=lambda: got.append(q.get()))
+        getter.start()
+        getter.join(5)
+        assert not getter.is_alive() and got[0].prepared == 0 and q.stats()["samples_put"] == 4
+    finally:
+        release.set()
+        putter.join()
+    assert q.get().prepared == 1 and q.stats()["entries_formed"] == 2

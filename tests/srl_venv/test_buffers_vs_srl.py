@@ -117,6 +117,34 @@ def test_a_reused_entry_is_the_same_object_with_its_counters_updated_in_place():
         assert first is second and first.reuses_left == 0 and first.reuses == 2
 
 
+def test_the_replay_entry_is_built_when_the_batch_forms_and_get_only_hands_it_over(monkeypatch):
+    """The priority queue's ReplayEntry is built on the putting thread as its batch forms; gets
+    (the training thread) rebuild nothing, also after unpickling; what SRL serves, in the same order."""
+    from conduit_srl import samples as conduit_samples
+    built = []
+    real = conduit_samples.replay_entry
+    monkeypatch.setattr(conduit_samples, "replay_entry", lambda **kw: built.append(kw) or real(**kw))
+    ours = ConduitQueueBuffer("priority_queue", batch_size=2, reuses=3, max_size=2)
+    theirs = srl_buffer.make_buffer("priority_queue", batch_size=2, reuses=3, max_size=2)
+    for i in range(6):
+        ours.put(sample(i))
+        theirs.put(sample(i))
+    assert len(built) == 3 and all(kw["reuses"] == 0 and kw["reuses_left"] == 3 for kw in built)
+    served = []
+    for _ in range(3):
+        a, b = ours.get(), theirs.get()
+        assert ident(a.sample) == ident(b.sample) and (a.reuses_left, a.reuses) == (b.reuses_left, b.reuses)
+        served.append(a)
+    assert len(built) == 3
+    import pickle
+    back = pickle.loads(pickle.dumps(ours))
+    assert len(built) == 3 + back.qsize()
+    while not ours.empty():
+        a, b, c = ours.get(), back.get(), theirs.get()
+        assert ident(a.sample) == ident(b.sample) == ident(c.sample) and a.reuses_left == b.reuses_left == c.reuses_left
+    assert len(built) == 5 and theirs.empty() and back.empty()
+
+
 def test_queue_entry_rebuilt_exactly_as_srl_builds_it():
     ours, theirs = ConduitQueueBuffer("priority_queue", batch_size=3), srl_buffer.make_buffer(
         "priority_queue", batch_size=3)

@@ -1,0 +1,125 @@
+"""The training thread's ``get`` while the main thread puts: SRL's priority queue vs Conduit's, one run.
+
+    PYTHONPATH=.:adapters $CONDUIT_SRL_PYTHON -m benchmarks.srl_get --seconds 10 --reps 3 --json out/srl_get.json
+
+SRL's trainer worker puts on its main thread (``consume_to``) and gets on its training thread; here
+the same two threads over the same MAPPO CartPole samples (``srl_buffers.make_sample``), trainer-bound
+as in docs §13's reuses=64 run. Main thread: per sample ``--receive-us`` of Python work that holds the
+GIL (the stream's decode), puts in groups of ``--group`` (SRL: ``put`` each; Conduit: ``put_batch``, its
+consumer at g_ing=16), paced to ``--rate`` samples/s. Training thread: ``get`` when not ``empty``, then
+a step of ``--step-ms`` of numpy work (releases the GIL, as torch's kernels do) and ``--step-py-ms`` of
+Python. Timed: each ``get`` call (wall, on the training thread). Arms alternate, ``--reps`` each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from benchmarks.srl_buffers import make_sample
+
+
+def _spin(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def run_arm(buffer, samples, *, seconds, group, receive_us, rate, step_ms, step_py_ms, grouped) -> dict:
+    stop = threading.Event()
+    gets: list[float] = []
+    a = np.random.default_rng(0).standard_normal((192, 192))
+
+    def train():
+        while not stop.is_set():
+            if buffer.empty():
+                time.sleep(0.0005)
+                continue
+            t0 = time.perf_counter()
+            e = buffer.get()
+            gets.append(time.perf_counter() - t0)
+            _ = e.sample.obs.obs
+            end = time.perf_counter() + step_ms * 1e-3
+            while time.perf_counter() < end:
+                a @ a
+            _spin(step_py_ms * 1e3)
+
+    t = threading.Thread(target=train, name="bench-train")
+    t.start()
+    put_s, n_put, i = 0.0, 0, 0
+    t_start = time.perf_counter()
+    try:
+        while time.perf_counter() - t_start < seconds:
+            g = [samples[(i + k) % len(samples)] for k in range(group)]
+            i += group
+            _spin(receive_us * group)
+            t0 = time.perf_counter()
+            if grouped:
+                buffer.put_batch(g)
+            else:
+                for s in g:
+                    buffer.put(s)
+            put_s += time.perf_counter() - t0
+            n_put += group
+            lag = n_put / rate - (time.perf_counter() - t_start)
+            if lag > 0:
+                time.sleep(lag)
+    finally:
+        stop.set()
+        t.join()
+    us = sorted(x * 1e6 for x in gets)
+    return dict(gets=len(us), get_mean_us=statistics.fmean(us) if us else float("nan"),
+                get_p50_us=us[len(us) // 2] if us else float("nan"),
+                get_p99_us=us[int(len(us) * 0.99)] if us else float("nan"), get_max_us=us[-1] if us else float("nan"),
+                get_over_1ms=sum(x > 1000 for x in us), put_us_per_sample=put_s / max(n_put, 1) * 1e6)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reuses", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--group", type=int, default=16)
+    p.add_argument("--receive-us", type=float, default=50.0)
+    p.add_argument("--rate", type=float, default=1000.0)
+    p.add_argument("--step-ms", type=float, default=8.0)
+    p.add_argument("--step-py-ms", type=float, default=2.0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from rlsrl.base.buffer import PriorityQueueBuffer
+    from conduit_srl.queue_buffer import ConduitQueueBuffer
+
+    rng = np.random.default_rng(0)
+    samples = [make_sample(51, (4,), np.float32, rng) for _ in range(64)]
+    arms = {"srl": lambda: (PriorityQueueBuffer(max_size=16, reuses=args.reuses, batch_size=args.batch), False),
+            "conduit": lambda: (ConduitQueueBuffer("priority_queue", max_size=16, reuses=args.reuses,
+                                                   batch_size=args.batch), True)}
+    kw = dict(seconds=args.seconds, group=args.group, receive_us=args.receive_us, rate=args.rate,
+              step_ms=args.step_ms, step_py_ms=args.step_py_ms)
+    runs: dict[str, list] = {k: [] for k in arms}
+    for rep in range(args.reps):
+        for name, make in arms.items():
+            buffer, grouped = make()
+            r = run_arm(buffer, samples, grouped=grouped, **kw)
+            runs[name].append(r)
+            print(f"rep {rep} {name:8s} gets {r['gets']:5d}  get mean {r['get_mean_us']:8.1f} us  p50 "
+                  f"{r['get_p50_us']:6.1f}  p99 {r['get_p99_us']:8.1f}  max {r['get_max_us']:8.1f}  >1ms "
+                  f"{r['get_over_1ms']:3d}  put {r['put_us_per_sample']:6.1f} us/sample", flush=True)
+    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
+    ratio = med["conduit"]["get_mean_us"] / med["srl"]["get_mean_us"]
+    print(f"median get mean: srl {med['srl']['get_mean_us']:.1f} us, conduit {med['conduit']['get_mean_us']:.1f} us "
+          f"({ratio:.1f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(args=vars(args), runs=runs, median=med, ratio_get_mean=ratio), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
