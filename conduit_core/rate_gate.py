@@ -25,6 +25,7 @@ class BufferCondition(threading.Condition):
         if self._waiters:
             super().notify_all()
 
+
 def wait_until(cond, predicate, *, limiter: RateLimiter, timeout: float | None, why: str, kind: str,
                check_open) -> None:
     """Wait on ``cond`` (held) until ``predicate()``: raise at once under ``on_limit='raise'``,
