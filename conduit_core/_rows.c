@@ -19,6 +19,9 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Copies of at least this many bytes release the GIL (below it, releasing costs more than it frees). */
+#define RELEASE_GIL_FROM (256 << 10)
+
 /* A non-finite value has every exponent bit set: one read of the bits. */
 #define SCAN(TYPE, MASK)                                                    \
     {                                                                       \
@@ -110,6 +113,11 @@ static PyObject *copy_rows(PyObject *self, PyObject *args) {
             || PyArray_NBYTES(src[i]) != n * (PyArray_NBYTES(dst[i]) / cap))
             goto decline;
     }
+    /* a large copy (Atari rollouts: megabytes) lets other threads run, as numpy's own copy does;
+     * the arrays stay referenced by the caller's dict and tuple throughout */
+    npy_intp total = 0;
+    for (Py_ssize_t i = 0; i < nt; i++) total += PyArray_NBYTES(src[i]);
+    PyThreadState *ts = total >= RELEASE_GIL_FROM ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t i = 0; i < nt; i++) {
         npy_intp cap = PyArray_DIM(dst[i], 0), row = PyArray_NBYTES(dst[i]) / cap;
         npy_intp head = n < cap - slot ? n : cap - slot;
@@ -119,6 +127,7 @@ static PyObject *copy_rows(PyObject *self, PyObject *args) {
         memmove(d + slot * row, s, (size_t)(head * row));
         if (head < n) memmove(d, s + head * row, (size_t)((n - head) * row));
     }
+    if (ts != NULL) PyEval_RestoreThread(ts);
     Py_RETURN_TRUE;
 decline:
     if (PyErr_Occurred()) return NULL;
@@ -233,6 +242,9 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
     }
     for (npy_intp k = 0; k < n; k++)
         if (slots[k] < 0 || slots[k] >= cap) goto decline;
+    npy_intp total = 0;
+    for (Py_ssize_t i = 0; i < nt; i++) total += n * row[i];
+    PyThreadState *ts = total >= RELEASE_GIL_FROM ? PyEval_SaveThread() : NULL;   /* as in copy_rows */
     for (npy_intp k = 0; k < n; k++)
         for (Py_ssize_t i = 0; i < nt; i++) __builtin_prefetch(PyArray_BYTES(col[i]) + slots[k] * row[i]);
     for (Py_ssize_t i = 0; i < nt; i++) {
@@ -241,6 +253,7 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
         npy_intp r = row[i];
         for (npy_intp k = 0; k < n; k++) copy_row(d + k * r, c + slots[k] * r, r);
     }
+    if (ts != NULL) PyEval_RestoreThread(ts);
     Py_RETURN_TRUE;
 decline:
     if (PyErr_Occurred()) return NULL;
