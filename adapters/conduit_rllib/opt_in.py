@@ -18,6 +18,9 @@ def enable(config, **options):
     if isinstance(config, DQNConfig):
         return _enable_dqn(config, opts)
     if isinstance(config, PPOConfig):
+        if opts.source_ingest:   # PPO's on-policy batches reach the learner connector, not a replay buffer
+            raise ConfigError("source_ingest", "False for PPO (env runners write at the source for DQN only)",
+                              True, "drop source_ingest=True for PPO, or use it with a DQNConfig")
         from .ppo import enable_ppo
         return enable_ppo(config, opts)
     raise ConfigError("config", "a DQNConfig or PPOConfig (RLlib 2.60, new API stack)", type(config).__name__,

@@ -107,3 +107,14 @@ def test_dqn_cartpole_with_two_env_runners_writing_at_the_source(ray_session):
         assert buf.get_num_episodes() == len(buf.ledger.episodes) > 0
     finally:
         algo.stop()
+
+
+def test_source_ingest_is_refused_for_ppo_not_ignored():
+    """Env runners write at the source for DQN only: PPO must say so, not accept and ignore it."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    import conduit_rllib
+    from conduit_core import ConfigError
+    config = PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=1)
+    with pytest.raises(ConfigError, match="source_ingest.*DQN only"):
+        conduit_rllib.enable(config, source_ingest=True)
