@@ -233,6 +233,7 @@ class EntryQueue:
                 self._form(per_entry)
                 forms += 1
         return forms
+
     def get(self, *, current_version: int | None = None) -> Entry | None:
         """The next entry by the serve rule, or None when none is ready. Never blocks."""
         with self._lock:
