@@ -70,32 +70,36 @@ def build(n_nodes: int, args):
     return buf, runners
 
 
-def ingest_source(buf, runners, rounds: int, per_call: int) -> float:
+def pipelined(runners, method: str, rounds: int, per_call: int, store) -> float:
+    """Rows/s of ``rounds`` rounds: each runner's next call is in flight while the driver stores
+    the last round's results with ``store(runner index, result) -> rows``."""
     import ray
     t0 = time.perf_counter()
     rows = 0
-    pending = [r.receipts.remote(per_call) for r in runners]
+    pending = [getattr(r, method).remote(per_call) for r in runners]
     for i in range(rounds):
         got = ray.get(pending)
-        pending = [r.receipts.remote(per_call) for r in runners] if i + 1 < rounds else []
-        report = buf.commit([rec for out in got for rec in out])
-        rows += report.rows
+        pending = [getattr(r, method).remote(per_call) for r in runners] if i + 1 < rounds else []
+        rows += store(got)
     return rows / (time.perf_counter() - t0)
 
 
+def ingest_source(buf, runners, rounds: int, per_call: int) -> float:
+    """Writers at the source: the driver commits the runners' receipts."""
+    return pipelined(runners, "receipts", rounds, per_call,
+                     lambda got: buf.commit([rec for out in got for rec in out]).rows)
+
+
 def ingest_driver(buf, runners, rounds: int, per_call: int) -> float:
-    import ray
-    t0 = time.perf_counter()
-    rows = 0
-    pending = [r.rollouts.remote(per_call) for r in runners]
-    for i in range(rounds):
-        got = ray.get(pending)
-        pending = [r.rollouts.remote(per_call) for r in runners] if i + 1 < rounds else []
+    """Through the driver: the runners return their rollouts and the driver adds them."""
+    def store(got) -> int:
+        rows = 0
         for k, out in enumerate(got):
             for batch in out:
                 buf.add(batch, source=k + 1)
                 rows += batch["obs"].shape[0]
-    return rows / (time.perf_counter() - t0)
+        return rows
+    return pipelined(runners, "rollouts", rounds, per_call, store)
 
 
 def deliver(buf, batches: int, batch: int) -> float:
