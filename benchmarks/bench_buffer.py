@@ -28,6 +28,7 @@ from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized, Uniform
 
 from .common import fmt_table, machine, median, memcpy_bandwidth, ratio_stats, time_per_call, write_json
 from .plain_ring import plain_ring_entry
+from .torchrl_peer import TorchRLArm, torchrl_available
 
 SHAPES = {"cartpole": ((4,), np.float32), "atari": ((84, 84, 4), np.uint8)}
 
@@ -99,10 +100,11 @@ def _insert_rate(buf: ExperienceBuffer, cols: list[dict], rows: int) -> float:
 
 
 def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_len: int, batch_sizes: list[int],
-                   reps: int, calls: int, rllib: bool) -> dict:
+                   reps: int, calls: int, rllib: bool, torchrl: bool = False) -> dict:
     """Conduit's ring is filled to ``fill`` (== capacity for CartPole: inserts are measured
     in the steady state of a full ring). RLlib's buffer gets ``rllib_fill`` transitions
-    (it does not evict below capacity, which favours RLlib)."""
+    (it does not evict below capacity, which favours RLlib). TorchRL's buffer (``torchrl``) holds
+    ``fill`` slots, filled once, then timed overwriting them, as Conduit's steady state."""
     rollouts = make_rollouts(kind, fill, ep_len)
     cols = [conduit_columns(r) for r in rollouts]
     result: dict = {"kind": kind, "fill": fill, "capacity": capacity, "rllib_fill": rllib_fill}
@@ -144,6 +146,13 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
         cf = conduit_buffer(kind, capacity, prioritized, reuse=0)  # fresh output memory per batch
         for c in cols:
             cf.add(c)
+        trl = None
+        if torchrl:
+            trl = TorchRLArm(cols, fill, prioritized)
+            ins_t = [trl.insert_rate() for _ in range(reps)]
+            res["insert_per_s"] |= {"torchrl": median(ins_t), "torchrl_reps": ins_t,
+                                    "torchrl_first_fill": trl.first_fill_per_s,
+                                    "speedup_vs_torchrl": median(steady) / median(ins_t)}
         for B in batch_sizes:
             def c_step(buf=cb):
                 b = buf.sample(B)
@@ -164,6 +173,10 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
                 t_r = time_per_call(r_step, calls=max(3, calls // 50), reps=reps)
                 entry |= {"rllib_s": median(t_r), "speedup": ratio_stats(t_r, t_c),
                           "speedup_fresh": ratio_stats(t_r, t_cf)}
+            if trl is not None:   # TorchRL returns fresh tensors: compared with both Conduit arms
+                t_t = time_per_call(lambda: trl.step(B), calls=calls, reps=reps)
+                entry |= {"torchrl_s": median(t_t), "speedup_vs_torchrl": ratio_stats(t_t, t_c),
+                          "speedup_vs_torchrl_fresh": ratio_stats(t_t, t_cf)}
             if kind == "atari":
                 nbytes = B * 2 * int(np.prod(SHAPES[kind][0]))
                 entry["gather_GBps"] = nbytes / median(t_c) / 1e9
@@ -175,6 +188,7 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
                 res[f"B{B}_nstep"] = nstep_entry(cb, rb, B, prioritized, calls=calls, reps=reps)
         if not prioritized:  # the floor: a plain numpy ring, same columns, same capacity
             res["plain_ring"] = plain_ring_entry(kind, cols, fill, batch_sizes, calls=calls, reps=reps)
+        del trl
         cf.close()
         cb.close()
     return result
@@ -290,6 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--no-rllib", action="store_true", help="skip RLlib (when ray[rllib] is not installed)")
+    p.add_argument("--no-torchrl", action="store_true", help="skip TorchRL even where it loads")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run for tests")
     p.add_argument("--json", default="out/bench_buffer.json")
     a = p.parse_args(argv)
@@ -304,8 +319,12 @@ def main(argv: list[str] | None = None) -> dict:
         except ImportError:
             print("ray[rllib] not installed: measuring Conduit only (pip install '.[rllib]')", file=sys.stderr)
             rllib = False
+    torchrl, torchrl_note = (False, "--no-torchrl") if a.no_torchrl else torchrl_available()
+    if not torchrl:
+        print(f"TorchRL arm skipped: {torchrl_note}", file=sys.stderr)
     bw = memcpy_bandwidth(64 << 20 if a.quick else 256 << 20)
-    report = {"machine": machine(), "memcpy_GBps": bw, "args": vars(a), "workloads": {}}
+    report = {"machine": machine(), "memcpy_GBps": bw, "args": vars(a), "workloads": {},
+              "torchrl": torchrl_note if torchrl else f"skipped: {torchrl_note}"}
     for kind, fill in (("cartpole", a.fill_cartpole), ("atari", a.fill_atari)):
         rfill = a.rllib_fill or (fill if kind == "atari" else a.capacity)
         # Atari's raw rows are 56 KB: its ring is sized to what this machine can hold when full
@@ -313,7 +332,8 @@ def main(argv: list[str] | None = None) -> dict:
         cap_k = a.capacity if kind == "cartpole" else min(a.capacity, a.atari_capacity)
         report["workloads"][kind] = bench_workload(kind, capacity=cap_k, fill=fill, rllib_fill=rfill,
                                                    ep_len=a.episode_len,
-                                                   batch_sizes=[32, 256], reps=a.reps, calls=a.calls, rllib=rllib)
+                                                   batch_sizes=[32, 256], reps=a.reps, calls=a.calls, rllib=rllib,
+                                                   torchrl=torchrl)
     report["capacity"] = cap = capacity_report(capacity=2_000 if a.quick else 20_000)
     print(render(report))
     print(f"\nAtari capacity with lossless codecs: {cap['bytes_per_transition'] / 1e3:.1f} KB per transition "
@@ -362,8 +382,29 @@ def render(report: dict) -> str:
             e = pr[f"B{B}"]
             rows.append([kind, "uniform", f"sample B={B} vs plain ring", f"{e['conduit_s'] * 1e6:.1f} us",
                          f"{e['plain_s'] * 1e6:.1f} us (ring)", f"{e['ratio']['median']:.2f}x", "target <= 1.3x"])
+    trl = []
+    for kind, w in report["workloads"].items():
+        for tag in ("uniform", "prioritized"):
+            r = w[tag]
+            if "torchrl" not in r["insert_per_s"]:
+                continue
+            ins = r["insert_per_s"]
+            trl.append([kind, tag, "insert/s", f"{ins['conduit']:.3g}", "", f"{ins['torchrl']:.3g}",
+                        f"{ins['speedup_vs_torchrl']:.2f}x", ""])
+            for B in (32, 256):
+                e = r[f"B{B}"]
+                trl.append([kind, tag, f"sample{' + update' if tag == 'prioritized' else ''} B={B}",
+                            f"{e['conduit_s'] * 1e6:.1f} us", f"{e['conduit_fresh_s'] * 1e6:.1f} us",
+                            f"{e['torchrl_s'] * 1e6:.1f} us", f"{e['speedup_vs_torchrl']['median']:.1f}x",
+                            f"{e['speedup_vs_torchrl_fresh']['median']:.1f}x"])
+    tail = ""
+    if trl:
+        tail = "\n\nvs TorchRL " + str(report.get("torchrl")) + " (target: prioritized + update B=32 >= 3x)\n" + fmt_table(
+            trl, ["workload", "selector", "op", "conduit reused", "conduit fresh", "torchrl", "speedup", "fresh speedup"])
+    elif "torchrl" in report:
+        tail = f"\n\nTorchRL: {report['torchrl']}"
     head = f"memcpy bandwidth (256 MiB copy): {report['memcpy_GBps']:.1f} GB/s; medians over {report['args']['reps']} reps\n"
-    return head + fmt_table(rows, ["workload", "selector", "op", "conduit", "rllib", "speedup", "gather / rule"])
+    return head + fmt_table(rows, ["workload", "selector", "op", "conduit", "rllib", "speedup", "gather / rule"]) + tail
 
 
 if __name__ == "__main__":
