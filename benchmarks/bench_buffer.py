@@ -188,7 +188,7 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
                 res[f"B{B}_nstep"] = nstep_entry(cb, rb, B, prioritized, calls=calls, reps=reps)
         if not prioritized:  # the floor: a plain numpy ring, same columns, same capacity
             res["plain_ring"] = plain_ring_entry(kind, cols, fill, batch_sizes, calls=calls, reps=reps)
-        del trl
+        trl = None   # its storage goes before the next arm fills
         cf.close()
         cb.close()
     return result
