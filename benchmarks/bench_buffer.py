@@ -28,7 +28,7 @@ from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized, Uniform
 
 from .common import fmt_table, machine, median, memcpy_bandwidth, ratio_stats, time_per_call, write_json
 from .plain_ring import plain_ring_entry
-from .torchrl_peer import TorchRLArm, torchrl_available
+from .torchrl_peer import TorchRLArm, render_torchrl, torchrl_available
 
 SHAPES = {"cartpole": ((4,), np.float32), "atari": ((84, 84, 4), np.uint8)}
 
@@ -382,27 +382,7 @@ def render(report: dict) -> str:
             e = pr[f"B{B}"]
             rows.append([kind, "uniform", f"sample B={B} vs plain ring", f"{e['conduit_s'] * 1e6:.1f} us",
                          f"{e['plain_s'] * 1e6:.1f} us (ring)", f"{e['ratio']['median']:.2f}x", "target <= 1.3x"])
-    trl = []
-    for kind, w in report["workloads"].items():
-        for tag in ("uniform", "prioritized"):
-            r = w[tag]
-            if "torchrl" not in r["insert_per_s"]:
-                continue
-            ins = r["insert_per_s"]
-            trl.append([kind, tag, "insert/s", f"{ins['conduit']:.3g}", "", f"{ins['torchrl']:.3g}",
-                        f"{ins['speedup_vs_torchrl']:.2f}x", ""])
-            for B in (32, 256):
-                e = r[f"B{B}"]
-                trl.append([kind, tag, f"sample{' + update' if tag == 'prioritized' else ''} B={B}",
-                            f"{e['conduit_s'] * 1e6:.1f} us", f"{e['conduit_fresh_s'] * 1e6:.1f} us",
-                            f"{e['torchrl_s'] * 1e6:.1f} us", f"{e['speedup_vs_torchrl']['median']:.1f}x",
-                            f"{e['speedup_vs_torchrl_fresh']['median']:.1f}x"])
-    tail = ""
-    if trl:
-        tail = "\n\nvs TorchRL " + str(report.get("torchrl")) + " (target: prioritized + update B=32 >= 3x)\n" + fmt_table(
-            trl, ["workload", "selector", "op", "conduit reused", "conduit fresh", "torchrl", "speedup", "fresh speedup"])
-    elif "torchrl" in report:
-        tail = f"\n\nTorchRL: {report['torchrl']}"
+    tail = render_torchrl(report)
     head = f"memcpy bandwidth (256 MiB copy): {report['memcpy_GBps']:.1f} GB/s; medians over {report['args']['reps']} reps\n"
     return head + fmt_table(rows, ["workload", "selector", "op", "conduit", "rllib", "speedup", "gather / rule"]) + tail
 

@@ -69,3 +69,30 @@ class TorchRLArm:
         if self.prioritized:
             self.rb.update_priority(s["index"], torch.rand(batch))
         return s
+
+
+def render_torchrl(report: dict) -> str:
+    """bench_buffer's TorchRL table (or why the arm was skipped)."""
+    from .common import fmt_table
+    trl = []
+    for kind, w in report["workloads"].items():
+        for tag in ("uniform", "prioritized"):
+            r = w[tag]
+            if "torchrl" not in r["insert_per_s"]:
+                continue
+            ins = r["insert_per_s"]
+            trl.append([kind, tag, "insert/s", f"{ins['conduit']:.3g}", "", f"{ins['torchrl']:.3g}",
+                        f"{ins['speedup_vs_torchrl']:.2f}x", ""])
+            for B in (32, 256):
+                e = r[f"B{B}"]
+                trl.append([kind, tag, f"sample{' + update' if tag == 'prioritized' else ''} B={B}",
+                            f"{e['conduit_s'] * 1e6:.1f} us", f"{e['conduit_fresh_s'] * 1e6:.1f} us",
+                            f"{e['torchrl_s'] * 1e6:.1f} us", f"{e['speedup_vs_torchrl']['median']:.1f}x",
+                            f"{e['speedup_vs_torchrl_fresh']['median']:.1f}x"])
+    tail = ""
+    if trl:
+        tail = "\n\nvs TorchRL " + str(report.get("torchrl")) + " (target: prioritized + update B=32 >= 3x)\n" + fmt_table(
+            trl, ["workload", "selector", "op", "conduit reused", "conduit fresh", "torchrl", "speedup", "fresh speedup"])
+    elif "torchrl" in report:
+        tail = f"\n\nTorchRL: {report['torchrl']}"
+    return tail

@@ -263,6 +263,14 @@ class ExperienceBuffer:
     update_priorities = delivery.update_priorities
 
 
+    def weights_tensor(self, weights: np.ndarray | None, device=None) -> torch.Tensor | None:
+        """A selection's importance weights as the batch's tensor, reused like its outputs."""
+        if weights is None:
+            return None
+        if device is None:
+            return torch.from_numpy(weights) if self._out is None else self._out.weights(weights)
+        return torch.from_numpy(weights).to(device)
+
     def gather(self, slots: np.ndarray, device=None, fields=None) -> dict[str, torch.Tensor]:
         """Decoded rows at ``slots`` (lock held), into the reused outputs when the buffer keeps them."""
         out, views = (None, None) if self._out is None or fields is not None else self._out.get(slots.shape)

@@ -33,12 +33,6 @@ class DeliveryCounts:
     lost: int = 0            # FIFO: queued items lost with a shard (never to be taken; see shard_loss)
 
 
-def _weights_on(weights, device):
-    if weights is None:
-        return None
-    return torch.from_numpy(weights) if device is None else torch.from_numpy(weights).to(device)
-
-
 def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
            n_step: int | tuple[int, int] | None = None, gamma: float = 0.99,
            beta: float | None = None, timeout: float | None = None,
@@ -89,8 +83,9 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
             slots, weights, data = draw()
         buf.counts.sampled += batch_size
         cond.notify_all()
-        return Batch(data, slots=slots, seqs=ring.meta["seq"][slots], versions=ring.meta["version"][slots],
-                     weights=_weights_on(weights, device), inserted_at_selection=ring.inserted)
+        seqs, versions = ring.gather_meta(slots)
+        return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=buf.weights_tensor(weights, device),
+                     inserted_at_selection=ring.inserted)
 
 
 def sample_sequences(buf, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:
@@ -192,6 +187,13 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
 def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None) -> int:
     """Set new priorities for delivered items. With ``seqs`` (from the Batch), items
     overwritten since they were delivered are skipped. Returns how many were updated."""
+    if seqs is not None and type(slots) is np.ndarray and type(seqs) is np.ndarray \
+            and type(priorities) is np.ndarray:   # a delivered batch's own arrays: one native call
+        with buf.lock.mutex:
+            buf.check_open()
+            done = buf.selector.update_delivered(slots, seqs, priorities, buf.meta["seq"])
+        if done is not None:
+            return done   # else: not int64/float64, not flat, or refused; the route below converts or names it
     slots = np.asarray(slots, dtype=np.int64).reshape(-1)
     pr = priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
     pr = pr.reshape(-1)

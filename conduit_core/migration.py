@@ -34,6 +34,7 @@ import numpy as np
 from .ring import META_FIELDS, write_meta_rows
 from .errors import ConfigError, StateError
 from .storage import ColumnarStorage, ShardSpec
+from .tiers import host_zeros
 
 FIRST_CHUNK_BYTES = 256 << 10   # the first adaptive chunk, before any timing is known
 MAX_CHUNK_BYTES = 64 << 20
@@ -96,7 +97,7 @@ class Migration:
         the oldest live row. A background migration does this in its own thread, so the
         learner never waits for an actor to start."""
         self.storage = ColumnarStorage(spec=self.buffer.spec, shards=self.shards)
-        self.meta = {k: np.zeros(self.capacity, dtype=np.int64) for k in META_FIELDS}  # lazy, as the buffer's
+        self.meta = {k: host_zeros(self.capacity, np.int64) for k in META_FIELDS}  # lazy, as the buffer's
         try:
             # next seq to copy; rows from `until` on are dual-written, so the copy stops there
             self.cursor, self.until = self.buffer.attach_dual_writer(self)

@@ -15,6 +15,8 @@ class OutputPool:
         self.depth, self.layout = depth, layout
         self._rings: dict[tuple, list[tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]]] = {}
         self._next: dict[tuple, int] = {}
+        self._weights: dict[int, list[tuple[np.ndarray, torch.Tensor]]] = {}
+        self._next_weights: dict[int, int] = {}
 
     def get(self, lead: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
         """The next (arrays, their tensor views) for batches of leading shape ``lead``."""
@@ -28,3 +30,21 @@ class OutputPool:
         i = self._next[lead]
         self._next[lead] = (i + 1) % self.depth
         return ring[i]
+
+    def weights(self, values: np.ndarray) -> torch.Tensor:
+        """Importance weights (float32 ``[B]``) copied into the next of ``depth`` reused tensors:
+        valid as long as the batch's other outputs (wrapping a fresh array costs more than the copy)."""
+        n = values.shape[0]
+        ring = self._weights.get(n)
+        if ring is None:
+            ring = self._weights[n] = [(a, torch.from_numpy(a)) for a in
+                                       (np.empty(n, dtype=np.float32) for _ in range(self.depth))]
+            self._next_weights[n] = 0
+        i = self._next_weights[n]
+        self._next_weights[n] = (i + 1) % self.depth
+        array, tensor = ring[i]
+        if tensor.shape != array.shape or tensor.requires_grad:   # changed in place by an earlier batch
+            tensor = torch.from_numpy(array)
+            ring[i] = (array, tensor)
+        array[:] = values
+        return tensor

@@ -27,12 +27,14 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from .tiers import host_zeros
+
 META_FIELDS = ("seq", "version", "source", "next_seq")
 
 try:
-    from ._rows import write_meta as _c_write_meta   # write_meta_rows in C, the same values
+    from ._rows import gather_rows as _c_gather_rows, write_meta as _c_write_meta   # the Python routes' values
 except ImportError:  # pragma: no cover - no C compiler where it was installed
-    _c_write_meta = None
+    _c_gather_rows = _c_write_meta = None
 
 
 def write_meta_rows(meta: dict, cap: int, first: int, n: int, enc: Mapping[str, Any], done_fields, source: int,
@@ -89,7 +91,7 @@ class Ring:
                     self.segments.append(seg)
                     self.meta[name] = seg.tensor.numpy()
                 else:
-                    self.meta[name] = np.zeros(self.capacity, dtype=np.int64)  # zero pages until written
+                    self.meta[name] = host_zeros(self.capacity, np.int64)  # zero pages until written, huge when large
         except BaseException:  # a constructor that fails part-way returns what it took, at once
             self.close()
             raise
@@ -108,6 +110,16 @@ class Ring:
     def live(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         """Which of ``slots`` (holding ``seqs`` in the metadata) hold a stored row."""
         return (seqs >= self.lo()) & (seqs < self.inserted) & (seqs % self.capacity == slots)
+
+    def gather_meta(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(seq, version) of each of ``slots`` (1-D int64), in fresh arrays: a batch's provenance.
+        One native pass that fetches every row's two entries before reading them, where it can."""
+        seq, version = self.meta["seq"], self.meta["version"]
+        if _c_gather_rows is not None:
+            out = {"seq": np.empty(slots.shape, np.int64), "version": np.empty(slots.shape, np.int64)}
+            if _c_gather_rows(slots, (("seq", seq), ("version", version)), out):
+                return out["seq"], out["version"]
+        return seq[slots], version[slots]
 
     def stored(self, seqs: np.ndarray) -> np.ndarray:
         """Which of ``seqs`` are stored now (in the window, in their slot, not removed)."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .tiers import host_zeros
+
 try:  # pragma: no cover - which branch runs depends on the build
     from . import _sumtree as _c
 except ImportError:  # pragma: no cover
@@ -29,8 +31,9 @@ class PriorityIndex:
         self.size = 1 << max(1, (self.capacity - 1).bit_length())
         # Both trees start as zero pages, mapped on first write (an empty index costs nothing).
         # The min tree keeps the smallest *positive* priority; 0 means "no item below".
-        self._sum = np.zeros(2 * self.size, dtype=np.float64)
-        self._min = np.zeros(2 * self.size, dtype=np.float64)
+        # Large trees are mapped with huge pages: a walk's lower levels then cost no TLB miss each.
+        self._sum = host_zeros(2 * self.size, np.float64)
+        self._min = host_zeros(2 * self.size, np.float64)
         self.use_c = HAVE_C if use_c is None else (use_c and HAVE_C)
 
     # --------------------------------------------------------------- queries

@@ -106,8 +106,8 @@ class SharedSegment:
             self._finalizer.detach()
 
 
-# Host columns from this size up are mapped by LazyHostSegment (numpy's own allocator asks for
-# huge pages from 4 MB too): a random gather from a 1M-row CartPole column takes a TLB miss per
+# Host columns and indexes from this size up are mapped with huge pages asked for (numpy's own
+# zeros and empty got none on this machine's madvise-mode kernel, measured): a random gather from a 1M-row CartPole column takes a TLB miss per
 # row on 4 KB pages (32 rows x 6 columns: 3.5 us on 4 KB pages, 2.1 us on 2 MB pages, measured).
 LAZY_THRESHOLD = 4 << 20
 
@@ -121,18 +121,9 @@ class LazyHostSegment:
     less often."""
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype):
-        import mmap
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = max(1, math.prod(shape) * itemsize)
-        # Python < 3.13 lacks the constant; 0x4000 is MAP_NORESERVE on Linux.
-        noreserve = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | noreserve
-        self._mm = mmap.mmap(-1, nbytes, flags=flags)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                self._mm.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:  # pragma: no cover - a kernel without transparent huge pages
-                pass
+        self._mm = lazy_huge_map(nbytes)
         self.tensor = torch.frombuffer(self._mm, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
 
     def close(self) -> None:
@@ -141,6 +132,33 @@ class LazyHostSegment:
             self._mm.close()
         except BufferError:
             pass  # a view escaped; the mapping goes when the last view dies
+
+
+def lazy_huge_map(nbytes: int):
+    """An anonymous private mapping of ``nbytes``, committed on first write (MAP_NORESERVE),
+    with transparent huge pages asked for (the kernel may decline)."""
+    import mmap
+    # Python < 3.13 lacks the constant; 0x4000 is MAP_NORESERVE on Linux.
+    noreserve = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | noreserve)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # pragma: no cover - a kernel without transparent huge pages
+            pass
+    return mm
+
+
+def host_zeros(count: int, dtype) -> np.ndarray:
+    """Zeros for a large host index read at random rows (priority trees, ring metadata): from
+    LAZY_THRESHOLD up, a lazy huge-page mapping (numpy's zeros gets 4 KB pages here), so a
+    tree walk or a per-row lookup misses the TLB far less; below it, np.zeros. The array
+    keeps its mapping alive and unmaps it when it goes."""
+    dtype = np.dtype(dtype)
+    nbytes = int(count) * dtype.itemsize
+    if nbytes < LAZY_THRESHOLD:
+        return np.zeros(count, dtype=dtype)
+    return np.frombuffer(lazy_huge_map(nbytes), dtype=dtype, count=count)
 
 
 def _unlink_quietly(name: str) -> None:
