@@ -162,6 +162,7 @@ class ExperienceBuffer:
 
     # the write side's entry for batches ``encode`` already checked (insertion.py)
     add_encoded = insertion.add_encoded
+    add_encoded_many = insertion.add_encoded_many
 
     # ingestion at the source (source_writer.py, source_commit.py): writers on other nodes stage
     # their rows in a shard's actor; commit takes each receipt once, the rows never pass through here

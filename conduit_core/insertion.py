@@ -59,6 +59,57 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
         return first
 
 
+def add_encoded_many(buf, parts: list, *, timeout: float | None = None) -> list[int]:
+    """``ExperienceBuffer.add_encoded_many``: several encoded rollouts, each ``(columns, n,
+    source, policy_version)``, stored in order. Returns each one's first seq.
+
+    Where adding them one by one could not wait or evict anything (no rate ratio, not FIFO,
+    no frame pool, no migration, no shard that can be lost), they are one insert: one lock,
+    each rollout's rows copied and its metadata written (its source's episode links, in
+    order), the ring advanced once; the same stored rows, seqs and links as one by one, and
+    all or nothing. Otherwise one ``add_encoded`` each. A failure says how many of the
+    rollouts were stored before it in the error's ``stored_parts`` (0 for the one insert)."""
+    total = sum(p[1] for p in parts)
+    if len(parts) < 2 or buf.storage.pools or buf.dual_writer is not None or buf.storage.may_lose_shards \
+            or buf.selector.consumes or buf.rate_limiter.samples_per_insert is not None or total > buf.capacity:
+        firsts = []
+        for cols, n, src, v in parts:
+            try:
+                firsts.append(add_encoded(buf, cols, n, source=src, policy_version=v, timeout=timeout))
+            except BaseException as exc:
+                exc.stored_parts = len(firsts)  # type: ignore[attr-defined]
+                raise
+        return firsts
+    try:
+        return _insert_together(buf, parts, total)
+    except BaseException as exc:
+        exc.stored_parts = 0  # type: ignore[attr-defined]
+        raise
+
+
+def _insert_together(buf, parts: list, total: int) -> list[int]:
+    with buf.lock.mutex:
+        buf.check_open()
+        ring, storage = buf.ring, buf.storage
+        cap, first = ring.capacity, ring.inserted
+        leaving = ring.holes_leaving(total)
+        firsts, at = [], first
+        for cols, n, _, _ in parts:
+            if n:
+                storage.write(at % cap, cols, n)
+            firsts.append(at)
+            at += n
+        ring.holes -= leaving   # only once every row is written: a failed insert changes nothing
+        for (cols, n, src, v), at in zip(parts, firsts):
+            if n:
+                ring.write(at, n, cols, buf.done_fields, int(src), int(v))
+        ring.advance(total)
+        if total:
+            buf.selector.on_insert(first % cap, total, min(ring.inserted, cap))
+            buf.lock.notify_all()
+        return firsts
+
+
 def evict_for_frames(buf, pending: list, n: int) -> None:
     """Evict (oldest first) the rows whose frames the pending frame writes overwrite."""
     a = max(buf.ring.lo(), buf.ring.inserted + n - buf.capacity)  # rows that survive the ring

@@ -22,8 +22,9 @@ class ConduitOptions:
     are. ``tier``: where the buffer lives. ``reuse_outputs``: reuse this many delivered
     batch buffers (the learner consumes each batch before the next is drawn).
     ``seed``: the selection RNG's seed (None: the config's seed). ``delivery_granularity``:
-    batches prepared per delivery operator call; ``ingest_granularity``: episodes per
-    ingestion operator call (both are what ``mode='auto'`` tunes). ``autotune_settle``:
+    batches prepared per delivery operator call; ``ingest_granularity``: episode chunks per
+    ingestion operator call (both are what ``mode='auto'`` tunes; 16 by default, so one
+    ``add()`` of DQN's few chunks is one call and one insert: 0.29 vs 0.42 ms per add at 1). ``autotune_settle``:
     (least, most) learner steps the auto-tuner waits for a steady step time before it
     calibrates; ``autotune_steps_per_phase``: learner steps per calibration phase.
     ``restore_missing_buffer``: restore a checkpoint without a replay buffer file with an
@@ -53,7 +54,7 @@ class ConduitOptions:
     reuse_outputs: int = 2
     seed: int | None = None
     delivery_granularity: int = 1
-    ingest_granularity: int = 1
+    ingest_granularity: int = 16
     autotune_settle: tuple[int, int] = (40, 2000)
     autotune_steps_per_phase: int = 40
     restore_missing_buffer: bool = False

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conduit_core import (ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, ExperienceTimeout, Prioritized,
-                          Schedule, StateError, Uniform, WorkerError)
+                          RateLimiter, Schedule, StateError, Uniform, WorkerError)
 from conduit_core import episodes as episodes_mod
 
 from .helpers import SPEC, rollout
@@ -48,15 +48,17 @@ def test_a_failed_insert_leaves_the_removed_row_count_as_it_was():
 
 
 def test_a_background_group_failing_part_way_reports_only_what_was_not_stored():
-    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=1)
-    add, calls = buf.add_encoded, [0]
+    """One by one (a rate ratio is kept per rollout): the 2nd of three fails, the 1st stays stored."""
+    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=1,
+                           rate_limiter=RateLimiter(samples_per_insert=1.0, min_size=1, tolerance=1e9))
+    write, calls = buf.storage.write, [0]
 
     def flaky(*a, **k):
         calls[0] += 1
         if calls[0] == 2:
-            raise TimeoutError("rate-limit timeout on the 2nd rollout of the group")
-        return add(*a, **k)
-    buf.add_encoded = flaky
+            raise TimeoutError("a failure in the 2nd rollout of the group")
+        return write(*a, **k)
+    buf.storage.write = flaky
     edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(ingest_granularity=3))
     with edp._cond:  # noqa: SLF001 - holds the worker so the three rollouts form one group
         for s in (0, 10, 20):
@@ -65,6 +67,28 @@ def test_a_background_group_failing_part_way_reports_only_what_was_not_stored():
         edp.flush(timeout=30)
     assert info.value.rejected_tickets == [1, 2]
     assert sorted(int(x) for x in buf.state_dict()["data"]["obs"][:, 0]) == list(range(5))
+    edp.close()
+
+
+def test_a_background_group_stored_as_one_insert_fails_whole():
+    """Nothing to wait for: the group is one insert; a copy failing on its 2nd rollout stores none."""
+    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=1)
+    write, calls = buf.storage.write, [0]
+
+    def flaky(*a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise MemoryError("the copy of the 2nd rollout of the group")
+        return write(*a, **k)
+    buf.storage.write = flaky
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(ingest_granularity=3))
+    with edp._cond:  # noqa: SLF001 - holds the worker so the three rollouts form one group
+        for s in (0, 10, 20):
+            edp.ingest(rollout(5, s))
+    with pytest.raises(WorkerError) as info:
+        edp.flush(timeout=30)
+    assert info.value.rejected_tickets == [0, 1, 2]
+    assert len(buf) == 0 and buf.ring.inserted == 0
     edp.close()
 
 
