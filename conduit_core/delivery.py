@@ -60,32 +60,36 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     check_fields(buf.spec, fields)
     if n_step is not None and episode_end == "redraw":
         check_redraw_selector(buf.selector)
-    ring, walk, cond = buf.ring, buf.walk, buf.lock
+    ring, cond = buf.ring, buf.lock
     with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
         buf.check_open()
         wait_to_sample(buf, batch_size, timeout)
-
-        def draw():
-            if n_step is not None and episode_end == "redraw":
-                slots, weights, ret, last, steps = walk.sample_windows(
-                    ring, buf.storage, buf.selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True)
-                return slots, weights, walk.window_columns(buf.gather, slots, ret, last, steps, device, fields)
-            selector = buf.selector
-            slots, weights = select_slots(ring, selector, buf.rng, batch_size, buf.size if selector.weighted else 0,
-                                          beta)
-            if n_step is None:
-                return slots, weights, buf.gather(slots, device, fields)
-            return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,
-                                                       device, fields)
         if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
-            slots, weights, data = buf.run_storage(draw, then=lambda: wait_to_sample(buf, batch_size, timeout))
+            slots, weights, data = buf.run_storage(
+                lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields),
+                then=lambda: wait_to_sample(buf, batch_size, timeout))
         else:
-            slots, weights, data = draw()
+            slots, weights, data = _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields)
         buf.counts.sampled += batch_size
         cond.notify_all()
         seqs, versions = ring.gather_meta(slots)
         return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=buf.weights_tensor(weights, device),
                      inserted_at_selection=ring.inserted)
+
+
+def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields):
+    """One draw of ``sample`` (the lock held): (slots, importance weights or None, columns)."""
+    ring, walk, selector = buf.ring, buf.walk, buf.selector
+    if n_step is None:
+        slots, weights = select_slots(ring, selector, buf.rng, batch_size, buf.size if selector.weighted else 0, beta)
+        return slots, weights, buf.gather(slots, device, fields)
+    if episode_end == "redraw":
+        slots, weights, ret, last, steps = walk.sample_windows(
+            ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True)
+        return slots, weights, walk.window_columns(buf.gather, slots, ret, last, steps, device, fields)
+    slots, weights = select_slots(ring, selector, buf.rng, batch_size, buf.size if selector.weighted else 0, beta)
+    return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,
+                                               device, fields)
 
 
 def sample_sequences(buf, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:
