@@ -264,12 +264,20 @@ class ExperienceBuffer:
     update_priorities = delivery.update_priorities
 
 
-    def weights_tensor(self, weights: np.ndarray | None, device=None) -> torch.Tensor | None:
-        """A selection's importance weights as the batch's tensor, reused like its outputs."""
+    def reserve_prepared_outputs(self, prepared: int) -> None:
+        """Batches drawn ahead of the learner (a data plane's prepared deliveries, at most
+        ``prepared`` at once) get output entries of their own: a delivered batch stays valid
+        for ``reuse_outputs`` more deliveries to the learner, whatever is prepared meanwhile."""
+        if self._out is not None:
+            self._out.reserve(prepared)
+
+    def weights_tensor(self, weights: np.ndarray | None, device=None, *, pooled: bool = False) -> torch.Tensor | None:
+        """A selection's importance weights as the batch's tensor: reused only where the batch's
+        columns are (``pooled``: they came from the output pool), else fresh like them."""
         if weights is None:
             return None
         if device is None:
-            return torch.from_numpy(weights) if self._out is None else self._out.weights(weights)
+            return self._out.weights(weights) if pooled and self._out is not None else torch.from_numpy(weights)
         return torch.from_numpy(weights).to(device)
 
     def gather(self, slots: np.ndarray, device=None, fields=None) -> dict[str, torch.Tensor]:

@@ -73,8 +73,11 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         buf.counts.sampled += batch_size
         cond.notify_all()
         seqs, versions = ring.gather_meta(slots)
-        return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=buf.weights_tensor(weights, device),
-                     inserted_at_selection=ring.inserted)
+        # the columns come from the output pool only for a plain 1-step gather of every field (gather);
+        # n-step windows and a field subset are fresh, and so must their weights be
+        pooled = n_step is None and fields is None
+        return Batch(data, slots=slots, seqs=seqs, versions=versions,
+                     weights=buf.weights_tensor(weights, device, pooled=pooled), inserted_at_selection=ring.inserted)
 
 
 def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields):

@@ -66,6 +66,7 @@ class ExperienceDataPlane:
             raise ConfigError("schedule", "a Schedule", type(self.schedule).__name__,
                               "use Schedule.sequential() or Schedule.overlapped(...)")
         self.device = None if device is None else str(torch.device(device))
+        buffer.reserve_prepared_outputs(self.schedule.max_prepared)   # prepared batches get pool entries of their own
         self._metrics = MetricsRecorder()
         # Guards every count and queue the parts share (ingestion, prepared deliveries,
         # background errors, the worker); none of them adds a lock of its own.
@@ -231,6 +232,7 @@ class ExperienceDataPlane:
         with self._cond:
             self._prepared.reset_locked()
             self.schedule = self.ingestion.schedule = schedule
+            self.buffer.reserve_prepared_outputs(schedule.max_prepared)
         if schedule.is_overlapped:
             self._start_worker()
         self._raise_error()

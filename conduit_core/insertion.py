@@ -64,49 +64,60 @@ def add_encoded_many(buf, parts: list, *, timeout: float | None = None) -> list[
     source, policy_version)``, stored in order. Returns each one's first seq.
 
     Where adding them one by one could not wait or evict anything (no rate ratio, not FIFO,
-    no frame pool, no migration, no shard that can be lost), they are one insert: one lock,
-    each rollout's rows copied and its metadata written (its source's episode links, in
-    order), the ring advanced once; the same stored rows, seqs and links as one by one, and
-    all or nothing. Otherwise one ``add_encoded`` each. A failure says how many of the
-    rollouts were stored before it in the error's ``stored_parts`` (0 for the one insert)."""
+    no frame pool, no migration, no shard that can be lost; judged under the buffer's lock,
+    as ``add_encoded`` judges it), they are one insert: one lock, each rollout's rows copied
+    and its metadata written (its source's episode links, in order), the ring advanced once;
+    the same stored rows, seqs and links as one by one. Otherwise one ``add_encoded`` each.
+    A failure says how many of the rollouts were stored before it in the error's
+    ``stored_parts``, as one by one would have left them."""
     total = sum(p[1] for p in parts)
-    if len(parts) < 2 or buf.storage.pools or buf.dual_writer is not None or buf.storage.may_lose_shards \
-            or buf.selector.consumes or buf.rate_limiter.samples_per_insert is not None or total > buf.capacity:
-        firsts = []
-        for cols, n, src, v in parts:
-            try:
-                firsts.append(add_encoded(buf, cols, n, source=src, policy_version=v, timeout=timeout))
-            except BaseException as exc:
-                exc.stored_parts = len(firsts)  # type: ignore[attr-defined]
-                raise
-        return firsts
-    try:
-        return _insert_together(buf, parts, total)
-    except BaseException as exc:
-        exc.stored_parts = 0  # type: ignore[attr-defined]
-        raise
+    if len(parts) >= 2 and total <= buf.capacity:
+        firsts = _insert_together(buf, parts)
+        if firsts is not None:
+            return firsts
+    firsts = []
+    for cols, n, src, v in parts:
+        try:
+            firsts.append(add_encoded(buf, cols, n, source=src, policy_version=v, timeout=timeout))
+        except BaseException as exc:
+            exc.stored_parts = len(firsts)  # type: ignore[attr-defined]
+            raise
+    return firsts
 
 
-def _insert_together(buf, parts: list, total: int) -> list[int]:
+def _insert_together(buf, parts: list) -> list[int] | None:
+    """The one insert, or None (nothing done) where one by one could wait or evict."""
     with buf.lock.mutex:
         buf.check_open()
+        # judged here, not before the lock: a migration (dual writer) or a new layout may have come in since
+        if buf.storage.pools or buf.dual_writer is not None or buf.storage.may_lose_shards \
+                or buf.selector.consumes or buf.rate_limiter.samples_per_insert is not None \
+                or sum(p[1] for p in parts) > buf.capacity:
+            return None
         ring, storage = buf.ring, buf.storage
         cap, first = ring.capacity, ring.inserted
-        leaving = ring.holes_leaving(total)
-        firsts, at = [], first
+        firsts, at, failure = [], first, None
         for cols, n, _, _ in parts:
-            if n:
-                storage.write(at % cap, cols, n)
+            try:
+                if n:
+                    storage.write(at % cap, cols, n)
+            except BaseException as exc:   # the rollouts copied before it stay stored, as one by one
+                failure = exc
+                break
             firsts.append(at)
             at += n
-        ring.holes -= leaving   # only once every row is written: a failed insert changes nothing
+        stored = at - first
+        ring.holes -= ring.holes_leaving(stored)   # only the rows written: a failed rollout changes nothing more
         for (cols, n, src, v), at in zip(parts, firsts):
             if n:
                 ring.write(at, n, cols, buf.done_fields, int(src), int(v))
-        ring.advance(total)
-        if total:
-            buf.selector.on_insert(first % cap, total, min(ring.inserted, cap))
+        ring.advance(stored)
+        if stored:
+            buf.selector.on_insert(first % cap, stored, min(ring.inserted, cap))
             buf.lock.notify_all()
+        if failure is not None:
+            failure.stored_parts = len(firsts)  # type: ignore[attr-defined]
+            raise failure
         return firsts
 
 

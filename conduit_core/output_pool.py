@@ -7,41 +7,54 @@ import torch
 
 
 class OutputPool:
-    """Reused host output arrays: a delivered batch stays valid for ``depth`` more
-    deliveries of the same shape. Avoids first-touch page faults on large gathers, and
-    keeps each array's tensor view, so a delivery wraps no arrays."""
+    """Reused host output arrays: a delivered batch stays valid for ``kept`` more deliveries
+    of the same shape. Avoids first-touch page faults on large gathers, and keeps each array's
+    tensor view, so a delivery wraps no arrays.
+
+    Batches drawn ahead of the learner (a data plane's prepared deliveries) take entries too,
+    before the learner has them: ``reserve`` adds that many, so the learner's batches keep
+    their ``kept`` deliveries of validity whatever is prepared meanwhile."""
 
     def __init__(self, depth: int, layout: dict[str, tuple[tuple[int, ...], np.dtype]]):
-        self.depth, self.layout = depth, layout
+        self.kept, self.depth, self.layout = depth, depth, layout
         self._rings: dict[tuple, list[tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]]] = {}
         self._next: dict[tuple, int] = {}
-        self._weights: dict[int, list[tuple[np.ndarray, torch.Tensor]]] = {}
-        self._next_weights: dict[int, int] = {}
+        self._weights: dict[tuple, list[tuple[np.ndarray, torch.Tensor]]] = {}
+        self._next_weights: dict[tuple, int] = {}
+
+    def reserve(self, prepared: int) -> None:
+        """Room for ``prepared`` batches drawn but not handed out yet. The pool only grows (an
+        entry in use is never dropped); rings grow at their next use, after the entry due next,
+        so every batch already handed out still has at least ``kept`` deliveries to go."""
+        self.depth = max(self.depth, self.kept + max(0, int(prepared)))
 
     def get(self, lead: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
         """The next (arrays, their tensor views) for batches of leading shape ``lead``."""
         ring = self._rings.get(lead)
         if ring is None:
             ring = self._rings[lead] = []
-            for _ in range(self.depth):
-                arrays = {name: np.empty((*lead, *shape), dtype=dt) for name, (shape, dt) in self.layout.items()}
-                ring.append((arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}))
             self._next[lead] = 0
+        while len(ring) < self.depth:
+            arrays = {name: np.empty((*lead, *shape), dtype=dt) for name, (shape, dt) in self.layout.items()}
+            ring.append((arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}))
         i = self._next[lead]
-        self._next[lead] = (i + 1) % self.depth
+        self._next[lead] = (i + 1) % len(ring)
         return ring[i]
 
     def weights(self, values: np.ndarray) -> torch.Tensor:
-        """Importance weights (float32 ``[B]``) copied into the next of ``depth`` reused tensors:
-        valid as long as the batch's other outputs (wrapping a fresh array costs more than the copy)."""
-        n = values.shape[0]
-        ring = self._weights.get(n)
+        """Importance weights (``[B]``, their dtype kept) copied into the next of the pool's
+        reused tensors: valid as long as the batch's other outputs (wrapping a fresh array costs
+        more than the copy)."""
+        key = (values.shape[0], values.dtype)
+        ring = self._weights.get(key)
         if ring is None:
-            ring = self._weights[n] = [(a, torch.from_numpy(a)) for a in
-                                       (np.empty(n, dtype=np.float32) for _ in range(self.depth))]
-            self._next_weights[n] = 0
-        i = self._next_weights[n]
-        self._next_weights[n] = (i + 1) % self.depth
+            ring = self._weights[key] = []
+            self._next_weights[key] = 0
+        while len(ring) < self.depth:
+            a = np.empty(values.shape[0], dtype=values.dtype)
+            ring.append((a, torch.from_numpy(a)))
+        i = self._next_weights[key]
+        self._next_weights[key] = (i + 1) % len(ring)
         array, tensor = ring[i]
         if tensor.shape != array.shape or tensor.requires_grad:   # changed in place by an earlier batch
             tensor = torch.from_numpy(array)

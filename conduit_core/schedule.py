@@ -33,6 +33,13 @@ class Schedule:
     queue_size: int = 64            # bounded ingestion queue, in rollouts
     timeout: float = 60.0           # every wait ends after this many seconds
 
+    @property
+    def max_prepared(self) -> int:
+        """Batches drawn but not handed out yet, at most: a delivery call's spares (g_del - 1)
+        and, overlapped, what the worker prepares while fewer than ``depth`` wait."""
+        spare = self.delivery_granularity - 1
+        return self.depth + spare if self.is_overlapped else spare
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError("Schedule.mode", f"one of {MODES}", repr(self.mode),

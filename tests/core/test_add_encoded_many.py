@@ -78,21 +78,53 @@ def test_one_insert_equals_one_by_one(groups, prioritized, seed):
             assert np.array_equal(a[k].numpy(), b[k].numpy())
 
 
-def test_a_failed_insert_changes_nothing():
-    buf = make(Uniform())
+def test_a_rollout_failing_part_way_leaves_what_one_by_one_leaves():
+    """On a full ring: the rollouts copied before the failure are stored (and named), the ring's
+    older rows they replaced are gone; none is left in place holding another rollout's data."""
+    together, apart = make(Uniform(), capacity=10), make(Uniform(), capacity=10)
     rng = np.random.default_rng(0)
-    n, good = encoded(buf, rollout(rng, 5, False))
-    buf.add_encoded(good, n, source=0)
-    before = state(buf)
+    n, full = encoded(together, rollout(rng, 10, False))
+    n5, good = encoded(together, rollout(rng, 5, False))
     bad = dict(good)
     bad["obs"] = np.zeros((5, 7), np.float32)   # not what encode makes: the copy refuses it
+    for buf in (together, apart):
+        buf.add_encoded(full, n, source=0)
     with pytest.raises(Exception) as err:
-        buf.add_encoded_many([(good, n, 1, 0), (bad, n, 2, 0)])
-    assert getattr(err.value, "stored_parts", None) == 0
-    after = state(buf)
-    assert after["inserted"] == before["inserted"] and after["open"] == before["open"]
-    for k in before["meta"]:
-        assert np.array_equal(before["meta"][k], after["meta"][k])
+        together.add_encoded_many([(good, n5, 1, 0), (bad, n5, 2, 0)])
+    assert err.value.stored_parts == 1
+    apart.add_encoded(good, n5, source=1)
+    with pytest.raises(Exception):
+        apart.add_encoded(bad, n5, source=2)
+    same(state(together), state(apart))
+    for buf in (together, apart):   # every stored row holds its own data
+        got = buf.read(np.arange(buf.ring.lo(), buf.ring.inserted))["obs"].numpy()
+        assert np.array_equal(got, np.concatenate([full["obs"][5:], good["obs"]]))
+
+
+def test_a_migration_starting_before_the_lock_gets_the_rows():
+    """The route is judged under the lock: a dual writer attached while the insert waited for
+    the lock gets the group (one by one), so the migrated layout holds every row."""
+    import threading
+    import time
+
+    from conduit_core.migration import begin_migration
+    from conduit_core.shards import ShardSpec
+    from conduit_core.tiers import Tier
+    buf = make(Uniform(), capacity=20)
+    rng = np.random.default_rng(0)
+    parts = []
+    for s in (1, 2):
+        n, c = encoded(buf, rollout(rng, 3, False))
+        parts.append((c, n, s, 0))
+    with buf.lock:
+        t = threading.Thread(target=buf.add_encoded_many, args=(parts,))
+        t.start()
+        time.sleep(0.2)   # the insert is past any check made before the lock
+        mig = begin_migration(buf, shards=[ShardSpec(Tier.PAGEABLE, 40)], capacity=40)
+    t.join(10)
+    mig.finish()
+    assert buf.size == 6
+    assert np.array_equal(buf.read(np.arange(6))["obs"].numpy(), np.concatenate([parts[0][0]["obs"], parts[1][0]["obs"]]))
 
 
 @pytest.mark.parametrize("kind", ["fifo", "rate"])

@@ -60,6 +60,7 @@ def test_update_shortcut_matches_the_checked_route(seed, form, overwrite):
     other = {"numpy": (bb.slots, pr), "torch": (bb.slots, torch.from_numpy(pr)),
              "int32": (bb.slots.astype(np.int32), pr), "column": (bb.slots.reshape(-1, 1), pr.reshape(-1, 1)),
              "float32": (bb.slots, pr.astype(np.float32)), "list": (list(bb.slots), list(pr))}[form]
+    b.selector.index.use_c = False   # the reference: the checked route with numpy's tree walks
     got_b = b.update_priorities(*other, seqs=bb.seqs)
     assert got_a == got_b
     for x, y in zip(trees(a), trees(b)):
@@ -135,3 +136,17 @@ def test_host_zeros_small_and_large():
     assert not big[:: 4096].any() and big[-1] == 0
     big[-1] = 7
     assert big[-1] == 7
+
+
+@pytest.mark.parametrize("kw", [{"n_step": 1}, {"n_step": (2, 3)}, {"fields": ("obs", "action")}])
+def test_weights_are_fresh_where_the_columns_are(kw):
+    """n-step windows and field subsets gather fresh columns: their weights must not be reused
+    (a learner, or an overlapped worker preparing batches ahead, keeps them as long as the columns)."""
+    buf = filled(reuse=2)
+    b = buf.sample(32)
+    buf.update_priorities(b.slots, np.random.default_rng(1).random(32) * 10, seqs=b.seqs)
+    first = buf.sample(8, **kw)
+    kept = first.weights.clone()
+    for _ in range(3):
+        buf.sample(8, **kw)
+    assert torch.equal(first.weights, kept)
