@@ -15,16 +15,19 @@ SIGKILL: no handler runs), the kernel frees it once the last mapping goes. Nothi
 
 Lifetime rules, which make a reader safe without any lock shared between processes:
 
-* A segment's bytes below its store's end are never written again (a RaggedStore appends; a
-  compaction moves live rows to a *new* segment). Rows located in a segment therefore stay what
-  they were as long as the segment exists, whatever clears or overwrites follow.
+* While a segment is a store's arena its bytes below the store's end are never written again (a
+  RaggedStore appends; a compaction moves live rows to another segment). Rows located in it
+  stay what they were, whatever clears or overwrites follow, until the segment is released.
 * A segment is never resized, and its name (a per-owner counter) is never reused. A handle is
   ``<name>@<pid>/<fd>``; descriptor numbers are reused, so an opener checks that the descriptor
   it got is the named segment (``/proc/self/fd`` names it) and otherwise treats it as gone.
-* When its store no longer uses a segment (``release``) the owner closes it, unless pinned by a
-  put whose room lies in it (``pin``): then at the last ``unpin``. Its memory lives on in the
-  processes that still map it and goes when they drop their mapping; a process that opens a
-  handle after the close gets ``FileNotFoundError`` and asks the owner again.
+* When its store no longer uses a segment (``release``; deferred to the last ``unpin`` while a
+  put's room lies in it) the owner keeps it for reuse or closes it. Reuse first bumps the
+  segment's generation (its first 8 bytes); a reader copies the rows it located, then checks the
+  generation is still the one located (``SegmentMaps.check``) and otherwise asks again: bytes
+  are only ever written into room handed out after the bump, so a reader never keeps another
+  row's bytes. A closed segment's memory lives on in the processes that still map it; opening
+  its handle after the close gives ``FileNotFoundError`` (ask again).
 
     owner (unit actor)                             client process, same node
     store.locate(keys) -> (segment, starts) ---->  SegmentMaps.array(segment)[starts...] -> copy out
@@ -53,7 +56,7 @@ class Segment:
     ``Segment.create(name, size)`` in its owner, ``Segment.attach(handle)`` elsewhere."""
 
     def __init__(self, handle: str, fd: int | None, mapping: mmap.mmap):
-        self.handle, self._fd, self._map = handle, fd, mapping
+        self.handle, self._fd, self._map, self.size = handle, fd, mapping, len(mapping)
         self.array = np.frombuffer(mapping, dtype=np.uint8)
 
     @classmethod
@@ -103,12 +106,27 @@ class Segment:
             self._fd = None
 
 
+HEADER = 64   # bytes before the arena in its segment: the generation (int64), bumped at every reuse
+
+
+class SegmentGone(FileNotFoundError):
+    """A located segment is no longer what was located (closed, or reused since): ask again."""
+
+
 def _address(arena: np.ndarray) -> int:
     return arena.__array_interface__["data"][0]
 
 
+def _generation(segment_array: np.ndarray) -> int:
+    return int(segment_array[:8].view(np.int64)[0])
+
+
 class SharedArenas:
-    """A RaggedStore's arena provider over named segments ``<prefix>-<n>`` (see the module doc)."""
+    """A RaggedStore's arena provider over segments ``<prefix>-<n>`` (see the module doc).
+
+    A released segment is kept for reuse (up to as many bytes as the arenas in use hold) rather
+    than closed: a new segment's pages cost more to fault in than to copy into (4 KiB shmem pages).
+    Reuse bumps the segment's generation first; a reader checks it after its copy (``check``)."""
 
     def __init__(self, prefix: str):
         if not prefix or "/" in prefix or len(prefix) > 200:
@@ -116,24 +134,34 @@ class SharedArenas:
                               "name the owner, e.g. 'cdt<run>u<rank>'")
         self.prefix = prefix
         self._next = 0
-        self._segments: dict[int, Segment] = {}   # by the arena's address
+        self._segments: dict[int, Segment] = {}   # in use or pinned, by the arena's address
         self._pins: dict[int, int] = {}
         self._released: set[int] = set()
+        self._pool: list[Segment] = []            # released, kept for reuse (oldest first)
 
     def new(self, size: int) -> np.ndarray:
-        name = f"{self.prefix}-{self._next}"
-        self._next += 1
-        seg = Segment.create(name, size)
-        self._segments[_address(seg.array)] = seg
-        return seg.array
+        fit = [s for s in self._pool if size <= s.size - HEADER <= 2 * size]
+        if fit:
+            seg = min(fit, key=lambda s: s.size)
+            self._pool.remove(seg)
+            seg.array[:8].view(np.int64)[0] += 1     # before any room in it is handed out again
+        else:
+            seg = Segment.create(f"{self.prefix}-{self._next}", HEADER + size)
+            self._next += 1
+        arena = seg.array[HEADER:]
+        self._segments[_address(arena)] = seg
+        return arena
 
     def handle(self, arena: np.ndarray) -> str:
-        """What another process on this node passes to ``SegmentMaps.array`` to map ``arena``."""
+        """What another process on this node passes to ``SegmentMaps.arena`` to map ``arena``."""
         return self._segments[_address(arena)].handle
 
-    def handles(self) -> list[str]:
-        """Every segment still open: in use by the store, or pinned by a put."""
-        return [s.handle for s in self._segments.values()]
+    def generation(self, arena: np.ndarray) -> int:
+        return _generation(self._segments[_address(arena)].array)
+
+    def handles(self, *, pooled: bool = True) -> list[str]:
+        """Every open segment: in use by the store, pinned by a put, and (``pooled``) kept for reuse."""
+        return [s.handle for s in self._segments.values()] + ([s.handle for s in self._pool] if pooled else [])
 
     def pin(self, arena: np.ndarray) -> None:
         a = _address(arena)
@@ -158,35 +186,46 @@ class SharedArenas:
 
     def _free(self, a: int) -> None:
         self._released.discard(a)
-        self._segments.pop(a).close()
+        self._pool.append(self._segments.pop(a))
+        in_use = sum(s.size for s in self._segments.values())
+        while self._pool and sum(s.size for s in self._pool) > in_use:
+            self._pool.pop(0).close()
 
     def close(self) -> None:
         """Close every segment (the owner is done: its store is not used after this)."""
-        for a in list(self._segments):
-            self._free(a)
+        for seg in [*self._segments.values(), *self._pool]:
+            seg.close()
+        self._segments, self._pool = {}, []
         self._pins.clear()
+        self._released.clear()
 
 
 class SegmentMaps:
     """A process's mappings of other processes' segments, by handle, kept between calls.
 
-    ``array(handle)`` maps a segment (``FileNotFoundError`` once its owner closed it: ask the
-    owner again); ``keep_only(prefix, handles)`` drops the mappings of an owner's segments that it
-    no longer lists (their memory goes once no process maps them). Hold ``lock`` across a lookup
-    and the copy that uses it."""
+    ``arena(handle)`` maps a segment's arena (``FileNotFoundError`` once its owner closed it: ask
+    the owner again); ``check(handle, generation)`` after a copy out of it raises ``SegmentGone``
+    if it was reused since it was located; ``keep_only(prefix, handles)`` drops the mappings of an
+    owner's segments that it no longer lists (their memory goes once no process maps them). Hold
+    ``lock`` across a lookup and the copy that uses it."""
 
     def __init__(self):
         self.lock = threading.RLock()
         self._maps: dict[str, Segment] = {}
 
-    def array(self, handle: str) -> np.ndarray:
+    def arena(self, handle: str) -> np.ndarray:
         seg = self._maps.get(handle)
         if seg is None:
             seg = self._maps[handle] = Segment.attach(handle)
-        return seg.array
+        return seg.array[HEADER:]
 
-    def keep_only(self, prefix: str, names) -> None:
-        keep = set(names)
+    def check(self, handle: str, generation: int) -> None:
+        """After copying rows located at ``generation``: were they still those rows throughout?"""
+        if _generation(self._maps[handle].array) != generation:
+            raise SegmentGone(f"{handle}: reused since its rows were located")
+
+    def keep_only(self, prefix: str, handles) -> None:
+        keep = set(handles)
         for name in [n for n in self._maps if n.startswith(prefix + "-") and n not in keep]:
             self._maps.pop(name).close()
 

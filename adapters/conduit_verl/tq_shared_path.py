@@ -15,8 +15,9 @@ fails before its commits aborts every ticket (the room becomes dead bytes, field
 created leave); a commit that fails is undone on the other units as on the Ray-object path.
 
 A get is safe against any put, clear or compaction racing it: located bytes are never written
-again while their segment exists (see ``shared_arena``); when a segment was unlinked between the
-unit's answer and the client opening it, the get asks again. Units on another node, or all units
+again while their segment is the field's arena, and a segment released and reused since has a
+new generation, checked after the copy (see ``shared_arena``); when a segment was closed or
+reused between the unit's answer and the end of the copy, the get asks again. Units on another node, or all units
 with ``shared_memory=false``, take the Ray-object path (``unit.put`` / ``unit.get``); both paths
 assemble a get through ``assemble`` (one copy into the returned arrays).
 """
@@ -67,7 +68,7 @@ async def reserve_and_write(units, maps, prefixes, routes, columns, shared) -> d
                 u, pos, _ = routes[i]
                 for name, (segment, at) in answer["room"].items():
                     col = columns[name]
-                    seg = maps.array(segment)
+                    seg = maps.arena(segment)
                     if multi:
                         need = int(col.nbytes[pos].sum())
                         gather_segments(col.data, starts[name][pos], col.nbytes[pos], out=seg[at:at + need])
@@ -94,8 +95,8 @@ async def locate_parts(units, routes, fields, shared) -> list:
 
 def assemble(parts, routes, fields, rows: int, maps, prefixes, shared) -> dict[str, Column]:
     """One Column per field, rows in the batch's order, copied once out of the units' segments
-    (shared) or the arrays Ray delivered (the other path). ``FileNotFoundError``: a segment went
-    since its unit answered; ask again."""
+    (shared) or the arrays Ray delivered (the other path). ``FileNotFoundError`` (``SegmentGone``
+    among them): a segment was closed or reused since its unit answered; ask again."""
     multi = len(routes) > 1
     out = {}
     with maps.lock:
@@ -118,12 +119,14 @@ def assemble(parts, routes, fields, rows: int, maps, prefixes, shared) -> dict[s
                 if isinstance(g, Column):      # the Ray-object path: its rows back to back
                     src, src_starts, lens = g.data, np.cumsum(g.nbytes) - g.nbytes, g.nbytes
                 else:
-                    src, src_starts, lens = maps.array(g["segment"]), g["starts"], g["nbytes"]
+                    src, src_starts, lens = maps.arena(g["segment"]), g["starts"], g["nbytes"]
                 if not multi and not isinstance(g, Column):
                     gather_segments(src, src_starts, lens, out=dst)
                 else:
                     copy_segments(src, src_starts, lens, dst, dst_starts[pos])
                 del src
+                if not isinstance(g, Column):   # were they still those rows? (SegmentGone: ask again)
+                    maps.check(g["segment"], g["generation"])
             meta = first if isinstance(first, Column) else None
             dtype, inner, scalar = (meta.dtype, meta.inner, meta.scalar) if meta else \
                 (first["dtype"], tuple(first["inner"]), first["scalar"])

@@ -87,7 +87,8 @@ class StorageUnit:
         out = {}
         for name, at in self.store.locate(keys, fields).items():
             out[name] = at if not isinstance(at, Located) else {
-                "segment": self.arenas.handle(at.arena), "starts": at.starts, "nbytes": at.nbytes,
+                "segment": self.arenas.handle(at.arena), "generation": self.arenas.generation(at.arena),
+                "starts": at.starts, "nbytes": at.nbytes,
                 "lengths": at.lengths, "dtype": at.dtype, "inner": at.inner, "scalar": at.scalar}
         return {"fields": out, "segments": self.arenas.handles()}
 
@@ -95,7 +96,7 @@ class StorageUnit:
         """Close every shared segment (before the unit is killed); returns how many there were."""
         if self.arenas is None:
             return 0
-        n = len(self.arenas.handles())
+        n = len(self.arenas.handles())   # in use, pinned and kept for reuse
         self._tickets.clear()
         self.arenas.close()
         # the arrays over the segments go too: a mapping lasts as long as an array views it
@@ -142,7 +143,8 @@ class StorageUnit:
 
     def stats(self) -> dict:
         return {"rows": len(self.store), "nbytes": self.store.nbytes(), "fields": self.store.fields,
-                "tickets": len(self._tickets), "segments": self.arenas.handles() if self.arenas else []}
+                "tickets": len(self._tickets), "segments": self.arenas.handles(pooled=False) if self.arenas else [],
+                "open_segments": self.arenas.handles() if self.arenas else []}
 
     def save(self, path: str) -> int:
         """Write every stored row to ``path`` (written aside, then renamed: never half a file)."""

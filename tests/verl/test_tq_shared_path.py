@@ -42,16 +42,20 @@ def put_shared(unit: StorageUnit, maps, keys, columns, *, write=True):
         return answer
     with maps.lock:
         for name, (handle, at) in answer["room"].items():
-            seg = maps.array(handle)
+            seg = maps.arena(handle)
             seg[at:at + columns[name].data.size] = columns[name].data
             del seg
     return unit.commit_put(answer["ticket"])
 
 
 def read_located(maps, at: dict) -> bytes:
+    """A get's copy of located rows, then its check that the segment was not reused meanwhile."""
     with maps.lock:
-        seg = maps.array(at["segment"])
-        return b"".join(bytes(seg[s:s + n]) for s, n in zip(at["starts"], at["nbytes"]))
+        seg = maps.arena(at["segment"])
+        out = b"".join(bytes(seg[s:s + n]) for s, n in zip(at["starts"], at["nbytes"]))
+        del seg
+        maps.check(at["segment"], at["generation"])
+        return out
 
 
 def row_bytes(model, keys, field):
@@ -114,10 +118,11 @@ def test_gets_match_a_model_and_located_rows_never_change(ops, seed):
                 assert read_located(maps, got["fields"]["x"]) == row_bytes(model, stored, "x")
                 assert list(got["fields"]["tag"].data) == [model[k]["tag"] for k in stored]
                 maps.keep_only(unit.prefix, got["segments"])
-        for at, then in located:   # rows located long ago: as they were, or their segment is gone
+            assert len(unit.stats()["open_segments"]) <= 2 * len(unit.stats()["segments"]) + 1
+        for at, then in located:   # rows located long ago: as they were, or their segment is gone/reused
             try:
                 assert read_located(maps, at) == then
-            except FileNotFoundError:
+            except FileNotFoundError:   # SegmentGone among them
                 pass
     finally:
         maps.close()
@@ -137,12 +142,12 @@ def test_a_put_whose_field_moved_arena_before_its_commit_is_copied_there():
         put_shared(unit, maps, [2, 3], {"x": rows_column([np.ones(20000), np.ones(30000)])})   # > 64 KiB: compacts
         assert pinned in unit.stats()["segments"]            # still open: our room lies in it
         with maps.lock:
-            seg = maps.array(pinned)
+            seg = maps.arena(pinned)
             at = answer["room"]["x"][1]
             seg[at:at + small.data.size] = small.data
             del seg
         unit.commit_put(answer["ticket"])
-        assert pinned not in unit.stats()["segments"]        # closed at the commit, rows copied out
+        assert pinned not in unit.stats()["segments"]        # released at the commit, rows copied out
         got = unit.get(np.array([1, 0, 3]), ["x"])["x"]
         assert got.data.tobytes() == np.concatenate([np.arange(7), np.arange(5), np.ones(30000)]).astype(np.int32).tobytes()
     finally:
@@ -150,7 +155,9 @@ def test_a_put_whose_field_moved_arena_before_its_commit_is_copied_there():
         unit.close()
 
 
-def test_a_segment_closed_after_a_compaction_cannot_be_opened_but_a_mapping_still_reads_it():
+def test_rows_located_in_a_segment_since_released_read_as_they_were_or_not_at_all():
+    """After a compaction the old segment is kept for reuse: rows located there still read as they
+    were; once it is reused (generation bumped) or closed, the reader is told to ask again."""
     unit = StorageUnit(slots=4, shm_prefix=f"cdtgone{os.getpid()}")
     mapped, fresh = shared_arena.SegmentMaps(), shared_arena.SegmentMaps()
     try:
@@ -158,11 +165,16 @@ def test_a_segment_closed_after_a_compaction_cannot_be_opened_but_a_mapping_stil
         at = unit.locate(np.array([0]), ["x"])["fields"]["x"]
         before = read_located(mapped, at)
         unit.clear(np.array([0]))
-        put_shared(unit, mapped, [0], {"x": rows_column([np.full(40000, 7)])})   # compacts: a new segment
-        assert at["segment"] not in unit.stats()["segments"]
-        assert read_located(mapped, at) == before                # the old mapping: the old row, unchanged
-        with pytest.raises(FileNotFoundError):
-            read_located(fresh, at)                              # gone by name: the reader asks again
+        put_shared(unit, mapped, [0], {"x": rows_column([np.full(40000, 7)])})   # compacts: another segment
+        assert at["segment"] not in unit.stats()["segments"] and at["segment"] in unit.stats()["open_segments"]
+        assert read_located(mapped, at) == before == read_located(fresh, at)   # released, not yet reused
+        put_shared(unit, mapped, [1], {"y": rows_column([np.full(9, 3)])})   # a new field's arena: reuses it
+        assert at["segment"] in unit.stats()["segments"]
+        with pytest.raises(shared_arena.SegmentGone):
+            read_located(mapped, at)
+        unit.close()
+        with pytest.raises(FileNotFoundError):                 # closed: a fresh open fails
+            read_located(shared_arena.SegmentMaps(), at)
     finally:
         mapped.close()
         fresh.close()
@@ -176,7 +188,8 @@ def test_an_aborted_put_leaves_no_field_and_no_pin():
         answer = put_shared(unit, maps, [0, 1], {"x": rows_column([np.arange(3), np.arange(4)])}, write=False)
         assert unit.stats()["fields"] == ["x"] and unit.stats()["tickets"] == 1
         unit.abort_put(answer["ticket"])
-        assert unit.stats() | {"nbytes": 0} == {"rows": 0, "nbytes": 0, "fields": [], "tickets": 0, "segments": []}
+        assert unit.stats() | {"nbytes": 0} == {"rows": 0, "nbytes": 0, "fields": [], "tickets": 0, "segments": [],
+                                                "open_segments": []}
         with pytest.raises(ValueError, match="ticket"):
             unit.commit_put(answer["ticket"])
         unit.put(np.array([0]), {"x": Column("object", np.array(["now objects"], dtype=object))})   # accepted
