@@ -12,6 +12,11 @@ A batch travels as a ``Column``: the rows' bytes back to back, each row's byte c
 length along the first dimension (what a jagged tensor's offsets are made of), and the element
 dtype and inner shape. The store copies what it is given and hands out fresh arrays.
 
+Arenas come from a provider (``arenas=``): private memory by default (``HeapArenas``), or
+segments other processes map (``conduit_core.shared_arena``). For those, ``reserve`` hands out
+room that the caller fills itself and ``put`` then records rows on it without a copy; ``locate``
+says where rows lie instead of copying them. Bytes below an arena's end are never written again.
+
 Overwriting or clearing a row leaves its old bytes dead in the arena. When a write does not fit,
 the arena is compacted (live rows copied in slot order) into one sized 2x to 4x (live + new), so
 the arena never holds more than ~4x the bytes live at its last compaction; clearing rows frees
@@ -26,59 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .byte_segments import copy_segments, gather_segments  # noqa: F401 - copy_segments: re-exported
 from .errors import ConfigError
-
-try:
-    from ._segments import gather_segments as _c_gather_segments
-except ImportError:  # pragma: no cover - no C compiler where it was installed
-    _c_gather_segments = None
-try:
-    from ._segments import copy_segments as _c_copy_segments
-except ImportError:  # pragma: no cover - a C helper built before copy_segments existed
-    _c_copy_segments = None
-
-
-def gather_segments(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                    out: np.ndarray | None = None) -> np.ndarray:
-    """The byte segments ``src[starts[i] : starts[i] + lengths[i]]``, in order, in one array
-    (``out`` when given: exactly their total size, e.g. a region of a shared arena)."""
-    starts = np.ascontiguousarray(starts, dtype=np.int64)
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    if starts.shape != lengths.shape or (lengths.size and (
-            starts.min() < 0 or lengths.min() < 0 or (lengths > src.size - starts).any())):
-        raise ValueError("gather_segments: a segment lies outside src")   # before allocating anything
-    total = int(lengths.sum())
-    if out is None:
-        out = np.empty(total, dtype=np.uint8)
-    elif out.size != total:
-        raise ValueError(f"gather_segments: out holds {out.size} bytes, the segments {total}")
-    if _c_gather_segments is not None:
-        _c_gather_segments(src, starts, lengths, out)
-    elif out.size:
-        first = np.cumsum(lengths) - lengths
-        out[:] = src[np.repeat(starts - first, lengths) + np.arange(out.size)]
-    return out
-
-
-def copy_segments(src: np.ndarray, src_starts: np.ndarray, lengths: np.ndarray,
-                  dst: np.ndarray, dst_starts: np.ndarray) -> None:
-    """Copy ``src[src_starts[i] : +lengths[i]]`` to ``dst[dst_starts[i] : +lengths[i]]`` for every i:
-    rows of one source put at their places in an output (one memcpy per row, in C)."""
-    src_starts = np.ascontiguousarray(src_starts, dtype=np.int64)
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    dst_starts = np.ascontiguousarray(dst_starts, dtype=np.int64)
-    if _c_copy_segments is not None:
-        _c_copy_segments(src, src_starts, lengths, dst, dst_starts)
-        return
-    if not (src_starts.shape == lengths.shape == dst_starts.shape):
-        raise ValueError("copy_segments: src_starts, lengths and dst_starts differ in length")
-    if lengths.size and (src_starts.min() < 0 or dst_starts.min() < 0 or lengths.min() < 0
-                         or (lengths > src.size - src_starts).any() or (lengths > dst.size - dst_starts).any()):
-        raise ValueError("copy_segments: a segment lies outside src or dst")
-    total = int(lengths.sum())
-    if total:
-        within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        dst[np.repeat(dst_starts, lengths) + within] = src[np.repeat(src_starts, lengths) + within]
 
 
 class HeapArenas:
@@ -515,7 +469,7 @@ class RaggedStore:
                 raise ConfigError(f"state['tensors'][{name!r}]", "rows matching the saved keys", f"{col.rows} rows",
                                   "load a state written by RaggedStore.state()")
             col.check(name, int(held.sum()), where=f"state['tensors'][{name!r}]")
-            f = store._tensors[name] = _TensorField(col.dtype, col.inner, col.scalar, store._slots, store._arenas)
+            f = store._tensors[name] = _TensorField(col.dtype, col.inner, col.scalar, store._slots, self._arenas)
             f.write(slots[held], col)
         for name, o in state["objects"].items():
             held = np.asarray(o["held"], dtype=bool)

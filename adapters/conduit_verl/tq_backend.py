@@ -15,8 +15,8 @@ What a get returns is what SimpleStorage returns for the same puts (checked row 
 dimension), with its row-length bounds; other values as SimpleStorage packs them (a
 ``NonTensorStack``, or a nested tensor when every value is a tensor). A missing (row, field)
 raises TQ's ``StorageKeyNotFoundError``, as SimpleStorage's does. A put is checked and its schema
-built before any unit is written; a put spread over several units is not atomic if one unit then
-refuses its part (the others keep theirs, and the controller is not told of any).
+built before any unit is written; a put spread over several units is all or nothing (a unit that
+took its part gives it back when another refused, and the controller is told of none).
 
 A client on a unit's node moves the bytes through the unit's arenas in shared memory
 (``tq_shared_path``: one copy on put, one on get, only keys, offsets and lengths through the

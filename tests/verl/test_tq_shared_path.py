@@ -118,7 +118,8 @@ def test_gets_match_a_model_and_located_rows_never_change(ops, seed):
                 assert read_located(maps, got["fields"]["x"]) == row_bytes(model, stored, "x")
                 assert list(got["fields"]["tag"].data) == [model[k]["tag"] for k in stored]
                 maps.keep_only(unit.prefix, got["segments"])
-            assert len(unit.stats()["open_segments"]) <= 2 * len(unit.stats()["segments"]) + 1
+            kept = unit.arenas._pool   # segments kept for reuse: never more bytes than those in use
+            assert sum(k.size for k in kept) <= sum(g.size for g in unit.arenas._segments.values())
         for at, then in located:   # rows located long ago: as they were, or their segment is gone/reused
             try:
                 assert read_located(maps, at) == then
@@ -128,6 +129,78 @@ def test_gets_match_a_model_and_located_rows_never_change(ops, seed):
         maps.close()
         unit.close()
     assert not _memfds(f"cdttest{os.getpid()}")
+
+
+def test_readers_racing_puts_clears_and_compactions_never_see_another_rows_bytes():
+    """A writer thread puts, overwrites and clears rows (compacting and reusing segments all the
+    while); a reader thread locates rows and copies them out without any lock (the copy releases
+    the GIL), as a client in another process does. The unit's calls are serialised, as a Ray
+    actor's are. Each row is its key and version repeated: a copy that passed its generation check
+    must be one row's own bytes, whole."""
+    import threading
+
+    from conduit_core.ragged import copy_segments
+    unit = StorageUnit(slots=4, shm_prefix=f"cdtrace{os.getpid()}")
+    calls = threading.Lock()
+    writer_maps, reader_maps = shared_arena.SegmentMaps(), shared_arena.SegmentMaps()
+    stop, seen, errors = threading.Event(), {"ok": 0, "retried": 0}, []
+
+    def writer():
+        rng = np.random.default_rng(1)
+        version = 0
+        while not stop.is_set():
+            version += 1
+            keys = rng.choice(12, size=int(rng.integers(1, 7)), replace=False)
+            col = rows_column([np.full(int(rng.integers(1, 3000)), k * 100_000 + version) for k in keys])
+            with calls:
+                answer = unit.reserve(keys.astype(np.int64), {"x": sizes_only(col, None)})
+            handle, at = answer["room"]["x"]
+            seg = writer_maps.arena(handle)
+            seg[at:at + col.data.size] = col.data
+            del seg
+            with calls:
+                unit.commit_put(answer["ticket"])
+                if rng.random() < 0.3:
+                    unit.clear(rng.choice(12, size=3, replace=False).astype(np.int64))
+
+    def reader():
+        rng = np.random.default_rng(2)
+        while not stop.is_set():
+            keys = rng.choice(12, size=4, replace=False).astype(np.int64)
+            with calls:
+                held = keys[unit.store.held(keys, "x")] if "x" in unit.store.fields else keys[:0]
+                if not held.size:
+                    continue
+                at = unit.locate(held, ["x"])["fields"]["x"]
+            try:
+                src = reader_maps.arena(at["segment"])
+                out = np.empty(int(at["nbytes"].sum()), np.uint8)
+                copy_segments(src, at["starts"], at["nbytes"], out, np.cumsum(at["nbytes"]) - at["nbytes"])
+                del src
+                reader_maps.check(at["segment"], at["generation"])
+            except FileNotFoundError:
+                seen["retried"] += 1
+                continue
+            rows = np.split(out.view(np.int32), np.cumsum(at["lengths"])[:-1])
+            for k, row in zip(held, rows):
+                if not (row.size and (row == row[0]).all() and row[0] // 100_000 == k):
+                    errors.append((int(k), row[:4].tolist()))
+            seen["ok"] += 1
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(3.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        writer_maps.close()
+        reader_maps.close()
+        unit.close()
+    assert not errors, errors[:3]
+    assert seen["ok"] > 20, seen
 
 
 def test_a_put_whose_field_moved_arena_before_its_commit_is_copied_there():
