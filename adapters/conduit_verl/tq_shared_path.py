@@ -25,6 +25,7 @@ assemble a get through ``assemble`` (one copy into the returned arrays).
 from __future__ import annotations
 
 import asyncio
+import traceback
 
 import numpy as np
 
@@ -62,24 +63,31 @@ async def reserve_and_write(units, maps, prefixes, routes, columns, shared) -> d
         failed = [a for a in answers if isinstance(a, BaseException)]
         if failed:
             raise failed[0]
-        starts = {n: np.cumsum(c.nbytes) - c.nbytes for n, c in columns.items() if c.kind == "tensor" and multi}
-        with maps.lock:
-            for i, answer in zip(todo, answers):
-                u, pos, _ = routes[i]
-                for name, (segment, at) in answer["room"].items():
-                    col = columns[name]
-                    seg = maps.arena(segment)
-                    if multi:
-                        need = int(col.nbytes[pos].sum())
-                        gather_segments(col.data, starts[name][pos], col.nbytes[pos], out=seg[at:at + need])
-                    else:
-                        seg[at:at + col.data.size] = col.data
-                    del seg
-                maps.keep_only(prefixes[u], answer["segments"])
-    except BaseException:
+        _write(maps, prefixes, routes, columns, todo, answers)
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)   # views of the segments die now, not with the error
         await _wait([units[routes[i][0]].abort_put.remote(t) for i, t in tickets.items()])
         raise
     return tickets
+
+
+def _write(maps, prefixes, routes, columns, todo, answers) -> None:
+    """Each unit's rows of each field into the room it reserved: the put's one copy."""
+    multi = len(routes) > 1
+    starts = {n: np.cumsum(c.nbytes) - c.nbytes for n, c in columns.items() if c.kind == "tensor" and multi}
+    with maps.lock:
+        for i, answer in zip(todo, answers):
+            u, pos, _ = routes[i]
+            for name, (segment, at) in answer["room"].items():
+                col = columns[name]
+                seg = maps.arena(segment)
+                if multi:
+                    need = int(col.nbytes[pos].sum())
+                    gather_segments(col.data, starts[name][pos], col.nbytes[pos], out=seg[at:at + need])
+                else:
+                    seg[at:at + col.data.size] = col.data
+                del seg
+            maps.keep_only(prefixes[u], answer["segments"])
 
 
 async def locate_parts(units, routes, fields, shared) -> list:
@@ -97,6 +105,14 @@ def assemble(parts, routes, fields, rows: int, maps, prefixes, shared) -> dict[s
     """One Column per field, rows in the batch's order, copied once out of the units' segments
     (shared) or the arrays Ray delivered (the other path). ``FileNotFoundError`` (``SegmentGone``
     among them): a segment was closed or reused since its unit answered; ask again."""
+    try:
+        return _assemble(parts, routes, fields, rows, maps, prefixes, shared)
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)   # views of the segments die now, not with the error
+        raise
+
+
+def _assemble(parts, routes, fields, rows: int, maps, prefixes, shared) -> dict[str, Column]:
     multi = len(routes) > 1
     out = {}
     with maps.lock:
