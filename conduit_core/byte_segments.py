@@ -53,7 +53,14 @@ def copy_segments(src: np.ndarray, src_starts: np.ndarray, lengths: np.ndarray,
     if lengths.size and (src_starts.min() < 0 or dst_starts.min() < 0 or lengths.min() < 0
                          or (lengths > src.size - src_starts).any() or (lengths > dst.size - dst_starts).any()):
         raise ValueError("copy_segments: a segment lies outside src or dst")
-    total = int(lengths.sum())
-    if total:
-        within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        dst[np.repeat(dst_starts, lengths) + within] = src[np.repeat(src_starts, lengths) + within]
+    # a per-byte index (8 bytes of index per byte moved), built for ~16 MB of rows at a time
+    ends = np.cumsum(lengths)
+    lo = 0
+    while lo < lengths.size:
+        hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + (1 << 24), side="right")))
+        n, s, d = lengths[lo:hi], src_starts[lo:hi], dst_starts[lo:hi]
+        total = int(n.sum())
+        if total:
+            within = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
+            dst[np.repeat(d, n) + within] = src[np.repeat(s, n) + within]
+        lo = hi
