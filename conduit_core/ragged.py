@@ -12,6 +12,11 @@ A batch travels as a ``Column``: the rows' bytes back to back, each row's byte c
 length along the first dimension (what a jagged tensor's offsets are made of), and the element
 dtype and inner shape. The store copies what it is given and hands out fresh arrays.
 
+Arenas come from a provider (``arenas=``): private memory by default (``HeapArenas``), or
+segments other processes map (``conduit_core.shared_arena``). For those, ``reserve`` hands out
+room that the caller fills itself and ``put`` then records rows on it without a copy; ``locate``
+says where rows lie instead of copying them. Bytes below an arena's end are never written again.
+
 Overwriting or clearing a row leaves its old bytes dead in the arena. When a write does not fit,
 the arena is compacted (live rows copied in slot order) into one sized 2x to 4x (live + new), so
 the arena never holds more than ~4x the bytes live at its last compaction; clearing rows frees
@@ -26,28 +31,37 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .byte_segments import copy_segments, gather_segments  # noqa: F401 - copy_segments: re-exported
 from .errors import ConfigError
 
-try:
-    from ._segments import gather_segments as _c_gather_segments
-except ImportError:  # pragma: no cover - no C compiler where it was installed
-    _c_gather_segments = None
+
+class HeapArenas:
+    """Where a RaggedStore's arenas live by default: private memory of this process. Another
+    provider (``conduit_core.shared_arena.SharedArenas``) gives the same two calls over memory
+    other processes can map: ``new(size)`` an arena, ``release(arena)`` when the store no longer
+    uses it (after a compaction, a dropped field, the store's ``release()``)."""
+
+    def new(self, size: int) -> np.ndarray:
+        return np.empty(size, dtype=np.uint8)
+
+    def release(self, arena: np.ndarray) -> None:
+        pass
 
 
-def gather_segments(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The byte segments ``src[starts[i] : starts[i] + lengths[i]]``, in order, in one new array."""
-    starts = np.ascontiguousarray(starts, dtype=np.int64)
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    if starts.shape != lengths.shape or (lengths.size and (
-            starts.min() < 0 or lengths.min() < 0 or (lengths > src.size - starts).any())):
-        raise ValueError("gather_segments: a segment lies outside src")   # before allocating anything
-    out = np.empty(int(lengths.sum()), dtype=np.uint8)
-    if _c_gather_segments is not None:
-        _c_gather_segments(src, starts, lengths, out)
-    elif out.size:
-        first = np.cumsum(lengths) - lengths
-        out[:] = src[np.repeat(starts - first, lengths) + np.arange(out.size)]
-    return out
+@dataclass
+class Located:
+    """Where a stored tensor field's rows lie, without copying them: in ``arena`` at ``starts``,
+    with the rows' ``nbytes`` and ``lengths`` and the field's dtype, inner shape and scalar-ness.
+    Valid while the arena holds them: a RaggedStore never writes over bytes below its arena's end,
+    so the rows stay as located until the arena is released."""
+
+    arena: np.ndarray
+    starts: np.ndarray
+    nbytes: np.ndarray
+    lengths: np.ndarray
+    dtype: str
+    inner: tuple[int, ...]
+    scalar: bool
 
 
 @dataclass
@@ -110,9 +124,10 @@ class Column:
 
 
 class _TensorField:
-    def __init__(self, dtype: str, inner: tuple[int, ...], scalar: bool, slots: int):
+    def __init__(self, dtype: str, inner: tuple[int, ...], scalar: bool, slots: int, arenas):
         self.dtype, self.inner, self.scalar = dtype, inner, scalar
-        self.arena = np.empty(1 << 16, dtype=np.uint8)
+        self.arenas = arenas
+        self.arena = arenas.new(1 << 16)
         self.end = 0                                   # bytes used in the arena
         self.start = np.full(slots, -1, dtype=np.int64)  # -1: this slot has no value for the field
         self.nbytes = np.zeros(slots, dtype=np.int64)
@@ -132,16 +147,33 @@ class _TensorField:
         self.nbytes[slots] = 0
         self.length[slots] = 0
 
-    def write(self, slots: np.ndarray, col: Column) -> None:
-        need = int(col.data.size)
+    def reserve(self, need: int) -> int:
+        """Room for ``need`` bytes at the arena's end, for the caller to write; returns its offset.
+        The bytes are dead (not live, not any slot's) until ``write`` records rows on them."""
         if self.end + need > self.arena.size:
             self._compact(extra=need)
-        self.arena[self.end:self.end + need] = col.data   # the copy first: if it fails, nothing changed
+        at = self.end
+        self.end += need
+        return at
+
+    def _placed(self, data: np.ndarray) -> int | None:
+        """The offset of ``data`` in this arena when it lies there below ``end`` (reserved and
+        written in place), else None."""
+        if data.size == 0 or not data.flags.c_contiguous:
+            return None
+        at = data.__array_interface__["data"][0] - self.arena.__array_interface__["data"][0]
+        return at if 0 <= at and at + data.size <= self.end else None
+
+    def write(self, slots: np.ndarray, col: Column) -> None:
+        need = int(col.data.size)
+        at = self._placed(col.data)
+        if at is None:
+            at = self.reserve(need)
+            self.arena[at:at + need] = col.data   # the copy first: if it fails, nothing changed
         self.drop(slots)
-        self.start[slots] = self.end + np.cumsum(col.nbytes) - col.nbytes
+        self.start[slots] = at + np.cumsum(col.nbytes) - col.nbytes
         self.nbytes[slots] = col.nbytes
         self.length[slots] = col.lengths
-        self.end += need
         self.live += need
 
     def _compact(self, extra: int) -> None:
@@ -151,11 +183,16 @@ class _TensorField:
         size = 1 << 16
         while size < 2 * (self.live + extra):
             size *= 2
-        packed = gather_segments(self.arena, self.start[held], self.nbytes[held])
-        arena = np.empty(size, dtype=np.uint8)
-        arena[:packed.size] = packed
+        arena = self.arenas.new(size)
+        live = int(self.nbytes[held].sum())
+        gather_segments(self.arena, self.start[held], self.nbytes[held], out=arena[:live])
         self.start[held] = np.cumsum(self.nbytes[held]) - self.nbytes[held]
-        self.arena, self.end = arena, int(packed.size)
+        old, self.arena, self.end = self.arena, arena, live
+        self.arenas.release(old)   # its bytes stay as they were: a reader still mapping it reads them
+
+    def locate(self, slots: np.ndarray) -> Located:
+        return Located(self.arena, self.start[slots], self.nbytes[slots].copy(), self.length[slots].copy(),
+                       self.dtype, self.inner, self.scalar)
 
     def read(self, slots: np.ndarray) -> Column:
         return Column("tensor", gather_segments(self.arena, self.start[slots], self.nbytes[slots]),
@@ -176,7 +213,8 @@ class RaggedStore:
     first write; a later write that differs is refused with the field named.
     """
 
-    def __init__(self, slots: int = 1024):
+    def __init__(self, slots: int = 1024, *, arenas=None):
+        self._arenas = arenas if arenas is not None else HeapArenas()
         self._slot_of = np.full(slots, -1, dtype=np.int64)   # key -> slot (-1: absent); keys are dense ints
         self._free = np.arange(slots - 1, -1, -1, dtype=np.int64)  # a stack: the top is _free[_nfree - 1]
         self._nfree = slots
@@ -266,7 +304,7 @@ class RaggedStore:
             if col.kind == "tensor":
                 f = self._tensors.get(name)
                 if f is None:
-                    f = self._tensors[name] = _TensorField(col.dtype, col.inner, col.scalar, self._slots)
+                    f = self._tensors[name] = _TensorField(col.dtype, col.inner, col.scalar, self._slots, self._arenas)
                 f.write(slots, col)
             else:
                 if name not in self._objects:
@@ -275,7 +313,28 @@ class RaggedStore:
                 self._objects[name][slots] = col.data
                 self._object_set[name][slots] = True
 
-    def get(self, keys, fields) -> dict[str, Column]:
+    def reserve(self, keys, columns: dict[str, Column]) -> tuple[dict[str, tuple[np.ndarray, int]], list[str]]:
+        """Room in the arenas for a put's tensor columns, checked as ``put`` checks them (their
+        ``data`` need only have the right size, e.g. ``np.broadcast_to(np.uint8(0), n)``): returns
+        per tensor field (arena, offset) and the fields this call created. The caller writes each
+        column's bytes at its offset, then calls ``put`` with columns whose data are those arena
+        regions: they are recorded where they lie, without a copy (copied if a compaction has
+        moved the field to another arena since). Until then the room is dead bytes."""
+        self.check_put(keys, columns)
+        room, created = {}, []
+        for name, col in columns.items():
+            if col.kind != "tensor":
+                continue
+            f = self._tensors.get(name)
+            if f is None:
+                f = self._tensors[name] = _TensorField(col.dtype, col.inner, col.scalar, self._slots, self._arenas)
+                created.append(name)
+            at = f.reserve(int(col.data.size))
+            room[name] = (f.arena, at)
+        return room, created
+
+    def locate(self, keys, fields) -> dict[str, Located | Column]:
+        """Like ``get``, with tensor fields located (arena, starts) rather than copied out."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         if keys.size and keys.min() < 0:
             raise ConfigError("keys", "non-negative integers", int(keys.min()), "pass TransferQueue's global indexes")
@@ -285,7 +344,7 @@ class RaggedStore:
             if name in self._tensors:
                 f = self._tensors[name]
                 missing = f.start[slots] < 0
-                col = None if missing.any() else f.read(slots)
+                col = None if missing.any() else f.locate(slots)
             elif name in self._objects:
                 missing = ~self._object_set[name][slots]
                 col = None if missing.any() else Column("object", self._objects[name][slots])
@@ -296,6 +355,24 @@ class RaggedStore:
                 raise KeyNotStored(f"field {name!r} of key {int(keys[np.argmax(missing)])} is not stored")
             out[name] = col
         return out
+
+    def get(self, keys, fields) -> dict[str, Column]:
+        """Rows of ``fields`` for ``keys``, in that order, copied out (``KeyNotStored`` names the first missing)."""
+        out = self.locate(keys, fields)
+        for name, at in out.items():
+            if isinstance(at, Located):
+                out[name] = Column("tensor", gather_segments(at.arena, at.starts, at.nbytes), at.nbytes, at.lengths,
+                                   at.dtype, at.inner, at.scalar)
+        return out
+
+    def arenas_in_use(self) -> list[np.ndarray]:
+        return [f.arena for f in self._tensors.values()]
+
+    def release(self) -> None:
+        """Hand every arena back to its provider (the store is not used after this)."""
+        for f in self._tensors.values():
+            self._arenas.release(f.arena)
+        self._tensors = {}
 
     def held(self, keys, field: str | None = None) -> np.ndarray:
         """Which of ``keys`` are stored (and, with ``field``, hold a value for it)."""
@@ -315,7 +392,10 @@ class RaggedStore:
         if self.held(np.nonzero(self._slot_of >= 0)[0], name).any():
             raise ConfigError(f"field {name!r}", "a field no stored row holds", "rows holding it",
                               "unset it on those rows first")
-        self._tensors.pop(name, None), self._objects.pop(name, None), self._object_set.pop(name, None)
+        f = self._tensors.pop(name, None)
+        if f is not None:
+            self._arenas.release(f.arena)
+        self._objects.pop(name, None), self._object_set.pop(name, None)
 
     def unset(self, keys, fields) -> None:
         """Forget ``fields`` of the stored rows of ``keys`` (the rows themselves stay)."""
@@ -362,13 +442,22 @@ class RaggedStore:
         return {"keys": keys, "tensors": tensors, "objects": objects}
 
     @classmethod
-    def from_state(cls, state: dict) -> "RaggedStore":
+    def from_state(cls, state: dict, *, arenas=None) -> "RaggedStore":
         """A store holding what ``state()`` saved (the caller swaps it in: a failed load changes nothing)."""
         keys = np.asarray(state["keys"], dtype=np.int64)
         if keys.size and (keys.min() < 0 or np.unique(keys).size != keys.size):
             raise ConfigError("state['keys']", "distinct non-negative keys", "repeated or negative keys",
                               "load a state written by RaggedStore.state()")
-        store = cls(slots=max(1024, int(keys.size)))
+        store = cls(slots=max(1024, int(keys.size)), arenas=arenas)
+        try:
+            store._fill(state, keys)
+        except BaseException:
+            store.release()        # arenas made for a state that did not load go back at once
+            raise
+        return store
+
+    def _fill(self, state: dict, keys: np.ndarray) -> None:
+        store = self
         if keys.size:
             store._slots_for_write(keys)                # every saved row, fields added below
         slots = store._slot_of[keys] if keys.size else np.empty(0, np.int64)
@@ -380,7 +469,7 @@ class RaggedStore:
                 raise ConfigError(f"state['tensors'][{name!r}]", "rows matching the saved keys", f"{col.rows} rows",
                                   "load a state written by RaggedStore.state()")
             col.check(name, int(held.sum()), where=f"state['tensors'][{name!r}]")
-            f = store._tensors[name] = _TensorField(col.dtype, col.inner, col.scalar, store._slots)
+            f = store._tensors[name] = _TensorField(col.dtype, col.inner, col.scalar, store._slots, self._arenas)
             f.write(slots[held], col)
         for name, o in state["objects"].items():
             held = np.asarray(o["held"], dtype=bool)
@@ -395,5 +484,3 @@ class RaggedStore:
             store._object_set[name] = np.zeros(store._slots, dtype=bool)
             store._objects[name][slots[held]] = values
             store._object_set[name][slots[held]] = True
-        return store
-

@@ -15,14 +15,19 @@ What a get returns is what SimpleStorage returns for the same puts (checked row 
 dimension), with its row-length bounds; other values as SimpleStorage packs them (a
 ``NonTensorStack``, or a nested tensor when every value is a tensor). A missing (row, field)
 raises TQ's ``StorageKeyNotFoundError``, as SimpleStorage's does. A put is checked and its schema
-built before any unit is written; a put spread over several units is not atomic if one unit then
-refuses its part (the others keep theirs, and the controller is not told of any).
+built before any unit is written; a put spread over several units is all or nothing (a unit that
+took its part gives it back when another refused, and the controller is told of none).
+
+A client on a unit's node moves the bytes through the unit's arenas in shared memory
+(``tq_shared_path``: one copy on put, one on get, only keys, offsets and lengths through the
+actor calls); units on another node, or all with ``shared_memory: false``, take Ray objects.
 
 Registered with TQ's two registries (``StorageBootstrapProvider`` makes the units at
 ``tq.init``; ``StorageManagerFactory`` makes each process's client-side manager) when this
 module is imported; ``conduit_verl.plugin`` imports it right after ``transfer_queue`` is
 imported, in every process where verl is imported. Config (``transfer_queue.backend.Conduit``):
-``num_storage_units`` (default 1), ``slots`` (initial rows per unit, grows), and
+``num_storage_units`` (default 1), ``slots`` (initial rows per unit, grows), ``shared_memory``
+(default true: arenas in shared memory, memfds, used by clients on the unit's node), and
 ``unit_names``, written by the bootstrap for the clients to find the units (fresh ones per
 ``tq.init``; ``shutdown_units()`` kills them, as TQ's ``close()`` does not).
 """
@@ -32,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pickle
 import uuid
 from pathlib import Path
 from typing import Any
@@ -44,75 +48,21 @@ from transfer_queue.metadata import BatchMeta
 from transfer_queue.storage.bootstrap.provider import StorageBootstrapProvider
 from transfer_queue.storage.managers.base import StorageManager, StorageManagerFactory
 
+from conduit_core import shared_arena
 from conduit_core.errors import ConfigError
-from conduit_core.ragged import Column, KeyNotStored, RaggedStore
+from conduit_core.ragged import KeyNotStored
 
-from .put_undo import put_undo, restore_put
-from .tq_columns import _concat, decode, encode, field_schema  # noqa: F401 - encode/field_schema: the codec
+from . import tq_shared_path as shared_path
+from .tq_unit import STATE_VERSION, StorageUnit  # noqa: F401 - STATE_VERSION: the unit file's schema
+from .tq_columns import decode, encode, field_schema  # noqa: F401 - encode/field_schema: the codec
 
 BACKEND = "Conduit"
 NAMESPACE = "conduit_tq"
 UNITS_DIR, MANIFEST = "conduit_units", "manifest.json"
-STATE_VERSION = 1   # of a unit's checkpoint file
 
 
 # ----------------------------------------------------------------------------- storage unit
-@ray.remote(num_cpus=0)
-class ConduitStorageUnit:
-    """One shard of the store: a RaggedStore behind a Ray actor (one call per batch, any node)."""
-
-    def __init__(self, slots: int = 1024):
-        self.store = RaggedStore(slots=slots)
-        self._staged: RaggedStore | None = None   # a checkpoint read aside, until every unit has one
-
-    def put(self, keys: np.ndarray, columns: dict[str, Column]) -> dict:
-        """Store the rows; returns what undoes it (``restore``): a put spread over several units
-        is all or nothing, so the units that took their part give it back when another refused."""
-        undo = put_undo(self.store, keys, columns)
-        self.store.put(keys, columns)
-        return undo
-
-    def restore(self, undo: dict) -> int:
-        """Undo a ``put``: its new rows leave, fields it set are unset, values it replaced return."""
-        restore_put(self.store, undo)
-        return len(self.store)
-
-    def get(self, keys: np.ndarray, fields: list[str]) -> dict[str, Column]:
-        return self.store.get(keys, fields)
-
-    def clear(self, keys: np.ndarray) -> int:
-        return self.store.clear(keys)
-
-    def stats(self) -> dict:
-        return {"rows": len(self.store), "nbytes": self.store.nbytes(), "fields": self.store.fields}
-
-    def save(self, path: str) -> int:
-        """Write every stored row to ``path`` (written aside, then renamed: never half a file)."""
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump({"schema_version": STATE_VERSION, "store": self.store.state()}, f,
-                        protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
-        return len(self.store)
-
-    def stage(self, path: str) -> int:
-        """Read what ``save`` wrote into a store held aside (the live one untouched): the first half
-        of a load that every unit must pass before any unit commits."""
-        with open(path, "rb") as f:
-            saved = pickle.load(f)
-        if not isinstance(saved, dict) or saved.get("schema_version") != STATE_VERSION:
-            raise ConfigError(f"{path}", f"a Conduit unit file of schema version {STATE_VERSION}",
-                              repr(saved.get("schema_version") if isinstance(saved, dict) else type(saved).__name__),
-                              "load a checkpoint saved by this version of conduit_verl")
-        self._staged = RaggedStore.from_state(saved["store"])
-        return len(self._staged)
-
-    def commit(self) -> int:
-        self.store, self._staged = self._staged, None
-        return len(self.store)
-
-    def abort(self) -> None:
-        self._staged = None
+ConduitStorageUnit = ray.remote(num_cpus=0)(StorageUnit)   # one shard (tq_unit), one Ray actor, any node
 
 
 @StorageBootstrapProvider.register_provider(BACKEND)
@@ -125,11 +75,13 @@ def initialize_conduit_storage(conf) -> dict[str, Any]:
         raise ConfigError("transfer_queue.backend.Conduit.num_storage_units", ">= 1", units,
                           "use at least one storage unit")
     slots = int(cfg.get("slots", 1024))
+    shared = _shared_memory_option(cfg)
     run = uuid.uuid4().hex[:8]   # fresh units per tq.init: never another run's rows
     handles, names = {}, []
     for rank in range(units):
         name = f"ConduitStorageUnit#{rank}-{run}"
-        handles[name] = ConduitStorageUnit.options(name=name, namespace=NAMESPACE).remote(slots)
+        handles[name] = ConduitStorageUnit.options(name=name, namespace=NAMESPACE).remote(
+            slots, _shm_prefix(name) if shared else None)
         names.append(name)
     ray.get([h.stats.remote() for h in handles.values()])  # up before the first client needs them
     if BACKEND not in conf.backend:
@@ -138,14 +90,40 @@ def initialize_conduit_storage(conf) -> dict[str, Any]:
     return handles
 
 
+def _shared_memory_option(cfg) -> bool:
+    shared = cfg.get("shared_memory", True)
+    if not isinstance(shared, bool):
+        raise ConfigError("transfer_queue.backend.Conduit.shared_memory", "true or false", repr(shared),
+                          "true: clients on a unit's node use its arenas in shared memory; false: Ray objects only")
+    return shared and shared_arena.available()
+
+
+def _shm_prefix(unit_name: str) -> str:
+    """A unit's segment names: ``cdt<run>u<rank>-<n>`` (unique per tq.init, short for every OS)."""
+    rank, run = unit_name.removeprefix("ConduitStorageUnit#").split("-")
+    return f"cdt{run}u{rank}"
+
+
 def shutdown_units(names: list[str] | None = None) -> None:
-    """Kill the storage units (TQ's ``close()`` shuts down SimpleStorage's units only)."""
+    """Kill the storage units (TQ's ``close()`` shuts down SimpleStorage's units only). Each unit
+    closes its shared segments first; a unit that died or does not answer frees them by dying
+    (they are memfds: nothing in /dev/shm outlives their processes)."""
     names = names if names is not None else [n for n in _named_units()]
     for name in names:
         try:
-            ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+            unit = ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
-            pass
+            unit = None
+        if unit is not None:
+            try:
+                ray.get(unit.close.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - a dead or hung unit: killed below, its segments swept
+                pass
+            ray.kill(unit)
+
+
+def _node_id() -> str:
+    return ray.get_runtime_context().get_node_id()
 
 
 def _named_units() -> list[str]:
@@ -167,6 +145,12 @@ class ConduitStorageManager(StorageManager):
             raise ConfigError("transfer_queue.backend.Conduit.unit_names", "the units' names (set by tq.init)",
                               "none", "initialise TransferQueue with storage_backend=Conduit before making clients")
         self.units = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+        here = _node_id()
+        where = ray.get([u.where.remote() for u in self.units])
+        # per unit: its segments' prefix when this client shares its node, else None (Ray objects)
+        self.prefixes = [prefix if node == here else None for node, prefix in where]
+        self.shared = [p is not None for p in self.prefixes]
+        self.maps = shared_arena.SegmentMaps()
 
     def _route(self, global_indexes) -> list[tuple[int, np.ndarray, np.ndarray]]:
         keys = np.asarray(global_indexes, dtype=np.int64)
@@ -185,8 +169,18 @@ class ConduitStorageManager(StorageManager):
         columns = {name: encode(name, data.get(name), rows) for name in data.keys()}
         schema = field_schema(data, columns)       # before anything is stored: a failure stores nothing
         routes = self._route(metadata.global_indexes)
+        # same-node units: bytes into their segments first (a failure there aborts and stores nothing)
+        try:
+            tickets = await shared_path.reserve_and_write(self.units, self.maps, self.prefixes, routes, columns,
+                                                          self.shared)
+        except PermissionError:     # this node forbids opening another process's descriptors
+            self._without_shared_memory()
+            tickets = {}
         refs = []
-        for u, pos, keys in routes:
+        for i, (u, pos, keys) in enumerate(routes):
+            if i in tickets:
+                refs.append(self.units[u].commit_put.remote(tickets[i]))
+                continue
             part = columns if len(routes) == 1 else {n: c.select(pos) for n, c in columns.items()}
             refs.append(self.units[u].put.remote(keys, part))
         done = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs], return_exceptions=True)
@@ -208,23 +202,38 @@ class ConduitStorageManager(StorageManager):
             return TensorDict({}, batch_size=0)
         fields = list(metadata.field_names)
         routes = self._route(metadata.global_indexes)
-        refs = [self.units[u].get.remote(keys, fields) for u, _, keys in routes]
-        try:
-            parts = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
-        except Exception as exc:
-            cause = getattr(exc, "cause", exc)
-            if isinstance(cause, KeyNotStored) or isinstance(exc, KeyNotStored):
-                from transfer_queue.storage.simple_storage import StorageKeyNotFoundError
-                raise StorageKeyNotFoundError(str(cause)) from exc
-            raise
-        order = None
-        if len(routes) > 1:  # units' rows back into the batch's order
-            order = np.argsort(np.concatenate([pos for _, pos, _ in routes]), kind="stable")
-        out = {}
-        for name in fields:
-            col = _concat([p[name] for p in parts])
-            out[name] = decode(col if order is None else col.select(order))
-        return TensorDict(out, batch_size=metadata.size)
+        for attempt in range(shared_path.GET_ATTEMPTS):
+            try:
+                parts = await shared_path.locate_parts(self.units, routes, fields, self.shared)
+            except Exception as exc:
+                cause = getattr(exc, "cause", exc)
+                if isinstance(cause, KeyNotStored) or isinstance(exc, KeyNotStored):
+                    from transfer_queue.storage.simple_storage import StorageKeyNotFoundError
+                    raise StorageKeyNotFoundError(str(cause)) from exc
+                raise
+            try:   # one copy, into the arrays returned
+                columns = shared_path.assemble(parts, routes, fields, metadata.size, self.maps, self.prefixes,
+                                               self.shared)
+                break
+            except FileNotFoundError:   # a segment went (compaction) after its unit answered: ask again
+                if attempt + 1 == shared_path.GET_ATTEMPTS:
+                    raise
+            except PermissionError:     # this node forbids opening another process's descriptors
+                self._without_shared_memory()
+        return TensorDict({name: decode(columns[name]) for name in fields}, batch_size=metadata.size)
+
+    def _without_shared_memory(self) -> None:
+        import logging
+        logging.getLogger(__name__).warning("conduit_verl: cannot map the storage units' shared memory here "
+                                            "(/proc/<pid>/fd not permitted); using Ray objects")
+        self.shared = [False] * len(self.units)
+
+    def close(self) -> None:
+        """Drop this client's mappings of the units' segments, then TQ's own close."""
+        maps = getattr(self, "maps", None)
+        if maps is not None:
+            maps.close()
+        super().close()
 
     async def clear_data(self, metadata: BatchMeta) -> None:
         if metadata.size == 0:

@@ -15,6 +15,7 @@ ALLOWED = {
     # RaggedStore.from_state fills the store it has just built (same class, before anyone sees it)
     ("ragged.py", "store._slots_for_write"), ("ragged.py", "store._slot_of"), ("ragged.py", "store._tensors"),
     ("ragged.py", "store._slots"), ("ragged.py", "store._objects"), ("ragged.py", "store._object_set"),
+    ("ragged.py", "store._fill"),
 }
 
 

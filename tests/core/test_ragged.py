@@ -22,7 +22,7 @@ def rows_of(col: Column, inner=(3,), dtype=np.float32) -> list[np.ndarray]:
 
 
 def test_segments_native_and_numpy_agree(monkeypatch):
-    from conduit_core import ragged
+    from conduit_core import byte_segments as ragged   # where the C helper is bound
     src = np.random.default_rng(0).integers(0, 256, 1000, dtype=np.uint8)
     starts, lengths = np.array([5, 900, 0, 300]), np.array([10, 100, 0, 1])
     want = np.concatenate([src[s:s + n] for s, n in zip(starts, lengths)])
@@ -33,6 +33,27 @@ def test_segments_native_and_numpy_agree(monkeypatch):
         assert np.array_equal(gather_segments(src, starts, lengths), want)
     with pytest.raises(ValueError, match="outside src"):
         gather_segments(src, np.array([995]), np.array([10]))
+
+
+def test_copy_segments_native_and_numpy_agree(monkeypatch):
+    """Rows of one source put at their places in an output (a get over several storage units)."""
+    from conduit_core import byte_segments
+    from conduit_core.ragged import copy_segments
+    src = np.random.default_rng(1).integers(0, 256, 1000, dtype=np.uint8)
+    src_starts, lengths, dst_starts = np.array([5, 900, 0, 300]), np.array([10, 100, 0, 1]), np.array([100, 0, 7, 110])
+    want = np.zeros(200, np.uint8)
+    for a, n, b in zip(src_starts, lengths, dst_starts):
+        want[b:b + n] = src[a:a + n]
+    assert byte_segments._c_copy_segments is not None
+    for native in (True, False):
+        with monkeypatch.context() as m:
+            if not native:
+                m.setattr(byte_segments, "_c_copy_segments", None)
+            dst = np.zeros(200, np.uint8)
+            copy_segments(src, src_starts, lengths, dst, dst_starts)
+            assert np.array_equal(dst, want), native
+            with pytest.raises(ValueError, match="outside"):
+                copy_segments(src, np.array([0]), np.array([10]), dst, np.array([195]))
 
 
 ops = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "clear", "get"]),

@@ -29,13 +29,20 @@ def ray_session():
 
 
 @contextlib.contextmanager
-def tq_session(backend: str = "Conduit", units: int = 1, slots: int | None = None):
+def tq_session(backend: str = "Conduit", units: int = 1, slots: int | None = None, path: str = "shared"):
     """TransferQueue up on ``backend`` with ``units`` storage units, closed (and Conduit's units
-    killed, which TQ's close() leaves) however the block ends."""
-    conduit = {"num_storage_units": units, **({"slots": slots} if slots else {})}
+    killed, which TQ's close() leaves) however the block ends. ``path``: how this client reaches
+    Conduit's units: "shared" (same node: their arenas in shared memory), "ray" (Ray objects, as
+    from another node: shared_memory=false), "mixed" (unit 1 by Ray objects, the others shared)."""
+    conduit = {"num_storage_units": units, **({"slots": slots} if slots else {}), "shared_memory": path != "ray"}
     tq.init(OmegaConf.create({"backend": {"storage_backend": backend,
                                           "SimpleStorage": {"num_data_storage_units": units}, "Conduit": conduit}}))
     try:
+        if backend == "Conduit":
+            manager = tq.get_client().storage_manager
+            assert manager.shared == [path != "ray"] * units
+            if path == "mixed":
+                manager.shared[1] = False
         yield
     finally:
         tq.close()
@@ -65,10 +72,10 @@ def rollout(rng, keys, width=12):
     }, batch_size=n)
 
 
-def script(backend: str, units: int) -> list:
+def script(backend: str, units: int, path: str = "shared") -> list:
     """What a trainer does: a rollout put, stages adding fields to some rows, gets in several
     orders and subsets, a clear. Returns every get's result."""
-    with tq_session(backend, units, slots=4):
+    with tq_session(backend, units, slots=4, path=path):
         rng = np.random.default_rng(0)
         keys = [f"uid{i}" for i in range(10)]
         got = []
@@ -117,9 +124,16 @@ def assert_same(a: TensorDict, b: TensorDict, where: str) -> None:
             assert list(x) == list(y), (where, k)
 
 
-@pytest.mark.parametrize("units", [1, 3])
-def test_every_get_equals_simple_storage_row_for_row(units):
-    native, conduit = script("SimpleStorage", units), script("Conduit", units)
+_native: dict[int, list] = {}
+
+
+@pytest.mark.parametrize("units,path", [(1, "shared"), (3, "shared"), (1, "ray"), (3, "ray"), (3, "mixed")])
+def test_every_get_equals_simple_storage_row_for_row(units, path):
+    """Both paths (a client on the units' node through shared memory, one elsewhere through Ray
+    objects) and a client using both at once."""
+    if units not in _native:
+        _native[units] = script("SimpleStorage", units)
+    native, conduit = _native[units], script("Conduit", units, path)
     assert len(native) == len(conduit)
     for i, (a, b) in enumerate(zip(native, conduit)):
         assert_same(a, b, f"get {i}")

@@ -1,0 +1,153 @@
+"""The same-node path of ``tq_backend``: a client on a storage unit's node moves the bytes through
+the unit's shared arenas (``conduit_core.shared_arena``), the Ray actor calls carry only keys,
+offsets and lengths.
+
+    put:  unit.reserve(keys, sizes) -> (segment, offset) per field   one small call per unit
+          client copies each field's rows into the segment            the one copy of a put
+          unit.commit_put(ticket) -> undo                                rows recorded in place
+    get:  unit.locate(keys, fields) -> (segment, starts, lengths)     one small call per unit
+          client copies the rows into the batch's own arrays          the one copy of a get
+
+Reserve and commit are two calls, not one, because the bytes must be in the segment before the
+unit records rows on them (a reader must never see a row whose bytes are not written yet), and
+the unit, not the client, decides where they go (it alone knows the arena's end). A put that
+fails before its commits aborts every ticket (the room becomes dead bytes, fields the reserve
+created leave); a commit that fails is undone on the other units as on the Ray-object path.
+
+A get is safe against any put, clear or compaction racing it: located bytes are never written
+again while their segment is the field's arena, and a segment released and reused since has a
+new generation, checked after the copy (see ``shared_arena``); when a segment was closed or
+reused between the unit's answer and the end of the copy, the get asks again. Units on another node, or all units
+with ``shared_memory=false``, take the Ray-object path (``unit.put`` / ``unit.get``); both paths
+assemble a get through ``assemble`` (one copy into the returned arrays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+
+import numpy as np
+
+from conduit_core.ragged import Column, copy_segments, gather_segments
+
+GET_ATTEMPTS = 4   # a get re-asks when a segment went between the unit's answer and the open
+
+
+async def _wait(refs) -> list:
+    return await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs], return_exceptions=True)
+
+
+def sizes_only(col: Column, pos: np.ndarray | None) -> Column:
+    """What a reserve sends for a field: a tensor column's per-row sizes (no bytes), an object
+    column whole (its values go through Ray in any case)."""
+    if col.kind == "object":
+        return col if pos is None else Column("object", col.data[pos])
+    nbytes, lengths = (col.nbytes, col.lengths) if pos is None else (col.nbytes[pos], col.lengths[pos])
+    return Column("tensor", np.empty(0, np.uint8), nbytes, lengths, col.dtype, col.inner, col.scalar)
+
+
+async def reserve_and_write(units, maps, prefixes, routes, columns, shared) -> dict[int, int]:
+    """Reserve room on every shared unit of ``routes``, write each unit's rows into it; returns
+    {route index: ticket}. If anything fails, every ticket is aborted and the error raised:
+    nothing of the put is stored."""
+    multi = len(routes) > 1
+    todo = [i for i, (u, _, _) in enumerate(routes) if shared[u]]
+    if not todo:
+        return {}
+    refs = [units[routes[i][0]].reserve.remote(routes[i][2], {n: sizes_only(c, routes[i][1] if multi else None)
+                                                               for n, c in columns.items()}) for i in todo]
+    answers = await _wait(refs)
+    tickets = {i: a["ticket"] for i, a in zip(todo, answers) if not isinstance(a, BaseException)}
+    try:
+        failed = [a for a in answers if isinstance(a, BaseException)]
+        if failed:
+            raise failed[0]
+        _write(maps, prefixes, routes, columns, todo, answers)
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)   # views of the segments die now, not with the error
+        await _wait([units[routes[i][0]].abort_put.remote(t) for i, t in tickets.items()])
+        raise
+    return tickets
+
+
+def _write(maps, prefixes, routes, columns, todo, answers) -> None:
+    """Each unit's rows of each field into the room it reserved: the put's one copy."""
+    multi = len(routes) > 1
+    starts = {n: np.cumsum(c.nbytes) - c.nbytes for n, c in columns.items() if c.kind == "tensor" and multi}
+    with maps.lock:
+        for i, answer in zip(todo, answers):
+            u, pos, _ = routes[i]
+            for name, (segment, at) in answer["room"].items():
+                col = columns[name]
+                seg = maps.arena(segment)
+                if multi:
+                    need = int(col.nbytes[pos].sum())
+                    gather_segments(col.data, starts[name][pos], col.nbytes[pos], out=seg[at:at + need])
+                else:
+                    seg[at:at + col.data.size] = col.data
+                del seg
+            maps.keep_only(prefixes[u], answer["segments"])
+
+
+async def locate_parts(units, routes, fields, shared) -> list:
+    """Each route's part of a get: from a shared unit where its rows lie, from any other the rows."""
+    refs = [units[u].locate.remote(keys, fields) if shared[u] else units[u].get.remote(keys, fields)
+            for u, _, keys in routes]
+    parts = await _wait(refs)
+    for p in parts:
+        if isinstance(p, BaseException):
+            raise p
+    return parts
+
+
+def assemble(parts, routes, fields, rows: int, maps, prefixes, shared) -> dict[str, Column]:
+    """One Column per field, rows in the batch's order, copied once out of the units' segments
+    (shared) or the arrays Ray delivered (the other path). ``FileNotFoundError`` (``SegmentGone``
+    among them): a segment was closed or reused since its unit answered; ask again."""
+    try:
+        return _assemble(parts, routes, fields, rows, maps, prefixes, shared)
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)   # views of the segments die now, not with the error
+        raise
+
+
+def _assemble(parts, routes, fields, rows: int, maps, prefixes, shared) -> dict[str, Column]:
+    multi = len(routes) > 1
+    out = {}
+    with maps.lock:
+        for name in fields:
+            first = parts[0][name] if not shared[routes[0][0]] else parts[0]["fields"][name]
+            got = [p["fields"][name] if shared[u] else p[name] for (u, _, _), p in zip(routes, parts)]
+            if isinstance(first, Column) and first.kind == "object":
+                data = np.concatenate([g.data for g in got]) if multi else got[0].data
+                if multi:
+                    data = data[np.argsort(np.concatenate([pos for _, pos, _ in routes]), kind="stable")]
+                out[name] = Column("object", data)
+                continue
+            nbytes = np.empty(rows, np.int64)
+            lengths = np.empty(rows, np.int64)
+            for (_, pos, _), g in zip(routes, got):
+                nbytes[pos], lengths[pos] = (g.nbytes, g.lengths) if isinstance(g, Column) else (g["nbytes"], g["lengths"])
+            dst = np.empty(int(nbytes.sum()), np.uint8)
+            dst_starts = np.cumsum(nbytes) - nbytes
+            for (u, pos, _), g in zip(routes, got):
+                if isinstance(g, Column):      # the Ray-object path: its rows back to back
+                    src, src_starts, lens = g.data, np.cumsum(g.nbytes) - g.nbytes, g.nbytes
+                else:
+                    src, src_starts, lens = maps.arena(g["segment"]), g["starts"], g["nbytes"]
+                if not multi and not isinstance(g, Column):
+                    gather_segments(src, src_starts, lens, out=dst)
+                else:
+                    copy_segments(src, src_starts, lens, dst, dst_starts[pos])
+                del src
+                if not isinstance(g, Column):   # were they still those rows? (SegmentGone: ask again)
+                    maps.check(g["segment"], g["generation"])
+            meta = first if isinstance(first, Column) else None
+            dtype, inner, scalar = (meta.dtype, meta.inner, meta.scalar) if meta else \
+                (first["dtype"], tuple(first["inner"]), first["scalar"])
+            out[name] = Column("tensor", dst, nbytes, lengths, dtype, inner, scalar)
+        for (u, _, _), p in zip(routes, parts):
+            if shared[u]:
+                maps.keep_only(prefixes[u], p["segments"])
+    return out

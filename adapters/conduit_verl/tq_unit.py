@@ -1,0 +1,181 @@
+"""One storage unit of Conduit's TransferQueue backend (``tq_backend`` runs it as a Ray actor):
+a ``RaggedStore`` with the calls a client makes, by the Ray-object path (``put``/``get``: the
+bytes travel in the call) or, for a client on its node, the shared-memory path (``reserve``,
+``commit_put``/``abort_put``, ``locate``: the bytes go through its arenas, see ``tq_shared_path``),
+and a checkpoint's ``save``/``stage``/``commit``/``abort``."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import ray
+
+from conduit_core import shared_arena
+from conduit_core.errors import ConfigError
+from conduit_core.ragged import Column, Located, RaggedStore
+
+from .put_undo import put_undo, restore_put
+
+STATE_VERSION = 1   # of a unit's checkpoint file
+
+
+class StorageUnit:
+    """One shard of the store: a RaggedStore behind a Ray actor (one call per batch, any node).
+    With ``shm_prefix`` its arenas are shared-memory segments ``<shm_prefix>-<n>`` that clients on
+    its node read and write directly (``reserve``/``commit_put``/``abort_put``, ``locate``); the unit stays
+    the one authority on which bytes are which row's."""
+
+    def __init__(self, slots: int = 1024, shm_prefix: str | None = None):
+        self.arenas = shared_arena.SharedArenas(shm_prefix) if shm_prefix else None
+        self.prefix = shm_prefix
+        self.store = RaggedStore(slots=slots, arenas=self.arenas)
+        self._staged: RaggedStore | None = None   # a checkpoint read aside, until every unit has one
+        self._tickets: dict[int, dict] = {}         # puts reserved, not yet committed or aborted
+        self._next_ticket = 0
+
+    def where(self) -> tuple[str, str | None]:
+        """This unit's node id, and its segments' prefix (None: no shared memory)."""
+        return ray.get_runtime_context().get_node_id(), self.prefix
+
+    # ------------------------------------------------------- the same-node path (tq_shared_path)
+    def reserve(self, keys: np.ndarray, columns: dict[str, Column]) -> dict:
+        """Room for a put's tensor bytes (columns carry sizes, no bytes), checked as ``put`` checks;
+        the client writes them, then ``commit_put`` (or ``abort_put``). Pins the segments the room lies in."""
+        room = {n: c if c.kind == "object" else Column(c.kind, np.broadcast_to(np.zeros(1, np.uint8), (int(c.nbytes.sum()),)),
+                                                        c.nbytes, c.lengths, c.dtype, c.inner, c.scalar)
+                for n, c in columns.items()}
+        placed, created = self.store.reserve(keys, room)
+        for arena, _ in placed.values():
+            self.arenas.pin(arena)
+        ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+        self._tickets[ticket] = {"keys": keys, "columns": columns, "placed": placed, "created": created}
+        return {"ticket": ticket, "segments": self.arenas.handles(),
+                "room": {n: (self.arenas.handle(a), at) for n, (a, at) in placed.items()}}
+
+    def commit_put(self, ticket: int) -> dict:
+        """Record a reserved put's rows on the bytes the client wrote (in place; copied if the
+        field's arena moved since); returns what undoes it, as ``put`` does."""
+        t = self._take(ticket)
+        try:
+            columns = dict(t["columns"])
+            for name, (arena, at) in t["placed"].items():
+                c = columns[name]
+                columns[name] = Column("tensor", arena[at:at + int(c.nbytes.sum())], c.nbytes, c.lengths,
+                                       c.dtype, c.inner, c.scalar)
+            undo = put_undo(self.store, t["keys"], columns)
+            undo["created"] = [*undo["created"], *t["created"]]
+            self.store.put(t["keys"], columns)
+            return undo
+        except BaseException:
+            self._drop_created(t["created"])
+            raise
+        finally:
+            self._unpin(t)
+
+    def abort_put(self, ticket: int) -> None:
+        """Forget a reserved put (its room stays dead bytes; fields it created leave)."""
+        t = self._tickets.pop(ticket, None)
+        if t is not None:
+            self._drop_created(t["created"])
+            self._unpin(t)
+
+    def locate(self, keys: np.ndarray, fields: list[str]) -> dict:
+        """Where the rows of ``fields`` lie (segment, starts, sizes; objects as values): a get's answer
+        on the same-node path, a few bytes per row."""
+        out = {}
+        for name, at in self.store.locate(keys, fields).items():
+            out[name] = at if not isinstance(at, Located) else {
+                "segment": self.arenas.handle(at.arena), "generation": self.arenas.generation(at.arena),
+                "starts": at.starts, "nbytes": at.nbytes,
+                "lengths": at.lengths, "dtype": at.dtype, "inner": at.inner, "scalar": at.scalar}
+        return {"fields": out, "segments": self.arenas.handles()}
+
+    def close(self) -> int:
+        """Close every shared segment (before the unit is killed); returns how many there were."""
+        if self.arenas is None:
+            return 0
+        n = len(self.arenas.handles())   # in use, pinned and kept for reuse
+        self._tickets.clear()
+        self.arenas.close()
+        # the arrays over the segments go too: a mapping lasts as long as an array views it
+        self.store, self._staged, self.arenas, self.prefix = RaggedStore(), None, None, None
+        return n
+
+    def _take(self, ticket: int) -> dict:
+        try:
+            return self._tickets.pop(ticket)
+        except KeyError:
+            raise ConfigError("ticket", "a put reserved on this unit and not yet committed or aborted", ticket,
+                              "put again (the unit restarted, or the put was aborted)") from None
+
+    def _unpin(self, t: dict) -> None:
+        for arena, _ in t["placed"].values():
+            self.arenas.unpin(arena)
+
+    def _drop_created(self, fields: list[str]) -> None:
+        for name in fields:
+            try:
+                self.store.drop_field(name)
+            except ConfigError:        # rows hold it now (another put's): it stays theirs
+                pass
+
+    # ------------------------------------------------------------------ the Ray-object path
+
+    def put(self, keys: np.ndarray, columns: dict[str, Column]) -> dict:
+        """Store the rows; returns what undoes it (``restore``): a put spread over several units
+        is all or nothing, so the units that took their part give it back when another refused."""
+        undo = put_undo(self.store, keys, columns)
+        self.store.put(keys, columns)
+        return undo
+
+    def restore(self, undo: dict) -> int:
+        """Undo a ``put``: its new rows leave, fields it set are unset, values it replaced return."""
+        restore_put(self.store, undo)
+        return len(self.store)
+
+    def get(self, keys: np.ndarray, fields: list[str]) -> dict[str, Column]:
+        return self.store.get(keys, fields)
+
+    def clear(self, keys: np.ndarray) -> int:
+        return self.store.clear(keys)
+
+    def stats(self) -> dict:
+        return {"rows": len(self.store), "nbytes": self.store.nbytes(), "fields": self.store.fields,
+                "tickets": len(self._tickets), "segments": self.arenas.handles(pooled=False) if self.arenas else [],
+                "open_segments": self.arenas.handles() if self.arenas else []}
+
+    def save(self, path: str) -> int:
+        """Write every stored row to ``path`` (written aside, then renamed: never half a file)."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump({"schema_version": STATE_VERSION, "store": self.store.state()}, f,
+                        protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+        return len(self.store)
+
+    def stage(self, path: str) -> int:
+        """Read what ``save`` wrote into a store held aside (the live one untouched): the first half
+        of a load that every unit must pass before any unit commits."""
+        with open(path, "rb") as f:
+            saved = pickle.load(f)
+        if not isinstance(saved, dict) or saved.get("schema_version") != STATE_VERSION:
+            raise ConfigError(f"{path}", f"a Conduit unit file of schema version {STATE_VERSION}",
+                              repr(saved.get("schema_version") if isinstance(saved, dict) else type(saved).__name__),
+                              "load a checkpoint saved by this version of conduit_verl")
+        if self._staged is not None:
+            self._staged.release()
+        self._staged = RaggedStore.from_state(saved["store"], arenas=self.arenas)
+        return len(self._staged)
+
+    def commit(self) -> int:
+        """The second half of a load: the staged store becomes the live one (the old one's arenas go)."""
+        old, self.store, self._staged = self.store, self._staged, None
+        old.release()
+        return len(self.store)
+
+    def abort(self) -> None:
+        if self._staged is not None:
+            self._staged.release()
+        self._staged = None
