@@ -68,7 +68,8 @@ class PreparedReplay:
     Public contract: ``deliver(request, on_handout=None) -> (PreparedBatch, handout value)``;
     ``priorities_updated_locked()`` after each priority update (owner's lock held);
     ``paused()`` a context in which nothing is prepared and nothing prepared is left (draws
-    undone: for state capture); ``metrics()`` (learner time, hits, discards); ``close()``.
+    undone: for state capture); ``metrics()`` (learner time, hits, discards); ``len()`` (batches prepared now);
+    ``close()``.
     ``prepare(batch)``: what the learner is handed, made from a batch (in the worker when
     prepared ahead, on the learner's thread otherwise).
     """
@@ -98,6 +99,10 @@ class PreparedReplay:
         if schedule.is_overlapped:
             self._thread = threading.Thread(target=self._run, name="conduit-prepared-replay", daemon=True)
             self._thread.start()
+
+    def __len__(self) -> int:
+        """Batches prepared now (not yet handed out or discarded)."""
+        return len(self._prepared)
 
     # ------------------------------------------------------------ learner side
     def deliver(self, request: DeliveryRequest, on_handout: Callable[[Batch], Any] | None = None):

@@ -51,6 +51,7 @@ from conduit_core.selectors import Prioritized, Uniform
 from conduit_core.spec import ExperienceSpec, FieldSpec
 
 from . import samples
+from .delivery_plan import check_delivery
 
 REPLAY_KINDS = ("simple_replay_buffer", "prioritized_replay_buffer")
 
@@ -93,13 +94,8 @@ class ConduitReplayBuffer:
         self._burn_in, self._eta = int(burn_in_steps), priority_interpolation_eta
         self._alpha, self._beta, self._beta_scheduler = float(alpha), float(beta), beta_scheduler
         self._max_priority = float(max_priority)
+        check_delivery(delivery, priority_lag)
         self._schedule = Schedule.sequential() if delivery is None else delivery
-        if not isinstance(self._schedule, Schedule):
-            raise ConfigError(f"{kind}.delivery", "a conduit_core.Schedule or None", type(delivery).__name__,
-                              "pass Schedule.overlapped(delivery_granularity=..., depth=...) or None (sequential)")
-        if isinstance(priority_lag, bool) or not isinstance(priority_lag, int) or priority_lag < 0:
-            raise ConfigError(f"{kind}.priority_lag", "an int >= 0", repr(priority_lag),
-                              "use 0: SRL's algorithm (every priority update applies before the next draw)")
         if priority_lag and not self.prioritized:
             raise ConfigError(f"{kind}.priority_lag", 0, priority_lag, "priority_lag is for prioritized replay only")
         self._priority_lag = priority_lag
