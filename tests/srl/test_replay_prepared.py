@@ -178,10 +178,10 @@ def test_a_failure_in_the_preparing_thread_reaches_get_and_close_joins(monkeypat
     time.sleep(0.1)
     with pytest.raises(WorkerError, match="injected rebuild failure"):
         b.get()
-    worker = [t for t in threading.enumerate() if t.name == "conduit-prepared-replay"]
+    worker = b._delivery._thread
+    assert worker is not None and worker.is_alive()
     b.close()
-    assert all(not t.is_alive() for t in worker if t is b._delivery._thread)
-    assert b._delivery._thread is not None and not b._delivery._thread.is_alive()
+    assert not worker.is_alive()
 
 
 def test_delivery_options_are_checked_where_they_are_given():

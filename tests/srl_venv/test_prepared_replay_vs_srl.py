@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from conduit_core.schedule import Schedule
 from conduit_srl.buffers import make_buffer
