@@ -222,3 +222,16 @@ def test_plan_delivery_takes_the_cost_models_choice():
     assert not cheap.is_overlapped
     with pytest.raises(ConfigError):
         plan_delivery("fast", cores=2)
+
+
+def test_the_trainer_workers_exit_joins_the_preparing_thread():
+    from conduit_srl.trainer_worker import close_buffer
+    b = make("simple_replay_buffer", AHEAD)
+    b.put(sample(0))  # the core buffer (and its preparing thread) is built on the first put
+    worker = types.SimpleNamespace()
+    setattr(worker, "_TrainerWorker__buffer", b)  # where SRL's TrainerWorker keeps its buffer
+    thread = b._delivery._thread
+    assert thread.is_alive()
+    close_buffer(worker)
+    assert not thread.is_alive()
+    close_buffer(types.SimpleNamespace())  # no buffer (or one without close): nothing to do
