@@ -36,7 +36,7 @@ def _spin(us: float) -> None:
 
 
 def run_arm(buffer, samples, *, seconds, group, receive_us, rate, step_ms, step_py_ms, grouped,
-            prioritized=False) -> dict:
+            prioritized=False, step_sleep=False) -> dict:
     stop = threading.Event()
     gets: list[float] = []
     a = np.random.default_rng(0).standard_normal((192, 192))
@@ -52,7 +52,9 @@ def run_arm(buffer, samples, *, seconds, group, receive_us, rate, step_ms, step_
             if prioritized:
                 buffer.update_priorities(e.sampling_indices, np.ones(len(e.sampling_indices)))
             _ = e.sample.obs.obs
-            end = time.perf_counter() + step_ms * 1e-3
+            if step_sleep:  # a GPU step: the trainer waits, the core is free
+                time.sleep(step_ms * 1e-3)
+            end = time.perf_counter() + (0 if step_sleep else step_ms * 1e-3)
             while time.perf_counter() < end:
                 a @ a
             _spin(step_py_ms * 1e3)
@@ -104,6 +106,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-size", type=int, default=256, help="replay kinds: samples stored")
     p.add_argument("--g-del", type=int, default=1, help="replay kinds: batches per preparing call")
     p.add_argument("--depth", type=int, default=2, help="replay kinds: batches prepared ahead at most")
+    p.add_argument("--step-sleep", action="store_true", help="the step's --step-ms is a sleep (a GPU step), "
+                   "not numpy work")
     args = p.parse_args(argv)
     from rlsrl.base.buffer import PriorityQueueBuffer
     from conduit_srl.queue_buffer import ConduitQueueBuffer
@@ -117,7 +121,7 @@ def main(argv=None) -> int:
     else:
         arms = replay_arms(args, samples)
     kw = dict(seconds=args.seconds, group=args.group, receive_us=args.receive_us, rate=args.rate,
-              step_ms=args.step_ms, step_py_ms=args.step_py_ms, prioritized=args.kind == "prioritized_replay_buffer")
+              step_ms=args.step_ms, step_py_ms=args.step_py_ms, prioritized=args.kind == "prioritized_replay_buffer", step_sleep=args.step_sleep)
     runs: dict[str, list] = {k: [] for k in arms}
     for rep in range(args.reps):
         for name, make in arms.items():

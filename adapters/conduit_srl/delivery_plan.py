@@ -32,12 +32,21 @@ def check_delivery(delivery, priority_lag: int) -> None:
                           "use 0: SRL's algorithm (every priority update applies before the next draw)")
 
 
-def plan_delivery(profile: Profile, *, cores: int, granularities: tuple[int, ...] = GRANULARITIES) -> Schedule:
+def plan_delivery(profile: Profile, *, cores: int, granularities: tuple[int, ...] = GRANULARITIES,
+                  prioritized: bool = False, priority_lag: int = 0) -> Schedule:
     """The best of sequential / thread x ``granularities`` for ``profile`` on ``cores`` cores, as a
-    ``Schedule`` (depth: one operator call's batches, at least 2)."""
+    ``Schedule`` (depth: one operator call's batches, at least 2).
+
+    Prioritized replay with ``priority_lag=0`` is always sequential: SRL's trainer updates the
+    priorities right before its next ``get``, so every batch prepared ahead is drawn before an
+    update it must see and is discarded (measured: all of them, with the redraw in the way of the
+    ``get``); there is nothing to hide."""
     if not isinstance(profile, Profile):
         raise ConfigError("profile", "a conduit_core.costmodel.Profile", type(profile).__name__,
                           "measure one (conduit_core.tuner.profile_from_phases) or build it by hand")
+    check_delivery(None, priority_lag)
+    if prioritized and priority_lag == 0:
+        return Schedule.sequential(staleness=profile.staleness)
     configs = enumerate_configs(placements=("host",), executions=("sequential", "thread"), ingest_granularities=(1,),
                                 delivery_granularities=tuple(granularities))
     best = rank(configs, profile, cores=cores)[0].config

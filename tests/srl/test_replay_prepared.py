@@ -222,6 +222,9 @@ def test_plan_delivery_takes_the_cost_models_choice():
     assert not cheap.is_overlapped
     with pytest.raises(ConfigError):
         plan_delivery("fast", cores=2)
+    # prioritized replay at SRL's algorithm: update k comes right before get k + 1, nothing to hide
+    assert not plan_delivery(_profile(0.005), cores=4, prioritized=True).is_overlapped
+    assert plan_delivery(_profile(0.005), cores=4, prioritized=True, priority_lag=1).is_overlapped
 
 
 def test_the_trainer_workers_exit_joins_the_preparing_thread():
