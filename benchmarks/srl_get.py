@@ -13,7 +13,7 @@ Python. Timed: each ``get`` call (wall, on the training thread). Arms alternate,
 ``--kind simple_replay_buffer|prioritized_replay_buffer``: SRL's replay kinds instead, three arms: SRL's
 own, Conduit's sequential delivery, Conduit's delivery prepared ahead by a thread
 (``Schedule.overlapped(delivery_granularity=--g-del, depth=--depth)``; prioritized: an update after
-each get, as SRL's trainer makes). The buffer is filled (``--max-size`` samples) before the clock runs.
+each step, right before the next get, as SRL's trainer makes). The buffer is filled (``--max-size`` samples) before the clock runs.
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ def run_arm(buffer, samples, *, seconds, group, receive_us, rate, step_ms, step_
             t0 = time.perf_counter()
             e = buffer.get()
             gets.append(time.perf_counter() - t0)
-            if prioritized:
-                buffer.update_priorities(e.sampling_indices, np.ones(len(e.sampling_indices)))
             _ = e.sample.obs.obs
             if step_sleep:  # a GPU step: the trainer waits, the core is free
                 time.sleep(step_ms * 1e-3)
@@ -58,6 +56,8 @@ def run_arm(buffer, samples, *, seconds, group, receive_us, rate, step_ms, step_
             while time.perf_counter() < end:
                 a @ a
             _spin(step_py_ms * 1e3)
+            if prioritized:  # after the step, right before the next get: SRL's trainer's order
+                buffer.update_priorities(e.sampling_indices, np.ones(len(e.sampling_indices)))
 
     t = threading.Thread(target=train, name="bench-train")
     t.start()
