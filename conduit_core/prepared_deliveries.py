@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from .batch import Batch
 from .buffer import ExperienceBuffer
@@ -50,6 +51,7 @@ class PreparedBatch:
     priority_version: int
     token: tuple | None        # buffer selection token, if this batch began an operator call
     items: int
+    prepared: Any = None       # what the consumer's prepare step made of ``batch`` ahead (None: not yet)
 
 
 class PreparedDeliveries:
@@ -61,8 +63,13 @@ class PreparedDeliveries:
       None before the first one and after ``reset_locked``.
     - ``take_locked(request, ...)``: the oldest prepared batch if it may be handed out for
       ``request`` now, else None after discarding (undoing) everything prepared; records
-      ``request`` as the one to prepare for.
+      ``request`` as the one to prepare for. ``take_entry_locked``: the same, as the
+      ``PreparedBatch`` (with what was prepared from it).
     - ``add_locked(prepared)``: queue batches behind those already prepared.
+    - ``stale_locked(...)``: whether the prepared batches could no longer be handed out
+      (for a worker that refreshes them before the learner asks).
+    - ``discard_locked()``: discard everything prepared now, undoing the draws (the caller
+      holds whatever serialises draws, so no draw is in flight).
     - ``len()``: how many batches are prepared.
     - ``prefetch_started_locked`` / ``prefetch_finished_locked``: bracket a worker draw that
       will be queued here, so ``drop_locked`` can wait for it instead of missing it.
@@ -84,29 +91,55 @@ class PreparedDeliveries:
         return len(self._batches)
 
     def take_locked(self, request: DeliveryRequest, *, accepted_rows: int, priority_version: int,
-                    staleness: int) -> Batch | None:
+                    staleness: int, priority_lag: int | None = None) -> Batch | None:
         """The oldest prepared batch, if it was prepared for ``request`` and handing it out now
         keeps the guards; otherwise None, with every prepared batch discarded: undoing the
-        oldest draw puts the RNG back to before it, which undoes the later draws as well."""
+        oldest draw puts the RNG back to before it, which undoes the later draws as well.
+
+        ``priority_lag``: priority updates a batch of a weighted selector may have missed
+        (0: none, the update before a draw always applies to it). None keeps the data
+        plane's rule: none with ``staleness=0``, any number otherwise."""
+        p = self.take_entry_locked(request, accepted_rows=accepted_rows, priority_version=priority_version,
+                                   staleness=staleness, priority_lag=priority_lag)
+        return None if p is None else p.batch
+
+    def take_entry_locked(self, request: DeliveryRequest, *, accepted_rows: int, priority_version: int,
+                          staleness: int, priority_lag: int | None = None) -> PreparedBatch | None:
+        """``take_locked``, returning the ``PreparedBatch`` itself (the batch and what was
+        prepared from it)."""
         self.request = request
+        if priority_lag is None:
+            priority_lag = 0 if staleness == 0 else None
         batches = self._batches
         while batches:
             p = batches[0]
-            if self._still_valid(p, request, accepted_rows, priority_version, staleness):
+            if self._still_valid(p, request, accepted_rows, priority_version, staleness, priority_lag):
                 batches.popleft()
-                return p.batch
-            self._discard_locked()
+                return p
+            self.discard_locked()
         return None
 
     def _still_valid(self, p: PreparedBatch, request: DeliveryRequest, accepted_rows: int,
-                     priority_version: int, staleness: int) -> bool:
+                     priority_version: int, staleness: int, priority_lag: int | None) -> bool:
         if p.request != request:
             return False
         if accepted_rows - p.rows_committed > staleness:
             return False
-        if self._buffer.selector.weighted and staleness == 0 and p.priority_version != priority_version:
+        if (self._buffer.selector.weighted and priority_lag is not None
+                and priority_version - p.priority_version > priority_lag):
             return False
         return True
+
+    def stale_locked(self, *, accepted_rows: int, priority_version: int, staleness: int,
+                     priority_lag: int | None = None) -> bool:
+        """Whether the oldest prepared batch could no longer be handed out for the request
+        recorded (so none of them could: later ones were drawn later). Changes nothing."""
+        if not self._batches or self.request is None:
+            return False
+        if priority_lag is None:
+            priority_lag = 0 if staleness == 0 else None
+        return not self._still_valid(self._batches[0], self.request, accepted_rows, priority_version, staleness,
+                                     priority_lag)
 
     def add_locked(self, prepared: list[PreparedBatch]) -> None:
         """Queue ``prepared`` to be handed out after the batches already prepared. Their
@@ -128,7 +161,7 @@ class PreparedDeliveries:
         prepared batch would be (state, rows, layout). Only the worker's prefetch is waited for: a
         caller's own deliver hands its draw out, and may wait for data as long as it likes."""
         self._cond.wait_for(lambda: not self._prefetch_in_flight)
-        self._discard_locked()
+        self.discard_locked()
 
     def reset_locked(self) -> None:
         """``drop_locked``, then forget the request, so nothing is prepared until the learner
@@ -141,7 +174,7 @@ class PreparedDeliveries:
         is nothing left to undo it in."""
         self._batches.clear()
 
-    def _discard_locked(self) -> None:
+    def discard_locked(self) -> None:
         """Drop every prepared batch, undoing their selection as if never made."""
         batches = self._batches
         if not batches:

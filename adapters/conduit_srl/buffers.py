@@ -20,28 +20,32 @@ from __future__ import annotations
 
 from conduit_core.errors import ConfigError
 
+from .delivery_plan import check_delivery
 from .queue_buffer import QUEUE_KINDS, ConduitQueueBuffer
 from .replay_buffer import REPLAY_KINDS, ConduitReplayBuffer
 
 # imported from here (conduit_srl, tests, benchmarks); ConduitPrioritizedReplayBuffer is left out on
 # purpose: naming it in a star import would build it, importing SRL
-__all__ = ["QUEUE_KINDS", "REPLAY_KINDS", "ConduitQueueBuffer", "ConduitReplayBuffer", "make_buffer"]
+__all__ = ["QUEUE_KINDS", "REPLAY_KINDS", "ConduitQueueBuffer", "ConduitReplayBuffer", "check_delivery", "make_buffer"]
 
 
-def make_buffer(name: str, *, lease_depth: int = 2, seed_offset: int = 0, **buffer_args):
+def make_buffer(name: str, *, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priority_lag: int = 0,
+                **buffer_args):
     """SRL's ``make_buffer`` names and arguments, Conduit's buffers. A prioritized replay buffer is
     also an instance of SRL's ``PrioritizedReplayBuffer`` (SRL's trainer thread sends priorities only
-    to those), built as a subclass whose every method is Conduit's."""
+    to those), built as a subclass whose every method is Conduit's. ``delivery`` (a ``Schedule``) and
+    ``priority_lag``: how the replay kinds deliver (see ``conduit_srl.enable``); the queue kinds
+    prepare their batches on ``put`` and take neither."""
     if name in QUEUE_KINDS:
         return ConduitQueueBuffer(name, lease_depth=lease_depth, **buffer_args)
     if name == "simple_replay_buffer":
         args = dict(buffer_args)
         args["seed"] = args.get("seed", 0) + seed_offset
-        return ConduitReplayBuffer(name, **args)
+        return ConduitReplayBuffer(name, delivery=delivery, **args)
     if name == "prioritized_replay_buffer":
         args = dict(buffer_args)
         args["seed"] = args.get("seed", 0) + seed_offset
-        return _prioritized_class()(name, **args)
+        return _prioritized_class()(name, delivery=delivery, priority_lag=priority_lag, **args)
     raise ConfigError("buffer_name", f"one of {QUEUE_KINDS + REPLAY_KINDS}", repr(name),
                       "use one of SRL's buffer names")
 

@@ -15,12 +15,22 @@ _original = None
 _options: dict[str, Any] = {}
 
 
-def enable(*, lease_depth: int = 2, seed_offset: int = 0) -> None:
+def enable(*, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priority_lag: int = 0) -> None:
     """Make SRL's ``make_buffer`` build Conduit's buffers (all four kinds), and register Conduit's
     trainer worker (for a Conduit ``SampleConsumer``; :func:`enable_consumer` does only that).
 
     ``lease_depth``: gets after which a served queue entry's memory may be reused (2 covers SRL's
-    one-step prefetching trainers; see ``conduit_core.entry_queue``)."""
+    one-step prefetching trainers; see ``conduit_core.entry_queue``).
+
+    ``delivery``: how the replay kinds deliver, a ``conduit_core.Schedule`` (the scheduler's choice:
+    :func:`conduit_srl.delivery_plan.plan_delivery` ranks it with the cost model, or
+    ``conduit_core.tuner.schedule_for`` maps a cost-model ``Config``). None (the default, conservative):
+    sequential, each ``get`` draws on the training thread. ``Schedule.overlapped(delivery_granularity=g,
+    depth=d, staleness=s)``: a thread prepares SRL's batch objects ahead, ``g`` per call, at most ``d``;
+    one is handed out only if at most ``s`` chunks were put since its draw (0: exactly SRL's
+    distribution) and no priority update was made since. ``priority_lag`` (prioritized replay, opt-in,
+    changes SRL's algorithm): priority updates a prepared batch may have missed. The queue kinds build
+    their batch objects when a batch forms, on ``put``, whatever these say."""
     global _original, _options
     try:
         from rlsrl.base import buffer as srl_buffer
@@ -35,7 +45,9 @@ def enable(*, lease_depth: int = 2, seed_offset: int = 0) -> None:
                           "spawn or forkserver the workers would silently build SRL's own buffers")
     from . import trainer_worker
     from .buffers import make_buffer
-    _options = dict(lease_depth=lease_depth, seed_offset=seed_offset)
+    from .buffers import check_delivery
+    check_delivery(delivery, priority_lag)  # fails here, not in the forked trainer workers
+    _options = dict(lease_depth=lease_depth, seed_offset=seed_offset, delivery=delivery, priority_lag=priority_lag)
     trainer_worker.install()
     if _original is None:
         _original = srl_buffer.make_buffer

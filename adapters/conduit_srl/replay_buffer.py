@@ -9,6 +9,15 @@ rebuilt time-major ``[T, B, ...]``. ``put`` runs on the trainer worker's main th
 ``update_priorities`` on its training thread; SRL's own buffers have no lock, this one is
 thread-safe, and ``get`` never blocks.
 
+Delivery (``conduit_core.prepared_replay``): ``delivery`` is the core's ``Schedule`` (the
+scheduler's choice; default sequential: every ``get`` draws, gathers and rebuilds on the training
+thread, as before). ``Schedule.overlapped(delivery_granularity=g, depth=d)`` prepares SRL's batch
+objects ahead in a worker thread, ``g`` per operator call, at most ``d`` ahead; a prepared batch is
+handed out only while it is what a sequential ``get`` would return (no chunk put since its draw,
+beyond ``delivery.staleness``; for prioritized replay no priority update since its draw), otherwise
+discarded with its RNG draw undone. ``priority_lag`` > 0 lets a prioritized batch miss that many
+updates: opt-in, it changes SRL's algorithm (update k no longer applies to draw k + 1).
+
 Deliberate differences from SRL's replay buffers, each for correctness (and each shown by a test in
 ``tests/srl_venv/test_buffers_vs_srl.py``):
 
@@ -26,6 +35,7 @@ Deliberate differences from SRL's replay buffers, each for correctness (and each
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -34,10 +44,14 @@ import torch
 
 from conduit_core.buffer import ExperienceBuffer
 from conduit_core.errors import ConfigError, SpecError
+from conduit_core.prepared_deliveries import DeliveryRequest
+from conduit_core.prepared_replay import PreparedReplay
+from conduit_core.schedule import Schedule
 from conduit_core.selectors import Prioritized, Uniform
 from conduit_core.spec import ExperienceSpec, FieldSpec
 
 from . import samples
+from .delivery_plan import check_delivery
 
 REPLAY_KINDS = ("simple_replay_buffer", "prioritized_replay_buffer")
 
@@ -49,13 +63,15 @@ class ConduitReplayBuffer:
     def __init__(self, kind: str = "simple_replay_buffer", *, max_size: int, batch_size: int,
                  warmup_transitions: int, seed: int = 0, sample_length: int | None = None,
                  batch_length: int | None = None, burn_in_steps: int = 0, alpha: float = 0.6, beta: float = 0.4,
-                 beta_scheduler=None, max_priority: float = 1.0, priority_interpolation_eta: float | None = None):
+                 beta_scheduler=None, max_priority: float = 1.0, priority_interpolation_eta: float | None = None,
+                 delivery: Schedule | None = None, priority_lag: int = 0):
         if kind not in REPLAY_KINDS:
             raise ConfigError("kind", f"one of {REPLAY_KINDS}", repr(kind), "use ConduitQueueBuffer for queue kinds")
         self._config = dict(kind=kind, max_size=max_size, batch_size=batch_size, warmup_transitions=warmup_transitions,
                             seed=seed, sample_length=sample_length, batch_length=batch_length,
                             burn_in_steps=burn_in_steps, alpha=alpha, beta=beta, beta_scheduler=beta_scheduler,
-                            max_priority=max_priority, priority_interpolation_eta=priority_interpolation_eta)
+                            max_priority=max_priority, priority_interpolation_eta=priority_interpolation_eta,
+                            delivery=delivery, priority_lag=priority_lag)
         for name, v in (("max_size", max_size), ("batch_size", batch_size)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ConfigError(f"{kind}.{name}", "an integer >= 1", repr(v), f"pass SRL's {name}")
@@ -78,6 +94,12 @@ class ConduitReplayBuffer:
         self._burn_in, self._eta = int(burn_in_steps), priority_interpolation_eta
         self._alpha, self._beta, self._beta_scheduler = float(alpha), float(beta), beta_scheduler
         self._max_priority = float(max_priority)
+        check_delivery(delivery, priority_lag)
+        self._schedule = Schedule.sequential() if delivery is None else delivery
+        if priority_lag and not self.prioritized:
+            raise ConfigError(f"{kind}.priority_lag", 0, priority_lag, "priority_lag is for prioritized replay only")
+        self._priority_lag = priority_lag
+        self._delivery: PreparedReplay | None = None
         self._training_steps = 0
         self._lock = threading.Lock()
         self._buffer: ExperienceBuffer | None = None
@@ -141,23 +163,38 @@ class ConduitReplayBuffer:
         """SRL's ``get``. ``batch_size`` (an extension; default: the configured one) lets a harness
         draw other sizes. ``sampling_indices`` are the chunks' insertion numbers (seqs): SRL passes
         them back to ``update_priorities`` untouched, and a seq names one chunk for ever, so a
-        priority for a chunk that was overwritten since is skipped, never written to its successor."""
-        with self._lock:
-            beta = self._beta if self.prioritized else None
-            batch = self._buffer.sample(batch_size or self._batch_size, beta=beta, timeout=0)  # never blocks
-            slots = batch.slots
-            reuses = float(self._replay_times[slots].mean())
-            if not self.prioritized:
-                self._replay_times[slots] += 1
+        priority for a chunk that was overwritten since is skipped, never written to its successor.
+        A batch prepared ahead is handed over when the guards keep it; otherwise one is drawn now."""
+        if self._delivery is None:
+            raise ConfigError("get", "a buffer with chunks (not empty())", "nothing put yet",
+                              "get only when empty() is False, as SRL's trainer does")
+        request = DeliveryRequest("sample", int(batch_size or self._batch_size),
+                                  beta=self._beta if self.prioritized else None)
+        p, reuses = self._delivery.deliver(request, on_handout=self._count_replays)
+        if self.prioritized:
+            return samples.replay_entry(reuses_left=-1, sample=p.prepared, receive_time=-1,
+                                        sampling_indices=np.asarray(p.batch.seqs, dtype=np.int64), reuses=reuses)
+        return samples.replay_entry(reuses_left=-1, sample=p.prepared, receive_time=-1, reuses=reuses)
+
+    def _count_replays(self, batch) -> float:
+        """At hand-out (the lock held): the batch's mean replay count; the uniform kind counts a
+        replay per get (the prioritized one per priority update, as SRL)."""
+        slots = batch.slots
+        reuses = float(self._replay_times[slots].mean())
+        if not self.prioritized:
+            self._replay_times[slots] += 1
+        return reuses
+
+    def _prepare(self, batch):
+        """SRL's sample for a batch: time-major ``[T, B, ...]`` fields, rebuilt as put (ahead, in the
+        preparing thread, or on the training thread)."""
         columns = dict.fromkeys(self._template)
         for name in batch:
             columns[name] = batch[name].transpose(0, 1).contiguous().numpy()  # [B, T, ...] -> [T, B, ...]
         sample = self._codec.rebuild(columns)
         if self.prioritized:
             sample.register_metadata(sampling_weight=batch.weights.numpy().astype(np.float32))
-            return samples.replay_entry(reuses_left=-1, sample=sample, receive_time=-1,
-                                        sampling_indices=np.asarray(batch.seqs, dtype=np.int64), reuses=reuses)
-        return samples.replay_entry(reuses_left=-1, sample=sample, receive_time=-1, reuses=reuses)
+        return sample
 
     def update_priorities(self, idxes, priorities) -> int:
         """Priorities for delivered chunks, by their ``sampling_indices``; a chunk overwritten since is
@@ -185,6 +222,7 @@ class ConduitReplayBuffer:
             self._training_steps += 1
             if self._beta_scheduler is not None:
                 self._beta = self._beta_scheduler.get(self._training_steps)
+            self._delivery.priorities_updated_locked()  # update k applies before draw k + 1
             return updated
 
     def qsize(self) -> int:
@@ -207,11 +245,21 @@ class ConduitReplayBuffer:
         return self._buffer
 
     def stats(self) -> dict[str, int]:
-        return {"chunks_put": 0 if self._buffer is None else self._buffer.inserted, "stored": self._stored_chunks()}
+        out = {"chunks_put": 0 if self._buffer is None else self._buffer.inserted, "stored": self._stored_chunks()}
+        if self._delivery is not None:
+            m = self._delivery.metrics()
+            out.update(prepared_hits=m.prefetch_hits, prepared_discards=m.prefetch_discards)
+        return out
+
+    def close(self) -> None:
+        """Stop and join the preparing thread (if any); a failure it had is raised here."""
+        if self._delivery is not None:
+            self._delivery.close()
 
     # ---------------------------------------------------------------- pickling (SRL's save_buffer_on_exit)
     def __getstate__(self) -> dict:
-        with self._lock:
+        # batches prepared ahead are undone first: the saved RNG is the sequential one
+        with (self._delivery.paused() if self._delivery is not None else contextlib.nullcontext()), self._lock:
             return dict(config=self._config, template=self._template, codec=self._codec,
                         replay_times=self._replay_times.copy(),
                         training_steps=self._training_steps, beta=self._beta, max_priority=self._max_priority,
@@ -277,6 +325,8 @@ class ConduitReplayBuffer:
             selector.max_priority = self._max_priority
         self._buffer = ExperienceBuffer(spec=ExperienceSpec(specs), capacity=self._max_size, selector=selector,
                                         seed=self._seed, done_fields=())
+        self._delivery = PreparedReplay(buffer=self._buffer, schedule=self._schedule, lock=self._lock,
+                                        priority_lag=self._priority_lag, prepare=self._prepare)
 
     def _initial_priority(self, flat: dict[str, Any]) -> list[float] | None:
         """SRL's rule: from the sample's TD errors ``|ret - value|`` after burn-in, interpolated between

@@ -8,6 +8,8 @@ for a shared-memory stream, the stream's ``OutOfOrderSharedMemoryControl`` (made
 before the fork, ``system/api/worker_control.py``). This subclass runs SRL's ``_configure`` and
 then binds and opens the consumer: ``bind(worker_info=cfg.worker_info, ctrl=self.ctrl.spl_ctrls[index])``.
 Every other trainer worker behaves exactly as SRL's (a stream that is not Conduit's is left alone).
+On ``exit``, after SRL's own (which saves the buffer and stops the training thread), the buffer's
+``close`` joins any thread of its own (a replay kind that prepares deliveries ahead).
 
 :func:`install` puts this class in SRL's worker table (``rlsrl.system.RL_WORKERS["trainer"]``) in the
 launching process; SRL's ``run_worker`` loads the class from the table in each forked worker. The
@@ -38,6 +40,15 @@ def bind_consumer(worker: Any, cfg: Any) -> bool:
     return True
 
 
+def close_buffer(worker: Any) -> None:
+    """Join the buffer's own threads (a replay kind preparing deliveries ahead) once SRL's training
+    thread has stopped; a failure they kept is raised here. Buffers without ``close`` are left alone."""
+    buffer = getattr(worker, "_TrainerWorker__buffer", None)  # SRL's TrainerWorker keeps it name-mangled
+    close = getattr(buffer, "close", None)
+    if callable(close):
+        close()
+
+
 def worker_class():
     global _CLASS
     if _CLASS is None:
@@ -48,8 +59,14 @@ def worker_class():
             bind_consumer(self, cfg)
             return r
 
+        def exit(self):
+            try:
+                TrainerWorker.exit(self)  # saves the buffer, stops SRL's training thread
+            finally:
+                close_buffer(self)
+
         _CLASS = type(CLASS_NAME, (TrainerWorker,), {"__module__": __name__, "__qualname__": CLASS_NAME,
-                                                     "_configure": _configure, "__doc__": __doc__})
+                                                     "_configure": _configure, "exit": exit, "__doc__": __doc__})
     return _CLASS
 
 

@@ -14,6 +14,7 @@ from scipy import stats
 
 import conduit_srl
 from conduit_srl.buffers import ConduitQueueBuffer, ConduitReplayBuffer, make_buffer
+from conduit_core.schedule import Schedule
 from rlsrl.api.trainer import SampleBatch
 from rlsrl.base import buffer as srl_buffer
 from rlsrl.base import namedarray
@@ -176,10 +177,16 @@ def chi2_same(a_counts, b_counts):
     return stats.chi2_contingency(table)[1]
 
 
-def test_uniform_replay_matches_srl_distribution_and_contents():
+# the replay kinds' deliveries: sequential (SRL's order of work) and prepared ahead by a thread
+DELIVERIES = [None, Schedule.overlapped(delivery_granularity=2, depth=4)]
+DELIVERY_IDS = ["sequential", "prepared"]
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES, ids=DELIVERY_IDS)
+def test_uniform_replay_matches_srl_distribution_and_contents(delivery):
     n, B = 12, 4
     args = dict(max_size=n, batch_size=B, warmup_transitions=B * T, seed=1, sample_length=T, batch_length=T)
-    ours, theirs = ConduitReplayBuffer("simple_replay_buffer", **args), srl_buffer.make_buffer(
+    ours, theirs = ConduitReplayBuffer("simple_replay_buffer", delivery=delivery, **args), srl_buffer.make_buffer(
         "simple_replay_buffer", **args)
     for i in range(n + 5):  # wraps: ids 5..16 stored
         ours.put(sample(i)); theirs.put(sample(i))
@@ -198,16 +205,18 @@ def test_uniform_replay_matches_srl_distribution_and_contents():
             assert np.array_equal(a.done[:, col], ref.done)
     assert ca[:5].sum() == 0 and cb[:5].sum() == 0
     assert chi2_same(ca, cb) > 1e-3
+    ours.close()
 
 
-def test_prioritized_replay_matches_priorities_exactly_and_srl_except_its_last_slot():
+@pytest.mark.parametrize("delivery", DELIVERIES, ids=DELIVERY_IDS)
+def test_prioritized_replay_matches_priorities_exactly_and_srl_except_its_last_slot(delivery):
     """Conduit draws chunk i with probability p_i^alpha / sum p^alpha (goodness of fit), as SRL
     does for every chunk but the one in its last filled slot, which SRL never draws (its sum
     over [0, total-1) excludes it): shown here, and Conduit matches SRL on the others."""
     n, B, alpha = 8, 4, 0.7
     args = dict(max_size=n, sample_length=T, batch_size=B, warmup_transitions=T, seed=3, alpha=alpha, beta=0.5,
                 priority_interpolation_eta=0.9)
-    ours, theirs = make_buffer("prioritized_replay_buffer", **args), srl_buffer.make_buffer(
+    ours, theirs = make_buffer("prioritized_replay_buffer", delivery=delivery, **args), srl_buffer.make_buffer(
         "prioritized_replay_buffer", **args)
     assert isinstance(ours, srl_buffer.PrioritizedReplayBuffer)  # SRL's trainer sends it priorities
     for i in range(n):
@@ -228,12 +237,14 @@ def test_prioritized_replay_matches_priorities_exactly_and_srl_except_its_last_s
     assert stats.chisquare(ca, ca.sum() * p / p.sum()).pvalue > 1e-3
     q = p[: n - 1] / p[: n - 1].sum()
     assert stats.chisquare(cb[: n - 1], cb.sum() * q).pvalue > 1e-3
+    ours.close()
 
 
-def test_prioritized_update_moves_the_distribution_as_in_srl():
+@pytest.mark.parametrize("delivery", DELIVERIES, ids=DELIVERY_IDS)
+def test_prioritized_update_moves_the_distribution_as_in_srl(delivery):
     n, B = 6, 2
     args = dict(max_size=n, sample_length=T, batch_size=B, warmup_transitions=T, seed=0, alpha=1.0, beta=0.4)
-    ours = make_buffer("prioritized_replay_buffer", **args)
+    ours = make_buffer("prioritized_replay_buffer", delivery=delivery, **args)
     for i in range(n):
         ours.put(sample(i, ret=False))
     e = ours.get()
@@ -247,6 +258,7 @@ def test_prioritized_update_moves_the_distribution_as_in_srl():
     assert hot > 0.9
     with pytest.raises(Exception, match="sampling_indices of delivered chunks"):
         ours.update_priorities(np.array([99, 98]), np.array([1.0, 1.0]))
+    ours.close()
 
 
 def test_a_priority_for_an_overwritten_chunk_never_reaches_its_successor():
