@@ -87,6 +87,7 @@ class PreparedReplay:
                               "use 0 (every priority update applies before the next draw)")
         self.schedule, self.priority_lag = schedule, priority_lag
         self._buffer, self._owner_lock, self._prepare = buffer, lock, prepare
+        buffer.reserve_prepared_outputs(schedule.max_prepared)   # prepared batches get pool entries of their own
         self._cond = threading.Condition()
         self._op_lock = threading.Lock()
         self._metrics = MetricsRecorder()
@@ -113,18 +114,22 @@ class PreparedReplay:
         its ``prepared`` filled in."""
         self._raise_error()
         with self._metrics.blocked("deliver"):
-            with self._op_lock:
-                with self._owner_lock:
-                    with self._cond:
-                        p = self._prepared.take_entry_locked(request, **self._guards_locked())
-                    if p is None:
-                        ps = self._draw(request, self.schedule.delivery_granularity, prepare=False)
-                        p = ps[0]
+            with self._owner_lock:   # a batch ready now is handed out without waiting for a worker draw
+                p = self._take_ready_locked(request)
+                value = None if p is None or on_handout is None else on_handout(p.batch)
+            if p is None:
+                with self._op_lock:
+                    with self._owner_lock:
                         with self._cond:
-                            self._prepared.add_locked(ps[1:])
-                    else:
-                        self._metrics.count("prefetch_hits")
-                    value = None if on_handout is None else on_handout(p.batch)
+                            p = self._prepared.take_entry_locked(request, **self._guards_locked())
+                        if p is None:
+                            ps = self._draw(request, self.schedule.delivery_granularity, prepare=False)
+                            p = ps[0]
+                            with self._cond:
+                                self._prepared.add_locked(ps[1:])
+                        else:
+                            self._metrics.count("prefetch_hits")
+                        value = None if on_handout is None else on_handout(p.batch)
             if p.prepared is None and self._prepare is not None:
                 p.prepared = self._prepare(p.batch)
         with self._cond:
@@ -167,6 +172,18 @@ class PreparedReplay:
     def _raise_error(self) -> None:
         with self._cond:
             self._errors.raise_locked()
+
+    def _take_ready_locked(self, request: DeliveryRequest):
+        """The oldest prepared batch if the guards let it go to ``request`` now, else None with
+        nothing discarded (owner's lock held; no delivery lock: a worker draw in flight comes after
+        every queued batch in RNG order, and discarding waits for the delivery lock)."""
+        with self._cond:
+            if self._prepared.request != request or not len(self._prepared) or \
+                    self._prepared.stale_locked(**self._guards_locked()):
+                return None
+            p = self._prepared.take_entry_locked(request, **self._guards_locked())
+        self._metrics.count("prefetch_hits")
+        return p
 
     def _guards_locked(self) -> dict:
         return dict(accepted_rows=self._buffer.inserted, priority_version=self._priority_version,

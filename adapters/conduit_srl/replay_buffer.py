@@ -179,10 +179,11 @@ class ConduitReplayBuffer:
     def _count_replays(self, batch) -> float:
         """At hand-out (the lock held): the batch's mean replay count; the uniform kind counts a
         replay per get (the prioritized one per priority update, as SRL)."""
-        slots = batch.slots
-        reuses = float(self._replay_times[slots].mean())
+        # a slot overwritten since the draw (staleness > 0) holds a chunk this batch does not deliver
+        kept = batch.slots[self._buffer.meta["seq"][batch.slots] == batch.seqs]
+        reuses = float(self._replay_times[kept].mean()) if kept.size else 0.0
         if not self.prioritized:
-            self._replay_times[slots] += 1
+            self._replay_times[kept] += 1
         return reuses
 
     def _prepare(self, batch):

@@ -202,9 +202,12 @@ class ConduitStorageManager(StorageManager):
             return TensorDict({}, batch_size=0)
         fields = list(metadata.field_names)
         routes = self._route(metadata.global_indexes)
-        for attempt in range(shared_path.GET_ATTEMPTS):
+        for attempt in range(shared_path.GET_ATTEMPTS + 1):
+            # the last try takes Ray objects from every unit: segments replaced faster than this
+            # client copies out of them (compactions, reuse under a stream of puts) never fail a get
+            shared = self.shared if attempt < shared_path.GET_ATTEMPTS else [False] * len(self.units)
             try:
-                parts = await shared_path.locate_parts(self.units, routes, fields, self.shared)
+                parts = await shared_path.locate_parts(self.units, routes, fields, shared)
             except Exception as exc:
                 cause = getattr(exc, "cause", exc)
                 if isinstance(cause, KeyNotStored) or isinstance(exc, KeyNotStored):
@@ -213,13 +216,15 @@ class ConduitStorageManager(StorageManager):
                 raise
             try:   # one copy, into the arrays returned
                 columns = shared_path.assemble(parts, routes, fields, metadata.size, self.maps, self.prefixes,
-                                               self.shared)
+                                               shared)
                 break
             except FileNotFoundError:   # a segment went (compaction) after its unit answered: ask again
-                if attempt + 1 == shared_path.GET_ATTEMPTS:
+                if attempt == shared_path.GET_ATTEMPTS:
                     raise
             except PermissionError:     # this node forbids opening another process's descriptors
                 self._without_shared_memory()
+                if attempt == shared_path.GET_ATTEMPTS:
+                    raise
         return TensorDict({name: decode(columns[name]) for name in fields}, batch_size=metadata.size)
 
     def _without_shared_memory(self) -> None:

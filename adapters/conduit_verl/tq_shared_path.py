@@ -57,7 +57,12 @@ async def reserve_and_write(units, maps, prefixes, routes, columns, shared) -> d
         return {}
     refs = [units[routes[i][0]].reserve.remote(routes[i][2], {n: sizes_only(c, routes[i][1] if multi else None)
                                                                for n, c in columns.items()}) for i in todo]
-    answers = await _wait(refs)
+    try:
+        answers = await _wait(refs)
+    except BaseException:   # cancelled (a timeout) while the units reserve: they reserve regardless, and
+        # a ticket never committed or aborted pins its segment in the unit for good; abort each once answered
+        asyncio.ensure_future(_abort_when_answered(units, routes, todo, refs))
+        raise
     tickets = {i: a["ticket"] for i, a in zip(todo, answers) if not isinstance(a, BaseException)}
     try:
         failed = [a for a in answers if isinstance(a, BaseException)]
@@ -69,6 +74,12 @@ async def reserve_and_write(units, maps, prefixes, routes, columns, shared) -> d
         await _wait([units[routes[i][0]].abort_put.remote(t) for i, t in tickets.items()])
         raise
     return tickets
+
+
+async def _abort_when_answered(units, routes, todo, refs) -> None:
+    answers = await _wait(refs)
+    await _wait([units[routes[i][0]].abort_put.remote(a["ticket"]) for i, a in zip(todo, answers)
+                 if not isinstance(a, BaseException)])
 
 
 def _write(maps, prefixes, routes, columns, todo, answers) -> None:

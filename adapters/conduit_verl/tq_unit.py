@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 
 import numpy as np
 import ray
@@ -19,6 +20,9 @@ from conduit_core.ragged import Column, Located, RaggedStore
 from .put_undo import put_undo, restore_put
 
 STATE_VERSION = 1   # of a unit's checkpoint file
+# a reserved put not committed or aborted within this long is aborted (its client died or was
+# cancelled between the two calls): otherwise its pins keep a whole released arena open for good
+TICKET_TTL_S = 600.0
 
 
 class StorageUnit:
@@ -46,11 +50,13 @@ class StorageUnit:
         room = {n: c if c.kind == "object" else Column(c.kind, np.broadcast_to(np.zeros(1, np.uint8), (int(c.nbytes.sum()),)),
                                                         c.nbytes, c.lengths, c.dtype, c.inner, c.scalar)
                 for n, c in columns.items()}
+        self._expire_tickets()
         placed, created = self.store.reserve(keys, room)
         for arena, _ in placed.values():
             self.arenas.pin(arena)
         ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
-        self._tickets[ticket] = {"keys": keys, "columns": columns, "placed": placed, "created": created}
+        self._tickets[ticket] = {"keys": keys, "columns": columns, "placed": placed, "created": created,
+                                 "at": time.monotonic()}
         return {"ticket": ticket, "segments": self.arenas.handles(),
                 "room": {n: (self.arenas.handle(a), at) for n, (a, at) in placed.items()}}
 
@@ -102,6 +108,11 @@ class StorageUnit:
         # the arrays over the segments go too: a mapping lasts as long as an array views it
         self.store, self._staged, self.arenas, self.prefix = RaggedStore(), None, None, None
         return n
+
+    def _expire_tickets(self) -> None:
+        now = time.monotonic()
+        for ticket in [t for t, v in self._tickets.items() if now - v["at"] > TICKET_TTL_S]:
+            self.abort_put(ticket)
 
     def _take(self, ticket: int) -> dict:
         try:

@@ -271,6 +271,25 @@ def test_an_aborted_put_leaves_no_field_and_no_pin():
         unit.close()
 
 
+def test_a_put_reserved_and_never_committed_expires(monkeypatch):
+    """A client that dies between reserve and commit: its room is given back at a later reserve."""
+    import conduit_verl.tq_unit as tq_unit
+    unit = StorageUnit(slots=4, shm_prefix=f"cdtexp{os.getpid()}")
+    maps = shared_arena.SegmentMaps()
+    try:
+        stale = put_shared(unit, maps, [0, 1], {"x": rows_column([np.arange(3), np.arange(4)])}, write=False)
+        assert unit.stats()["tickets"] == 1
+        monkeypatch.setattr(tq_unit, "TICKET_TTL_S", 0.0)
+        fresh = put_shared(unit, maps, [2], {"x": rows_column([np.arange(5)])}, write=False)
+        assert unit.stats()["tickets"] == 1   # the stale one was aborted, the new one stands
+        with pytest.raises(ValueError, match="ticket"):
+            unit.commit_put(stale["ticket"])
+        unit.abort_put(fresh["ticket"])
+    finally:
+        maps.close()
+        unit.close()
+
+
 def test_a_checkpoint_loads_into_shared_arenas_and_frees_the_old_ones(tmp_path):
     unit = StorageUnit(slots=4, shm_prefix=f"cdtckpt{os.getpid()}")
     maps = shared_arena.SegmentMaps()
