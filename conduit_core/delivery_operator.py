@@ -2,7 +2,9 @@
 
 One call selects ``g_del`` batches' worth of items in a single draw and splits it, so a
 larger delivery granularity amortises the selection and gather without changing what is
-drawn. Every batch goes through the delivery hooks; if a hook fails, nothing of the call
+drawn; where a batch's items are not drawn independently (stratified prioritized, uniform
+without replacement: ``Selector.independent_items``), one draw of g_del * B would not be g_del
+draws of B, so each batch is its own draw. Every batch goes through the delivery hooks; if a hook fails, nothing of the call
 is handed out and the selection is undone (it does not count as sampled, so the rate
 limits stay exact, and the RNG continues as if the draw had not happened).
 
@@ -42,25 +44,32 @@ class DeliveryOperator:
         selection, which the guards compare against when the batch is handed out."""
         buffer = self._buffer
         token = buffer.selection_token() if speculative else None
+        sampled_before = buffer.counts.sampled
         total = request.batch_size * granularity
-        if request.kind == "sequences":
-            big = buffer.sample_sequences(total, request.length, device=request.device, timeout=timeout)
-        else:
-            big = buffer.sample(total, device=request.device, n_step=request.n_step, gamma=request.gamma,
-                                beta=request.beta, timeout=timeout, episode_end=request.episode_end,
-                                fields=request.fields)
-        batches = split_rows(big, request.batch_size) if granularity > 1 else [big]
         out = []
         try:
+            if granularity == 1 or buffer.selector.independent_items:
+                big = self._draw(request, total, timeout)
+                batches = split_rows(big, request.batch_size) if granularity > 1 else [big]
+            else:   # each batch its own draw (a failure part way undoes them all, below)
+                batches = [self._draw(request, request.batch_size, timeout) for _ in range(granularity)]
             for i, b in enumerate(batches):
                 b = self.run_hooks(b)
                 out.append(PreparedBatch(b, request, rows_committed, priority_version, token if i == 0 else None,
                                          request.batch_size))
         except BaseException:
             # nothing of this selection is handed out: it does not count as sampled (rate limits stay true)
-            buffer.rollback_selection(token, items=total, restore_rng=token is not None)
+            buffer.rollback_selection(token, items=buffer.counts.sampled - sampled_before,
+                                      restore_rng=token is not None)
             raise
         return out
+
+    def _draw(self, request: DeliveryRequest, n: int, timeout: float | None) -> Batch:
+        buffer = self._buffer
+        if request.kind == "sequences":
+            return buffer.sample_sequences(n, request.length, device=request.device, timeout=timeout)
+        return buffer.sample(n, device=request.device, n_step=request.n_step, gamma=request.gamma, beta=request.beta,
+                             timeout=timeout, episode_end=request.episode_end, fields=request.fields)
 
     def run_hooks(self, batch: Batch) -> Batch:
         for hook in self.hooks:

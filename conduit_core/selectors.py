@@ -58,6 +58,10 @@ class Selector(ABC):
     # The fused native pass (select, walk the n-step window, redraw a cut one) draws exactly
     # this selector's distribution: plain uniform and independent prioritized draws do.
     native_windows: bool = False
+    # Each item of a batch is drawn independently of the others (with replacement, not
+    # stratified), so one draw of k * B items split into k batches has the distribution of k
+    # draws of B: what lets a delivery call draw its g_del batches at once.
+    independent_items: bool = False
     bytes_per_slot: int = 0  # memory the selector keeps per ring slot (priority trees)
 
     def bind(self, capacity: int) -> None:
@@ -147,6 +151,10 @@ class Uniform(Selector):
     def native_windows(self) -> bool:
         return self.draw is None and self.replace
 
+    @property
+    def independent_items(self) -> bool:
+        return self.draw is None and self.replace   # an external draw may couple a batch's items
+
     def select(self, batch_size, size, rng):
         if self.draw is not None:
             return self._external(batch_size, size), None
@@ -181,6 +189,10 @@ class Prioritized(Selector):
     @property
     def native_windows(self) -> bool:
         return not self.stratified  # the walk draws items independently
+
+    @property
+    def independent_items(self) -> bool:
+        return not self.stratified   # stratified: one stratum per item of the batch being drawn
     bytes_per_slot = PRIORITY_BYTES_PER_SLOT  # the sum and min trees
 
     def __init__(self, *, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6, stratified: bool = False):
