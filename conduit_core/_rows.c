@@ -260,7 +260,58 @@ decline:
     Py_RETURN_FALSE;
 }
 
+/* take_rows(slots, columns) -> tuple of new arrays, or None
+ *
+ * (column[slots] for column in columns): each result a fresh C-contiguous array of the column's
+ * type, shaped [n, *row shape], with every row of every column prefetched first (as gather_rows).
+ * For a batch's provenance (its rows' seq and version), where the results are the batch's own.
+ * None (nothing allocated) unless slots is a C-contiguous int64 array of 1-D slots inside every
+ * column and every column is a plain array; the caller then indexes with numpy. */
+static PyObject *take_rows(PyObject *self, PyObject *args) {
+    PyObject *o_slots, *columns;
+    if (!PyArg_ParseTuple(args, "OO!", &o_slots, &PyTuple_Type, &columns)) return NULL;
+    PyArrayObject *sl = plain_array(o_slots, 0);
+    Py_ssize_t nc = PyTuple_GET_SIZE(columns);
+    if (sl == NULL || PyArray_TYPE(sl) != NPY_INT64 || PyArray_NDIM(sl) != 1 || nc > 16) Py_RETURN_NONE;
+    npy_intp n = PyArray_DIM(sl, 0);
+    const int64_t *slots = (const int64_t *)PyArray_DATA(sl);
+    PyArrayObject *col[16];
+    npy_intp row[16], cap = -1;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        col[i] = plain_array(PyTuple_GET_ITEM(columns, i), 0);
+        if (col[i] == NULL || PyArray_NDIM(col[i]) < 1 || PyArray_NDIM(col[i]) > NPY_MAXDIMS) Py_RETURN_NONE;
+        npy_intp c = PyArray_DIM(col[i], 0);
+        row[i] = c ? PyArray_NBYTES(col[i]) / c : 0;
+        cap = cap < 0 || c < cap ? c : cap;
+    }
+    for (npy_intp k = 0; k < n; k++)
+        if (slots[k] < 0 || slots[k] >= cap) Py_RETURN_NONE;
+    PyObject *result = PyTuple_New(nc);
+    if (result == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        npy_intp dims[NPY_MAXDIMS];
+        int nd = PyArray_NDIM(col[i]);
+        dims[0] = n;
+        for (int d = 1; d < nd; d++) dims[d] = PyArray_DIM(col[i], d);
+        PyArray_Descr *descr = PyArray_DESCR(col[i]);
+        Py_INCREF(descr);   /* stolen by NewFromDescr */
+        PyObject *a = PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, NULL, NULL, 0, NULL);
+        if (a == NULL) { Py_DECREF(result); return NULL; }
+        PyTuple_SET_ITEM(result, i, a);
+    }
+    for (npy_intp k = 0; k < n; k++)
+        for (Py_ssize_t i = 0; i < nc; i++) __builtin_prefetch(PyArray_BYTES(col[i]) + slots[k] * row[i]);
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        const char *c = PyArray_BYTES(col[i]);
+        char *d = PyArray_BYTES((PyArrayObject *)PyTuple_GET_ITEM(result, i));
+        npy_intp r = row[i];
+        for (npy_intp k = 0; k < n; k++) copy_row(d + k * r, c + slots[k] * r, r);
+    }
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"take_rows", take_rows, METH_VARARGS, "take_rows(slots, columns) -> tuple of new arrays, or None"},
     {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(slots, targets, out) -> bool"},
     {"check_columns", check_columns, METH_VARARGS, "check_columns(batch, fields) -> (n, columns) or None"},
     {"copy_rows", copy_rows, METH_VARARGS, "copy_rows(columns, targets, slot, n) -> bool"},

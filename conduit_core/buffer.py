@@ -271,20 +271,34 @@ class ExperienceBuffer:
         if self._out is not None:
             self._out.reserve(prepared)
 
-    def weights_tensor(self, weights: np.ndarray | None, device=None, *, pooled: bool = False) -> torch.Tensor | None:
-        """A selection's importance weights as the batch's tensor: reused only where the batch's
-        columns are (``pooled``: they came from the output pool), else fresh like them."""
+    def weights_tensor(self, weights: np.ndarray | None, device=None) -> torch.Tensor | None:
+        """A selection's importance weights as a fresh tensor on ``device`` (a batch whose columns
+        are pooled takes ``pooled_weights`` instead)."""
         if weights is None:
             return None
-        if device is None:
-            return self._out.weights(weights) if pooled and self._out is not None else torch.from_numpy(weights)
-        return torch.from_numpy(weights).to(device)
+        return torch.from_numpy(weights) if device is None else torch.from_numpy(weights).to(device)
+
+    def pooled_weights(self, n: int) -> tuple[np.ndarray, torch.Tensor] | None:
+        """A reused float32 ``[n]`` array and its tensor for the importance weights of a batch
+        whose columns are pooled (``gathers_pooled``), or None when the buffer keeps no pool."""
+        return None if self._out is None else self._out.weights_out(n)
+
+    def gathers_pooled(self, fields=None, device=None) -> bool:
+        """Whether ``gather(slots, device, fields)`` hands out the output pool's reused tensors
+        (every field, on the host): a batch's other outputs, its weights, may be reused with them."""
+        return self._out is not None and fields is None and device is None
 
     def gather(self, slots: np.ndarray, device=None, fields=None) -> dict[str, torch.Tensor]:
         """Decoded rows at ``slots`` (lock held), into the reused outputs when the buffer keeps them."""
-        out, views = (None, None) if self._out is None or fields is not None else self._out.get(slots.shape)
+        if self._out is None or fields is not None:
+            return self.storage.gather(slots, device=None if device is None else torch.device(device), fields=fields)
+        out, views = self._out.get(slots.shape)
+        if device is None and slots.ndim == 1:   # the hot path: straight into the reused outputs
+            got = self.storage.gather_reused(slots, out, views)
+            if got is not None:
+                return got
         return self.storage.gather(slots, device=None if device is None else torch.device(device),
-                                   out=out, out_tensors=views, fields=fields)
+                                   out=out, out_tensors=views)
 
 
 

@@ -61,36 +61,42 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     if n_step is not None and episode_end == "redraw":
         check_redraw_selector(buf.selector)
     ring, cond = buf.ring, buf.lock
+    # the columns come from the output pool only for a plain 1-step gather of every field on the
+    # host; n-step windows, a field subset and a device's batches are fresh, and so are their weights
+    pooled = n_step is None and buf.gathers_pooled(fields, device)
+    weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.weighted else None
     with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
         buf.check_open()
-        wait_to_sample(buf, batch_size, timeout)
+        size = wait_to_sample(buf, batch_size, timeout)
         if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
             slots, weights, data = buf.run_storage(
-                lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields),
+                lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, buf.size,
+                              weights_out),
                 then=lambda: wait_to_sample(buf, batch_size, timeout))
         else:
-            slots, weights, data = _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields)
+            slots, weights, data = _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size,
+                                         weights_out)
         buf.counts.sampled += batch_size
         cond.notify_all()
         seqs, versions = ring.gather_meta(slots)
-        # the columns come from the output pool only for a plain 1-step gather of every field (gather);
-        # n-step windows and a field subset are fresh, and so must their weights be
-        pooled = n_step is None and fields is None
-        return Batch(data, slots=slots, seqs=seqs, versions=versions,
-                     weights=buf.weights_tensor(weights, device, pooled=pooled), inserted_at_selection=ring.inserted)
+        weights = weights_out[1] if weights_out is not None else buf.weights_tensor(weights, device)
+        return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
+                     inserted_at_selection=ring.inserted)
 
 
-def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields):
-    """One draw of ``sample`` (the lock held): (slots, importance weights or None, columns)."""
+def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size, weights_out=None):
+    """One draw of ``sample`` (the lock held; ``size`` items stored): (slots, importance weights
+    or None, columns). A plain draw's weights go into ``weights_out`` (array, tensor) if given."""
     ring, walk, selector = buf.ring, buf.walk, buf.selector
     if n_step is None:
-        slots, weights = select_slots(ring, selector, buf.rng, batch_size, buf.size if selector.weighted else 0, beta)
+        slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta,
+                                      None if weights_out is None else weights_out[0])
         return slots, weights, buf.gather(slots, device, fields)
     if episode_end == "redraw":
         slots, weights, ret, last, steps = walk.sample_windows(
             ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True)
         return slots, weights, walk.window_columns(buf.gather, slots, ret, last, steps, device, fields)
-    slots, weights = select_slots(ring, selector, buf.rng, batch_size, buf.size if selector.weighted else 0, beta)
+    slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta)
     return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,
                                                device, fields)
 

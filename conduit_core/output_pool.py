@@ -41,17 +41,17 @@ class OutputPool:
         self._next[lead] = (i + 1) % len(ring)
         return ring[i]
 
-    def weights(self, values: np.ndarray) -> torch.Tensor:
-        """Importance weights (``[B]``, their dtype kept) copied into the next of the pool's
-        reused tensors: valid as long as the batch's other outputs (wrapping a fresh array costs
-        more than the copy)."""
-        key = (values.shape[0], values.dtype)
+    def weights_out(self, n: int, dtype=np.float32) -> tuple[np.ndarray, torch.Tensor]:
+        """The next of the pool's reused ``[n]`` arrays for a batch's importance weights, with its
+        tensor view: valid as long as the batch's other outputs. A selector writes the weights
+        straight into the array (wrapping a fresh array costs more than the whole draw's weights)."""
+        key = (n, dtype)
         ring = self._weights.get(key)
         if ring is None:
             ring = self._weights[key] = []
             self._next_weights[key] = 0
         while len(ring) < self.depth:
-            a = np.empty(values.shape[0], dtype=values.dtype)
+            a = np.empty(n, dtype=dtype)
             ring.append((a, torch.from_numpy(a)))
         i = self._next_weights[key]
         self._next_weights[key] = (i + 1) % len(ring)
@@ -59,5 +59,4 @@ class OutputPool:
         if tensor.shape != array.shape or tensor.requires_grad:   # changed in place by an earlier batch
             tensor = torch.from_numpy(array)
             ring[i] = (array, tensor)
-        array[:] = values
-        return tensor
+        return array, tensor

@@ -69,11 +69,13 @@ def wait_to_insert(buf, n: int, timeout: float | None) -> None:
     wait_until(buf.lock, allowed, limiter=rl, timeout=timeout, why=why, kind="insert", check_open=buf.check_open)
 
 
-def wait_to_sample(buf, n: int, timeout: float | None) -> None:
-    """Wait (the buffer's lock held) until the limiter lets ``n`` items be sampled."""
+def wait_to_sample(buf, n: int, timeout: float | None) -> int:
+    """Wait (the buffer's lock held) until the limiter lets ``n`` items be sampled; returns the
+    number of items stored then (the draw that follows under the same lock reads it)."""
     rl, ring = buf.rate_limiter, buf.ring
-    if rl.samples_per_insert is None and buf.size >= rl.min_size:
-        return   # no ratio to keep and enough rows: can_sample's answer, without its keyword call
+    size = buf.size
+    if rl.samples_per_insert is None and size >= rl.min_size:
+        return size   # no ratio to keep and enough rows: can_sample's answer, without its keyword call
 
     def allowed() -> bool:
         return rl.can_sample(size=buf.size, inserts=ring.inserted, samples=buf.counts.sampled + buf.counts.lost, n=n)
@@ -81,3 +83,4 @@ def wait_to_sample(buf, n: int, timeout: float | None) -> None:
         wait_until(buf.lock, allowed, limiter=rl, timeout=timeout, kind="sample", check_open=buf.check_open,
                    why=rl.why_not_sample(size=buf.size, inserts=ring.inserted,
                                          samples=buf.counts.sampled + buf.counts.lost, n=n))
+    return buf.size

@@ -32,9 +32,9 @@ from .tiers import host_zeros
 META_FIELDS = ("seq", "version", "source", "next_seq")
 
 try:
-    from ._rows import gather_rows as _c_gather_rows, write_meta as _c_write_meta   # the Python routes' values
+    from ._rows import take_rows as _c_take_rows, write_meta as _c_write_meta   # the Python routes' values
 except ImportError:  # pragma: no cover - no C compiler where it was installed
-    _c_gather_rows = _c_write_meta = None
+    _c_take_rows = _c_write_meta = None
 
 
 def write_meta_rows(meta: dict, cap: int, first: int, n: int, enc: Mapping[str, Any], done_fields, source: int,
@@ -115,10 +115,10 @@ class Ring:
         """(seq, version) of each of ``slots`` (1-D int64), in fresh arrays: a batch's provenance.
         One native pass that fetches every row's two entries before reading them, where it can."""
         seq, version = self.meta["seq"], self.meta["version"]
-        if _c_gather_rows is not None:
-            out = {"seq": np.empty(slots.shape, np.int64), "version": np.empty(slots.shape, np.int64)}
-            if _c_gather_rows(slots, (("seq", seq), ("version", version)), out):
-                return out["seq"], out["version"]
+        if _c_take_rows is not None:
+            taken = _c_take_rows(slots, (seq, version))
+            if taken is not None:
+                return taken
         return seq[slots], version[slots]
 
     def stored(self, seqs: np.ndarray) -> np.ndarray:

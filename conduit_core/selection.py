@@ -11,10 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def select_slots(ring, selector, rng: np.random.Generator, batch_size: int, size: int, beta: float | None):
-    """(slots, importance weights or None) for one batch; ``size``: rows stored now."""
+def select_slots(ring, selector, rng: np.random.Generator, batch_size: int, size: int, beta: float | None,
+                 weights_out: np.ndarray | None = None):
+    """(slots, importance weights or None) for one batch; ``size``: rows stored now. A weighted
+    selector writes its weights into ``weights_out`` (float32 ``[batch_size]``) when one is given."""
     if selector.weighted:
-        return selector.select(batch_size, size, rng, beta=beta)
+        if weights_out is None:
+            return selector.select(batch_size, size, rng, beta=beta)
+        return selector.select(batch_size, size, rng, beta=beta, weights_out=weights_out)
     lo = ring.lo()
     if not selector.order_free:
         if ring.holes:

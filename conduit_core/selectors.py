@@ -231,23 +231,28 @@ class Prioritized(Selector):
     def on_evict(self, slots):
         self.index.set(slots, 0.0)
 
-    def select(self, batch_size, size, rng, *, beta: float | None = None):
+    def select(self, batch_size, size, rng, *, beta: float | None = None, weights_out: np.ndarray | None = None):
+        """(slots, float32 importance weights); the weights go into ``weights_out`` if given."""
         beta = self.beta if beta is None else beta
         total = self.index.total
         if self.index.use_c:  # draws, search and weights in one C pass (the numpy route's values)
             slots = np.empty(batch_size, dtype=np.int64)
-            weights = np.empty(batch_size, dtype=np.float32)
+            weights = np.empty(batch_size, dtype=np.float32) if weights_out is None else weights_out
             bits = rng.bit_generator
             with bits.lock:
                 _c_draw_weighted(*self.index.trees(), bits.capsule, total, self.stratified, float(beta), slots, weights)
             return slots, weights
         slots = self.index.find_prefixsum(self._masses(batch_size, total, rng))
         if beta == 0.0:
-            return slots, np.ones(batch_size, dtype=np.float32)
-        p = self.index.get(slots) / total
-        p_min = self.index.min / total
-        weights = (p / p_min) ** (-beta)  # == (N p)^-beta / (N p_min)^-beta
-        return slots, weights.astype(np.float32)
+            weights = np.ones(batch_size, dtype=np.float32)
+        else:
+            p = self.index.get(slots) / total
+            p_min = self.index.min / total
+            weights = ((p / p_min) ** (-beta)).astype(np.float32)  # == (N p)^-beta / (N p_min)^-beta
+        if weights_out is None:
+            return slots, weights
+        weights_out[:] = weights
+        return slots, weights_out
 
     def update_delivered(self, slots, seqs, priorities, stored_seqs):
         if not self.index.use_c:

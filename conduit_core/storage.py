@@ -218,24 +218,34 @@ class ColumnarStorage:
                       out=None if out is None else out.reshape((-1, *view.shape[1:])))
         return torch.from_numpy(res).view(*slots.shape, *view.shape[1:])
 
+    def gather_reused(self, slots: np.ndarray, out: Mapping[str, np.ndarray],
+                      out_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """Every field's rows at ``slots`` (1-D) into the reused host arrays ``out``, handed out
+        as their tensor views ``out_tensors``; None (nothing read) unless the storage is one
+        plain host shard (no codec), where this is one native gather and no per-row work."""
+        if not self._plain_host:
+            return None
+        if _c_gather_rows is None or not _c_gather_rows(slots, self._copy_targets, out):
+            for name, view in self._copy_targets:
+                view.take(slots, axis=0, out=out[name], mode="clip")
+        result = {}
+        for name, _ in self._copy_targets:
+            t, a = out_tensors[name], out[name]
+            if t.shape != a.shape or t.requires_grad:
+                # an earlier batch changed this wrapper in place (unsqueeze_, requires_grad_): a fresh
+                # one for the same memory, so that change stays in that batch
+                t = out_tensors[name] = torch.from_numpy(a)
+            result[name] = t
+        return result
+
     def _gather_fast(self, slots: np.ndarray, target: torch.device, out, fields=None,
                      out_tensors=None) -> dict[str, torch.Tensor]:
         """One host shard, 1-D slots: one ``ndarray.take`` per field, nothing else (for a GPU
         target, the shard's staging copy or its mapped gather)."""
-        if target.type == "cpu" and fields is None and out is not None and out_tensors is not None \
-                and self._plain_host:
-            result = {}
-            gathered = _c_gather_rows is not None and _c_gather_rows(slots, self._copy_targets, out)
-            for name, view, _, _ in self._plan:   # the hot path: reused outputs, no codec, no wrapping
-                if not gathered:
-                    view.take(slots, axis=0, out=out[name], mode="clip")
-                t = out_tensors[name]
-                if t.shape != out[name].shape or t.requires_grad:
-                    # an earlier batch changed this wrapper in place (unsqueeze_, requires_grad_): a fresh
-                    # one for the same memory, so that change stays in that batch
-                    t = out_tensors[name] = torch.from_numpy(out[name])
-                result[name] = t
-            return result
+        if target.type == "cpu" and fields is None and out is not None and out_tensors is not None:
+            got = self.gather_reused(slots, out, out_tensors)
+            if got is not None:
+                return got
         result = {}
         on_host = target.type == "cpu"
         staged: dict[str, torch.Tensor] = {}

@@ -95,13 +95,26 @@ def test_gather_meta_matches_fancy_indexing(seed, n):
     slots = np.random.default_rng(seed).integers(0, buf.capacity, n)
     seqs, versions = buf.ring.gather_meta(slots)
     assert np.array_equal(seqs, buf.meta["seq"][slots]) and np.array_equal(versions, buf.meta["version"][slots])
-    saved = ring_mod._c_gather_rows
-    ring_mod._c_gather_rows = None   # the Python route, as without a compiler
+    assert seqs.dtype == versions.dtype == np.int64 and seqs.flags.owndata and versions.flags.owndata
+    saved = ring_mod._c_take_rows
+    ring_mod._c_take_rows = None   # the Python route, as without a compiler
     try:
         s2, v2 = buf.ring.gather_meta(slots)
     finally:
-        ring_mod._c_gather_rows = saved
+        ring_mod._c_take_rows = saved
     assert np.array_equal(seqs, s2) and np.array_equal(versions, v2)
+
+
+@pytest.mark.skipif(ring_mod._c_take_rows is None, reason="the native rows module was not built")
+def test_take_rows_declines_what_it_cannot_read():
+    col = np.arange(10, dtype=np.int64)
+    rows = np.arange(20, dtype=np.float32).reshape(10, 2)
+    a, b = ring_mod._c_take_rows(np.array([3, 0, 9]), (col, rows))
+    assert a.tolist() == [3, 0, 9] and b.tolist() == [[6, 7], [0, 1], [18, 19]] and b.dtype == np.float32
+    assert ring_mod._c_take_rows(np.array([3, 10]), (col, rows)) is None          # a slot past a column's end
+    assert ring_mod._c_take_rows(np.array([-1]), (col,)) is None                  # a negative slot
+    assert ring_mod._c_take_rows(np.array([1], dtype=np.int32), (col,)) is None   # not int64
+    assert ring_mod._c_take_rows(np.array([1]), (col[::2],)) is None             # a strided column
 
 
 def test_weights_stay_valid_for_the_pool_depth_and_in_place_changes_stay_in_their_batch():
