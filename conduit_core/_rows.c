@@ -233,6 +233,7 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
         col[i] = plain_array(PyTuple_GET_ITEM(t, 1), 0);
         dst[i] = plain_array(PyDict_GetItemWithError(out, PyTuple_GET_ITEM(t, 0)), 1);
         if (col[i] == NULL || dst[i] == NULL || PyArray_NDIM(col[i]) < 1 || PyArray_NDIM(dst[i]) < 1
+            || PyDataType_REFCHK(PyArray_DESCR(col[i]))
             || PyArray_DIM(dst[i], 0) != n || PyArray_TYPE(col[i]) != PyArray_TYPE(dst[i])
             || PyArray_ITEMSIZE(col[i]) != PyArray_ITEMSIZE(dst[i])) goto decline;
         npy_intp c = PyArray_DIM(col[i], 0);
@@ -279,7 +280,8 @@ static PyObject *take_rows(PyObject *self, PyObject *args) {
     npy_intp row[16], cap = -1;
     for (Py_ssize_t i = 0; i < nc; i++) {
         col[i] = plain_array(PyTuple_GET_ITEM(columns, i), 0);
-        if (col[i] == NULL || PyArray_NDIM(col[i]) < 1 || PyArray_NDIM(col[i]) > NPY_MAXDIMS) Py_RETURN_NONE;
+        if (col[i] == NULL || PyArray_NDIM(col[i]) < 1 || PyDataType_REFCHK(PyArray_DESCR(col[i])))
+            Py_RETURN_NONE;   /* rows holding object references are not raw bytes to copy */
         npy_intp c = PyArray_DIM(col[i], 0);
         row[i] = c ? PyArray_NBYTES(col[i]) / c : 0;
         cap = cap < 0 || c < cap ? c : cap;

@@ -93,7 +93,8 @@ static void descend_many(const double *sum, Py_ssize_t size, double *v, Py_ssize
             Py_ssize_t at = node[k];
             at = 2 * at + choose(&v[k], sum[2 * at], sum[2 * at + 1]);
             node[k] = at;
-            __builtin_prefetch(d + 1 < single ? &sum[2 * at] : &sum[8 * at]);
+            if (d + 1 < single) __builtin_prefetch(&sum[2 * at]);
+            else if (single < levels) __builtin_prefetch(&sum[8 * at]);
         }
     }
     for (int d = single; d < levels; d += 3) {

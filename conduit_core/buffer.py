@@ -279,14 +279,21 @@ class ExperienceBuffer:
         return torch.from_numpy(weights) if device is None else torch.from_numpy(weights).to(device)
 
     def pooled_weights(self, n: int) -> tuple[np.ndarray, torch.Tensor] | None:
-        """A reused float32 ``[n]`` array and its tensor for the importance weights of a batch
-        whose columns are pooled (``gathers_pooled``), or None when the buffer keeps no pool."""
-        return None if self._out is None else self._out.weights_out(n)
+        """The reused float32 ``[n]`` array (and its tensor) that the next pooled batch's
+        importance weights go into, or None when the buffer keeps no pool. Taking it changes
+        nothing: ``took_pooled_weights`` hands it out once the batch is delivered (the lock held
+        throughout), so a draw that fails or waits uses up no entry."""
+        return None if self._out is None else self._out.next_weights(n)
+
+    def took_pooled_weights(self, n: int) -> None:
+        """The array ``pooled_weights(n)`` gave now belongs to a delivered batch."""
+        self._out.advance_weights(n)
 
     def gathers_pooled(self, fields=None, device=None) -> bool:
-        """Whether ``gather(slots, device, fields)`` hands out the output pool's reused tensors
-        (every field, on the host): a batch's other outputs, its weights, may be reused with them."""
-        return self._out is not None and fields is None and device is None
+        """Whether ``gather(slots, device, fields)`` returns the output pool's reused host arrays
+        (every field, no device, storage that fills given outputs): such a batch is valid for
+        ``reuse_outputs`` more deliveries, and its importance weights may be reused with it."""
+        return self._out is not None and fields is None and device is None and self.storage.fills_outputs()
 
     def gather(self, slots: np.ndarray, device=None, fields=None) -> dict[str, torch.Tensor]:
         """Decoded rows at ``slots`` (lock held), into the reused outputs when the buffer keeps them."""

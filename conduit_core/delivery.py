@@ -63,11 +63,11 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     ring, cond = buf.ring, buf.lock
     # the columns come from the output pool only for a plain 1-step gather of every field on the
     # host; n-step windows, a field subset and a device's batches are fresh, and so are their weights
-    pooled = n_step is None and buf.gathers_pooled(fields, device)
-    weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.weighted else None
     with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
         buf.check_open()
         size = wait_to_sample(buf, batch_size, timeout)
+        pooled = n_step is None and buf.gathers_pooled(fields, device)
+        weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.weighted else None
         if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
             slots, weights, data = buf.run_storage(
                 lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, buf.size,
@@ -79,7 +79,11 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         buf.counts.sampled += batch_size
         cond.notify_all()
         seqs, versions = ring.gather_meta(slots)
-        weights = weights_out[1] if weights_out is not None else buf.weights_tensor(weights, device)
+        if weights_out is not None and weights is weights_out[0]:   # written in place: hand the entry out
+            buf.took_pooled_weights(batch_size)
+            weights = weights_out[1]
+        else:
+            weights = buf.weights_tensor(weights, device)
         return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
                      inserted_at_selection=ring.inserted)
 

@@ -41,11 +41,12 @@ class OutputPool:
         self._next[lead] = (i + 1) % len(ring)
         return ring[i]
 
-    def weights_out(self, n: int, dtype=np.float32) -> tuple[np.ndarray, torch.Tensor]:
+    def next_weights(self, n: int, dtype=np.float32) -> tuple[np.ndarray, torch.Tensor]:
         """The next of the pool's reused ``[n]`` arrays for a batch's importance weights, with its
-        tensor view: valid as long as the batch's other outputs. A selector writes the weights
-        straight into the array (wrapping a fresh array costs more than the whole draw's weights)."""
-        key = (n, dtype)
+        tensor view, without handing it out (``advance_weights`` does): a selector writes the
+        weights straight into it (wrapping a fresh array costs more than the draw's weights), and a
+        draw that fails leaves the ring where it was. Valid as long as the batch's other outputs."""
+        key = (n, np.dtype(dtype))
         ring = self._weights.get(key)
         if ring is None:
             ring = self._weights[key] = []
@@ -54,9 +55,13 @@ class OutputPool:
             a = np.empty(n, dtype=dtype)
             ring.append((a, torch.from_numpy(a)))
         i = self._next_weights[key]
-        self._next_weights[key] = (i + 1) % len(ring)
         array, tensor = ring[i]
         if tensor.shape != array.shape or tensor.requires_grad:   # changed in place by an earlier batch
             tensor = torch.from_numpy(array)
             ring[i] = (array, tensor)
         return array, tensor
+
+    def advance_weights(self, n: int, dtype=np.float32) -> None:
+        """The entry ``next_weights`` gave is handed out: the next batch gets the one after it."""
+        key = (n, np.dtype(dtype))
+        self._next_weights[key] = (self._next_weights[key] + 1) % len(self._weights[key])

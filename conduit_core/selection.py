@@ -14,9 +14,10 @@ import numpy as np
 def select_slots(ring, selector, rng: np.random.Generator, batch_size: int, size: int, beta: float | None,
                  weights_out: np.ndarray | None = None):
     """(slots, importance weights or None) for one batch; ``size``: rows stored now. A weighted
-    selector writes its weights into ``weights_out`` (float32 ``[batch_size]``) when one is given."""
+    selector that ``fills_weights_out`` writes its weights into ``weights_out`` (float32
+    ``[batch_size]``) when one is given."""
     if selector.weighted:
-        if weights_out is None:
+        if weights_out is None or not selector.fills_weights_out:
             return selector.select(batch_size, size, rng, beta=beta)
         return selector.select(batch_size, size, rng, beta=beta, weights_out=weights_out)
     lo = ring.lo()

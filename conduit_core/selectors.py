@@ -13,6 +13,7 @@ Presets over the same primitive (cf. Reverb's ``Table.queue``) live in ``buffer.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+import inspect
 
 import numpy as np
 
@@ -63,6 +64,15 @@ class Selector(ABC):
     # draws of B: what lets a delivery call draw its g_del batches at once.
     independent_items: bool = False
     bytes_per_slot: int = 0  # memory the selector keeps per ring slot (priority trees)
+    # A weighted selector whose ``select`` takes ``weights_out`` (a float32 [batch_size] array)
+    # and returns it filled with the weights: a pooled batch's weights are then written in place.
+    # Read from each class's own ``select`` signature (``__init_subclass__``), so a subclass
+    # that overrides ``select`` without the parameter is never passed it.
+    fills_weights_out: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.fills_weights_out = "weights_out" in inspect.signature(cls.select).parameters
 
     def bind(self, capacity: int) -> None:
         self.capacity = capacity

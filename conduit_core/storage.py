@@ -218,6 +218,11 @@ class ColumnarStorage:
                       out=None if out is None else out.reshape((-1, *view.shape[1:])))
         return torch.from_numpy(res).view(*slots.shape, *view.shape[1:])
 
+    def fills_outputs(self) -> bool:
+        """Whether ``gather`` writes host rows into the ``out`` arrays it is given (one host
+        shard); other layouts return fresh tensors and leave ``out`` untouched."""
+        return self._single_host
+
     def gather_reused(self, slots: np.ndarray, out: Mapping[str, np.ndarray],
                       out_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """Every field's rows at ``slots`` (1-D) into the reused host arrays ``out``, handed out

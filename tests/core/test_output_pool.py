@@ -45,3 +45,77 @@ def test_prepared_batches_never_overwrite_the_one_the_learner_holds(n_step, dept
         assert held["obs"].data_ptr() != nxt["obs"].data_ptr()
     finally:
         edp.close()
+
+
+def _rows(n, rng):
+    return {"obs": rng.standard_normal((n, 3)).astype(np.float32), "next_obs": np.zeros((n, 3), np.float32),
+            "action": rng.integers(0, 2, n), "reward": np.ones(n, np.float32),
+            "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
+
+
+def test_a_refused_sample_uses_up_no_pooled_weights():
+    """The weights entry is handed out only with a delivered batch: a draw the rate limiter
+    refuses must not shorten the validity of the batch the learner holds."""
+    from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized
+    from conduit_core.errors import RateLimitError
+    from conduit_core.rate_limiter import RateLimiter
+    buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,)), capacity=64,
+                           selector=Prioritized(alpha=0.6, beta=0.4), reuse_outputs=2, seed=0,
+                           rate_limiter=RateLimiter(min_size=8, samples_per_insert=1.0, tolerance=4.0,
+                                                    on_limit="raise"))
+    rng = np.random.default_rng(0)
+    buf.add(_rows(8, rng))
+    buf.update_priorities(np.arange(8), np.arange(1, 9, dtype=np.float64))
+    held = buf.sample(8)
+    kept = held.weights.clone()
+    with pytest.raises(RateLimitError):
+        buf.sample(8)
+    buf.add(_rows(4, rng))
+    nxt = buf.sample(8)   # the first of the 2 deliveries `held` must survive
+    assert torch.equal(held.weights, kept)
+    assert held.weights.data_ptr() != nxt.weights.data_ptr()
+    buf.close()
+
+
+def test_custom_weighted_selectors_get_their_own_weights_delivered():
+    """A subclass whose ``select`` takes no ``weights_out`` is not passed one, and weights a
+    selector returns in its own array are delivered as they are (fresh): same values as the base."""
+    from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized
+
+    class WithoutOut(Prioritized):
+        def select(self, batch_size, size, rng, *, beta=None):
+            return super().select(batch_size, size, rng, beta=beta)
+
+    class OwnArray(Prioritized):
+        def select(self, batch_size, size, rng, *, beta=None, **kw):
+            slots, w = super().select(batch_size, size, rng, beta=beta)
+            return slots, w.copy()
+
+    assert Prioritized.fills_weights_out and not WithoutOut.fills_weights_out and not OwnArray.fills_weights_out
+    got = []
+    for cls in (Prioritized, WithoutOut, OwnArray):
+        buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,)), capacity=64,
+                               selector=cls(alpha=0.6, beta=0.4), reuse_outputs=2, seed=0)
+        buf.add(_rows(40, np.random.default_rng(0)))
+        buf.update_priorities(np.arange(40), np.arange(1, 41, dtype=np.float64))
+        b = buf.sample(16)
+        got.append((b.slots.copy(), b.weights.clone()))
+        buf.close()
+    for slots, w in got[1:]:
+        assert np.array_equal(slots, got[0][0]) and torch.equal(w, got[0][1])
+
+
+def test_weights_are_fresh_where_the_columns_are():
+    """Storage that does not fill the pool's arrays (two shards) returns fresh columns; the
+    batch's weights are fresh then too (the pool's rule is one method, ``gathers_pooled``)."""
+    from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized
+    from conduit_core.shards import ShardSpec
+    from conduit_core.tiers import Tier
+    buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,)), capacity=64,
+                           selector=Prioritized(alpha=0.6, beta=0.4), reuse_outputs=1, seed=0,
+                           shards=[ShardSpec(Tier.PAGEABLE, 32), ShardSpec(Tier.PAGEABLE, 32)])
+    buf.add(_rows(40, np.random.default_rng(0)))
+    assert not buf.gathers_pooled()
+    a, b = buf.sample(8), buf.sample(8)
+    assert a["obs"].data_ptr() != b["obs"].data_ptr() and a.weights.data_ptr() != b.weights.data_ptr()
+    buf.close()

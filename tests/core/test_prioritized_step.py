@@ -115,6 +115,7 @@ def test_take_rows_declines_what_it_cannot_read():
     assert ring_mod._c_take_rows(np.array([-1]), (col,)) is None                  # a negative slot
     assert ring_mod._c_take_rows(np.array([1], dtype=np.int32), (col,)) is None   # not int64
     assert ring_mod._c_take_rows(np.array([1]), (col[::2],)) is None             # a strided column
+    assert ring_mod._c_take_rows(np.array([0]), (np.array(["a", 1], dtype=object),)) is None   # references
 
 
 def test_weights_stay_valid_for_the_pool_depth_and_in_place_changes_stay_in_their_batch():
