@@ -19,8 +19,8 @@ class OutputPool:
         self.kept, self.depth, self.layout = depth, depth, layout
         self._rings: dict[tuple, list[tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]]] = {}
         self._next: dict[tuple, int] = {}
-        self._weights: dict[tuple, list[tuple[np.ndarray, torch.Tensor]]] = {}
-        self._next_weights: dict[tuple, int] = {}
+        self._weights: dict[int, list[tuple[np.ndarray, torch.Tensor]]] = {}
+        self._next_weights: dict[int, int] = {}
 
     def reserve(self, prepared: int) -> None:
         """Room for ``prepared`` batches drawn but not handed out yet. The pool only grows (an
@@ -41,27 +41,26 @@ class OutputPool:
         self._next[lead] = (i + 1) % len(ring)
         return ring[i]
 
-    def next_weights(self, n: int, dtype=np.float32) -> tuple[np.ndarray, torch.Tensor]:
-        """The next of the pool's reused ``[n]`` arrays for a batch's importance weights, with its
-        tensor view, without handing it out (``advance_weights`` does): a selector writes the
-        weights straight into it (wrapping a fresh array costs more than the draw's weights), and a
-        draw that fails leaves the ring where it was. Valid as long as the batch's other outputs."""
-        key = (n, np.dtype(dtype))
-        ring = self._weights.get(key)
+    def next_weights(self, n: int) -> tuple[np.ndarray, torch.Tensor]:
+        """The next of the pool's reused float32 ``[n]`` arrays for a batch's importance weights,
+        with its tensor view, without handing it out (``advance_weights`` does): a selector writes
+        the weights straight into it (wrapping a fresh array costs more than the draw's weights),
+        and a draw that fails leaves the ring where it was. Valid as long as the batch's other
+        outputs."""
+        ring = self._weights.get(n)
         if ring is None:
-            ring = self._weights[key] = []
-            self._next_weights[key] = 0
+            ring = self._weights[n] = []
+            self._next_weights[n] = 0
         while len(ring) < self.depth:
-            a = np.empty(n, dtype=dtype)
+            a = np.empty(n, dtype=np.float32)
             ring.append((a, torch.from_numpy(a)))
-        i = self._next_weights[key]
+        i = self._next_weights[n]
         array, tensor = ring[i]
         if tensor.shape != array.shape or tensor.requires_grad:   # changed in place by an earlier batch
             tensor = torch.from_numpy(array)
             ring[i] = (array, tensor)
         return array, tensor
 
-    def advance_weights(self, n: int, dtype=np.float32) -> None:
-        """The entry ``next_weights`` gave is handed out: the next batch gets the one after it."""
-        key = (n, np.dtype(dtype))
-        self._next_weights[key] = (self._next_weights[key] + 1) % len(self._weights[key])
+    def advance_weights(self, n: int) -> None:
+        """The entry ``next_weights(n)`` gave is handed out: the next batch gets the one after it."""
+        self._next_weights[n] = (self._next_weights[n] + 1) % len(self._weights[n])

@@ -24,7 +24,7 @@ class ConduitOptions:
     ``seed``: the selection RNG's seed (None: the config's seed). ``delivery_granularity``:
     batches prepared per delivery operator call; ``ingest_granularity``: episode chunks per
     ingestion operator call (both are what ``mode='auto'`` tunes; 16 by default, so one
-    ``add()`` of DQN's few chunks is one call and one insert: 0.29 vs 0.42 ms per add at 1). ``autotune_settle``:
+    ``add()`` of DQN's few chunks is one call and one insert). ``autotune_settle``:
     (least, most) learner steps the auto-tuner waits for a steady step time before it
     calibrates; ``autotune_steps_per_phase``: learner steps per calibration phase.
     ``restore_missing_buffer``: restore a checkpoint without a replay buffer file with an

@@ -47,38 +47,20 @@ def test_a_failed_insert_leaves_the_removed_row_count_as_it_was():
     assert (buf.sample(300).seqs != -1).all()
 
 
-def test_a_background_group_failing_part_way_reports_only_what_was_not_stored():
-    """One by one (a rate ratio is kept per rollout): the 2nd of three fails, the 1st stays stored."""
-    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=1,
-                           rate_limiter=RateLimiter(samples_per_insert=1.0, min_size=1, tolerance=1e9))
+@pytest.mark.parametrize("limiter, error", [
+    # a rate ratio is kept per rollout: the group goes in one by one
+    (RateLimiter(samples_per_insert=1.0, min_size=1, tolerance=1e9), TimeoutError),
+    # nothing to wait for: the group is one insert, and its copy fails on the 2nd rollout
+    (None, MemoryError)], ids=["one-by-one", "one-insert"])
+def test_a_background_group_failing_part_way_keeps_what_it_stored(limiter, error):
+    """The 2nd of three rollouts fails: the 1st stays stored, only the 2nd and 3rd are reported."""
+    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=1, rate_limiter=limiter)
     write, calls = buf.storage.write, [0]
 
     def flaky(*a, **k):
         calls[0] += 1
         if calls[0] == 2:
-            raise TimeoutError("a failure in the 2nd rollout of the group")
-        return write(*a, **k)
-    buf.storage.write = flaky
-    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(ingest_granularity=3))
-    with edp._cond:  # noqa: SLF001 - holds the worker so the three rollouts form one group
-        for s in (0, 10, 20):
-            edp.ingest(rollout(5, s))
-    with pytest.raises(WorkerError) as info:
-        edp.flush(timeout=30)
-    assert info.value.rejected_tickets == [1, 2]
-    assert sorted(int(x) for x in buf.state_dict()["data"]["obs"][:, 0]) == list(range(5))
-    edp.close()
-
-
-def test_a_background_group_stored_as_one_insert_keeps_what_it_copied():
-    """Nothing to wait for: the group is one insert; a copy failing on its 2nd rollout keeps the 1st, as one by one."""
-    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=1)
-    write, calls = buf.storage.write, [0]
-
-    def flaky(*a, **k):
-        calls[0] += 1
-        if calls[0] == 2:
-            raise MemoryError("the copy of the 2nd rollout of the group")
+            raise error("a failure in the 2nd rollout of the group")
         return write(*a, **k)
     buf.storage.write = flaky
     edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(ingest_granularity=3))
@@ -89,6 +71,7 @@ def test_a_background_group_stored_as_one_insert_keeps_what_it_copied():
         edp.flush(timeout=30)
     assert info.value.rejected_tickets == [1, 2]
     assert len(buf) == 5 and buf.ring.inserted == 5
+    assert sorted(int(x) for x in buf.state_dict()["data"]["obs"][:, 0]) == list(range(5))
     edp.close()
 
 
