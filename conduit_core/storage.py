@@ -26,9 +26,9 @@ from .spec import ExperienceSpec, as_tensor
 from .tiers import Tier
 
 try:   # every column of an insert, and of a reused-output gather, in one C call
-    from ._rows import copy_rows as _c_copy_rows, gather_rows as _c_gather_rows
+    from ._rows import copy_rows as _c_copy_rows, gather_rows as _c_gather_rows, take_rows as _c_take_rows
 except ImportError:  # pragma: no cover - no C compiler where it was installed
-    _c_copy_rows = _c_gather_rows = None
+    _c_copy_rows = _c_gather_rows = _c_take_rows = None
 
 __all__ = ["ColumnarStorage", "ShardSpec", "even_shards"]
 
@@ -251,8 +251,14 @@ class ColumnarStorage:
             got = self.gather_reused(slots, out, out_tensors)
             if got is not None:
                 return got
-        result = {}
         on_host = target.type == "cpu"
+        if on_host and out is None and self._plain_host and _c_take_rows is not None:
+            # fresh outputs of a plain host shard (n-step windows, field subsets): one native pass
+            picked = [(name, view) for name, view in self._copy_targets if fields is None or name in fields]
+            taken = _c_take_rows(slots, tuple(view for _, view in picked))
+            if taken is not None:
+                return {name: torch.from_numpy(a) for (name, _), a in zip(picked, taken)}
+        result = {}
         staged: dict[str, torch.Tensor] = {}
         if not on_host:  # every non-pooled column in one staging copy (or one mapped gather each)
             names = [name for name, _, codec, _ in self._plan
