@@ -117,6 +117,7 @@ class EntryQueue:
         self.adopt = bool(adopt)
         self._order = ReuseOrder(serve, overflow)
         self._lock = threading.Lock()       # state: indices, counters (short holds; get takes only this one)
+        self._formed = threading.Condition(self._lock)   # notified when an entry forms (or the queue closes)
         self._put_lock = threading.Lock()   # puts, one at a time: layout, the slot being filled (taken first)
         self._prepare = prepare
         self._ready: dict[int, tuple[dict, Any]] = {}         # order -> (columns, prepared), built as it formed
@@ -281,6 +282,15 @@ class EntryQueue:
     def empty(self) -> bool:
         return self.qsize() == 0
 
+    def wait_nonempty(self, timeout: float) -> bool:
+        """Whether an entry is queued, waiting up to ``timeout`` seconds for one to form when none is:
+        a consumer thread wakes when a put forms an entry, not at its next poll. Returns at once
+        when one is queued (or the queue is closed)."""
+        with self._formed:
+            if not self._order and not self._closed and timeout > 0:
+                self._formed.wait_for(lambda: len(self._order) > 0 or self._closed, timeout)
+            return len(self._order) > 0
+
     def pending_samples(self) -> int:
         """Samples put into the entry being formed (not yet servable)."""
         with self._lock:
@@ -319,6 +329,7 @@ class EntryQueue:
         """Release the storage. Views handed out before stay valid (numpy keeps them alive)."""
         with self._put_lock, self._lock:
             self._closed = True
+            self._formed.notify_all()
             self._arena.close()
             self._order, self._slot_of, self._info = ReuseOrder(self._order.serve, self._order.overflow), {}, {}
             self._ready = {}
@@ -385,6 +396,7 @@ class EntryQueue:
         self._order.add(order, self.reuses)
         self._filling, self._filled, self._filling_version = None, 0, None
         self._counts["entries_formed"] += 1
+        self._formed.notify_all()
         while len(self._order) > self.max_entries:
             victim = self._order.victim()
             self._order.remove(victim)

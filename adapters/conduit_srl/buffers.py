@@ -30,14 +30,15 @@ __all__ = ["QUEUE_KINDS", "REPLAY_KINDS", "ConduitQueueBuffer", "ConduitReplayBu
 
 
 def make_buffer(name: str, *, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priority_lag: int = 0,
-                **buffer_args):
+                empty_wait_s: float = 0.0, **buffer_args):
     """SRL's ``make_buffer`` names and arguments, Conduit's buffers. A prioritized replay buffer is
     also an instance of SRL's ``PrioritizedReplayBuffer`` (SRL's trainer thread sends priorities only
     to those), built as a subclass whose every method is Conduit's. ``delivery`` (a ``Schedule``) and
     ``priority_lag``: how the replay kinds deliver (see ``conduit_srl.enable``); the queue kinds
-    prepare their batches on ``put`` and take neither."""
+    prepare their batches on ``put`` and take neither. ``empty_wait_s``: how long a queue kind's
+    ``empty`` waits for a batch to form before it answers True (``ConduitQueueBuffer.empty``)."""
     if name in QUEUE_KINDS:
-        return ConduitQueueBuffer(name, lease_depth=lease_depth, **buffer_args)
+        return ConduitQueueBuffer(name, lease_depth=lease_depth, empty_wait_s=empty_wait_s, **buffer_args)
     if name == "simple_replay_buffer":
         args = dict(buffer_args)
         args["seed"] = args.get("seed", 0) + seed_offset

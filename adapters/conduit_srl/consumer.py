@@ -46,7 +46,8 @@ class ConsumerBase:
     Args:
         stream: the ``SampleStream`` the actors push to (``NAME``, ``IP`` or ``SHARED_MEMORY``).
         g_ing: samples per buffer operator call (1: SRL's behaviour, one put per sample received).
-        max_delay_s: how long a partial group waits for more samples before it is put anyway.
+        max_delay_s: how long a partial group may wait for more samples before it is put anyway
+            (0, the default: what a ``consume_to`` call received is put by its end).
         shm_order: shared memory only: ``"fresh"`` (SRL's reader) or ``"old"`` (producer order).
         stats_path: write :meth:`stats` as JSON there (``{pid}`` is replaced) every
             ``stats_interval_s`` and at close, so a run stopped from outside keeps its accounting.
@@ -54,7 +55,7 @@ class ConsumerBase:
 
     __conduit_consumer__ = True
 
-    def __init__(self, stream: Any, *, g_ing: int = 1, max_delay_s: float = 0.05, shm_order: str = "fresh",
+    def __init__(self, stream: Any, *, g_ing: int = 1, max_delay_s: float = 0.0, shm_order: str = "fresh",
                  stats_path: str | None = None, stats_interval_s: float = 2.0):
         kind = getattr(getattr(stream, "type_", None), "name", None)
         if kind not in _STREAM_TYPES or not hasattr(stream, "stream_name"):

@@ -15,7 +15,9 @@ readers are in :mod:`~conduit_srl.sources`, SRL's ``SampleConsumer`` interface i
   order); a group never reorders.
 - Liveness: a partial group (fewer than ``g_ing`` staged) is put once its oldest sample has waited
   ``max_delay_s`` (checked at the end of each ``pump``), and by :meth:`StreamIngest.flush` (close),
-  so a producer that stops (or dies) never strands what was received.
+  so a producer that stops (or dies) never strands what was received. The default, 0, puts what a
+  pump received at its end: a group is what arrived together (a burst, up to ``g_ing``), and no
+  sample waits for later ones (a trainer waiting for its next batch would wait for them too).
 - Exactly once: ``received == put + staged + rejected + returned`` at all times (:class:`IngestCounts`). A
   sample the buffer refuses (its ``put`` raises) is counted ``rejected`` and the error re-raised,
   as SRL's own path raises on a bad put; the samples after it in its group stay staged, in order,
@@ -76,7 +78,7 @@ class StreamIngest:
 
     Not thread-safe: SRL calls ``consume_to`` from its trainer worker's main thread only."""
 
-    def __init__(self, *, g_ing: int = 1, max_delay_s: float = 0.05, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, *, g_ing: int = 1, max_delay_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
         check_granularity(g_ing, max_delay_s)
         self.g_ing, self.max_delay_s = g_ing, float(max_delay_s)
         self._clock = clock

@@ -37,14 +37,22 @@ def _max_size(value: Any, name: str) -> float:
     return math.inf if value == math.inf else int(value)
 
 
+def check_empty_wait(empty_wait_s: Any) -> None:
+    if isinstance(empty_wait_s, bool) or not isinstance(empty_wait_s, (int, float)) or not 0 <= empty_wait_s <= 1:
+        raise ConfigError("empty_wait_s", "seconds in [0, 1]", repr(empty_wait_s),
+                          "use 0.05 to hand a forming batch to a waiting trainer, 0 for SRL's behaviour")
+
+
 class ConduitQueueBuffer:
     """``simple_queue`` and ``priority_queue`` on an :class:`EntryQueue`."""
 
     def __init__(self, kind: str = "priority_queue", *, max_size: float | None = None, reuses: int = 1,
-                 batch_size: Any = _DEFAULT, lease_depth: int = 2):
+                 batch_size: Any = _DEFAULT, lease_depth: int = 2, empty_wait_s: float = 0.0):
         if kind not in QUEUE_KINDS:
             raise ConfigError("kind", f"one of {QUEUE_KINDS}", repr(kind), "use ConduitReplayBuffer for replay kinds")
+        check_empty_wait(empty_wait_s)
         self.kind = kind
+        self.empty_wait_s = float(empty_wait_s)
         if kind == "priority_queue":
             # SRL: PriorityQueueBuffer(max_size=16, reuses=1, batch_size=1); `if self.batch_size:` stacks
             batch_size = 1 if batch_size is _DEFAULT else batch_size
@@ -114,10 +122,18 @@ class ConduitQueueBuffer:
                                     receive_time=entry.receive_time, sample=sample)
 
     def empty(self) -> bool:
+        """Whether no batch is queued. With ``empty_wait_s`` > 0 an empty queue is asked again when a
+        batch forms, up to that long, before the answer: SRL's training thread sleeps 5 ms after every
+        True (its own comment: because its buffers are not thread-safe; these are), so a batch that
+        forms meanwhile waits for the next tick; this hands it over as it forms. The answer is the
+        queue's state when ``empty`` returns."""
+        if self.empty_wait_s > 0:
+            return not self._queue.wait_nonempty(self.empty_wait_s)
         return self._queue.empty()
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("empty_wait_s", 0.0)   # pickled before the option existed
         self._queue.set_prepare(self._prepare)  # the queue does not pickle it; queued entries get theirs now
 
     def qsize(self) -> int:

@@ -9,7 +9,9 @@ is a :class:`TimedBuffer`. Recorded there:
   get hands to the trainer (``T * B``, as SRL's GPU thread counts them), and every ``empty()`` that
   returned True (SRL's thread then sleeps 5 ms): the time from that answer to the thread's next
   ``empty()`` call is the trainer's exposed wait for data (the thread also calls ``empty()`` once per
-  100 loop iterations for its log line: at most 1% of the polls counted are not followed by a sleep);
+  100 loop iterations for its log line: at most 1% of the polls counted are not followed by a sleep),
+  and so is the time spent inside every ``empty()`` call (a buffer that waits there for a batch to
+  form, Conduit's with ``empty_wait_s``, waits inside the call instead of in SRL's sleep);
 - trainer main thread (``consume_to``): ``put()`` calls (a ``put_batch`` of n samples counts n), the time in
   them, the steps put.
 
@@ -102,6 +104,7 @@ class TimedBuffer:
             self._c["wait_s"] += now - self._waiting_since
             self._waiting_since = None
         e = self._inner.empty()
+        self._c["wait_s"] += time.perf_counter() - now   # waiting inside the call is waiting too
         self._c["empty_calls"] += 1
         if e:
             self._c["empty_true"] += 1

@@ -338,3 +338,31 @@ def test_a_get_never_waits_behind_a_put_in_progress():
         release.set()
         putter.join()
     assert q.get().prepared == 1 and q.stats()["entries_formed"] == 2
+
+
+def test_wait_nonempty_wakes_when_an_entry_forms_and_times_out_otherwise():
+    import threading
+    import time
+    q = EntryQueue(max_entries=4, batch_size=2)
+    t0 = time.perf_counter()
+    assert q.wait_nonempty(0.05) is False                       # nothing forms: waits the timeout, answers False
+    assert time.perf_counter() - t0 >= 0.045
+    q.put(sample(0))                                           # half a batch: still nothing to serve
+    assert q.wait_nonempty(0.0) is False
+
+    def put_later():
+        time.sleep(0.05)
+        q.put(sample(1))                                       # forms the entry
+    th = threading.Thread(target=put_later)
+    th.start()
+    t0 = time.perf_counter()
+    assert q.wait_nonempty(5.0) is True                        # woken by the put, not by the timeout
+    assert time.perf_counter() - t0 < 2.0
+    th.join()
+    assert q.get() is not None and q.wait_nonempty(0.0) is False
+    closer = threading.Timer(0.05, q.close)
+    closer.start()
+    t0 = time.perf_counter()
+    assert q.wait_nonempty(5.0) is False                       # closing wakes a waiter
+    assert time.perf_counter() - t0 < 2.0
+    closer.join()

@@ -359,3 +359,22 @@ def test_a_zero_td_error_is_stored_as_srl_stores_it():
 def test_unknown_buffer_arguments_are_errors_as_in_srl():
     with pytest.raises(TypeError):
         ConduitQueueBuffer("priority_queue", resuses=2)
+
+
+def test_empty_hands_over_a_batch_as_it_forms():
+    """``empty_wait_s``: the training thread's ``empty()`` on an empty queue is answered False when a
+    put forms a batch meanwhile (long before the wait ends), True after the wait when none forms."""
+    import threading
+    import time
+    buf = ConduitQueueBuffer("priority_queue", batch_size=2, reuses=1, empty_wait_s=1.0)
+    buf.put(sample(0))
+    timer = threading.Timer(0.05, buf.put, args=(sample(1),))   # the second sample forms the batch
+    timer.start()
+    t0 = time.perf_counter()
+    assert buf.empty() is False
+    assert time.perf_counter() - t0 < 0.8
+    timer.join()
+    assert buf.get().reuses == 1
+    t0 = time.perf_counter()
+    assert buf.empty() is True
+    assert time.perf_counter() - t0 >= 0.9
