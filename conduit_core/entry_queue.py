@@ -35,7 +35,6 @@ the lock and pickling.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -43,7 +42,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .errors import CapacityError, ClosedError, ConfigError, SpecError
-from .reuse_order import ReuseOrder, check_rules
+from .queue_args import check_queue_args
+from .reuse_order import ReuseOrder
 from .sample_layout import FieldLayout, conform, layout_of
 from .slot_arena import SlotArena
 
@@ -85,29 +85,9 @@ class EntryQueue:
                  serve: str = "freshest", overflow: str = "drop_lowest", max_version_lag: float | None = None,
                  lease_depth: int = 2, time_major: bool = True, adopt: bool = False,
                  prepare: Callable[[Entry], Any] | None = None):
-        check_rules(serve, overflow)
-        if prepare is not None and not callable(prepare):
-            raise ConfigError("prepare", "a callable (Entry -> object) or None", repr(prepare)[:80],
-                              "pass a function that builds the object each serve of an entry hands back")
-        if adopt and batch_size is not None:
-            raise ConfigError("adopt", "False when batch_size is set", True,
-                              "adopt=True keeps each put's own arrays as its entry: only for batch_size=None")
-        if isinstance(max_entries, bool) or not isinstance(max_entries, (int, float)) or not (
-                max_entries == math.inf or (max_entries >= 1 and float(max_entries).is_integer())):
-            raise ConfigError("max_entries", "an integer >= 1 or math.inf", repr(max_entries),
-                              "pass how many formed entries the queue may hold")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
-            raise ConfigError("batch_size", "an integer >= 1 or None", repr(batch_size),
-                              "pass the samples per entry (None: one sample, no batch axis)")
-        if isinstance(reuses, bool) or not isinstance(reuses, int) or reuses < 1:
-            raise ConfigError("reuses", "an integer >= 1", repr(reuses), "pass how often each entry is served")
-        if max_version_lag is not None and not (isinstance(max_version_lag, (int, float)) and max_version_lag >= 0):
-            raise ConfigError("max_version_lag", "a number >= 0 or None", repr(max_version_lag),
-                              "pass the largest policy-version lag to train on (None: no limit)")
-        if isinstance(lease_depth, bool) or not isinstance(lease_depth, int) or lease_depth < 0:
-            raise ConfigError("lease_depth", "an integer >= 0", repr(lease_depth),
-                              "pass 2 for a trainer with a one-step prefetcher, 1 without one")
+        check_queue_args(serve=serve, overflow=overflow, max_entries=max_entries, batch_size=batch_size,
+                         reuses=reuses, max_version_lag=max_version_lag, lease_depth=lease_depth, adopt=adopt,
+                         prepare=prepare)
         self.max_entries = max_entries
         self.batch_size, self.reuses = batch_size, reuses
         self.max_version_lag, self.lease_depth, self.time_major = max_version_lag, lease_depth, time_major

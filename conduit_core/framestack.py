@@ -30,6 +30,7 @@ import torch
 
 from .codecs import AffineCodec, Codec, IdentityCodec, codec_from_config
 from .errors import SpecError
+from .recycled import RECYCLER
 from .tiers import Tier, allocate
 
 try:
@@ -229,7 +230,9 @@ class PooledDecoder:
         if self._native:
             table = self._table(dtype) if on_host else None
             if table is not None or inner.is_identity or not on_host:
-                out = torch.empty(self._stacks_shape(ids.shape[0]), dtype=torch.float32 if table is not None else torch.uint8)
+                # fresh for the learner, but from recycled memory: no page faults per batch (recycled.py)
+                out = torch.from_numpy(RECYCLER.empty(self._stacks_shape(ids.shape[0]),
+                                                      np.float32 if table is not None else np.uint8))
                 _c_gather_stacks(self.pool.frames, ids, self.pool.k, self._k_last,
                                  None if table is None else table.numpy(), out.numpy())
                 if not on_host:   # uint8 over the link, decoded on the device
