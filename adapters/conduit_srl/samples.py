@@ -20,8 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 
-
-
 def _is_node(v: Any) -> bool:
     from rlsrl.base.namedarray import NamedArray
     return isinstance(v, NamedArray)
