@@ -11,13 +11,15 @@ own (a ctypes view, which numpy records as the array's base). Every numpy or tor
 from the array keeps that owner alive, so the owner dies only when the last of them is gone; only
 then does the block go back to a free list for the next array of its size. Memory someone can
 still reach is never handed out again. The free list keeps at most ``keep`` blocks per size and
-``max_bytes`` in all; what is over is freed.
+``max_bytes`` in all, dropping the oldest first. An array from here cannot be resized in place
+(``resize_``): its memory is not torch's.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 import weakref
 
@@ -25,41 +27,56 @@ import numpy as np
 
 
 class Recycler:
-    """``empty(shape, dtype)``: like ``np.empty``, from recycled blocks (see the module doc)."""
+    """``empty(shape, dtype)``: like ``np.empty``, from recycled blocks (see the module doc). Free
+    blocks are kept newest last: at most ``keep`` of one size and ``max_bytes`` in all, the oldest
+    dropped first, so sizes no longer asked for make room for the ones that are."""
 
     def __init__(self, *, keep: int = 8, max_bytes: int = 512 << 20):
         self.keep, self.max_bytes = int(keep), int(max_bytes)
-        self._free: dict[int, list[np.ndarray]] = {}
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)   # a child starts with a free lock and no blocks
+
+    def _reset(self) -> None:
+        self._free: list[tuple[int, np.ndarray]] = []   # (nbytes, block), oldest first
         self._free_bytes = 0
         self._lock = threading.RLock()   # a give-back may run on any thread, inside a collection
         self.reused = self.allocated = 0
 
     def empty(self, shape, dtype) -> np.ndarray:
+        shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
         dtype = np.dtype(dtype)
         count = math.prod(shape)
         nbytes = count * dtype.itemsize
         if nbytes == 0 or dtype.hasobject:
             return np.empty(shape, dtype)
+        block = None
         with self._lock:
-            blocks = self._free.get(nbytes)
-            block = blocks.pop() if blocks else None
-            if block is not None:
-                self._free_bytes -= nbytes
-                self.reused += 1
+            for k in range(len(self._free) - 1, -1, -1):   # the newest block of this size
+                if self._free[k][0] == nbytes:
+                    block = self._free.pop(k)[1]
+                    self._free_bytes -= nbytes
+                    self.reused += 1
+                    break
+            else:
+                self.allocated += 1
         if block is None:
             block = np.empty(nbytes, np.uint8)
-            self.allocated += 1
         owner = (ctypes.c_char * nbytes).from_buffer(block)
         weakref.finalize(owner, self._give_back, nbytes, block).atexit = False
         return np.frombuffer(owner, dtype=dtype, count=count).reshape(shape)
 
     def _give_back(self, nbytes: int, block: np.ndarray) -> None:
         """The last view of an array from ``block`` is gone: the block may be handed out again."""
+        if nbytes > self.max_bytes:
+            return
         with self._lock:
-            blocks = self._free.setdefault(nbytes, [])
-            if len(blocks) < self.keep and self._free_bytes + nbytes <= self.max_bytes:
-                blocks.append(block)
-                self._free_bytes += nbytes
+            self._free.append((nbytes, block))
+            self._free_bytes += nbytes
+            same = [k for k, (n, _) in enumerate(self._free) if n == nbytes]
+            if len(same) > self.keep:
+                self._free_bytes -= self._free.pop(same[0])[0]
+            while self._free_bytes > self.max_bytes:
+                self._free_bytes -= self._free.pop(0)[0]
 
     def free_bytes(self) -> int:
         with self._lock:

@@ -5,7 +5,8 @@ For each seed and each stream (``shm``, ``zmq``), every arm runs ``--seconds`` t
 
 - ``srl``: SRL's consumer and SRL's ``priority_queue`` (SRL unchanged);
 - ``conduit-g1``: Conduit's ``SampleConsumer`` at g_ing=1 (SRL's granularity) into Conduit's buffer;
-- ``conduit-g16``: the same at g_ing=16 (one buffer call per 16 samples, a partial group put after 50 ms).
+- ``conduit-g16``: the same at g_ing=16 (one buffer call per up to 16 samples received together; before
+  2026-12-01 a partial group waited up to 50 ms for more, ``max_delay_s``'s old default).
 
 Reported per stream, medians over seeds: trained frames/s, the trainer's exposed wait for data (ms per
 trainer step and fraction of wall time), the put cost, and Conduit's accounting (received == put).

@@ -249,6 +249,8 @@ def summarize(out: str, *, t_launch: float, t_stop: float, warmup: float = 10.0,
                 s["trainer_steps_per_s"] = d["gets"] / dt
                 s["exposed_wait_fraction"] = d["wait_s"] / dt
                 s["exposed_wait_ms_per_step"] = 1e3 * d["wait_s"] / d["gets"]
+                # empty() answers True: with Conduit's empty_wait_s each True follows a wait of its own, so
+                # this counts polls, not time, and does not compare across the arms (exposed wait does)
                 s["empty_polls_per_step"] = d["empty_true"] / d["gets"]
                 s["get_ms_per_step"] = 1e3 * d["get_s"] / d["gets"]
             if d["puts"] > 0:

@@ -51,7 +51,11 @@ def test_caps_on_what_the_free_list_keeps():
     big = r.empty((1 << 20,), np.uint8)
     del big
     gc.collect()
-    assert r.free_bytes() == 2 * 1024                       # over max_bytes: freed, not kept
+    assert r.free_bytes() == 1 << 20                        # the newest kept, the oldest dropped for room
+    huge = r.empty((2 << 20,), np.uint8)
+    del huge
+    gc.collect()
+    assert r.free_bytes() == 1 << 20                        # over max_bytes by itself: freed, not kept
 
 
 @settings(max_examples=30, deadline=None)
@@ -104,3 +108,30 @@ def test_zero_sized_and_object_arrays_are_plain():
     r = Recycler()
     assert r.empty((0, 3), np.float32).shape == (0, 3)
     assert r.empty((2,), object).dtype == object
+
+
+def test_sizes_no_longer_asked_for_make_room():
+    r = Recycler(keep=8, max_bytes=64 << 10)
+    old = [r.empty((8 << 10,), np.uint8) for _ in range(8)]    # 64 KB of one size fills the free list
+    del old
+    gc.collect()
+    assert r.free_bytes() == 64 << 10
+    for _ in range(5):                                          # a new size: the oldest blocks make room
+        a = r.empty((1 << 10,), np.uint8)
+        del a
+        gc.collect()
+    assert r.reused == 4 and r.free_bytes() <= 64 << 10
+    assert r.empty(5, np.int64).shape == (5,)                   # an int shape, as np.empty takes
+
+
+def test_a_forked_child_starts_with_a_free_lock():
+    import os
+    r = Recycler()
+    r._lock.acquire()   # noqa: SLF001 - a thread holding it at fork time
+    pid = os.fork()
+    if pid == 0:
+        ok = r._lock.acquire(timeout=2)   # noqa: SLF001
+        os._exit(0 if ok and r.free_bytes() == 0 else 1)
+    r._lock.release()   # noqa: SLF001
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
