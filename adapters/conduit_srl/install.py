@@ -35,7 +35,8 @@ def enable(*, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priorit
 
     ``empty_wait_s`` (queue kinds): when the training thread finds no batch, ``empty()`` waits up to
     this long for one to form before it answers True, so a batch reaches the trainer as it forms
-    instead of after SRL's 5 ms idle sleep (same batches, same order; 0: SRL's timing)."""
+    instead of after SRL's 5 ms idle sleep (the same serve rules; only when the trainer takes a batch
+    moves, as it does from run to run in SRL; 0: SRL's timing)."""
     global _original, _options
     try:
         from rlsrl.base import buffer as srl_buffer
