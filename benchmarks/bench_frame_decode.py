@@ -12,7 +12,12 @@ synchronised float32 batch on the device:
 With ``--ingest``, the other direction: ``add()`` of chunks of RLlib-style float32 stacks (4 rows,
 as DQN's Atari step hands over) into a frame-pooled buffer: encode, exactness check, frame links.
 
-    python -m benchmarks.bench_frame_decode [--batch 32] [--reps 50] [--device cpu|cuda] [--ingest]
+With ``--hold K``, what the decode's output memory costs when the learner holds ``K`` batches at a
+time: one [B, 84, 84, 4] float32 output allocated and written (a store per 4 KB page) by torch's
+allocator vs numpy's (the decode's, ``framestack.output_empty``). In this process alone they cost
+about the same; inside RLlib's run they did not (``benchmarks/bench_decode_memory.py``).
+
+    python -m benchmarks.bench_frame_decode [--batch 32] [--reps 50] [--device cpu|cuda] [--ingest] [--hold 3]
 """
 
 from __future__ import annotations
@@ -34,10 +39,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--device", default="cpu", help="where the learner's batch must end up (cpu, cuda)")
     p.add_argument("--ingest", action="store_true", help="time add() of 4-row chunks instead")
+    p.add_argument("--hold", type=int, default=None, help="time the output's memory with this many batches held")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     if a.ingest:
         return ingest(a.reps)
+    if a.hold is not None:
+        return output_memory(a.batch, a.reps, a.hold)
     device = torch.device(a.device)
     codec = FrameStackCodec(k=4, axis=-1, inner=AffineCodec.divide(128, offset=-1.0))
     pool = FramePool(name="frames", frames=20_000, frame_shape=(84, 84), dtype=torch.uint8, k=4)
@@ -89,6 +97,31 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  Conduit: copy uint8, decode on device   {r['gpu_decode_ms']:6.2f} ms"
                   f"   ({r['gpu_decode_ms'] / r['float_stack_ms']:.2f}x the peer; bitwise equal: {same})")
             print(f"  peer: stack float32 on host, .to()      {r['float_stack_ms']:6.2f} ms")
+        results[batch] = r
+    return results
+
+
+def output_memory(batches: list[int], reps: int, hold: int) -> dict:
+    """Median ms to allocate and write one decode output while ``hold`` earlier ones are alive."""
+    arms = {"torch": lambda shape: torch.empty(shape, dtype=torch.float32),
+            "numpy": lambda shape: torch.from_numpy(np.empty(shape, np.float32))}
+    results = {}
+    for batch in batches:
+        shape = (batch, 84, 84, 4)
+        r = {}
+        for name, make in arms.items():
+            held, ts = [], []
+            for _ in range(reps + hold):
+                t0 = time.perf_counter()
+                out = make(shape)
+                out.view(-1)[::1024] = 1.0      # one store per 4 KB page: what a decode's writes fault in
+                ts.append(time.perf_counter() - t0)
+                held.append(out)
+                if len(held) > hold:
+                    held.pop(0)
+            r[f"{name}_ms"] = statistics.median(ts[hold:]) * 1e3
+        print(f"B={batch}, one {batch * 84 * 84 * 4 * 4 / 1e6:.1f} MB float32 output, {hold} held, medians of {reps}: "
+              f"torch.empty {r['torch_ms']:.3f} ms, np.empty {r['numpy_ms']:.3f} ms")
         results[batch] = r
     return results
 

@@ -67,7 +67,7 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         buf.check_open()
         size = wait_to_sample(buf, batch_size, timeout)
         pooled = n_step is None and buf.gathers_pooled(fields, device)
-        weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.weighted else None
+        weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.fills_weights_out else None
         if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
             slots, weights, data = buf.run_storage(
                 lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, buf.size,

@@ -30,7 +30,6 @@ import torch
 
 from .codecs import AffineCodec, Codec, IdentityCodec, codec_from_config
 from .errors import SpecError
-from .recycled import RECYCLER
 from .tiers import Tier, allocate
 
 try:
@@ -38,6 +37,12 @@ try:
     from ._frames import stack_links as _c_stack_links
 except ImportError:  # pragma: no cover - no C compiler where it was installed: the numpy routes below
     _c_gather_stacks = _c_stack_links = None
+
+
+# Where a decode's host output comes from: numpy's allocator, not torch's. Inside RLlib's Qbert run
+# torch.empty's 3.6 MB blocks were faulted in anew for every batch (the replay sample() took 1.57 vs
+# 1.14 ms: benchmarks/bench_decode_memory.py, which swaps this to compare).
+output_empty = np.empty
 
 
 class FrameStackCodec(Codec):
@@ -230,9 +235,8 @@ class PooledDecoder:
         if self._native:
             table = self._table(dtype) if on_host else None
             if table is not None or inner.is_identity or not on_host:
-                # fresh for the learner, but from recycled memory: no page faults per batch (recycled.py)
-                out = torch.from_numpy(RECYCLER.empty(self._stacks_shape(ids.shape[0]),
-                                                      np.float32 if table is not None else np.uint8))
+                out = torch.from_numpy(output_empty(self._stacks_shape(ids.shape[0]),
+                                                    np.float32 if table is not None else np.uint8))
                 _c_gather_stacks(self.pool.frames, ids, self.pool.k, self._k_last,
                                  None if table is None else table.numpy(), out.numpy())
                 if not on_host:   # uint8 over the link, decoded on the device

@@ -3,7 +3,6 @@ SimpleStorage returns, row for row, type for type (jagged / stacked / non-tensor
 session, through TQ's public key-value API (what verl's V1 trainer calls)."""
 
 import contextlib
-import os
 
 import numpy as np
 import pytest
@@ -19,13 +18,8 @@ import transfer_queue as tq  # noqa: E402
 from conduit_verl import tq_backend  # noqa: E402  (registers the backend)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, address="local", _node_ip_address="127.0.0.1",
-             log_to_driver=False)
-    yield
-    ray.shutdown()
+# one Ray session for the module: tests/verl/conftest.py's ray_session
+pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ were, or their segment is gone (``FileNotFoundError``: ask again), never another
 put that fails half way (a failed copy, a unit killed between reserve and commit) leaves nothing
 on any unit; shutting down, or a unit killed, leaves no segment in any process."""
 
+import contextlib
 import glob
 import os
 import time
@@ -25,6 +26,18 @@ from conduit_verl.tq_shared_path import sizes_only  # noqa: E402
 from conduit_verl.tq_unit import StorageUnit  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not shared_arena.available(), reason="needs Linux memfd and /proc")
+
+
+@contextlib.contextmanager
+def shared_unit(tag: str):
+    """A storage unit with shared-memory arenas and a client's segment maps, both closed after."""
+    unit = StorageUnit(slots=4, shm_prefix=f"{tag}{os.getpid()}")
+    maps = shared_arena.SegmentMaps()
+    try:
+        yield unit, maps
+    finally:
+        maps.close()
+        unit.close()
 
 
 def rows_column(values: list[np.ndarray]) -> Column:
@@ -78,11 +91,9 @@ ops = st.lists(st.one_of(
 @given(ops=ops, seed=st.integers(0, 2**16))
 def test_gets_match_a_model_and_located_rows_never_change(ops, seed):
     rng = np.random.default_rng(seed)
-    unit = StorageUnit(slots=4, shm_prefix=f"cdttest{os.getpid()}")
-    maps = shared_arena.SegmentMaps()
     model: dict[int, dict[str, bytes]] = {}
     located = []   # (answer of locate, the bytes then, mapped at once?)
-    try:
+    with shared_unit("cdttest") as (unit, maps):
         for op, keys, width in ops:
             if op in ("put_shared", "put_ray", "abort"):
                 values = [rng.integers(-9, 9, int(rng.integers(0, width + 1))) for _ in keys]
@@ -125,9 +136,6 @@ def test_gets_match_a_model_and_located_rows_never_change(ops, seed):
                 assert read_located(maps, at) == then
             except FileNotFoundError:   # SegmentGone among them
                 pass
-    finally:
-        maps.close()
-        unit.close()
     assert not _memfds(f"cdttest{os.getpid()}")
 
 
@@ -206,9 +214,7 @@ def test_readers_racing_puts_clears_and_compactions_never_see_another_rows_bytes
 def test_a_put_whose_field_moved_arena_before_its_commit_is_copied_there():
     """Reserve, then another put compacts the field into a new segment: the first put's room
     stays pinned (its segment open) until its commit copies it into the field's new arena."""
-    unit = StorageUnit(slots=4, shm_prefix=f"cdtpin{os.getpid()}")
-    maps = shared_arena.SegmentMaps()
-    try:
+    with shared_unit("cdtpin") as (unit, maps):
         small = rows_column([np.arange(5), np.arange(7)])
         answer = put_shared(unit, maps, [0, 1], {"x": small}, write=False)
         pinned = answer["room"]["x"][0]
@@ -223,9 +229,6 @@ def test_a_put_whose_field_moved_arena_before_its_commit_is_copied_there():
         assert pinned not in unit.stats()["segments"]        # released at the commit, rows copied out
         got = unit.get(np.array([1, 0, 3]), ["x"])["x"]
         assert got.data.tobytes() == np.concatenate([np.arange(7), np.arange(5), np.ones(30000)]).astype(np.int32).tobytes()
-    finally:
-        maps.close()
-        unit.close()
 
 
 def test_rows_located_in_a_segment_since_released_read_as_they_were_or_not_at_all():
@@ -255,9 +258,7 @@ def test_rows_located_in_a_segment_since_released_read_as_they_were_or_not_at_al
 
 
 def test_an_aborted_put_leaves_no_field_and_no_pin():
-    unit = StorageUnit(slots=4, shm_prefix=f"cdtabort{os.getpid()}")
-    maps = shared_arena.SegmentMaps()
-    try:
+    with shared_unit("cdtabort") as (unit, maps):
         answer = put_shared(unit, maps, [0, 1], {"x": rows_column([np.arange(3), np.arange(4)])}, write=False)
         assert unit.stats()["fields"] == ["x"] and unit.stats()["tickets"] == 1
         unit.abort_put(answer["ticket"])
@@ -266,17 +267,12 @@ def test_an_aborted_put_leaves_no_field_and_no_pin():
         with pytest.raises(ValueError, match="ticket"):
             unit.commit_put(answer["ticket"])
         unit.put(np.array([0]), {"x": Column("object", np.array(["now objects"], dtype=object))})   # accepted
-    finally:
-        maps.close()
-        unit.close()
 
 
 def test_a_put_reserved_and_never_committed_expires(monkeypatch):
     """A client that dies between reserve and commit: its room is given back at a later reserve."""
     import conduit_verl.tq_unit as tq_unit
-    unit = StorageUnit(slots=4, shm_prefix=f"cdtexp{os.getpid()}")
-    maps = shared_arena.SegmentMaps()
-    try:
+    with shared_unit("cdtexp") as (unit, maps):
         stale = put_shared(unit, maps, [0, 1], {"x": rows_column([np.arange(3), np.arange(4)])}, write=False)
         assert unit.stats()["tickets"] == 1
         monkeypatch.setattr(tq_unit, "TICKET_TTL_S", 0.0)
@@ -285,15 +281,10 @@ def test_a_put_reserved_and_never_committed_expires(monkeypatch):
         with pytest.raises(ValueError, match="ticket"):
             unit.commit_put(stale["ticket"])
         unit.abort_put(fresh["ticket"])
-    finally:
-        maps.close()
-        unit.close()
 
 
 def test_a_checkpoint_loads_into_shared_arenas_and_frees_the_old_ones(tmp_path):
-    unit = StorageUnit(slots=4, shm_prefix=f"cdtckpt{os.getpid()}")
-    maps = shared_arena.SegmentMaps()
-    try:
+    with shared_unit("cdtckpt") as (unit, maps):
         put_shared(unit, maps, [0, 1, 2], {"x": rows_column([np.arange(3), np.arange(9), np.arange(1)])})
         unit.save(str(tmp_path / "u.pkl"))
         put_shared(unit, maps, [5], {"x": rows_column([np.arange(6)])})
@@ -306,9 +297,6 @@ def test_a_checkpoint_loads_into_shared_arenas_and_frees_the_old_ones(tmp_path):
         assert not old & set(unit.stats()["segments"]) and len(unit.stats()["segments"]) == 1
         at = unit.locate(np.array([1, 0]), ["x"])["fields"]["x"]
         assert read_located(maps, at) == np.concatenate([np.arange(9), np.arange(3)]).astype(np.int32).tobytes()
-    finally:
-        maps.close()
-        unit.close()
     assert not _memfds(f"cdtckpt{os.getpid()}")
 
 
@@ -337,15 +325,6 @@ def _wait_gone(prefix: str, timeout: float = 20.0) -> list[str]:
         time.sleep(0.2)
     return left
 
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, address="local", _node_ip_address="127.0.0.1",
-             log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _tq(units: int):
