@@ -100,16 +100,19 @@ class EpisodeLedger:
         """RLlib's rule for one ``add()`` of chunks ``new`` = [(source, steps), ...]: the
         stored episodes to evict (oldest first) and the new chunks' sources to drop."""
         total = self.rows + sum(n for _, n in new)
-        new_sources = [s for s, _ in new]
-        remaining = set(self.episodes) | set(new_sources)
+        if total <= capacity:   # the usual call: nothing leaves (no pass over the stored episodes)
+            return [], set()
+        new_sources = {s for s, _ in new}
+        # episodes stored or arriving; RLlib stops evicting when one is left
+        remaining = len(self.episodes) + sum(1 for s in new_sources if s not in self.episodes)
         evict: list[int] = []
         for src, rec in self.episodes.items():
-            if total <= capacity or len(remaining) == 1:
+            if total <= capacity or remaining == 1:
                 break
             evict.append(src)
-            remaining.discard(src)
+            remaining -= 1
             total -= rec.rows + sum(n for s, n in new if s == src)
-        return evict, set(evict) & set(new_sources)
+        return evict, set(evict) & new_sources
 
     def plan_per_chunk(self, new: list[tuple[int, int]], capacity: int) -> list[tuple]:
         """RLlib's ``EpisodeReplayBuffer.add`` (the uniform buffer's rule, unlike the

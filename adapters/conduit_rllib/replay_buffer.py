@@ -130,6 +130,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         self.ingest.attach(self.edp, ring=self._ring)
         # what the fast path gathers: the learner's columns, not the extra model outputs (computed once)
         self._core_fields = tuple(f for f in spec.names if not f.startswith(EXTRA))
+        self._extra_fields = frozenset(f for f in spec.names if f.startswith(EXTRA))   # every add() checks them
         if self.options.mode == "auto":
             from conduit_core.tuner import AutoTuner
             self.tuner = AutoTuner(self.edp, steps_per_phase=self.options.autotune_steps_per_phase,
@@ -201,8 +202,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             (self.ingest.add_as_prioritized if self.prioritized else self.ingest.add_as_uniform)(chunks)
 
     def _check_extras(self, cols: dict) -> None:
+        want = self._extra_fields
         have = {k for k in cols if k.startswith(EXTRA)}
-        want = {k for k in self.edp.buffer.spec.names if k.startswith(EXTRA)}
         if have != want:
             from conduit_core import SpecError
             raise SpecError("episode.extra_model_outputs", f"the keys of the first episode ({sorted(want)})",
