@@ -301,6 +301,8 @@ class ExperienceDataPlane:
 
     # ------------------------------------------------------------ errors/state
     def _raise_error(self) -> None:
+        if not self._errors:   # nothing reported: a failure reported after this read is raised by the next call
+            return
         with self._cond:
             self._errors.raise_locked()
 

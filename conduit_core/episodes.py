@@ -49,6 +49,17 @@ class EpisodeWalk:
 
     def __init__(self, spec, done_fields: tuple[str, ...]):
         self.spec, self.done_fields = spec, done_fields
+        self._window_plans: dict = {}   # fields asked for -> (names, first-step, last-step fields)
+
+    def _window_plan(self, fields) -> tuple[list[str], list[str], list[str]]:
+        key = None if fields is None else tuple(fields)
+        plan = self._window_plans.get(key)
+        if plan is None:
+            names = [f for f in self.spec.names if key is None or f in key]
+            last_fields = [f for f in ("next_obs", *self.done_fields) if f in names]
+            first_fields = [f for f in names if f not in last_fields and f != "reward"]
+            plan = self._window_plans[key] = (names, last_fields, first_fields)
+        return plan
 
     def check_n_step_fields(self) -> None:
         for need in ("reward", "next_obs"):
@@ -75,9 +86,7 @@ class EpisodeWalk:
         """Columns of n-step windows: first-step fields from ``slots``, ``next_obs`` and the
         done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``
         (``fields``: only these of the spec's fields, ``n_step`` always)."""
-        names = [f for f in self.spec.names if fields is None or f in fields]
-        last_fields = [f for f in ("next_obs", *self.done_fields) if f in names]
-        first_fields = [f for f in names if f not in last_fields and f != "reward"]
+        names, last_fields, first_fields = self._window_plan(fields)
         data = gather(slots, device, first_fields)
         data.update(gather(cur, device, last_fields))
         dev = torch.device(device) if device is not None else torch.device("cpu")

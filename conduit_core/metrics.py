@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 
@@ -66,17 +65,16 @@ class MetricsRecorder:
             self.prefetch_hits = 0
             self.prefetch_discards = 0
 
-    @contextmanager
-    def blocked(self, point: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            dt = time.perf_counter() - t0
-            with self._lock:
-                m = self._points[point]
-                m.blocked_s += dt
-                m.calls += 1
+    def blocked(self, point: str) -> "_Blocked":
+        """A context that adds the time spent inside it to ``point``'s blocked time (a plain
+        object, not a generator: every data-plane call enters one)."""
+        return _Blocked(self, point)
+
+    def add_blocked(self, point: str, seconds: float) -> None:
+        with self._lock:
+            m = self._points[point]
+            m.blocked_s += seconds
+            m.calls += 1
 
     def add_busy(self, point: str, seconds: float, *, items_in: int = 0, items_out: int = 0) -> None:
         with self._lock:
@@ -100,3 +98,16 @@ class MetricsRecorder:
             return MetricsSnapshot(ingest=self._points["ingest"].copy(), deliver=self._points["deliver"].copy(),
                                    priorities=self._points["priorities"].copy(), prefetch_hits=self.prefetch_hits,
                                    prefetch_discards=self.prefetch_discards, **kw)
+
+
+class _Blocked:
+    __slots__ = ("metrics", "point", "t0")
+
+    def __init__(self, metrics: MetricsRecorder, point: str):
+        self.metrics, self.point = metrics, point
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.metrics.add_blocked(self.point, time.perf_counter() - self.t0)

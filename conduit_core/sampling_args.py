@@ -29,7 +29,10 @@ def check_batch_size(batch_size, row_bytes: int) -> None:
 
 def check_sampling(n_step, gamma: float, beta: float | None) -> None:
     """n-step, discount and importance exponent."""
-    if (n_step is None or (type(n_step) is int and n_step >= 1)) and type(gamma) is float and 0.0 <= gamma <= 1.0 \
+    if (n_step is None or (type(n_step) is int and n_step >= 1)
+            or (type(n_step) is tuple and len(n_step) == 2 and type(n_step[0]) is int and type(n_step[1]) is int
+                and 1 <= n_step[0] <= n_step[1])) \
+            and type(gamma) is float and 0.0 <= gamma <= 1.0 \
             and (beta is None or (type(beta) is float and 0.0 <= beta < math.inf)):
         return  # the usual call, decided without a function call
     ok = lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))

@@ -301,7 +301,7 @@ class Prioritized(Selector):
                             "never drawn again")
         pr = pr + self.eps
         self.max_priority = max(self.max_priority, float(pr.max()))
-        self.index.set(slots, pr ** self.alpha if self.alpha != 1.0 else pr)
+        self.index.set(slots, libm_powers(pr, self.alpha))
 
     def check_initial_priorities(self, n, priorities):
         pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
@@ -320,7 +320,7 @@ class Prioritized(Selector):
         """Priorities given at insert replace the running max for those items; they do not raise
         the running max (only updates do, as in SRL's buffer, which computes them from TD errors)."""
         pr = priorities + self.eps
-        self.index.set(np.asarray(slots, dtype=np.int64), pr ** self.alpha if self.alpha != 1.0 else pr)
+        self.index.set(np.asarray(slots, dtype=np.int64), libm_powers(pr, self.alpha))
 
     def state_dict(self):
         return {"leaves": self.index.leaves().copy(), "max_priority": self.max_priority}
@@ -358,3 +358,12 @@ class Fifo(Selector):
 
     def select(self, batch_size, size, rng):  # pragma: no cover - the buffer drives FIFO itself
         raise NotImplementedError("FIFO selection is positional; the buffer handles it")
+
+
+def libm_powers(pr: np.ndarray, alpha: float) -> np.ndarray:
+    """``pr ** alpha`` element by element with the C library's ``pow``, the function the native
+    priority update calls, so that both routes store the same leaves bit for bit (numpy's
+    vectorised power differs from it in the last bit on some CPUs, e.g. with AVX-512)."""
+    if alpha == 1.0:
+        return pr
+    return np.fromiter((p ** alpha for p in pr.tolist()), dtype=np.float64, count=pr.shape[0])

@@ -25,9 +25,13 @@ FIRST_SEQ_KEY = "conduit_first_seq"  # per learner: seq of the first row of the 
 
 
 class ConduitLearnerConnector(ConnectorV2):
-    def __init__(self, *, inner: ConnectorV2, device, module_id: str = DEFAULT_MODULE_ID):
+    def __init__(self, *, inner: ConnectorV2, device, module_id: str = DEFAULT_MODULE_ID,
+                 log_provenance: bool = True):
         super().__init__()
         self.inner = inner
+        # several learners: each logs the first seq of the part it trained on (FIRST_SEQ_KEY); a
+        # lone learner trains on the whole delivered batch, and RLlib's metrics logger costs ~10 us a call
+        self.log_provenance = log_provenance
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.module_id = module_id
 
@@ -38,7 +42,7 @@ class ConduitLearnerConnector(ConnectorV2):
                                  f"{len(episodes)}. Fix: call conduit_rllib.enable() after setting num_learners "
                                  "(the buffer delivers one part per learner)")
             delivered = episodes[0].batch
-            if metrics is not None and delivered.size:  # provenance: which rows this learner trained on
+            if self.log_provenance and metrics is not None and delivered.size:  # provenance: which rows this learner trained on
                 metrics.log_value((self.module_id, FIRST_SEQ_KEY), int(delivered.seqs[0]), reduce="min", window=1)
             dev = self.device
             moved = [(k, v if v.device == dev else v.to(dev, non_blocking=True)) for k, v in delivered.items()]
@@ -66,4 +70,5 @@ class ConduitDQNTorchLearner(DQNTorchLearner):
         from .opt_in import check_learner_connector
         check_learner_connector(self.config)  # a piece added after enable() is refused here
         super().build()
-        self._learner_connector = ConduitLearnerConnector(inner=self._learner_connector, device=self._device)
+        self._learner_connector = ConduitLearnerConnector(inner=self._learner_connector, device=self._device,
+                                                          log_provenance=self.config.num_learners > 1)
