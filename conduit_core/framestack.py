@@ -208,6 +208,7 @@ class PooledDecoder:
         self._native = (_c_gather_stacks is not None and pool.frames.dtype == np.uint8
                         and self._k_axis in (1, nd))
         self._tables: dict[torch.dtype, torch.Tensor | None] = {}
+        self._affine: dict[torch.dtype, tuple[float, bool, float] | None] = {}
 
     def _table(self, dtype: torch.dtype) -> torch.Tensor | None:
         """float32 decode of every uint8 value, from the codec's own decode (None: no table applies)."""
@@ -219,6 +220,30 @@ class PooledDecoder:
                     table = None
             self._tables[dtype] = table
         return self._tables[dtype]
+
+    def _affine_args(self, dtype: torch.dtype, table: torch.Tensor) -> tuple[float, bool, float] | None:
+        """(a, divide, offset) whose float32 ``q / a + offset`` (``divide``) or ``q * a + offset``
+        (an operation, then an add) is the decode table bit for bit for all 256 values, or None:
+        with it the native gather decodes with vector instructions instead of a lookup per byte
+        (the same values)."""
+        if dtype not in self._affine:
+            inner, args = self.codec.inner, None
+            offset = getattr(inner, "offset", None)
+            if offset is not None:
+                divisor = getattr(inner, "divisor", None)
+                q = np.arange(256, dtype=np.float32)
+                want = table.numpy().view(np.uint32)
+                # a multiply where it is exact (a power-of-two divisor), else the division itself
+                tries = [(np.float32(1.0) / np.float32(divisor), False), (divisor, True)] if divisor else []
+                tries += [(inner.scale, False)]
+                for a, divide in tries:
+                    a32, off32 = np.float32(a), np.float32(offset)
+                    got = (q / a32 if divide else q * a32) + off32
+                    if float(a32) != 0.0 and np.array_equal(got.view(np.uint32), want):
+                        args = (float(a32), divide, float(off32))
+                        break
+            self._affine[dtype] = args
+        return self._affine[dtype]
 
     def _stacks_shape(self, b: int) -> tuple[int, ...]:
         shape = [b, *self.pool.frame_shape]
@@ -238,7 +263,8 @@ class PooledDecoder:
                 out = torch.from_numpy(output_empty(self._stacks_shape(ids.shape[0]),
                                                     np.float32 if table is not None else np.uint8))
                 _c_gather_stacks(self.pool.frames, ids, self.pool.k, self._k_last,
-                                 None if table is None else table.numpy(), out.numpy())
+                                 None if table is None else table.numpy(), out.numpy(),
+                                 None if table is None else self._affine_args(dtype, table))
                 if not on_host:   # uint8 over the link, decoded on the device
                     out = out.to(device)
                     out = inner.decode(out, dtype) if not inner.is_identity else out

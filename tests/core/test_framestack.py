@@ -132,6 +132,31 @@ def test_native_stack_gather_equals_the_numpy_route(k, axis, inner):
         assert torch.equal(native.decode(ids, torch.float64), plain.decode(ids, torch.float64))
 
 
+@pytest.mark.parametrize("frame_shape", [(84, 84), (5, 7), (4, 4), (3, 5)])
+@pytest.mark.parametrize("inner", ["atari", "divide255", "divide127.5", "scale0.1", "divide3"])
+def test_vectorised_decode_equals_the_table_bit_for_bit(frame_shape, inner):
+    """RLlib's layout (k = 4 last) decoded with vector arithmetic (q * a + offset or q / a +
+    offset, chosen only where it reproduces the codec's table for all 256 values) against the
+    lookup per byte: the same bits, for frames whose pixel count leaves a tail (35, 15) or none."""
+    from conduit_core.framestack import FramePool, PooledDecoder
+
+    codec_inner = {"atari": AffineCodec.divide(128, offset=-1.0), "divide255": AffineCodec.divide(255),
+                   "divide127.5": AffineCodec.divide(127.5, offset=-1.0), "scale0.1": AffineCodec(scale=0.1, offset=0.5),
+                   "divide3": AffineCodec.divide(3, offset=0.25)}[inner]
+    codec = FrameStackCodec(k=4, axis=-1, inner=codec_inner)
+    pool = FramePool(name="frames", frames=300, frame_shape=frame_shape, dtype=torch.uint8, k=4)
+    values = np.resize(np.arange(256, dtype=np.uint8), pool.frames.size)   # every value occurs
+    pool.frames[:] = np.random.default_rng(0).permutation(values).reshape(pool.frames.shape)
+    vectorised, table = PooledDecoder(pool, codec), PooledDecoder(pool, codec)
+    args = vectorised._affine_args(torch.float32, vectorised._table(torch.float32))
+    assert args is not None   # each of these codecs has an exact vector form
+    table._affine[torch.float32] = None   # the lookup per byte
+    ids = torch.from_numpy(np.random.default_rng(1).integers(3, 300, 40))
+    a, b = vectorised.decode(ids, torch.float32), table.decode(ids, torch.float32)
+    assert a.shape == b.shape == (40, *frame_shape, 4)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_native_stack_links_equal_the_numpy_route(k, monkeypatch):
     """FramePool.plan finds equal and shifted-by-one stacks with memcmp in C; the numpy route it
