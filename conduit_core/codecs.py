@@ -62,6 +62,12 @@ class Codec(ABC):
     def is_identity(self) -> bool:
         return False
 
+    @property
+    def refuses_nonfinite(self) -> bool:
+        """Whether ``encode`` refuses NaN and infinities itself (a verified round trip into
+        integers cannot hold them), so validation need not read the column for them first."""
+        return False
+
 
 class IdentityCodec(Codec):
     name = "identity"
@@ -118,6 +124,10 @@ class AffineCodec(Codec):
     def divide(cls, divisor: float, *, offset: float = 0.0, stored: torch.dtype = torch.uint8) -> "AffineCodec":
         """The codec for frameworks that normalise pixels as ``x / divisor``."""
         return cls(divisor=float(divisor), offset=offset, stored=stored)
+
+    @property
+    def refuses_nonfinite(self) -> bool:
+        return self.verify   # NaN or inf never decodes back from an integer: the check refuses it
 
     def check_compatible(self, field):
         if not field.dtype.is_floating_point:

@@ -88,6 +88,10 @@ class FrameStackCodec(Codec):
     def frame_dtype(self, dtype):
         return self.inner.stored_dtype(dtype)
 
+    @property
+    def refuses_nonfinite(self) -> bool:
+        return self.inner.refuses_nonfinite
+
     def encode(self, field, x):
         # Per-frame encoding only; the pool interns frames when the rows are written.
         return self.inner.encode(field, x) if not self.inner.is_identity else x

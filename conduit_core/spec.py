@@ -201,8 +201,19 @@ class ExperienceSpec:
         ingestion path uses (inline, thread or process worker, ``ExperienceBuffer.add``)."""
         if self._all_identity:
             return dict(columns)
-        return {name: c if self[name].codec.is_identity else self[name].codec.encode(name, c)
-                for name, c in columns.items()}
+        out = {}
+        shifted = _shifted_pairs(self, columns)   # obs and next_obs as one array's rows [:-1] and [1:]
+        for name, c in columns.items():
+            if name in out:
+                continue
+            codec = self[name].codec
+            if codec.is_identity:
+                out[name] = c
+            elif name in shifted:
+                out.update(_encode_shifted(codec, name, shifted[name], c, columns[shifted[name]]))
+            else:
+                out[name] = codec.encode(name, c)
+        return out
 
     def validate_and_encode(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
         """``validate`` then ``encode``: (rows, stored columns); stores nothing."""
@@ -253,7 +264,7 @@ class ExperienceSpec:
                                 f"cast it, e.g. x.astype(np.{dtype_name(f.dtype)}) or "
                                 f"x.to(torch.{dtype_name(f.dtype)}), or declare dtype "
                                 f"{actual_dtype} in the spec")
-            if f.dtype.is_floating_point and not f.allow_nonfinite and col.shape[0]:
+            if _reads_for_nonfinite(f) and col.shape[0]:
                 _check_finite(name, col)
             if n is None:
                 n = col.shape[0]
@@ -283,8 +294,15 @@ def _native_check_plan(fields) -> tuple | None:
     # np.dtype(str) is numpy's own instance for the type, the one every array of it carries (an
     # unpickled dtype is a copy, and the C check compares identity)
     return tuple((f.name, np.dtype(f.np_dtype.str), tuple(int(d) for d in f.shape),
-                  f.np_dtype.itemsize if f.dtype.is_floating_point and not f.allow_nonfinite else 0)
+                  f.np_dtype.itemsize if _reads_for_nonfinite(f) else 0)
                  for f in fields)
+
+
+def _reads_for_nonfinite(f) -> bool:
+    """Whether validation reads a field for NaN/inf: a float field that does not allow them,
+    unless its codec refuses them in its own pass (a verified affine encode: saves a read of
+    every pixel of an Atari stack; the codec's error names the value and its index)."""
+    return f.dtype.is_floating_point and not f.allow_nonfinite and not f.codec.refuses_nonfinite
 
 
 def _check_finite(name: str, col) -> None:
@@ -316,3 +334,38 @@ def as_tensor(x: Any) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     return torch.from_numpy(x if x.flags.writeable else x.copy())
+
+
+def _shifted_pairs(spec, columns: Mapping[str, Any]) -> dict[str, str]:
+    """Field a -> field b where b's rows are a's shifted by one in memory (b[i] is a[i + 1], as
+    a framework's ``obs[:-1]`` and ``obs[1:]`` of one array) and both have the same verified
+    codec: their n + 1 distinct rows are then encoded once, not 2n rows."""
+    found: dict[str, str] = {}
+    arrays = [(name, c) for name, c in columns.items()
+              if type(c) is np.ndarray and c.ndim >= 1 and c.shape[0] and c.flags.c_contiguous
+              and not spec[name].codec.is_identity]
+    for name_a, a in arrays:
+        row = a.strides[0]
+        start = a.__array_interface__["data"][0]
+        for name_b, b in arrays:
+            if name_b != name_a and name_b not in found.values() and name_a not in found.values() \
+                    and b.shape == a.shape and b.dtype == a.dtype and b.strides == a.strides \
+                    and b.__array_interface__["data"][0] == start + row and spec[name_b].codec == spec[name_a].codec:
+                found[name_a] = name_b
+                break
+    return found
+
+
+def _encode_shifted(codec, name_a: str, name_b: str, a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+    """Both fields from one encode of their union (a's rows, then b's last): every row of the
+    union is a row of a or of b. A refused value is named by the field it is in (encoded apart)."""
+    from .errors import CodecError
+    union = np.lib.stride_tricks.as_strided(a, shape=(a.shape[0] + 1, *a.shape[1:]), strides=a.strides,
+                                            writeable=False)
+    try:
+        enc = codec.encode(name_a, union)
+    except CodecError:
+        codec.encode(name_a, a)
+        codec.encode(name_b, b)
+        raise
+    return {name_a: enc[:-1], name_b: enc[1:]}

@@ -151,3 +151,28 @@ def test_finite_scan_finds_every_kind_of_non_finite_value(dtype):
         assert not spec_module._c_all_finite(b)
         with pytest.raises(SpecError, match="row 77"):
             spec_module._check_finite("obs", b)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("stacked", [False, True])
+def test_nonfinite_values_in_a_verified_codec_field_are_refused_by_the_codec(bad, stacked):
+    """Validation skips its NaN/inf read for fields whose verified codec refuses them in its own
+    pass (an Atari stack is read once, not twice): such a value is still refused, the error
+    names the field and the value, and nothing is stored."""
+    from conduit_core import ExperienceBuffer, ExperienceSpec
+    from conduit_core.framestack import FrameStackCodec
+    inner = AffineCodec.divide(128, offset=-1.0)
+    codec = FrameStackCodec(k=4, axis=-1, inner=inner) if stacked else inner
+    spec = ExperienceSpec.transition(obs_shape=(6, 6, 4), obs_codec=codec)
+    assert spec["obs"].codec.refuses_nonfinite
+    buf = ExperienceBuffer(spec=spec, capacity=16)
+    frames = np.random.default_rng(0).integers(0, 256, (8, 6, 6)).astype(np.float32) / 128 - 1
+    obs = np.stack([frames[i:i + 4] for i in range(4)]).transpose(0, 2, 3, 1).copy()   # 4 stacks, k last
+    nxt = np.stack([frames[i + 1:i + 5] for i in range(4)]).transpose(0, 2, 3, 1).copy()
+    rest = {"action": np.zeros(4, np.int64), "reward": np.zeros(4, np.float32), "terminated": np.zeros(4, bool),
+            "truncated": np.zeros(4, bool)}
+    buf.add({"obs": obs, "next_obs": nxt, **rest})
+    nxt[2, 1, 1, 3] = bad
+    with pytest.raises(CodecError, match=r"next_obs.*(nan|inf)"):
+        buf.add({"obs": obs, "next_obs": nxt, **rest})
+    assert buf.size == 4 and buf.inserted == 4
