@@ -190,10 +190,162 @@ static PyObject *stack_links(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Stacks in a field's own layout with the k frames last ([n, P, k] per field: RLlib's Atari
+ * [84, 84, 4]), several fields interleaved row by row (stack i = field i % F, row i / F), read
+ * where they are: no transposing copy into [m, k, P] first. */
+typedef struct { Py_buffer col[8]; Py_ssize_t F, n, S; } KLastStacks;
+
+static void klast_release(KLastStacks *st) { for (Py_ssize_t f = 0; f < st->F; f++) PyBuffer_Release(&st->col[f]); }
+
+/* 0 or -1 (error set). Every column must be C-contiguous uint8 with the same byte count. */
+static int klast_get(PyObject *o_cols, KLastStacks *st, Py_ssize_t n) {
+    if (!PyTuple_Check(o_cols) || PyTuple_GET_SIZE(o_cols) < 1 || PyTuple_GET_SIZE(o_cols) > 8) {
+        PyErr_SetString(PyExc_ValueError, "cols: expected a tuple of 1 to 8 arrays");
+        return -1;
+    }
+    st->F = 0;
+    for (Py_ssize_t f = 0; f < PyTuple_GET_SIZE(o_cols); f++) {
+        if (get_items(PyTuple_GET_ITEM(o_cols, f), &st->col[f], 1, 0, "cols") < 0) { klast_release(st); return -1; }
+        st->F = f + 1;
+        if (st->col[f].len != st->col[0].len) {
+            klast_release(st);
+            PyErr_SetString(PyExc_ValueError, "cols: every field must hold the same number of bytes");
+            return -1;
+        }
+    }
+    st->n = n;
+    st->S = n ? st->col[0].len / n : 0;
+    if (n && st->col[0].len % n) {
+        klast_release(st);
+        PyErr_SetString(PyExc_ValueError, "cols: not n equal stacks");
+        return -1;
+    }
+    return 0;
+}
+
+static inline const uint8_t *klast_stack(const KLastStacks *st, Py_ssize_t i) {
+    return (const uint8_t *)st->col[i % st->F].buf + (i / st->F) * st->S;
+}
+
+/* frame j of stack cur (k last) equals frame j + d of stack before (k last if before_klast,
+ * else [k, P]) for every j in [0, k - d) */
+static int klast_match(const uint8_t *cur, const uint8_t *before, int before_klast, Py_ssize_t k, Py_ssize_t P,
+                       Py_ssize_t d) {
+    if (before_klast) {
+        if (d == 0) return memcmp(cur, before, (size_t)(k * P)) == 0;
+        if (k == 4 && d == 1) {   /* per pixel: bytes 0..2 of cur are bytes 1..3 of before */
+            uint8_t diff = 0;
+            for (Py_ssize_t p = 0; p < P; p++) {
+                const uint8_t *c = cur + 4 * p, *b = before + 4 * p;
+                diff |= (uint8_t)((c[0] ^ b[1]) | (c[1] ^ b[2]) | (c[2] ^ b[3]));
+            }
+            return diff == 0;
+        }
+        for (Py_ssize_t p = 0; p < P; p++)
+            for (Py_ssize_t j = 0; j + d < k; j++)
+                if (cur[p * k + j] != before[p * k + j + d]) return 0;
+        return 1;
+    }
+    for (Py_ssize_t j = 0; j + d < k; j++) {
+        const uint8_t *b = before + (j + d) * P;
+        for (Py_ssize_t p = 0; p < P; p++)
+            if (cur[p * k + j] != b[p]) return 0;
+    }
+    return 1;
+}
+
+/* stack_links_klast(cols, n, prev u8[k, P] or None, k, same bool[m], shift bool[m]): stack_links for
+ * stacks in the k-last layout (see KLastStacks; m = n * len(cols)). */
+static PyObject *stack_links_klast(PyObject *self, PyObject *args) {
+    PyObject *o_cols, *o_prev, *o_same, *o_shift;
+    Py_ssize_t n, k;
+    if (!PyArg_ParseTuple(args, "OnOnOO", &o_cols, &n, &o_prev, &k, &o_same, &o_shift)) return NULL;
+    if (k < 1 || n < 0) return PyErr_Format(PyExc_ValueError, "k: expected >= 1 (got %zd), n >= 0 (got %zd)", k, n);
+    KLastStacks st;
+    if (klast_get(o_cols, &st, n) < 0) return NULL;
+    Py_buffer pv, sa, sh;
+    int has_prev = o_prev != Py_None;
+    if (has_prev && get_items(o_prev, &pv, 1, 0, "prev") < 0) { klast_release(&st); return NULL; }
+    if (get_items(o_same, &sa, 1, 1, "same") < 0) { klast_release(&st); if (has_prev) PyBuffer_Release(&pv); return NULL; }
+    if (get_items(o_shift, &sh, 1, 1, "shift") < 0) {
+        klast_release(&st); if (has_prev) PyBuffer_Release(&pv); PyBuffer_Release(&sa); return NULL;
+    }
+    Py_ssize_t m = n * st.F, P = st.S / k;
+    const char *err = NULL;
+    if (sa.len != m || sh.len != m) err = "same and shift: one flag per stack";
+    else if (st.S % k) err = "cols: a stack must hold k equal frames";
+    else if (has_prev && pv.len != st.S) err = "prev must be one stack";
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, err);
+    } else {
+        uint8_t *same = (uint8_t *)sa.buf, *shift = (uint8_t *)sh.buf;
+        const uint8_t *prev = has_prev ? (const uint8_t *)pv.buf : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < m; i++) {
+            const uint8_t *cur = klast_stack(&st, i);
+            const uint8_t *before = i ? klast_stack(&st, i - 1) : prev;
+            int before_klast = i > 0;
+            if (before == NULL) { same[i] = 0; shift[i] = 0; continue; }
+            same[i] = (uint8_t)klast_match(cur, before, before_klast, k, P, 0);
+            shift[i] = k == 1 ? 1 : (uint8_t)klast_match(cur, before, before_klast, k, P, 1);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    klast_release(&st); PyBuffer_Release(&sa); PyBuffer_Release(&sh);
+    if (has_prev) PyBuffer_Release(&pv);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* copy_frames_klast(cols, n, k, stack i64[c], frame i64[c], pool u8[C, P], first_id): new frame t is
+ * frame[t] of stack stack[t] (k last), written at pool row (first_id + t) % C. */
+static PyObject *copy_frames_klast(PyObject *self, PyObject *args) {
+    PyObject *o_cols, *o_stack, *o_frame, *o_pool;
+    Py_ssize_t n, k, first;
+    if (!PyArg_ParseTuple(args, "OnnOOOn", &o_cols, &n, &k, &o_stack, &o_frame, &o_pool, &first)) return NULL;
+    if (k < 1 || n < 0 || first < 0) return PyErr_Format(PyExc_ValueError, "k, n, first_id: expected k >= 1, n >= 0, first_id >= 0");
+    KLastStacks st;
+    if (klast_get(o_cols, &st, n) < 0) return NULL;
+    Py_buffer bs, bf, bp;
+    if (get_items(o_stack, &bs, 8, 0, "stack") < 0) { klast_release(&st); return NULL; }
+    if (get_items(o_frame, &bf, 8, 0, "frame") < 0) { klast_release(&st); PyBuffer_Release(&bs); return NULL; }
+    if (get_items(o_pool, &bp, 1, 1, "pool") < 0) {
+        klast_release(&st); PyBuffer_Release(&bs); PyBuffer_Release(&bf); return NULL;
+    }
+    Py_ssize_t c = bs.len / 8, m = n * st.F, P = st.S / k;
+    Py_ssize_t C = (bp.ndim >= 1 && bp.shape) ? bp.shape[0] : 0;
+    const int64_t *stack = (const int64_t *)bs.buf, *frame = (const int64_t *)bf.buf;
+    const char *err = NULL;
+    if (bf.len != bs.len) err = "stack and frame: one index pair per new frame";
+    else if (st.S % k) err = "cols: a stack must hold k equal frames";
+    else if (C <= 0 || bp.len != C * P) err = "pool: expected [C, P] frames of the stacks' frame size";
+    for (Py_ssize_t t = 0; !err && t < c; t++)
+        if (stack[t] < 0 || stack[t] >= m || frame[t] < 0 || frame[t] >= k) err = "stack/frame index out of range";
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, err);
+    } else {
+        uint8_t *pool = (uint8_t *)bp.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t t = 0; t < c; t++) {
+            const uint8_t *src = klast_stack(&st, stack[t]) + frame[t];
+            uint8_t *dst = pool + ((first + t) % C) * P;
+            for (Py_ssize_t p = 0; p < P; p++) dst[p] = src[p * k];
+        }
+        Py_END_ALLOW_THREADS
+    }
+    klast_release(&st); PyBuffer_Release(&bs); PyBuffer_Release(&bf); PyBuffer_Release(&bp);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"gather_stacks", gather_stacks, METH_VARARGS,
      "gather_stacks(frames, last_ids, k, k_last, lut, out[, affine]): stacks in the field's layout, decoded through "
      "lut if given (vectorised where affine = (scale, offset) reproduces lut)"},
+    {"stack_links_klast", stack_links_klast, METH_VARARGS,
+     "stack_links_klast(cols, n, prev, k, same, shift): stack_links for fields with the k frames last, in place"},
+    {"copy_frames_klast", copy_frames_klast, METH_VARARGS,
+     "copy_frames_klast(cols, n, k, stack, frame, pool, first_id): new frames out of k-last stacks into the pool"},
     {"stack_links", stack_links, METH_VARARGS,
      "stack_links(flat, prev, k, same, shift): each stack equal to / shifted by one frame from the one before"},
     {NULL, NULL, 0, NULL},

@@ -35,8 +35,10 @@ from .tiers import Tier, allocate
 try:
     from ._frames import gather_stacks as _c_gather_stacks
     from ._frames import stack_links as _c_stack_links
+    from ._frames import copy_frames_klast as _c_copy_frames_klast
+    from ._frames import stack_links_klast as _c_stack_links_klast
 except ImportError:  # pragma: no cover - no C compiler where it was installed: the numpy routes below
-    _c_gather_stacks = _c_stack_links = None
+    _c_gather_stacks = _c_stack_links = _c_stack_links_klast = _c_copy_frames_klast = None
 
 
 # Where a decode's host output comes from: numpy's allocator, not torch's. Inside RLlib's Qbert run
@@ -148,6 +150,26 @@ class FramePool:
             if prev is not None:
                 same[0] = bool((flat[0] == prev).all())
                 shift[0] = bool((flat[0, :-1] == prev[1:]).all()) if k > 1 else True
+        return self._ids_from_links(m, same, shift)
+
+    def plan_klast(self, cols: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+        """``plan`` for stacks left in their fields' layout with the k frames last (RLlib's
+        Atari [n, 84, 84, 4]): ``cols`` holds one C-contiguous uint8 array per field of the
+        pool, stack i being field ``i % len(cols)``'s row ``i // len(cols)`` (``plan``'s order).
+        The same links and ids as ``plan`` on the transposed copy, without making it."""
+        n, k = cols[0].shape[0], self.k
+        m = n * len(cols)
+        same = np.zeros(m, dtype=bool)
+        shift = np.zeros(m, dtype=bool)
+        prev = None
+        if self.last_id >= 0 and self.last_id - k + 1 > self.cursor - self.capacity - 1:
+            prev = self.read_stack(self.last_id).reshape(k, -1)
+        _c_stack_links_klast(cols, n, prev, k, same, shift)
+        return self._ids_from_links(m, same, shift)
+
+    def _ids_from_links(self, m: int, same: np.ndarray, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """(last frame id per stack, (stack, frame) of each new frame, count) from the links."""
+        k = self.k
         shift &= ~same
         n_new = np.where(same, 0, np.where(shift, 1, k))
         # Invariant: the last stack written always ends at frame cursor-1, so ids follow.
@@ -158,10 +180,16 @@ class FramePool:
         sel_frame = np.arange(int(n_new.sum())) - np.repeat(first_new, n_new) + np.repeat(k - n_new, n_new)
         return last.astype(np.int64), np.stack([sel_stack, sel_frame]), int(n_new.sum())
 
-    def write(self, stacks: np.ndarray, sel: np.ndarray, count: int, last: np.ndarray) -> None:
+    def write(self, stacks: np.ndarray | tuple, sel: np.ndarray, count: int, last: np.ndarray) -> None:
+        """The new frames ``plan`` (``stacks``: [m, k, *frame]) or ``plan_klast`` (``stacks``:
+        its tuple of k-last columns) picked, at the next frame ids."""
         if count:
-            ids = self.cursor + np.arange(count)
-            self.frames[ids % self.capacity] = stacks[sel[0], sel[1]]
+            if isinstance(stacks, tuple):
+                _c_copy_frames_klast(stacks, stacks[0].shape[0], self.k, np.ascontiguousarray(sel[0]),
+                                     np.ascontiguousarray(sel[1]), self.frames, self.cursor)
+            else:
+                ids = self.cursor + np.arange(count)
+                self.frames[ids % self.capacity] = stacks[sel[0], sel[1]]
             self.cursor += count
         if last.size:
             self.last_id = int(last[-1])
@@ -289,6 +317,23 @@ def frames_of(codec: FrameStackCodec, x: Any) -> np.ndarray:
     arr = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
     nd = arr.ndim - 1
     return np.moveaxis(arr, 1 + (codec.axis % nd), 1)
+
+
+def klast_columns(pool: FramePool, codecs: list[FrameStackCodec], encoded: list[Any]) -> tuple[np.ndarray, ...] | None:
+    """The pool's encoded fields as C-contiguous uint8 numpy arrays when every one stacks its
+    k frames on the last axis (``FramePool.plan_klast`` reads them in place), else None."""
+    if _c_stack_links_klast is None or pool.frames.dtype != np.uint8 or len(encoded) > 8:
+        return None
+    out = []
+    for codec, x in zip(codecs, encoded):
+        arr = x.numpy() if isinstance(x, torch.Tensor) and x.device.type == "cpu" else x
+        if type(arr) is not np.ndarray or arr.dtype != np.uint8 or not arr.flags.c_contiguous \
+                or arr.ndim < 2 or codec.axis % (arr.ndim - 1) != arr.ndim - 2 or arr.shape[-1] != pool.k:
+            return None
+        out.append(arr)
+    if any(a.shape != out[0].shape for a in out):
+        return None
+    return tuple(out)
 
 
 def pool_frames(capacity: int, codec: FrameStackCodec, fields_in_pool: int) -> int:

@@ -182,3 +182,34 @@ def test_native_stack_links_equal_the_numpy_route(k, monkeypatch):
 
     for a, b in zip(plan(True), plan(False)):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("fields", [1, 2])
+def test_klast_plan_and_write_equal_the_transposed_route(k, fields):
+    """Stacks in their fields' own layout with the frames last (RLlib's Atari [n, 84, 84, 4]),
+    read in place (``plan_klast``, C), against ``plan`` on the transposed [m, k, *frame] copy
+    it spares: the same links, frame ids, new frames and pool contents over several calls
+    (each linking to the last stack the call before wrote), for one field or obs + next obs."""
+    from conduit_core.framestack import FramePool
+
+    rng = np.random.default_rng(10 * k + fields)
+    frames = rng.integers(0, 3, (60, 5, 7), dtype=np.uint8)   # few values: equal frames happen
+    idx = np.clip(np.cumsum(rng.integers(0, 3, 48)), 0, 59 - k)
+    stacks = np.stack([frames[i:i + k] for i in idx])           # repeats, steps of one, jumps: [48, k, 5, 7]
+    klast = np.ascontiguousarray(np.moveaxis(stacks, 1, -1))    # [48, 5, 7, k]
+    pools = [FramePool(name="f", frames=50, frame_shape=(5, 7), dtype=torch.uint8, k=k) for _ in range(2)]
+    for lo, hi in ((0, 6), (6, 14), (14, 24)):
+        rows = hi - lo
+        # field f of row r is stack lo + fields * r + f (obs, next obs interleaved as plan_frames orders them)
+        cols = tuple(np.ascontiguousarray(klast[lo * fields:hi * fields][f::fields]) for f in range(fields))
+        flat = np.ascontiguousarray(stacks[lo * fields:hi * fields])
+        a = pools[0].plan_klast(cols)
+        b = pools[1].plan(flat)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2], (lo, hi)
+        assert a[0].shape == (rows * fields,)
+        pools[0].write(cols, a[1], a[2], a[0])
+        pools[1].write(flat, b[1], b[2], b[0])
+        assert (pools[0].cursor, pools[0].last_id) == (pools[1].cursor, pools[1].last_id)
+        written = np.arange(max(0, pools[0].cursor - 50), pools[0].cursor) % 50   # (unwritten slots hold garbage)
+        assert np.array_equal(pools[0].frames[written], pools[1].frames[written])
