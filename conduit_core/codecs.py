@@ -68,6 +68,12 @@ class Codec(ABC):
         integers cannot hold them), so validation need not read the column for them first."""
         return False
 
+    @property
+    def rowwise_encode(self) -> bool:
+        """Whether ``encode`` maps each row on its own (row i of the output depends on row i of
+        the input only): rows shared by two fields may then be encoded once."""
+        return False
+
 
 class IdentityCodec(Codec):
     name = "identity"
@@ -128,6 +134,10 @@ class AffineCodec(Codec):
     @property
     def refuses_nonfinite(self) -> bool:
         return self.verify   # NaN or inf never decodes back from an integer: the check refuses it
+
+    @property
+    def rowwise_encode(self) -> bool:
+        return True   # elementwise
 
     def check_compatible(self, field):
         if not field.dtype.is_floating_point:

@@ -94,6 +94,10 @@ class FrameStackCodec(Codec):
     def refuses_nonfinite(self) -> bool:
         return self.inner.refuses_nonfinite
 
+    @property
+    def rowwise_encode(self) -> bool:
+        return not self.inner.is_identity and self.inner.rowwise_encode   # (identity: nothing to share)
+
     def encode(self, field, x):
         # Per-frame encoding only; the pool interns frames when the rows are written.
         return self.inner.encode(field, x) if not self.inner.is_identity else x
@@ -267,7 +271,7 @@ class PooledDecoder:
                 want = table.numpy().view(np.uint32)
                 # a multiply where it is exact (a power-of-two divisor), else the division itself
                 tries = [(np.float32(1.0) / np.float32(divisor), False), (divisor, True)] if divisor else []
-                tries += [(inner.scale, False)]
+                tries += [(inner.scale, False)] if getattr(inner, "scale", None) else []
                 for a, divide in tries:
                     a32, off32 = np.float32(a), np.float32(offset)
                     got = (q / a32 if divide else q * a32) + off32

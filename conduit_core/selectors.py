@@ -12,8 +12,9 @@ Presets over the same primitive (cf. Reverb's ``Table.queue``) live in ``buffer.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 import inspect
+import math
+from abc import ABC, abstractmethod
 
 import numpy as np
 
@@ -313,6 +314,10 @@ class Prioritized(Selector):
             raise SpecError("priorities", "finite values >= 0", float(bad),
                             "pass |TD error| or leave the priorities out for the running max; NaN usually means "
                             "the values diverged")
+        if self.alpha > 1.0 and pr.size and not np.isfinite(libm_powers(pr + self.eps, self.alpha)).all():
+            bad = pr[~np.isfinite(libm_powers(pr + self.eps, self.alpha))][0]
+            raise SpecError("priorities", f"values whose (p + eps) ** alpha (alpha={self.alpha:g}) is finite",
+                            float(bad), "scale the priorities down (a sum tree of inf draws nothing sensible)")
         # a zero (with eps=0) is stored as SRL stores it: the item is not drawn until its priority is raised
         return pr
 
@@ -366,4 +371,11 @@ def libm_powers(pr: np.ndarray, alpha: float) -> np.ndarray:
     vectorised power differs from it in the last bit on some CPUs, e.g. with AVX-512)."""
     if alpha == 1.0:
         return pr
-    return np.fromiter((p ** alpha for p in pr.tolist()), dtype=np.float64, count=pr.shape[0])
+    return np.fromiter((_libm_pow(p, alpha) for p in pr.tolist()), dtype=np.float64, count=pr.shape[0])
+
+
+def _libm_pow(p: float, alpha: float) -> float:
+    try:
+        return p ** alpha
+    except OverflowError:   # C's pow returns inf there (and so did numpy's route): the same value
+        return math.inf

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .codecs import Codec, IdentityCodec, codec_from_config
-from .errors import SpecError
+from .errors import CodecError, SpecError
 
 _DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
@@ -129,6 +129,7 @@ class ExperienceSpec:
         if not self.fields:
             raise SpecError("fields", "at least one field", "none", "declare the fields of a transition")
         self._native_check = _native_check_plan(self.fields.values())
+        self._native_check_encoding = _native_check_plan(self.fields.values(), codec_refuses=True)
         self._all_identity = all(f.codec.is_identity for f in self.fields.values())
 
     def __setstate__(self, state: dict) -> None:
@@ -136,6 +137,7 @@ class ExperienceSpec:
         in this process, where numpy's dtype instances are not the pickled ones."""
         self.__dict__.update(state)
         self._native_check = _native_check_plan(self.fields.values())
+        self._native_check_encoding = _native_check_plan(self.fields.values(), codec_refuses=True)
         self._all_identity = all(f.codec.is_identity for f in self.fields.values())
 
     # ----------------------------------------------------------------- presets
@@ -216,19 +218,32 @@ class ExperienceSpec:
         return out
 
     def validate_and_encode(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-        """``validate`` then ``encode``: (rows, stored columns); stores nothing."""
-        n, cols = self.validate(batch)
-        return n, (cols if self._all_identity else self.encode(cols))   # validate's dict is a fresh one
+        """``validate`` then ``encode``: (rows, stored columns); stores nothing. A field whose
+        verified codec refuses NaN/inf in its own pass (``Codec.refuses_nonfinite``) is not
+        read for them first (an Atari stack is read once, not twice); such a value gets
+        ``validate``'s error all the same."""
+        if self._all_identity:
+            return self.validate(batch)   # validate's dict is a fresh one
+        n, cols = self.validate(batch, _codec_checks_finite=True)
+        try:
+            return n, self.encode(cols)
+        except CodecError:
+            for name, f in self.fields.items():   # a NaN or inf is named as validate names it
+                if f.dtype.is_floating_point and not f.allow_nonfinite and f.codec.refuses_nonfinite and n:
+                    _check_finite(name, cols[name])
+            raise
 
-    def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor]]:
+    def validate(self, batch: Mapping[str, Any], *,
+                 _codec_checks_finite: bool = False) -> tuple[int, dict[str, torch.Tensor]]:
         """Check a batch of transitions (dict of arrays with a leading batch dim).
 
         Returns ``(n, columns)``; columns stay what they were (numpy array or torch
         tensor), so nothing is copied or converted on the hot path. Raises :class:`SpecError` naming the field, the
         expected and actual value and the fix. Nothing is stored by this call.
         """
-        if self._native_check is not None and type(batch) is dict:
-            checked = _c_check_columns(batch, self._native_check)
+        plan = self._native_check_encoding if _codec_checks_finite else self._native_check
+        if plan is not None and type(batch) is dict:
+            checked = _c_check_columns(batch, plan)
             if checked is not None:   # the whole check in one C call; else the route below names the error
                 return checked
         if not isinstance(batch, Mapping):
@@ -264,7 +279,7 @@ class ExperienceSpec:
                                 f"cast it, e.g. x.astype(np.{dtype_name(f.dtype)}) or "
                                 f"x.to(torch.{dtype_name(f.dtype)}), or declare dtype "
                                 f"{actual_dtype} in the spec")
-            if _reads_for_nonfinite(f) and col.shape[0]:
+            if _reads_for_nonfinite(f, _codec_checks_finite) and col.shape[0]:
                 _check_finite(name, col)
             if n is None:
                 n = col.shape[0]
@@ -285,7 +300,7 @@ except ImportError:  # pragma: no cover - no C compiler where it was installed
     _c_check_columns = None
 
 
-def _native_check_plan(fields) -> tuple | None:
+def _native_check_plan(fields, *, codec_refuses: bool = False) -> tuple | None:
     """What ``_rows.check_columns`` checks a batch against: per field (name, numpy dtype,
     per-row shape, the float itemsize whose values must be finite, or 0). None when the C
     helper is missing or a field has no numpy dtype (bfloat16): ``validate`` then checks in Python."""
@@ -294,15 +309,15 @@ def _native_check_plan(fields) -> tuple | None:
     # np.dtype(str) is numpy's own instance for the type, the one every array of it carries (an
     # unpickled dtype is a copy, and the C check compares identity)
     return tuple((f.name, np.dtype(f.np_dtype.str), tuple(int(d) for d in f.shape),
-                  f.np_dtype.itemsize if _reads_for_nonfinite(f) else 0)
+                  f.np_dtype.itemsize if _reads_for_nonfinite(f, codec_refuses) else 0)
                  for f in fields)
 
 
-def _reads_for_nonfinite(f) -> bool:
+def _reads_for_nonfinite(f, codec_refuses: bool = False) -> bool:
     """Whether validation reads a field for NaN/inf: a float field that does not allow them,
-    unless its codec refuses them in its own pass (a verified affine encode: saves a read of
-    every pixel of an Atari stack; the codec's error names the value and its index)."""
-    return f.dtype.is_floating_point and not f.allow_nonfinite and not f.codec.refuses_nonfinite
+    unless (``codec_refuses``: the encode follows in the same call) its codec refuses them in
+    its own pass, as a verified affine encode does."""
+    return f.dtype.is_floating_point and not f.allow_nonfinite and not (codec_refuses and f.codec.refuses_nonfinite)
 
 
 def _check_finite(name: str, col) -> None:
@@ -338,12 +353,13 @@ def as_tensor(x: Any) -> torch.Tensor:
 
 def _shifted_pairs(spec, columns: Mapping[str, Any]) -> dict[str, str]:
     """Field a -> field b where b's rows are a's shifted by one in memory (b[i] is a[i + 1], as
-    a framework's ``obs[:-1]`` and ``obs[1:]`` of one array) and both have the same verified
-    codec: their n + 1 distinct rows are then encoded once, not 2n rows."""
+    a framework's ``obs[:-1]`` and ``obs[1:]`` of one array) and both have the same row-wise
+    codec (``Codec.rowwise_encode``): their n + 1 distinct rows are then encoded once, not 2n."""
     found: dict[str, str] = {}
+    # two rows at least: then b[0] is a[1], one allocation (adjacent arrays of one row are not paired)
     arrays = [(name, c) for name, c in columns.items()
-              if type(c) is np.ndarray and c.ndim >= 1 and c.shape[0] and c.flags.c_contiguous
-              and not spec[name].codec.is_identity]
+              if type(c) is np.ndarray and c.ndim >= 1 and c.shape[0] >= 2 and c.flags.c_contiguous
+              and spec[name].codec.rowwise_encode]
     for name_a, a in arrays:
         row = a.strides[0]
         start = a.__array_interface__["data"][0]

@@ -21,7 +21,7 @@ from .columns import EXTRA, RLLIB_COLUMNS
 from .replay_buffer import DeliveredBatch
 
 
-FIRST_SEQ_KEY = "conduit_first_seq"  # per learner: seq of the first row of the part it trained on
+FIRST_SEQ_KEY = "conduit_first_seq"  # with several learners, each: seq of the first row of the part it trained on
 
 
 class ConduitLearnerConnector(ConnectorV2):

@@ -186,3 +186,18 @@ def test_fresh_gathers_equal_numpy_takes(seed, n, fields):
     assert list(got) == list(want)
     for name in want:
         assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name])
+
+
+def test_initial_priorities_whose_power_overflows_are_refused_before_anything_is_stored():
+    """(p + eps) ** alpha past the largest float (alpha > 1) would put inf in the sum tree: the
+    insert is refused, naming the value, and leaves the buffer as it was."""
+    buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,)), capacity=8,
+                           selector=Prioritized(alpha=2.0, beta=0.4))
+    batch = {"obs": np.zeros((2, 3), np.float32), "next_obs": np.zeros((2, 3), np.float32),
+             "action": np.zeros(2, np.int64), "reward": np.zeros(2, np.float32), "terminated": np.zeros(2, bool),
+             "truncated": np.zeros(2, bool)}
+    with pytest.raises(SpecError, match="priorities"):
+        buf.add(batch, priorities=[1.0, 1e200])
+    assert buf.size == 0
+    buf.add(batch, priorities=[1.0, 2.0])
+    assert buf.size == 2

@@ -156,9 +156,9 @@ def test_finite_scan_finds_every_kind_of_non_finite_value(dtype):
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("stacked", [False, True])
 def test_nonfinite_values_in_a_verified_codec_field_are_refused_by_the_codec(bad, stacked):
-    """Validation skips its NaN/inf read for fields whose verified codec refuses them in its own
-    pass (an Atari stack is read once, not twice): such a value is still refused, the error
-    names the field and the value, and nothing is stored."""
+    """An insert's validation skips its NaN/inf read for fields whose verified codec refuses them
+    in its own pass (an Atari stack is read once, not twice): such a value is still refused with
+    validate's error (the field, the value, its row, allow_nonfinite), and nothing is stored."""
     from conduit_core import ExperienceBuffer, ExperienceSpec
     from conduit_core.framestack import FrameStackCodec
     inner = AffineCodec.divide(128, offset=-1.0)
@@ -173,6 +173,47 @@ def test_nonfinite_values_in_a_verified_codec_field_are_refused_by_the_codec(bad
             "truncated": np.zeros(4, bool)}
     buf.add({"obs": obs, "next_obs": nxt, **rest})
     nxt[2, 1, 1, 3] = bad
-    with pytest.raises(CodecError, match=r"next_obs.*(nan|inf)"):
+    with pytest.raises(SpecError, match=r"next_obs: expected finite values, got (nan|inf|-inf) in row 2"):
         buf.add({"obs": obs, "next_obs": nxt, **rest})
     assert buf.size == 4 and buf.inserted == 4
+
+
+def test_nonfinite_value_is_refused_when_accepted_not_later_in_the_worker():
+    """The overlapped schedule validates in the caller and encodes in its worker: a NaN in a
+    codec field is refused by ingest() itself (validate reads every float field), not accepted
+    and reported by a later call."""
+    from conduit_core import ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Schedule
+    spec = ExperienceSpec.transition(obs_shape=(3,), obs_codec=AffineCodec.divide(128, offset=-1.0))
+    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=spec, capacity=16), schedule=Schedule.overlapped())
+    try:
+        obs = np.zeros((4, 3), np.float32)
+        obs[1, 1] = np.nan
+        batch = {"obs": obs, "next_obs": np.zeros((4, 3), np.float32), "action": np.zeros(4, np.int64),
+                 "reward": np.zeros(4, np.float32), "terminated": np.zeros(4, bool), "truncated": np.zeros(4, bool)}
+        with pytest.raises(SpecError, match="obs: expected finite values, got nan in row 1"):
+            edp.ingest(batch)
+        edp.flush()
+        assert edp.buffer.size == 0
+    finally:
+        edp.close()
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_obs_and_next_obs_of_one_array_are_encoded_once_and_a_bad_value_named_by_its_field(where):
+    """obs = x[:-1] and next_obs = x[1:] of one array (as adapters hand them over) are encoded as
+    x's rows once: the same stored bytes as separate arrays, and a value the codec cannot hold is
+    named by the field it is in (x's first row is only obs's, its last only next_obs's)."""
+    from conduit_core import ExperienceBuffer, ExperienceSpec
+    codec = AffineCodec.divide(128, offset=-1.0)
+    spec = ExperienceSpec.transition(obs_shape=(3,), obs_codec=codec)
+    x = (np.random.default_rng(0).integers(0, 256, (6, 3)).astype(np.float32) / 128 - 1)
+    rest = {"action": np.zeros(5, np.int64), "reward": np.zeros(5, np.float32), "terminated": np.zeros(5, bool),
+            "truncated": np.zeros(5, bool)}
+    n, shared = spec.validate_and_encode({"obs": x[:-1], "next_obs": x[1:], **rest})
+    _, apart = spec.validate_and_encode({"obs": x[:-1].copy(), "next_obs": x[1:].copy(), **rest})
+    for f in ("obs", "next_obs"):
+        assert np.array_equal(np.asarray(shared[f]), np.asarray(apart[f]))
+    x[0 if where == "first" else -1, 2] = 0.3   # not q / 128 - 1 for any q
+    field = "obs" if where == "first" else "next_obs"
+    with pytest.raises(CodecError, match=rf"^{field}: the affine codec"):
+        ExperienceBuffer(spec=spec, capacity=8).add({"obs": x[:-1], "next_obs": x[1:], **rest})
