@@ -30,7 +30,7 @@ from .errors import CapacityError, ExperienceTimeout, SpecError
 from .hooks import Rollout
 from .metrics import MetricsRecorder
 from .schedule import Schedule
-from .workers import Encoded, InlineTransformer, as_numpy_rows
+from .workers import Encoded, InlineTransformer, as_numpy_rows, encode_rollouts
 
 
 class IngestionPoint:
@@ -123,15 +123,15 @@ class IngestionPoint:
         """Accept and store several rollouts in one operator call (sequential schedule), so
         hooks can vectorise across them. Returns their tickets."""
         t0 = time.perf_counter()
+        with self._cond:   # the group's tickets, in order
+            first_ticket = self.ticket
+            self.ticket += len(rollouts)
         group = []
-        for r in rollouts:
+        for ticket, r in enumerate(rollouts, first_ticket):
             r = r if isinstance(r, Rollout) else Rollout(data=r)
-            with self._cond:
-                ticket = self.ticket
-                self.ticket += 1
             group.append(Rollout(r.data, r.source, r.policy_version, ticket, as_numpy_rows(r.data), r.info))
         rows = sum(r.rows for r in group)
-        enc = InlineTransformer(self._buffer.spec, self.hooks).transform(group)
+        enc = encode_rollouts(self._buffer.spec, self.hooks, group)
         try:
             self.commit(enc, timeout)
         except BaseException as exc:

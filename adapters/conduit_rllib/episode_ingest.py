@@ -73,7 +73,7 @@ class EpisodeIngest:
     def add_as_prioritized(self, chunks) -> None:
         """``PrioritizedEpisodeReplayBuffer.add``: one decision for the whole call (``plan``)."""
         evict, drop = self.ledger.plan([(src, n) for _, _, src, n in chunks], self.capacity)
-        keep = [c for c in chunks if c[2] not in drop]
+        keep = [c for c in chunks if c[2] not in drop] if drop else chunks
         if sum(n for *_, n in keep) > self.ring:
             from conduit_core import CapacityError
             raise CapacityError(f"add(): {sum(n for *_, n in keep)} new steps in one call exceed the buffer's ring "
@@ -81,7 +81,8 @@ class EpisodeIngest:
                                 "here too. Fix: raise the replay buffer capacity, or hand over fewer steps per add.")
         for src in evict:
             self._evict_episode(src)
-        dropped = [ep.receipt for ep, _, src, _ in chunks if src in drop and getattr(ep, "receipt", None)]
+        dropped = [ep.receipt for ep, _, src, _ in chunks if src in drop and getattr(ep, "receipt", None)] \
+            if drop else None
         if dropped:   # RLlib's rule drops them: their staged rows were never accepted
             from conduit_core.source_commit import decline
             decline(self.edp.buffer, dropped)

@@ -173,7 +173,9 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                 self._build(cols)
             else:
                 self._check_extras(cols)
-            if self.context == EpisodeContext():  # the first chunk, or the first after a restore
+            ctx = self.context
+            if ctx.observation_space is None and ctx.action_space is None and ctx.agent_id is None \
+                    and ctx.module_id is None:   # empty: the first chunk, or the first after a restore
                 self.context = EpisodeContext(ep.observation_space, ep.action_space, ep.agent_id, ep.module_id)
             chunks.append((ep, cols, source_of(ep), n))
         if not chunks:
