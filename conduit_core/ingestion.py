@@ -123,6 +123,7 @@ class IngestionPoint:
         """Accept and store several rollouts in one operator call (sequential schedule), so
         hooks can vectorise across them. Returns their tickets."""
         t0 = time.perf_counter()
+        rollouts = list(rollouts)   # (any iterable: its length is the tickets it takes)
         with self._cond:   # the group's tickets, in order
             first_ticket = self.ticket
             self.ticket += len(rollouts)
