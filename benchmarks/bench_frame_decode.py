@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     pool.frames[:] = np.random.default_rng(0).integers(0, 256, pool.frames.shape, dtype=np.uint8)
     pool.cursor = 20_000
     dec = PooledDecoder(pool, codec)
+    by_table = PooledDecoder(pool, codec, vectorise=False)   # the lookup per byte, same values
     rng = np.random.default_rng(1)
     floats = [np.random.default_rng(2).random((84, 84, 4), dtype=np.float32) for _ in range(4096)]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -75,10 +76,13 @@ def main(argv: list[str] | None = None) -> dict:
         if device.type == "cpu":
             r = {"gather_ms": t(lambda: (pool.gather(ids().numpy()), pool.gather(ids().numpy()))),
                  "decode_ms": t(lambda: (dec.decode(ids(), torch.float32), dec.decode(ids(), torch.float32))),
+                 "table_decode_ms": t(lambda: (by_table.decode(ids(), torch.float32),
+                                               by_table.decode(ids(), torch.float32))),
                  "float_stack_ms": t(lambda: (stack(), stack()))}
             print(f"B={batch}, obs + next obs = {mb:.1f} MB of float32, medians of {a.reps}:")
             print(f"  Conduit: uint8 frame gather only        {r['gather_ms']:6.2f} ms")
             print(f"  Conduit: gather + relayout + decode     {r['decode_ms']:6.2f} ms")
+            print(f"    the same through the lookup per byte  {r['table_decode_ms']:6.2f} ms")
             print(f"  stacking stored float32 arrays (RLlib)  {r['float_stack_ms']:6.2f} ms")
         else:
             on_device = lambda: ids().to(device)          # stored ids on the device: decode there

@@ -236,8 +236,11 @@ class PooledDecoder:
     fewer bytes over the link, and decode on the device.
     """
 
-    def __init__(self, pool: FramePool, codec: FrameStackCodec):
+    def __init__(self, pool: FramePool, codec: FrameStackCodec, *, vectorise: bool = True):
+        """``vectorise=False`` keeps the table lookup per byte where vector arithmetic would give
+        the same values (for comparing the two routes)."""
         self.pool, self.codec = pool, codec
+        self.vectorise = vectorise
         nd = len(pool.frame_shape) + 1
         self._k_axis = 1 + codec.axis % nd           # where the k frames go in a [B, ...] stack
         self._k_last = self._k_axis == nd
@@ -300,7 +303,7 @@ class PooledDecoder:
                                                     np.float32 if table is not None else np.uint8))
                 _c_gather_stacks(self.pool.frames, ids, self.pool.k, self._k_last,
                                  None if table is None else table.numpy(), out.numpy(),
-                                 None if table is None else self._affine_args(dtype, table))
+                                 None if table is None or not self.vectorise else self._affine_args(dtype, table))
                 if not on_host:   # uint8 over the link, decoded on the device
                     out = out.to(device)
                     out = inner.decode(out, dtype) if not inner.is_identity else out

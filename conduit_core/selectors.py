@@ -314,10 +314,13 @@ class Prioritized(Selector):
             raise SpecError("priorities", "finite values >= 0", float(bad),
                             "pass |TD error| or leave the priorities out for the running max; NaN usually means "
                             "the values diverged")
-        if self.alpha > 1.0 and pr.size and not np.isfinite(libm_powers(pr + self.eps, self.alpha)).all():
-            bad = pr[~np.isfinite(libm_powers(pr + self.eps, self.alpha))][0]
-            raise SpecError("priorities", f"values whose (p + eps) ** alpha (alpha={self.alpha:g}) is finite",
-                            float(bad), "scale the priorities down (a sum tree of inf draws nothing sensible)")
+        if self.alpha > 1.0 and pr.size:
+            with np.errstate(over="ignore"):
+                overflow = ~np.isfinite((pr + self.eps) ** self.alpha)
+            if overflow.any():
+                    raise SpecError("priorities", f"values whose (p + eps) ** alpha (alpha={self.alpha:g}) is finite",
+                                float(pr[overflow][0]),
+                                "scale the priorities down (a sum tree of inf draws nothing sensible)")
         # a zero (with eps=0) is stored as SRL stores it: the item is not drawn until its priority is raised
         return pr
 
@@ -325,7 +328,7 @@ class Prioritized(Selector):
         """Priorities given at insert replace the running max for those items; they do not raise
         the running max (only updates do, as in SRL's buffer, which computes them from TD errors)."""
         pr = priorities + self.eps
-        self.index.set(np.asarray(slots, dtype=np.int64), libm_powers(pr, self.alpha))
+        self.index.set(np.asarray(slots, dtype=np.int64), pr ** self.alpha if self.alpha != 1.0 else pr)
 
     def state_dict(self):
         return {"leaves": self.index.leaves().copy(), "max_priority": self.max_priority}

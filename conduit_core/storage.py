@@ -105,18 +105,14 @@ class ColumnarStorage:
         pending = []
         for pool in self.pools.values():
             codecs = [self.spec[f].codec for f in pool.fields]
-            cols = klast_columns(pool, codecs, [enc[f] for f in pool.fields])
-            if cols is not None:   # the k frames last (RLlib's Atari layout): read in place, no transposed copy
-                last, sel, count = pool.plan_klast(cols)
-                ids = last.reshape(n, len(pool.fields))
-                for j, f in enumerate(pool.fields):
-                    enc[f] = ids[:, j].copy()
-                pending.append((pool, cols, sel, count, last))
-                continue
-            stacks = np.stack([frames_of(c, enc[f]) for c, f in zip(codecs, pool.fields)], axis=1)
-            # row-major: r0f0, r0f1, r1f0...; one copy into C order (np.stack keeps the views' layout)
-            stacks = np.ascontiguousarray(stacks.reshape(n * len(pool.fields), *stacks.shape[2:]))
-            last, sel, count = pool.plan(stacks)
+            stacks = klast_columns(pool, codecs, [enc[f] for f in pool.fields])
+            if stacks is not None:   # the k frames last (RLlib's Atari layout): read in place, no transposed copy
+                last, sel, count = pool.plan_klast(stacks)
+            else:
+                stacks = np.stack([frames_of(c, enc[f]) for c, f in zip(codecs, pool.fields)], axis=1)
+                # row-major: r0f0, r0f1, r1f0...; one copy into C order (np.stack keeps the views' layout)
+                stacks = np.ascontiguousarray(stacks.reshape(n * len(pool.fields), *stacks.shape[2:]))
+                last, sel, count = pool.plan(stacks)
             ids = last.reshape(n, len(pool.fields))
             for j, f in enumerate(pool.fields):
                 enc[f] = ids[:, j].copy()

@@ -30,7 +30,7 @@ class ConduitLearnerConnector(ConnectorV2):
         super().__init__()
         self.inner = inner
         # several learners: each logs the first seq of the part it trained on (FIRST_SEQ_KEY); a
-        # lone learner trains on the whole delivered batch, and RLlib's metrics logger costs ~10 us a call
+        # lone learner trains on the whole delivered batch, and RLlib's metrics logger is a cost per update
         self.log_provenance = log_provenance
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.module_id = module_id

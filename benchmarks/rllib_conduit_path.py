@@ -1,0 +1,187 @@
+"""Where Conduit's share of an RLlib DQN training step goes, with the real algorithm running.
+
+``conduit bench rllib-dqn`` compares the two systems; this takes the Conduit arm apart:
+
+- ``--iters N``: N ``algo.train()`` iterations after the warm-up, with the same wrappers as the
+  bench (``rllib_timing.PathTimer``): ms per training step of each buffer call, in the run, where
+  the caches are cold after the env step and the learner update.
+- ``--sections``: also the time inside a few of the core's steps per training step (validate,
+  encode, frame interning, frame pool write, storage write, frame-stack decode).
+- ``--tight N``: then N sample + priority-update calls back to back with the last sample's
+  arguments (the same code with warm caches), us per call.
+- ``--replay-adds``: the ``add()`` calls of the measured iterations, recorded, replayed into a
+  fresh buffer of the same configuration in a tight loop, us per call (CartPole).
+- ``--split``: both systems, built as the bench builds them, iterations in turns: seconds per
+  iteration spent in the env runner's ``sample`` and in ``learner_group.update``.
+
+    python -m benchmarks.rllib_conduit_path --workload dqn --iters 6 --tight 2000 --replay-adds
+    python -m benchmarks.rllib_conduit_path --workload dqn-atari --iters 3 --sections
+    python -m benchmarks.rllib_conduit_path --workload dqn-atari --split --iters 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import json
+import statistics
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from . import rllib_bench
+
+
+def _args(workload: str, seed: int) -> SimpleNamespace:
+    return SimpleNamespace(seed=seed, mode="sequential", worker="thread", staleness=0, game="ale_py:ALE/Qbert-v5",
+                           atari_learning_starts=500, atari_iteration_steps=100)
+
+
+def _timed_methods(targets: list[tuple[type, str]], totals: dict, counts: dict) -> None:
+    """Wrap class methods so that each call adds its time to ``totals[Class.name]``."""
+    for cls, name in targets:
+        fn = getattr(cls, name)
+        key = f"{cls.__name__}.{name}"
+
+        def wrapper(*a, _fn=fn, _key=key, **k):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                totals[_key] += time.perf_counter() - t0
+                counts[_key] += 1
+        setattr(cls, name, wrapper)
+
+
+def section_targets() -> list[tuple[type, str]]:
+    from conduit_core import framestack, spec, storage
+    return [(spec.ExperienceSpec, "validate"), (spec.ExperienceSpec, "encode"),
+            (storage.ColumnarStorage, "plan_frames"), (storage.ColumnarStorage, "write"),
+            (framestack.FramePool, "write"), (framestack.PooledDecoder, "decode")]
+
+
+def conduit_arm(a) -> dict:
+    totals: dict = collections.defaultdict(float)
+    counts: dict = collections.Counter()
+    if a.sections:
+        _timed_methods(section_targets(), totals, counts)
+    algo = rllib_bench._build(a.workload, "conduit", _args(a.workload, a.seed))
+    for _ in range(a.warmup):
+        algo.train()
+    buf, timer = algo.local_replay_buffer, algo._conduit_bench_timer
+    last: dict = {}
+    adds: list = []
+    timed_sample, timed_add = buf.sample, buf.add
+
+    def sample(*args, **kw):
+        last["args"], last["kw"] = args, kw
+        return timed_sample(*args, **kw)
+
+    def add(episodes, *args, **kw):
+        if a.replay_adds:
+            adds.append(copy.deepcopy(episodes))   # before the buffer takes them (outside the timer)
+        return timed_add(episodes, *args, **kw)
+    buf.sample, buf.add = sample, add
+    timer.reset()
+    totals.clear()
+    counts.clear()
+    t0 = time.perf_counter()
+    for _ in range(a.iters):
+        algo.train()
+    out: dict = {"iteration_s": (time.perf_counter() - t0) / a.iters}
+    steps = timer.calls["sample"]
+    out["steps"] = steps
+    out["ms_per_step"] = {k: v / steps * 1e3 for k, v in timer.seconds.items()}
+    if a.sections:
+        out["sections_ms_per_step"] = {k: v / steps * 1e3 for k, v in totals.items()}
+        out["section_calls_per_step"] = {k: c / steps for k, c in counts.items()}
+    raw_sample = timed_sample.__wrapped__
+    raw_update = buf.update_priorities.__wrapped__
+    if a.tight:
+        def loop(n: int) -> float:
+            t = time.perf_counter()
+            for _ in range(n):
+                raw_sample(*last["args"], **last["kw"])
+                raw_update(np.random.random(last["kw"].get("num_items", 32)))
+            return (time.perf_counter() - t) / n * 1e6
+        loop(min(200, a.tight))
+        out["tight_sample_update_us"] = sorted(loop(a.tight) for _ in range(5))
+    if a.replay_adds and adds:
+        from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
+        rb = algo.config.replay_buffer_config
+
+        def replay() -> float:
+            fresh = ConduitEpisodeReplayBuffer(capacity=rb["capacity"], prioritized=True, alpha=rb["alpha"],
+                                               beta=rb["beta"], conduit=rb.get("conduit"))
+            episodes = copy.deepcopy(adds)
+            t = time.perf_counter()
+            for eps in episodes:
+                fresh.add(eps)
+            dt = (time.perf_counter() - t) / len(episodes) * 1e6
+            fresh.close()
+            return dt
+        replay()
+        out["replayed_add_us"] = sorted(replay() for _ in range(5))
+        out["replayed_adds"] = len(adds)
+    algo.stop()
+    return out
+
+
+def split(a) -> dict:
+    """Both systems in turns: per iteration, env sampling and learner update seconds."""
+    algos = {s: rllib_bench._build(a.workload, s, _args(a.workload, a.seed)) for s in rllib_bench.SYSTEMS}
+    totals = {s: collections.defaultdict(float) for s in algos}
+    for s, algo in algos.items():
+        for obj, name, key in ((algo.env_runner, "sample", "env_sample_s"),
+                               (algo.learner_group, "update", "learner_update_s")):
+            fn = getattr(obj, name)
+
+            def wrapper(*args, _fn=fn, _t=totals[s], _key=key, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*args, **kw)
+                finally:
+                    _t[_key] += time.perf_counter() - t0
+            setattr(obj, name, wrapper)
+    for _ in range(a.warmup):
+        for algo in algos.values():
+            algo.train()
+    rows: dict = {s: [] for s in algos}
+    for _ in range(a.iters):
+        for s, algo in algos.items():
+            totals[s].clear()
+            t0 = time.perf_counter()
+            algo.train()
+            rows[s].append(dict(totals[s], iteration_s=time.perf_counter() - t0))
+    for algo in algos.values():
+        algo.stop()
+    return {s: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for s, rs in rows.items()}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.rllib_conduit_path", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="dqn", choices=["dqn", "dqn-atari"])
+    p.add_argument("--iters", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=None, help="default: 2 (dqn), 6 (dqn-atari)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sections", action="store_true")
+    p.add_argument("--tight", type=int, default=0)
+    p.add_argument("--replay-adds", action="store_true")
+    p.add_argument("--split", action="store_true", help="both systems: env sampling vs learner update per iteration")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    if a.warmup is None:
+        a.warmup = 2 if a.workload == "dqn" else 6
+    rllib_bench._init_ray()
+    out = split(a) if a.split else conduit_arm(a)
+    print(json.dumps(out, indent=1))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()
