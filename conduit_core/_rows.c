@@ -54,7 +54,8 @@ static inline PyArrayObject *plain_array(PyObject *obj, int writable) {
  *
  * fields: tuple of (name, dtype, trailing shape tuple, finite itemsize or 0). The batch must be
  * an exact dict holding exactly those names, each an exact ndarray, C-contiguous, of that dtype
- * (the same dtype object: numpy's builtin dtypes are singletons), of shape [n, *trailing], one n
+ * (numpy's builtin dtypes are singletons, compared first; an equal copy, as an array that came
+ * through pickle carries, is accepted too), of shape [n, *trailing], one n
  * for all, and a field with a finite itemsize must hold finite values only. Anything else gives
  * None: the Python route then accepts it (a torch tensor, a strided view) or names the error. */
 static PyObject *check_columns(PyObject *self, PyObject *args) {
@@ -71,7 +72,9 @@ static PyObject *check_columns(PyObject *self, PyObject *args) {
         PyObject *trailing = PyTuple_GET_ITEM(f, 2);
         int finite = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 3));
         PyArrayObject *a = plain_array(PyDict_GetItemWithError(batch, name), 0);
-        if (a == NULL || (PyObject *)PyArray_DESCR(a) != dtype) goto decline;
+        if (a == NULL) goto decline;
+        if ((PyObject *)PyArray_DESCR(a) != dtype      /* an unpickled array (Ray's transfer) carries a copy */
+            && !PyArray_EquivTypes(PyArray_DESCR(a), (PyArray_Descr *)dtype)) goto decline;
         Py_ssize_t nt = PyTuple_GET_SIZE(trailing);
         if (PyArray_NDIM(a) != nt + 1) goto decline;
         npy_intp *dims = PyArray_DIMS(a);

@@ -165,6 +165,50 @@ static PyObject *update(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Leaves [lo, hi) set to v, then their ancestors one level at a time (each once, not once per leaf):
+ * every ancestor ends as the sum (and positive minimum) of its children's final values, as
+ * set_leaf() one by one leaves it. */
+static void set_leaf_run(double *sum, double *mn, Py_ssize_t size, Py_ssize_t lo, Py_ssize_t hi, double v) {
+    if (hi <= lo) return;
+    double m = v > 0.0 ? v : 0.0;
+    lo += size; hi += size - 1;          /* nodes, inclusive */
+    for (Py_ssize_t at = lo; at <= hi; at++) { sum[at] = v; mn[at] = m; }
+    for (lo >>= 1, hi >>= 1; lo >= 1; lo >>= 1, hi >>= 1) {
+        for (Py_ssize_t at = lo; at <= hi; at++) {
+            sum[at] = sum[2 * at] + sum[2 * at + 1];
+            mn[at] = min_positive(mn[2 * at], mn[2 * at + 1]);
+        }
+    }
+}
+
+/* update_run(sums, mins, size, start, n, capacity, value): slots start .. start+n (mod capacity)
+ * set to value (an insert at max priority), one native call instead of index and value arrays. */
+static PyObject *update_run(PyObject *self, PyObject *args) {
+    PyObject *o_sum, *o_min;
+    Py_ssize_t size, start, n, capacity;
+    double v;
+    if (!PyArg_ParseTuple(args, "OOnnnnd", &o_sum, &o_min, &size, &start, &n, &capacity, &v)) return NULL;
+    if (capacity <= 0 || capacity > size || start < 0 || start >= capacity || n < 0 || n > capacity) {
+        PyErr_Format(PyExc_IndexError, "priority run out of range: start %zd, n %zd, capacity %zd, leaves %zd",
+                     start, n, capacity, size);
+        return NULL;
+    }
+    Py_buffer bs, bm;
+    if (get_buf(o_sum, &bs, "d", 1)) return NULL;
+    if (get_buf(o_min, &bm, "d", 1)) { PyBuffer_Release(&bs); return NULL; }
+    if (bs.len < (Py_ssize_t)(2 * size * sizeof(double)) || bm.len < (Py_ssize_t)(2 * size * sizeof(double))) {
+        PyBuffer_Release(&bs); PyBuffer_Release(&bm);
+        PyErr_SetString(PyExc_ValueError, "priority trees shorter than 2 * leaves");
+        return NULL;
+    }
+    double *sum = (double *)bs.buf, *mn = (double *)bm.buf;
+    Py_ssize_t first = n < capacity - start ? n : capacity - start;
+    set_leaf_run(sum, mn, size, start, start + first, v);
+    set_leaf_run(sum, mn, size, 0, n - first, v);     /* the wrapped part, if any */
+    PyBuffer_Release(&bs); PyBuffer_Release(&bm);
+    Py_RETURN_NONE;
+}
+
 /* find(sums, size, values:float64[n], out:int64[n]) -- prefix-sum search, never a zero leaf */
 static PyObject *find(PyObject *self, PyObject *args) {
     PyObject *o_sum, *o_val, *o_out;
@@ -571,6 +615,7 @@ static PyMethodDef methods[] = {
     {"set_priorities", set_priorities, METH_VARARGS, "validate, exponentiate and set priorities"},
     {"nstep", nstep, METH_VARARGS, "n-step returns following episode links"},
     {"sample_windows", sample_windows, METH_VARARGS, "select items and walk their n-step windows (redraw rule)"},
+    {"update_run", update_run, METH_VARARGS, "update_run(sums, mins, size, start, n, capacity, value): a run of slots"},
     {"update", update, METH_VARARGS, "update(sums, mins, size, idx, values): set leaves and fix ancestors"},
     {"find", find, METH_VARARGS, "find(sums, size, values, out): prefix-sum search"},
     {NULL, NULL, 0, NULL},

@@ -44,6 +44,7 @@ from .hooks import Rollout
 from .ingestion import IngestionPoint
 from .metrics import MetricsRecorder, MetricsSnapshot
 from .prepared_deliveries import DeliveryRequest, PreparedBatch, PreparedDeliveries
+from .rate_gate import BufferCondition
 from .schedule import Schedule
 from .episodes import EPISODE_END_RULES
 from .workers import make_transformer
@@ -70,7 +71,7 @@ class ExperienceDataPlane:
         self._metrics = MetricsRecorder()
         # Guards every count and queue the parts share (ingestion, prepared deliveries,
         # background errors, the worker); none of them adds a lock of its own.
-        self._cond = threading.Condition()
+        self._cond = BufferCondition()   # (``mutex``: the same lock, entered in C on hot paths)
         # Held by whoever runs the delivery operator (caller inline, or worker prefetch), so
         # selections never interleave and the RNG sequence equals the sequential one.
         self._op_lock = threading.Lock()

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .errors import SpecError
+
 
 @dataclass
 class Rollout:
@@ -31,7 +33,6 @@ class Rollout:
 
 
 def run_ingest_hooks(hooks: list[Callable], rollouts: list[Rollout]) -> list[Rollout]:
-    from .errors import SpecError
     for hook in hooks:
         out = hook(rollouts)
         if not isinstance(out, list) or len(out) != len(rollouts):

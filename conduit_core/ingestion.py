@@ -19,7 +19,6 @@ others take it themselves where they need it.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from typing import Any, Callable, Mapping
@@ -29,6 +28,7 @@ from .buffer import ExperienceBuffer
 from .errors import CapacityError, ExperienceTimeout, SpecError
 from .hooks import Rollout
 from .metrics import MetricsRecorder
+from .rate_gate import BufferCondition
 from .schedule import Schedule
 from .workers import Encoded, InlineTransformer, as_numpy_rows, encode_rollouts
 
@@ -54,7 +54,7 @@ class IngestionPoint:
     """
 
     def __init__(self, *, buffer: ExperienceBuffer, hooks: list[Callable], schedule: Schedule,
-                 metrics: MetricsRecorder, cond: threading.Condition, errors: BackgroundErrors):
+                 metrics: MetricsRecorder, cond: BufferCondition, errors: BackgroundErrors):
         self._buffer = buffer
         self._metrics = metrics
         self._cond = cond
@@ -124,7 +124,7 @@ class IngestionPoint:
         hooks can vectorise across them. Returns their tickets."""
         t0 = time.perf_counter()
         rollouts = list(rollouts)   # (any iterable: its length is the tickets it takes)
-        with self._cond:   # the group's tickets, in order
+        with self._cond.mutex:   # the group's tickets, in order
             first_ticket = self.ticket
             self.ticket += len(rollouts)
         group = []

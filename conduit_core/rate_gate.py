@@ -11,7 +11,8 @@ from .rate_limiter import RateLimiter
 
 
 class BufferCondition(threading.Condition):
-    """The buffer's lock and condition. Every insert and delivery notifies (a consumer may wait
+    """The buffer's lock and condition (and the data plane's, which guards its shared counts
+    with one of these too). Every insert and delivery notifies (a consumer may wait
     for rows, a producer for room), and almost always nobody waits: ``notify_all`` then returns
     at once instead of walking the standard library's notify (~0.6 us per insert). Called with
     the lock held, as ``threading.Condition`` requires, so the waiter list cannot change under it.

@@ -306,8 +306,8 @@ def _native_check_plan(fields, *, codec_refuses: bool = False) -> tuple | None:
     helper is missing or a field has no numpy dtype (bfloat16): ``validate`` then checks in Python."""
     if _c_check_columns is None or any(f.np_dtype is None for f in fields):
         return None
-    # np.dtype(str) is numpy's own instance for the type, the one every array of it carries (an
-    # unpickled dtype is a copy, and the C check compares identity)
+    # np.dtype(str) is numpy's own instance for the type, the one most arrays of it carry (the C
+    # check compares identity first; an unpickled array's dtype is an equal copy, checked for equality)
     return tuple((f.name, np.dtype(f.np_dtype.str), tuple(int(d) for d in f.shape),
                   f.np_dtype.itemsize if _reads_for_nonfinite(f, codec_refuses) else 0)
                  for f in fields)

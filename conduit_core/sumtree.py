@@ -86,7 +86,9 @@ class PriorityIndex:
 
     def set_range(self, start: int, n: int, value: float) -> None:
         """Set a run of slots (wrapping) to one value: insertion at max priority."""
-        if n > 0:
+        if n > 0 and self.use_c:
+            _c.update_run(self._sum, self._min, self.size, start, n, self.capacity, float(value))
+        elif n > 0:
             idx = np.arange(start, start + n, dtype=np.int64)
             if start + n > self.capacity:
                 idx %= self.capacity

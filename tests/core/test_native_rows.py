@@ -43,7 +43,7 @@ def good_batch(n: int, rng: np.random.Generator) -> dict:
 
 
 BREAKS = ["none", "dtype", "shape", "nan", "strided", "tensor", "extra", "missing", "rows", "list",
-          "byteorder", "fortran"]
+          "byteorder", "fortran", "unpickled"]
 
 
 def broken(batch: dict, how: str, rng: np.random.Generator) -> dict:
@@ -72,6 +72,9 @@ def broken(batch: dict, how: str, rng: np.random.Generator) -> dict:
         b["action"] = b["action"].astype(">i8")
     elif how == "fortran":
         b["img"] = np.asfortranarray(b["img"])
+    elif how == "unpickled":   # as Ray hands over a remote env runner's arrays: equal dtypes, not numpy's own
+        import pickle
+        b = pickle.loads(pickle.dumps(b, protocol=5))
     return b
 
 
@@ -218,6 +221,16 @@ def test_a_refused_batch_is_named_and_changes_nothing():
     for k in meta:
         np.testing.assert_array_equal(buf.meta[k], meta[k])
     buf.close()
+
+
+def test_unpickled_columns_take_the_c_route():
+    """Arrays that came through pickle (a remote env runner's, via Ray) carry dtype copies; the
+    native check accepts them (equal dtypes), so they are not sent to the Python route."""
+    import pickle
+    batch = pickle.loads(pickle.dumps(good_batch(4, np.random.default_rng(2)), protocol=5))
+    assert batch["obs"].dtype is not np.dtype(np.float32)
+    got = native.check_columns(batch, SPEC._native_check)
+    assert got is not None and got[0] == 4 and all(got[1][k] is batch[k] for k in batch)
 
 
 def test_an_unpickled_spec_takes_the_c_route_again():
