@@ -99,7 +99,8 @@ def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, siz
     if episode_end == "redraw":
         slots, weights, ret, last, steps = walk.sample_windows(
             ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True)
-        return slots, weights, walk.window_columns(buf.gather, slots, ret, last, steps, device, fields)
+        return slots, weights, walk.window_columns(buf.gather, slots, ret, last, steps, device, fields,
+                                                   take=buf.storage.take_fresh)
     slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta)
     return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,
                                                device, fields)

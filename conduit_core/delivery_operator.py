@@ -64,6 +64,20 @@ class DeliveryOperator:
             raise
         return out
 
+    def draw_now(self, n: int, *, n_step, gamma: float, beta, device, episode_end: str, fields,
+                 timeout: float | None) -> Batch:
+        """One replay batch handed out at once (a sequential schedule drawing one batch per
+        call, no delivery hooks: the caller judged that), without a request or a prepared
+        entry; as ``run`` does, a failure leaves nothing counted as sampled."""
+        buffer = self._buffer
+        sampled_before = buffer.counts.sampled
+        try:
+            return buffer.sample(n, device=device, n_step=n_step, gamma=gamma, beta=beta, timeout=timeout,
+                                 episode_end=episode_end, fields=fields)
+        except BaseException:
+            buffer.rollback_selection(None, items=buffer.counts.sampled - sampled_before, restore_rng=False)
+            raise
+
     def _draw(self, request: DeliveryRequest, n: int, timeout: float | None) -> Batch:
         buffer = self._buffer
         if request.kind == "sequences":

@@ -31,7 +31,6 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import torch
 
 from .batch import Batch
@@ -48,8 +47,7 @@ from .rate_gate import BufferCondition
 from .schedule import Schedule
 from .episodes import EPISODE_END_RULES
 from .workers import make_transformer
-
-EDP_STATE_VERSION = 1
+from .edp_state import EDP_STATE_VERSION, checked_counters
 
 
 class ExperienceDataPlane:
@@ -153,6 +151,18 @@ class ExperienceDataPlane:
             if kind != "take" and batch_size is None:
                 raise ConfigError("batch_size", "a positive int for replay delivery", None,
                                   "pass batch_size=...; only FIFO delivery may take everything")
+            if kind == "sample" and self.schedule.draws_at_once and not self._delivery.hooks:
+                # nothing is prepared ahead and no hook runs: draw and hand out, no request or entry
+                self.ingestion.wait_stored(self.schedule.staleness, timeout, "deliver")
+                with self._op_lock:
+                    t0 = time.perf_counter()
+                    batch = self._delivery.draw_now(batch_size, n_step=n_step, gamma=gamma, beta=beta,
+                                                    device=self.device, episode_end=episode_end, fields=fields,
+                                                    timeout=timeout)
+                    self._metrics.add_busy("deliver", time.perf_counter() - t0, items_out=batch.size)
+                with self._cond.mutex:
+                    self._cond.notify_all()
+                return batch
             req = DeliveryRequest(kind, batch_size, n_step if isinstance(n_step, (int, type(None))) else tuple(n_step),
                                   gamma, beta, sequence_length, policy_version, self.device, episode_end,
                                   None if fields is None else tuple(fields))
@@ -168,7 +178,7 @@ class ExperienceDataPlane:
                 return batch
             self.ingestion.wait_stored(self.schedule.staleness, timeout, "deliver")
             with self._op_lock:
-                with self._cond:
+                with self._cond.mutex:
                     batch = self._prepared.take_locked(req, accepted_rows=self.ingestion.accepted_rows,
                                                        priority_version=self._priority_version,
                                                        staleness=self.schedule.staleness)
@@ -178,11 +188,11 @@ class ExperienceDataPlane:
                     self._metrics.add_busy("deliver", time.perf_counter() - t0,
                                            items_out=sum(p.items for p in prepared))
                     batch = prepared[0].batch
-                    with self._cond:
+                    with self._cond.mutex:
                         self._prepared.add_locked(prepared[1:])
                 else:
                     self._metrics.count("prefetch_hits")
-            with self._cond:
+            with self._cond.mutex:
                 self._cond.notify_all()
             return batch
 
@@ -190,7 +200,7 @@ class ExperienceDataPlane:
         """The delivery operator for ``req``, stamped with what was stored and the priority
         version before it selects (the guards judge prepared batches against them). The
         caller holds ``_op_lock``."""
-        with self._cond:
+        with self._cond.mutex:
             rows_committed = self.ingestion.committed_rows
             pv = self._priority_version
         g = self.schedule.delivery_granularity
@@ -203,7 +213,7 @@ class ExperienceDataPlane:
         with self._metrics.blocked("priorities"):
             self._check_usable()
             t0 = time.perf_counter()
-            with self._cond:
+            with self._cond.mutex:
                 n = self.buffer.update_priorities(batch.slots, priorities, seqs=batch.seqs)
                 self._priority_version += 1
             self._metrics.add_busy("priorities", time.perf_counter() - t0, items_in=n)
@@ -332,17 +342,7 @@ class ExperienceDataPlane:
                     "priority_version": self._priority_version}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        from .errors import StateError
-        if state.get("edp_version") != EDP_STATE_VERSION:
-            raise StateError(f"edp_version: expected {EDP_STATE_VERSION}, got {state.get('edp_version')!r}. "
-                             "Fix: load with the Conduit version that wrote the state.")
-        counters = {}
-        for k in ("ticket", "rows", "priority_version"):
-            v = state.get(k)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise StateError(f"{k}: expected an int >= 0, got {v!r}. Fix: the state is damaged; nothing was "
-                                 "loaded")
-            counters[k] = int(v)
+        counters = checked_counters(state)   # before anything changes
         self.flush()
         with self._cond:
             # undo prepared draws first: undoing them after the load would put back the old RNG state

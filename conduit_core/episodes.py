@@ -51,13 +51,13 @@ class EpisodeWalk:
         self.spec, self.done_fields = spec, done_fields
         self._window_plans: dict = {}   # fields asked for -> (names, first-step, last-step fields)
 
-    def _window_plan(self, fields) -> tuple[list[str], list[str], list[str]]:
+    def _window_plan(self, fields) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         key = None if fields is None else tuple(fields)
         plan = self._window_plans.get(key)
         if plan is None:
-            names = [f for f in self.spec.names if key is None or f in key]
-            last_fields = [f for f in ("next_obs", *self.done_fields) if f in names]
-            first_fields = [f for f in names if f not in last_fields and f != "reward"]
+            names = tuple(f for f in self.spec.names if key is None or f in key)
+            last_fields = tuple(f for f in ("next_obs", *self.done_fields) if f in names)
+            first_fields = tuple(f for f in names if f not in last_fields and f != "reward")
             plan = self._window_plans[key] = (names, last_fields, first_fields)
         return plan
 
@@ -82,18 +82,29 @@ class EpisodeWalk:
         ret, cur, steps = self.n_step_returns(ring, storage, slots, n, gamma)
         return self.window_columns(gather, slots, ret, cur, steps, device, fields)
 
-    def window_columns(self, gather, slots, ret, cur, steps, device, fields=None) -> dict[str, torch.Tensor]:
+    def window_columns(self, gather, slots, ret, cur, steps, device, fields=None, *,
+                       take=None) -> dict[str, torch.Tensor]:
         """Columns of n-step windows: first-step fields from ``slots``, ``next_obs`` and the
         done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``
-        (``fields``: only these of the spec's fields, ``n_step`` always)."""
+        (``fields``: only these of the spec's fields, ``n_step`` always). ``take`` (slots,
+        names) -> host columns or None: a one-pass route for host batches, tried before ``gather``."""
         names, last_fields, first_fields = self._window_plan(fields)
-        data = gather(slots, device, first_fields)
-        data.update(gather(cur, device, last_fields))
-        dev = torch.device(device) if device is not None else torch.device("cpu")
-        if "reward" in names:
-            data["reward"] = torch.from_numpy(ret.astype(np.float32)).to(dev)
-        data["n_step"] = torch.from_numpy(steps).to(dev)
-        return {name: data[name] for name in [*names, "n_step"]}
+        data = last = None
+        if take is not None and device is None:
+            data, last = take(slots, first_fields), take(cur, last_fields)
+        if data is None or last is None:
+            data, last = gather(slots, device, first_fields), gather(cur, device, last_fields)
+        data.update(last)
+        if device is None:
+            if "reward" in names:
+                data["reward"] = torch.from_numpy(ret.astype(np.float32))
+            data["n_step"] = torch.from_numpy(steps)
+        else:
+            dev = torch.device(device)
+            if "reward" in names:
+                data["reward"] = torch.from_numpy(ret.astype(np.float32)).to(dev)
+            data["n_step"] = torch.from_numpy(steps).to(dev)
+        return {name: data[name] for name in (*names, "n_step")}
 
     def sample_windows(self, ring, storage, selector, rng, batch_size: int, n_step, gamma: float,
                        beta: float | None, *, redraw: bool):
@@ -118,15 +129,12 @@ class EpisodeWalk:
             count = ring.inserted - lo
         b = int(batch_size)
         slots = np.empty(b, dtype=np.int64)
-        weights = np.ones(b, dtype=np.float32)
+        weights = np.empty(b, dtype=np.float32)   # every delivered item's written by the walk (1 when uniform)
         ret = np.empty(b, dtype=np.float64)
         last = np.empty(b, dtype=np.int64)
         steps = np.empty(b, dtype=np.int64)
         per_try = 2 if n_hi - n_lo > 1 else 1
-        rew = storage.host_view("reward")
-        done = [storage.host_view(f) for f in self.done_fields]
-        native = (_c_sample_windows is not None and rew is not None and rew.dtype == np.float32 and len(done) == 2
-                  and all(d is not None and d.dtype == np.bool_ for d in done))
+        views = storage.walk_views(self.done_fields) if _c_sample_windows is not None else None
         filled, tries, limit = 0, 0, 64 * b + 4096
         while filled < b:
             if tries > limit:
@@ -139,9 +147,8 @@ class EpisodeWalk:
             args = (prioritized, sums, mins, tsize, lo, count, ring.capacity, ring.meta["seq"],
                     ring.meta["next_seq"], u, n_lo, n_hi, float(gamma), beta, redraw,
                     slots, weights, ret, last, steps, filled)
-            if native:
-                filled, used = _c_sample_windows(*args[:9], rew, done[0].view(np.uint8), done[1].view(np.uint8),
-                                                 *args[9:])
+            if views is not None:
+                filled, used = _c_sample_windows(*args[:9], *views, *args[9:])
             else:
                 filled, used = self.sample_windows_reference(storage, selector, *args)
             tries += used // per_try

@@ -40,6 +40,13 @@ class Schedule:
         spare = self.delivery_granularity - 1
         return self.depth + spare if self.is_overlapped else spare
 
+    @property
+    def draws_at_once(self) -> bool:
+        """Every replay batch drawn by the call that hands it out, nothing prepared ahead
+        (sequential, one batch per operator call): the data plane's delivery then needs no
+        request or prepared entry."""
+        return self.mode == "sequential" and self.delivery_granularity == 1
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError("Schedule.mode", f"one of {MODES}", repr(self.mode),

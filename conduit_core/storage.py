@@ -78,6 +78,7 @@ class ColumnarStorage:
         self._plain_host = self._single_host and all(v is not None and d is None for _, v, d, _ in self._plan)
         # ... and an insert is one C call copying every column (wrapping at the ring's end)
         self._copy_targets = tuple((name, v) for name, v, _, _ in self._plan) if self._plain_host else None
+        self._take_plans: dict = {}   # field names -> their columns (take_fresh, walk_views)
 
     def _make_pools(self) -> dict[str, FramePool]:
         groups: dict[str, list] = {}
@@ -247,6 +248,34 @@ class ColumnarStorage:
             result[name] = t
         return result
 
+    def walk_views(self, done_fields: tuple[str, ...]) -> tuple[np.ndarray, ...] | None:
+        """What the native n-step walk reads: the float32 ``reward`` column and the two bool
+        done flags as uint8 views, of one host shard; None otherwise (the walk's Python route)."""
+        key = ("walk", done_fields)
+        views = self._take_plans.get(key, False)
+        if views is False:
+            rew = self.host_view("reward") if "reward" in self.spec else None
+            done = [self.host_view(f) for f in done_fields]
+            ok = (rew is not None and rew.dtype == np.float32 and len(done) == 2
+                  and all(d is not None and d.dtype == np.bool_ for d in done))
+            views = self._take_plans[key] = (rew, done[0].view(np.uint8), done[1].view(np.uint8)) if ok else None
+        return views
+
+    def take_fresh(self, slots: np.ndarray, names: Sequence[str]) -> dict[str, torch.Tensor] | None:
+        """``names`` at 1-D ``slots`` as fresh host tensors, in one native pass, where the
+        storage is one host shard of plain columns (nothing to decode); else None (then
+        ``gather``). The n-step windows' two gathers take this route."""
+        if not self._plain_host or _c_take_rows is None:
+            return None
+        plan = self._take_plans.get(names)
+        if plan is None:
+            views = dict(self._copy_targets)
+            plan = self._take_plans[names] = tuple(views[n] for n in names)
+        taken = _c_take_rows(slots, plan)
+        if taken is None:
+            return None
+        return {name: torch.from_numpy(a) for name, a in zip(names, taken)}
+
     def _gather_fast(self, slots: np.ndarray, target: torch.device, out, fields=None,
                      out_tensors=None) -> dict[str, torch.Tensor]:
         """One host shard, 1-D slots: one ``ndarray.take`` per field, nothing else (for a GPU
@@ -336,6 +365,7 @@ class ColumnarStorage:
         self._plan = []
         self._plain_host = False
         self._copy_targets = None
+        self._take_plans = {}
         for pool in self.pools.values():
             pool.close()
         for part in self.parts:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from conduit_core import AffineCodec, ExperienceSpec, FieldSpec, SpecError
+from conduit_core.nested import flatten
 from conduit_core.spec import as_torch_dtype
 
 # Conduit field -> RLlib column (ray.rllib.core.columns.Columns)
@@ -36,7 +37,6 @@ def _steps(buf, n: int):
 
 def _extra_leaves(key: str, value) -> list:
     """An extra model output (an array, or a nesting of them) as ``EXTRA``-prefixed flat names."""
-    from conduit_core.nested import flatten
     return flatten({key: value}, prefix=EXTRA) if isinstance(value, dict) else [(EXTRA + key, value)]
 
 

@@ -1,0 +1,70 @@
+"""A sequential schedule drawing one batch per call hands each replay batch out from the call
+that draws it (no request, no prepared entry, the n-step windows' columns in one native take):
+the same batches, the same RNG sequence and the same counts as the route through the delivery
+operator, which a delivery hook still takes; a failed draw counts nothing as sampled."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from conduit_core import ExperienceBuffer, ExperienceDataPlane, Prioritized, Schedule, Uniform
+
+from .helpers import SPEC, rollout
+
+
+def run(selector, *, hook: bool, steps: int, n_step, episode_end: str, fields, seed: int):
+    buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=selector, seed=seed)
+    hooks = [lambda b: b] if hook else None   # a hook sends every batch through the operator's run
+    out = []
+    with ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential(), delivery_hooks=hooks) as edp:
+        rng = np.random.default_rng(seed)
+        for i in range(steps):
+            n = 12 if i == 0 else int(rng.integers(1, 9))   # the first: windows of every n fit
+            edp.ingest(rollout(n, 9 * i, done_at=n - 1 if rng.random() < 0.5 else None), source=i % 3)
+            b = edp.deliver(6, n_step=n_step, episode_end=episode_end, fields=fields)
+            out.append((dict(b), b.slots.copy(), b.seqs.copy(), b.versions.copy(),
+                        None if b.weights is None else b.weights.clone()))
+            if isinstance(selector, Prioritized):
+                edp.update_priorities(b, rng.random(6) + 0.1)
+        return out, buf.sampled, buf.rng.bit_generator.state
+
+
+@settings(max_examples=25, deadline=None)
+@given(prioritized=st.booleans(), n_step=st.sampled_from([None, 1, 3, (2, 5)]),
+       episode_end=st.sampled_from(["shorten", "redraw"]),
+       fields=st.sampled_from([None, ("obs", "action", "reward", "next_obs", "terminated", "truncated"),
+                               ("obs", "reward", "next_obs")]), seed=st.integers(0, 2**16))
+def test_handed_out_at_once_equals_the_operator_route(prioritized, n_step, episode_end, fields, seed):
+    if n_step is None and episode_end == "redraw":
+        episode_end = "shorten"
+    make = (lambda: Prioritized(alpha=0.6, beta=0.4)) if prioritized else Uniform
+    fast = run(make(), hook=False, steps=12, n_step=n_step, episode_end=episode_end, fields=fields, seed=seed)
+    slow = run(make(), hook=True, steps=12, n_step=n_step, episode_end=episode_end, fields=fields, seed=seed)
+    assert fast[1] == slow[1] and fast[2] == slow[2]   # counts and the RNG where it ends
+    for (data_a, *prov_a), (data_b, *prov_b) in zip(fast[0], slow[0]):
+        assert list(data_a) == list(data_b)
+        for k in data_a:
+            assert data_a[k].dtype == data_b[k].dtype and torch.equal(data_a[k], data_b[k]), k
+        for a, b in zip(prov_a, prov_b):
+            if a is None:
+                assert b is None
+            else:
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_failed_draw_counts_nothing_as_sampled(monkeypatch):
+    buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=Uniform(), seed=0)
+    with ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential()) as edp:
+        edp.ingest(rollout(20))
+        edp.deliver(4)
+        before = buf.sampled
+
+        def broken(slots):
+            raise RuntimeError("injected: the provenance gather failed")
+        monkeypatch.setattr(buf.ring, "gather_meta", broken)
+        with pytest.raises(RuntimeError, match="injected"):
+            edp.deliver(4)
+        assert buf.sampled == before
+        monkeypatch.undo()
+        assert edp.deliver(4).size == 4 and buf.sampled == before + 4
