@@ -74,7 +74,8 @@ static PyObject *check_columns(PyObject *self, PyObject *args) {
         PyArrayObject *a = plain_array(PyDict_GetItemWithError(batch, name), 0);
         if (a == NULL) goto decline;
         if ((PyObject *)PyArray_DESCR(a) != dtype      /* an unpickled array (Ray's transfer) carries a copy */
-            && !PyArray_EquivTypes(PyArray_DESCR(a), (PyArray_Descr *)dtype)) goto decline;
+            && (!PyArray_DescrCheck(dtype) || !PyArray_EquivTypes(PyArray_DESCR(a), (PyArray_Descr *)dtype)))
+            goto decline;
         Py_ssize_t nt = PyTuple_GET_SIZE(trailing);
         if (PyArray_NDIM(a) != nt + 1) goto decline;
         npy_intp *dims = PyArray_DIMS(a);

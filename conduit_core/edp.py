@@ -44,6 +44,7 @@ from .ingestion import IngestionPoint
 from .metrics import MetricsRecorder, MetricsSnapshot
 from .prepared_deliveries import DeliveryRequest, PreparedBatch, PreparedDeliveries
 from .rate_gate import BufferCondition
+from .sampling_args import replay_args
 from .schedule import Schedule
 from .episodes import EPISODE_END_RULES
 from .workers import make_transformer
@@ -151,6 +152,7 @@ class ExperienceDataPlane:
             if kind != "take" and batch_size is None:
                 raise ConfigError("batch_size", "a positive int for replay delivery", None,
                                   "pass batch_size=...; only FIFO delivery may take everything")
+            fields, n_step = replay_args(fields, n_step)   # one form for both routes below
             if kind == "sample" and self.schedule.draws_at_once and not self._delivery.hooks:
                 # nothing is prepared ahead and no hook runs: draw and hand out, no request or entry
                 self.ingestion.wait_stored(self.schedule.staleness, timeout, "deliver")
@@ -163,16 +165,14 @@ class ExperienceDataPlane:
                 with self._cond.mutex:
                     self._cond.notify_all()
                 return batch
-            req = DeliveryRequest(kind, batch_size, n_step if isinstance(n_step, (int, type(None))) else tuple(n_step),
-                                  gamma, beta, sequence_length, policy_version, self.device, episode_end,
-                                  None if fields is None else tuple(fields))
+            req = DeliveryRequest(kind, batch_size, n_step, gamma, beta, sequence_length, policy_version, self.device,
+                                  episode_end, fields)
             if kind == "take":
                 if batch_size is None:
                     self.ingestion.wait_stored(0, timeout, "deliver")
                 self._raise_error()
                 t0 = time.perf_counter()
-                batch = self.buffer.take(batch_size, policy_version=policy_version, device=self.device,
-                                         timeout=timeout)
+                batch = self.buffer.take(batch_size, policy_version=policy_version, device=self.device, timeout=timeout)
                 batch = self._delivery.run_hooks(batch)
                 self._metrics.add_busy("deliver", time.perf_counter() - t0, items_out=batch.size)
                 return batch

@@ -14,6 +14,20 @@ from .memory import available_bytes, fmt
 from .tiers import Tier
 
 
+def replay_args(fields, n_step) -> tuple:
+    """``(fields, n_step)`` in the one form every delivery route passes on: fields as a tuple
+    (a str is left for ``check_fields`` to name), n_step as None, an int or a ``(lo, hi)`` tuple
+    (a list or array of two becomes one). Checks nothing: ``check_fields``/``check_sampling`` do."""
+    if fields is not None and type(fields) is not tuple and not isinstance(fields, str):
+        try:
+            fields = tuple(fields)   # (a generator is read once, here)
+        except TypeError:
+            pass   # not a sequence: check_fields names it
+    if isinstance(n_step, list) or (isinstance(n_step, np.ndarray) and n_step.ndim == 1):
+        n_step = tuple(int(v) if isinstance(v, np.integer) else v for v in n_step)
+    return fields, n_step
+
+
 def check_batch_size(batch_size, row_bytes: int) -> None:
     if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) \
             or batch_size < 1:
@@ -55,7 +69,11 @@ def check_fields(spec, fields) -> None:
         return
     if isinstance(fields, str):
         raise ConfigError("fields", "a sequence of field names", repr(fields), f"pass [{fields!r}]")
-    unknown = [f for f in fields if f not in spec]
+    try:
+        unknown = [f for f in fields if f not in spec]
+    except TypeError:
+        raise ConfigError("fields", "a sequence of field names", type(fields).__name__,
+                          "pass e.g. fields=['obs', 'action'], or None for all") from None
     if unknown:
         raise SpecError(f"fields[{unknown[0]!r}]", f"one of the spec's fields {list(spec.names)}",
                         "not in the spec", "ask for declared fields only")

@@ -78,7 +78,8 @@ class ColumnarStorage:
         self._plain_host = self._single_host and all(v is not None and d is None for _, v, d, _ in self._plan)
         # ... and an insert is one C call copying every column (wrapping at the ring's end)
         self._copy_targets = tuple((name, v) for name, v, _, _ in self._plan) if self._plain_host else None
-        self._take_plans: dict = {}   # field names -> their columns (take_fresh, walk_views)
+        self._take_plans: dict = {}   # field names (a tuple) -> their columns, for take_fresh
+        self._walk_views: dict = {}   # done fields -> walk_views' answer
 
     def _make_pools(self) -> dict[str, FramePool]:
         groups: dict[str, list] = {}
@@ -251,22 +252,23 @@ class ColumnarStorage:
     def walk_views(self, done_fields: tuple[str, ...]) -> tuple[np.ndarray, ...] | None:
         """What the native n-step walk reads: the float32 ``reward`` column and the two bool
         done flags as uint8 views, of one host shard; None otherwise (the walk's Python route)."""
-        key = ("walk", done_fields)
-        views = self._take_plans.get(key, False)
+        views = self._walk_views.get(done_fields, False)
         if views is False:
             rew = self.host_view("reward") if "reward" in self.spec else None
             done = [self.host_view(f) for f in done_fields]
             ok = (rew is not None and rew.dtype == np.float32 and len(done) == 2
                   and all(d is not None and d.dtype == np.bool_ for d in done))
-            views = self._take_plans[key] = (rew, done[0].view(np.uint8), done[1].view(np.uint8)) if ok else None
+            views = self._walk_views[done_fields] = (rew, done[0].view(np.uint8), done[1].view(np.uint8)) if ok else None
         return views
 
-    def take_fresh(self, slots: np.ndarray, names: Sequence[str]) -> dict[str, torch.Tensor] | None:
+    def take_fresh(self, slots: np.ndarray, names: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
         """``names`` at 1-D ``slots`` as fresh host tensors, in one native pass, where the
         storage is one host shard of plain columns (nothing to decode); else None (then
         ``gather``). The n-step windows' two gathers take this route."""
         if not self._plain_host or _c_take_rows is None:
             return None
+        if not names:
+            return {}
         plan = self._take_plans.get(names)
         if plan is None:
             views = dict(self._copy_targets)
@@ -365,7 +367,7 @@ class ColumnarStorage:
         self._plan = []
         self._plain_host = False
         self._copy_targets = None
-        self._take_plans = {}
+        self._take_plans, self._walk_views = {}, {}
         for pool in self.pools.values():
             pool.close()
         for part in self.parts:

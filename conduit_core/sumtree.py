@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover
     _c = None
 
 HAVE_C = _c is not None
+_HAVE_RUN = HAVE_C and hasattr(_c, "update_run")   # (a build older than update_run: the per-slot route)
 
 
 class PriorityIndex:
@@ -86,7 +87,7 @@ class PriorityIndex:
 
     def set_range(self, start: int, n: int, value: float) -> None:
         """Set a run of slots (wrapping) to one value: insertion at max priority."""
-        if n > 0 and self.use_c:
+        if n > 0 and self.use_c and _HAVE_RUN:
             _c.update_run(self._sum, self._min, self.size, start, n, self.capacity, float(value))
         elif n > 0:
             idx = np.arange(start, start + n, dtype=np.int64)

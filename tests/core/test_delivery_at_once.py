@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from conduit_core import ExperienceBuffer, ExperienceDataPlane, Prioritized, Schedule, Uniform
+from conduit_core import ExperienceBuffer, ExperienceDataPlane, Prioritized, Schedule, ShardSpec, Uniform
 
 from .helpers import SPEC, rollout
 
@@ -16,6 +16,8 @@ from .helpers import SPEC, rollout
 def run(selector, *, hook: bool, steps: int, n_step, episode_end: str, fields, seed: int):
     buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=selector, seed=seed)
     hooks = [lambda b: b] if hook else None   # a hook sends every batch through the operator's run
+    if hook:   # ... and the windows' columns through gather, not the one-pass take
+        buf.storage.take_fresh = lambda slots, names: None
     out = []
     with ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential(), delivery_hooks=hooks) as edp:
         rng = np.random.default_rng(seed)
@@ -68,3 +70,55 @@ def test_a_failed_draw_counts_nothing_as_sampled(monkeypatch):
         assert buf.sampled == before
         monkeypatch.undo()
         assert edp.deliver(4).size == 4 and buf.sampled == before + 4
+
+
+FIELDS = ("obs", "reward", "next_obs", "terminated")
+
+
+@pytest.mark.parametrize("hook", [False, True])
+@pytest.mark.parametrize("form", ["list", "generator", "numpy int", "tuple"])
+def test_every_form_of_fields_and_n_step_delivers_what_the_tuple_form_does(hook, form):
+    """A list or generator of fields, and n_step as a list, an array or a numpy int, are read
+    as the tuple/int they stand for, whichever route the batch takes."""
+    fields, n_step, want_n = {"list": (list(FIELDS), [2, 5], (2, 5)),
+                              "generator": ((f for f in FIELDS), np.array([2, 5]), (2, 5)),
+                              "numpy int": (FIELDS, np.int64(3), 3), "tuple": ([*FIELDS], (2, 5), (2, 5))}[form]
+    got = []
+    for f, n in ((fields, n_step), (FIELDS, want_n)):
+        buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=Uniform(), seed=3)
+        with ExperienceDataPlane(buffer=buf, delivery_hooks=[lambda b: b] if hook else None) as edp:
+            edp.ingest(rollout(30, done_at=14))
+            got.append(edp.deliver(8, n_step=n, fields=f))
+    assert list(got[0]) == [*FIELDS, "n_step"] == list(got[1])
+    for k in got[0]:
+        assert torch.equal(got[0][k], got[1][k]), k
+
+
+def test_take_fresh_equals_gather_and_declines_what_it_cannot_take():
+    buf = ExperienceBuffer(spec=SPEC, capacity=32, selector=Uniform(), seed=0)
+    buf.add(rollout(32))
+    slots = np.random.default_rng(0).integers(0, 32, 50)
+    for names in (FIELDS, tuple(SPEC.names), ("action",), ()):
+        got, want = buf.storage.take_fresh(slots, names), buf.storage.gather(slots, fields=list(names))
+        assert list(got) == list(names)
+        for k in names:
+            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+    assert buf.storage.take_fresh(slots[::2], FIELDS) is None           # strided slots: gather takes them
+    assert buf.storage.take_fresh(np.array([32]), FIELDS) is None       # out of range: gather names it
+    buf.close()
+
+
+def test_windows_after_a_migration_read_the_new_layout():
+    buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=Uniform(), seed=5)
+    with ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential()) as edp:
+        for i in range(4):
+            edp.ingest(rollout(12, 12 * i, done_at=11), source=i)
+        before = edp.deliver(16, n_step=3, episode_end="redraw")
+        edp.migrate(shards=[ShardSpec("pageable", 32), ShardSpec("pageable", 32)], capacity=64, background=False)
+        for i in range(4, 6):
+            edp.ingest(rollout(12, 12 * i, done_at=11), source=i)
+        after = edp.deliver(16, n_step=3, episode_end="redraw")
+        for b in (before, after):   # each window: three steps of one stored episode, read from where it is now
+            start = b["obs"][:, 0]
+            assert torch.equal(b["next_obs"][:, 0], start + 3) and torch.equal(b["n_step"], torch.full((16,), 3))
+            assert torch.equal(b["reward"], torch.full((16,), 1 + 0.99 + 0.99 ** 2, dtype=torch.float32))
