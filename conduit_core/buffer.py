@@ -30,6 +30,7 @@ from .memory import check_layout_fits
 from .output_pool import OutputPool
 from .rate_limiter import RateLimiter
 from .rate_gate import BufferCondition
+from .sampling_args import SamplingChecks
 from .ring import Ring
 from . import delivery
 from .delivery import DeliveryCounts
@@ -77,6 +78,7 @@ class ExperienceBuffer:
         self.selector.bind(capacity)
         self.rate_limiter = rate_limiter or RateLimiter()
         self.done_fields = tuple(f for f in done_fields if f in spec)
+        self.sampling_checks = SamplingChecks()   # sample()'s argument checks, remembered once passed
         self.walk = EpisodeWalk(spec, self.done_fields)  # n-step windows and sequences over the ring
         self.storage = ColumnarStorage(spec=spec, shards=shards)
         try:

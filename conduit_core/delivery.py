@@ -19,8 +19,7 @@ import torch
 from .batch import Batch
 from .errors import CapacityError, ConfigError, ExperienceTimeout, SemanticError, SpecError
 from .rate_gate import wait_to_sample, wait_until
-from .sampling_args import (check_batch_size, check_episode_end, check_fields, check_length, check_redraw_selector,
-                            check_sampling)
+from .sampling_args import check_batch_size, check_fields, check_length
 from .selection import select_slots
 
 
@@ -52,14 +51,9 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     if buf.selector.consumes:
         raise ConfigError("selector", "uniform or prioritized for sample()", "fifo",
                           "use take() to consume FIFO (on-policy) data")
-    check_episode_end(episode_end)
     if isinstance(n_step, list):
         n_step = tuple(n_step)
-    check_sampling(n_step, gamma, beta)
-    check_batch_size(batch_size, buf.row_bytes)
-    check_fields(buf.spec, fields)
-    if n_step is not None and episode_end == "redraw":
-        check_redraw_selector(buf.selector)
+    buf.sampling_checks.check(buf, batch_size, n_step, gamma, beta, episode_end, fields)
     ring, cond = buf.ring, buf.lock
     # the columns come from the output pool only for a plain 1-step gather of every field on the
     # host; n-step windows, a field subset and a device's batches are fresh, and so are their weights

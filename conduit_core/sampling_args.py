@@ -101,3 +101,39 @@ def check_redraw_selector(selector) -> None:
 def check_length(length, capacity: int) -> None:
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 1 <= length <= capacity:
         raise ConfigError("length", f"an int in [1, capacity={capacity}]", repr(length), "use e.g. length=20")
+
+
+class SamplingChecks:
+    """One buffer's ``sample()`` argument checks, remembered for the argument tuples that
+    passed: a training loop asks for the same batch every step, and five checks per call
+    become one set lookup. Only exactly-typed arguments (int batch size, float gamma and
+    beta, None/int/(int, int) n_step, a tuple of field names) are remembered, so a value
+    that merely compares equal to an accepted one (``True`` for 1, ``1`` for 1.0) is still
+    checked, and refused, every time; a batch whose size needs the free-memory probe is never
+    remembered (the answer can change). The spec and selector are the buffer's, fixed."""
+
+    LIMIT = 64   # distinct argument tuples kept (then forgotten all at once)
+
+    def __init__(self):
+        self._passed: set = set()
+
+    def check(self, buf, batch_size, n_step, gamma, beta, episode_end, fields) -> None:
+        key = None
+        if type(batch_size) is int and type(gamma) is float and (beta is None or type(beta) is float) \
+                and (fields is None or type(fields) is tuple) \
+                and (n_step is None or type(n_step) is int
+                     or (type(n_step) is tuple and len(n_step) == 2 and type(n_step[0]) is int
+                         and type(n_step[1]) is int)):
+            key = (batch_size, n_step, gamma, beta, episode_end, fields)
+            if key in self._passed:
+                return
+        check_episode_end(episode_end)
+        check_sampling(n_step, gamma, beta)
+        check_batch_size(batch_size, buf.row_bytes)
+        check_fields(buf.spec, fields)
+        if n_step is not None and episode_end == "redraw":
+            check_redraw_selector(buf.selector)
+        if key is not None and batch_size * buf.row_bytes < (256 << 20) and all(type(f) is str for f in fields or ()):
+            if len(self._passed) >= self.LIMIT:
+                self._passed.clear()
+            self._passed.add(key)

@@ -298,8 +298,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         would never be drawn again) and adds no epsilon; the selector is built with eps=0 to match."""
         if not self.prioritized:
             return
-        self.edp.update_priorities(batch, np.maximum(np.abs(np.asarray(priorities, dtype=np.float64)),
-                                                     RLLIB_MIN_PRIORITY))
+        p = np.abs(np.asarray(priorities, dtype=np.float64))   # a new array: floored in place
+        self.edp.update_priorities(batch, np.maximum(p, RLLIB_MIN_PRIORITY, out=p))
 
     # ---------------------------------------------------------------- metrics
     def get_metrics(self) -> dict:

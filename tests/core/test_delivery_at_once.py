@@ -122,3 +122,24 @@ def test_windows_after_a_migration_read_the_new_layout():
             start = b["obs"][:, 0]
             assert torch.equal(b["next_obs"][:, 0], start + 3) and torch.equal(b["n_step"], torch.full((16,), 3))
             assert torch.equal(b["reward"], torch.full((16,), 1 + 0.99 + 0.99 ** 2, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(batch_size=True), "batch_size"), (dict(gamma=1), None), (dict(n_step=(True, 3)), "n_step"),
+    (dict(fields=("obs", "nope")), "nope"), (dict(episode_end="cut"), "episode_end"), (dict(batch_size=0), "batch_size")])
+def test_remembered_checks_still_refuse_what_only_compares_equal(bad, match):
+    """sample()'s checks remember argument tuples that passed; a value equal to an accepted
+    one but of another type (True for 1, 1 for 1.0, (True, 3) for (1, 3)) is checked anew."""
+    from conduit_core import ConfigError, SpecError
+    buf = ExperienceBuffer(spec=SPEC, capacity=32, selector=Uniform(), seed=0)
+    buf.add(rollout(32))
+    good = dict(batch_size=1, gamma=1.0, n_step=(1, 3), fields=("obs", "reward", "next_obs"), episode_end="shorten")
+    for _ in range(2):
+        buf.sample(good["batch_size"], **{k: v for k, v in good.items() if k != "batch_size"})
+    args = {**good, **bad}
+    if match is None:   # an int gamma is a valid discount: checked (not looked up) and accepted
+        assert buf.sample(args.pop("batch_size"), **args).size == 1
+    else:
+        with pytest.raises((ConfigError, SpecError), match=match):
+            buf.sample(args.pop("batch_size"), **args)
+    buf.close()
