@@ -49,7 +49,10 @@ static void set_leaf(double *sum, double *mn, Py_ssize_t size, long long i, doub
 }
 
 /* The leaf node holding prefix sum v: go left when v falls inside the left subtree, or
- * when the right subtree is empty (rounding), so a zero-priority leaf is never returned. */
+ * when the right subtree is empty (rounding), so a zero-priority leaf is never returned.
+ * Every search runs batched now (descend_many, which finds these leaves bit for bit); this
+ * one-walk form is its definition, and the Python reference's. */
+__attribute__((unused))
 static Py_ssize_t descend(const double *sum, Py_ssize_t size, double v) {
     Py_ssize_t node = 1;
     while (node < size) {
@@ -385,11 +388,34 @@ static PyObject *sample_windows(PyObject *self, PyObject *args) {
         }
         Py_BEGIN_ALLOW_THREADS
         double total = sum[1], pmin = mn[1];
+        /* Prioritized attempts take `need` uniforms each whatever their outcome, so the tree
+         * searches of the next attempts can run ahead, a chunk at a time, level by level
+         * (descend_many: the same leaves as descend(), the loads of a level in flight together);
+         * the attempts are then judged in order as before, and a search never judged is dropped
+         * (a search changes nothing). */
+        Py_ssize_t ahead[WALKS], chunk = 0, used = 0;
+        double rem[WALKS];
         while (i < b && j + need <= m) {
             long long start;
             float w = 1.0f;
             if (prioritized) {
-                Py_ssize_t node = descend(sum, tsize, u[j++] * total);
+                if (used == chunk) {
+                    Py_ssize_t want = (b - i) + ((b - i) >> 3) + 1;   /* the items left, and a few redraws */
+                    chunk = want < WALKS ? want : WALKS;
+                    if (chunk > (m - j) / need) chunk = (m - j) / need;
+                    for (Py_ssize_t a = 0; a < chunk; a++) rem[a] = u[j + a * need] * total;
+                    descend_many(sum, tsize, rem, ahead, chunk);
+                    for (Py_ssize_t a = 0; a < chunk; a++) {   /* the windows' first steps, fetched together */
+                        Py_ssize_t at = ahead[a] - tsize;
+                        if (at >= 0 && at < cap) {
+                            __builtin_prefetch(&seq[at]); __builtin_prefetch(&next[at]); __builtin_prefetch(&rew[at]);
+                            __builtin_prefetch(&term[at]); __builtin_prefetch(&trunc[at]);
+                        }
+                    }
+                    used = 0;
+                }
+                Py_ssize_t node = ahead[used++];
+                j++;
                 start = (long long)(node - tsize);
                 w = beta == 0.0 ? 1.0f : (float)pow(sum[node] / pmin, -beta);
             } else {

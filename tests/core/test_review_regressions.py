@@ -97,16 +97,20 @@ def test_n_step_as_a_list_works(n_step):
         assert buf.sample(8, n_step=n_step, episode_end=end)["n_step"].numel() == 8
 
 
-def test_the_native_window_pass_equals_its_python_reference():
+@pytest.mark.parametrize("capacity, episodes, batch, n_step", [((20, 80), (3, 12), 16, (1, 4)),
+                                                               ((2000, 5000), (150, 400), 150, (1, 4)),
+                                                               ((2000, 5000), (150, 400), 100, (3, 4))])
+def test_the_native_window_pass_equals_its_python_reference(capacity, episodes, batch, n_step):
     """The C sample_windows and the Python reference consume the same uniforms the same way:
     same slots, weights, returns, last slots, steps, and RNG state after, over random buffers
-    (uniform and prioritized, with removed rows, episodes ending terminated or truncated)."""
+    (uniform and prioritized, with removed rows, episodes ending terminated or truncated; large
+    trees and batches too, where the native pass searches the tree ahead in chunks)."""
     spec = ExperienceSpec.transition(obs_shape=(2,))
     rng0 = np.random.default_rng(5)
-    for trial in range(40):
+    for trial in range(40 if batch <= 16 else 8):
         sel = Uniform() if trial % 2 else Prioritized(alpha=0.7)
-        buf = ExperienceBuffer(spec=spec, capacity=int(rng0.integers(20, 80)), selector=sel, seed=trial)
-        for c in range(int(rng0.integers(3, 12))):
+        buf = ExperienceBuffer(spec=spec, capacity=int(rng0.integers(*capacity)), selector=sel, seed=trial)
+        for c in range(int(rng0.integers(*episodes))):
             n = int(rng0.integers(1, 15))
             buf.add({"obs": np.zeros((n, 2), np.float32), "next_obs": np.zeros((n, 2), np.float32),
                      "action": np.arange(n), "reward": rng0.random(n).astype(np.float32),
@@ -125,7 +129,7 @@ def test_the_native_window_pass_equals_its_python_reference():
             if not native:
                 episodes_mod._c_sample_windows = None
             try:
-                r = buf.walk.sample_windows(buf.ring, buf.storage, buf.selector, buf.rng, 16, (1, 4), 0.9, None,
+                r = buf.walk.sample_windows(buf.ring, buf.storage, buf.selector, buf.rng, batch, n_step, 0.9, None,
                                             redraw=True)
             finally:
                 episodes_mod._c_sample_windows = saved
