@@ -30,7 +30,7 @@ from .hooks import Rollout
 from .metrics import MetricsRecorder
 from .rate_gate import BufferCondition
 from .schedule import Schedule
-from .workers import Encoded, InlineTransformer, as_numpy_rows, encode_rollouts
+from .workers import Encoded, InlineTransformer, as_numpy_rows, encode_rollouts, encode_unhooked
 
 
 class IngestionPoint:
@@ -127,25 +127,28 @@ class IngestionPoint:
         with self._cond.mutex:   # the group's tickets, in order
             first_ticket = self.ticket
             self.ticket += len(rollouts)
-        group = []
-        for ticket, r in enumerate(rollouts, first_ticket):
-            r = r if isinstance(r, Rollout) else Rollout(data=r)
-            group.append(Rollout(r.data, r.source, r.policy_version, ticket, as_numpy_rows(r.data), r.info))
-        rows = sum(r.rows for r in group)
-        enc = encode_rollouts(self._buffer.spec, self.hooks, group)
+        if self.hooks:
+            group = []
+            for ticket, r in enumerate(rollouts, first_ticket):
+                r = r if isinstance(r, Rollout) else Rollout(data=r)
+                group.append(Rollout(r.data, r.source, r.policy_version, ticket, as_numpy_rows(r.data), r.info))
+            enc = encode_rollouts(self._buffer.spec, self.hooks, group)
+        else:   # no hook can change a rollout: each encoded straight from what came
+            enc = encode_unhooked(self._buffer.spec, rollouts, first_ticket)
+        rows = sum(e.rows for e in enc)
         try:
             self.commit(enc, timeout)
         except BaseException as exc:
             # the rollouts stored before the failure stay stored, and are counted as such
             stored = set(getattr(exc, "stored_tickets", ()))
-            self.accepted_rows += sum(r.rows for r in group if r.ticket in stored)
+            self.accepted_rows += sum(e.rows for e in enc if e.ticket in stored)
             self.committed_rows = self.accepted_rows
             raise
         self.accepted_rows += rows
         self.committed_rows = self.accepted_rows
         self._metrics.add_busy("ingest", time.perf_counter() - t0, items_in=rows,
                                items_out=sum(e.n for e in enc))
-        return [r.ticket for r in group]
+        return [e.ticket for e in enc]
 
     def commit(self, encoded: list[Encoded], timeout: float | None) -> None:
         """Store encoded rollouts in order. A rollout larger than the buffer fails the call
@@ -157,7 +160,12 @@ class IngestionPoint:
                 raise CapacityError(f"rollout {e.ticket}: expected at most capacity={buffer.capacity} "
                                     f"transitions, got {e.n}. Fix: raise the capacity or ingest it in smaller pieces")
         try:   # one insert where that is the same as one by one (add_encoded_many)
-            buffer.add_encoded_many([(e.columns, e.n, e.source, e.policy_version) for e in encoded], timeout=timeout)
+            if len(encoded) == 1:   # (what add_encoded_many does with one)
+                e = encoded[0]
+                buffer.add_encoded(e.columns, e.n, source=e.source, policy_version=e.policy_version, timeout=timeout)
+            else:
+                buffer.add_encoded_many([(e.columns, e.n, e.source, e.policy_version) for e in encoded],
+                                        timeout=timeout)
         except BaseException as exc:
             exc.stored_tickets = [x.ticket for x in encoded[:getattr(exc, "stored_parts", 0)]]  # type: ignore[attr-defined]
             raise

@@ -51,6 +51,18 @@ def encode_rollouts(spec: ExperienceSpec, hooks: list[Callable], rollouts: list[
     return result
 
 
+def encode_unhooked(spec: ExperienceSpec, rollouts: list, first_ticket: int) -> list[Encoded]:
+    """``encode_rollouts`` where no ingest hook runs: each rollout (a mapping of columns, or a
+    ``Rollout``) validated and encoded as it came, ticket by ticket from ``first_ticket``; its
+    input rows are its stored rows (nothing could drop any)."""
+    out = []
+    for ticket, r in enumerate(rollouts, first_ticket):
+        data, source, version = (r.data, r.source, r.policy_version) if isinstance(r, Rollout) else (r, 0, 0)
+        n, enc = spec.validate_and_encode(data)
+        out.append(Encoded(ticket, source, version, n, n, enc))
+    return out
+
+
 class InlineTransformer:
     kind = "thread"
 
@@ -239,4 +251,4 @@ def as_numpy_rows(data) -> int:
 
 
 __all__ = ["Encoded", "InlineTransformer", "ProcessTransformer", "make_transformer", "encode_rollouts",
-           "as_numpy_rows"]
+           "encode_unhooked", "as_numpy_rows"]
