@@ -574,17 +574,46 @@ static PyObject *set_priorities(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(bad ? -1.0 : mx);
 }
 
-/* set_delivered(sums, mins, size, seq_col, slots:i64[n], seqs:i64[n], prios:f64[n], alpha, eps) -> (count, max) or None
+/* The priorities set_delivered reads: contiguous float64 or float32 ('d' or 'f'); else -1. */
+static int get_floats(PyObject *obj, Py_buffer *view, int *f32) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return -1;
+    const char *f = view->format ? view->format : "B";
+    if (f[0] == '<' || f[0] == '=' || f[0] == '@') f++;
+    if (f[0] != '\0' && f[1] == '\0' && ((f[0] == 'd' && view->itemsize == 8) || (f[0] == 'f' && view->itemsize == 4))) {
+        *f32 = f[0] == 'f';
+        return 0;
+    }
+    PyBuffer_Release(view);
+    PyErr_SetString(PyExc_TypeError, "expected contiguous float64 or float32 priorities");
+    return -1;
+}
+
+/* Priority k as set_delivered uses it: with floor >= 0, |p| raised to at least floor (RLlib's
+ * |TD error| floored at 1e-12; NaN stays NaN and is refused). */
+static inline double priority_at(const void *pr, int f32, Py_ssize_t k, double floor) {
+    double p = f32 ? (double)((const float *)pr)[k] : ((const double *)pr)[k];
+    if (floor >= 0.0) {
+        p = fabs(p);
+        if (p < floor) p = floor;
+    }
+    return p;
+}
+
+/* set_delivered(sums, mins, size, seq_col, slots:i64[n], seqs:i64[n], prios:f64|f32[n], alpha, eps[, floor])
+ *   -> (count, max) or None
  * A delivered batch's priority update in one call: rows whose slot no longer holds the seq they
  * were delivered with (overwritten since) are skipped; the others get (p + eps)^alpha, as
- * set_priorities gives them. Returns how many were set and the largest p + eps among them (0.0 if
- * none); None, with nothing changed, when a slot is out of range or a kept priority is not finite
- * and >= 0 (or is 0 with eps = 0): the caller's Python route then names the error. */
+ * set_priorities gives them (with floor >= 0, p is max(|p|, floor) first). Returns how many were
+ * set and the largest p + eps among them (0.0 if none); None, with nothing changed, when a slot
+ * is out of range or a kept priority is not finite and >= 0 (or is 0 with eps = 0): the caller's
+ * Python route then names the error. */
 static PyObject *set_delivered(PyObject *self, PyObject *args) {
     PyObject *o_sum, *o_min, *o_col, *o_slots, *o_seqs, *o_p;
     Py_ssize_t size;
-    double alpha, eps;
-    if (!PyArg_ParseTuple(args, "OOnOOOOdd", &o_sum, &o_min, &size, &o_col, &o_slots, &o_seqs, &o_p, &alpha, &eps))
+    double alpha, eps, floor = -1.0;
+    int f32 = 0;
+    if (!PyArg_ParseTuple(args, "OOnOOOOdd|d", &o_sum, &o_min, &size, &o_col, &o_slots, &o_seqs, &o_p, &alpha, &eps,
+                          &floor))
         return NULL;
     Py_buffer b[6];
     int got = 0;
@@ -595,19 +624,19 @@ static PyObject *set_delivered(PyObject *self, PyObject *args) {
     /* the caller's arrays: one that is not contiguous int64/float64 is declined, not an error */
     if (get_buf(o_slots, &b[3], "ql", 0)) goto decline; got++;
     if (get_buf(o_seqs, &b[4], "ql", 0)) goto decline; got++;
-    if (get_buf(o_p, &b[5], "d", 0)) goto decline; got++;
+    if (get_floats(o_p, &b[5], &f32)) goto decline; got++;
     double *sum = b[0].buf, *mn = b[1].buf;
     const long long *col = b[2].buf, *slots = b[3].buf, *seqs = b[4].buf;
-    const double *pr = b[5].buf;
+    const void *pr = b[5].buf;
     Py_ssize_t n = b[3].len / 8, cap = b[2].len / 8;
-    if (b[4].len / 8 != n || b[5].len / 8 != n || cap > size || b[0].len < 2 * size * 8) { result = Py_None; Py_INCREF(result); goto out; }
+    if (b[4].len / 8 != n || b[5].len / b[5].itemsize != n || cap > size || b[0].len < 2 * size * 8) { result = Py_None; Py_INCREF(result); goto out; }
     long long idx[WALKS];
     double v[WALKS], mx = 0.0;
     Py_ssize_t node[WALKS], count = 0;
     for (Py_ssize_t k = 0; k < n; k++) {   /* every check before the first write */
         if (slots[k] < 0 || slots[k] >= cap) { result = Py_None; Py_INCREF(result); goto out; }
         if (col[slots[k]] != seqs[k]) continue;
-        double p = pr[k];
+        double p = priority_at(pr, f32, k, floor);
         if (!(p >= 0.0) || !isfinite(p) || (eps == 0.0 && p == 0.0)) { result = Py_None; Py_INCREF(result); goto out; }
         if (p + eps > mx) mx = p + eps;
     }
@@ -615,7 +644,8 @@ static PyObject *set_delivered(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; k <= n; k++) {   /* the kept rows, in order, a chunk of walks at a time */
         if (k < n && col[slots[k]] == seqs[k]) {
             idx[c] = slots[k];
-            v[c++] = alpha == 1.0 ? pr[k] + eps : pow(pr[k] + eps, alpha);
+            double p = priority_at(pr, f32, k, floor);
+            v[c++] = alpha == 1.0 ? p + eps : pow(p + eps, alpha);
         }
         if (c == WALKS || (k == n && c > 0)) {
             set_leaves_many(sum, mn, size, idx, v, c, node);

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import math
+
 import numpy as np
 import torch
 
@@ -196,19 +198,29 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
         return Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=ring.inserted)
 
 
-def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None) -> int:
+def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None,
+                      abs_floor: float | None = None) -> int:
     """Set new priorities for delivered items. With ``seqs`` (from the Batch), items
-    overwritten since they were delivered are skipped. Returns how many were updated."""
+    overwritten since they were delivered are skipped. ``abs_floor``: priorities given as
+    TD errors, each stored as ``max(|p|, abs_floor)`` (RLlib floors at 1e-12). Returns how
+    many were updated."""
+    if abs_floor is not None and (isinstance(abs_floor, bool) or not isinstance(abs_floor, (int, float, np.floating))
+                                  or not 0.0 <= abs_floor < math.inf):
+        raise ConfigError("abs_floor", "None or a finite number >= 0", repr(abs_floor),
+                          "e.g. abs_floor=1e-12 for |TD error| priorities, or None to store them as given")
     if seqs is not None and type(slots) is np.ndarray and type(seqs) is np.ndarray \
             and type(priorities) is np.ndarray:   # a delivered batch's own arrays: one native call
         with buf.lock.mutex:
             buf.check_open()
-            done = buf.selector.update_delivered(slots, seqs, priorities, buf.meta["seq"])
+            floor = {} if abs_floor is None else {"abs_floor": abs_floor}   # (a selector from before it takes none)
+            done = buf.selector.update_delivered(slots, seqs, priorities, buf.meta["seq"], **floor)
         if done is not None:
             return done   # else: not int64/float64, not flat, or refused; the route below converts or names it
     slots = np.asarray(slots, dtype=np.int64).reshape(-1)
     pr = priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
     pr = pr.reshape(-1)
+    if abs_floor is not None:
+        pr = np.maximum(np.abs(pr.astype(np.float64)), float(abs_floor))
     if pr.shape[0] != slots.shape[0]:
         raise SpecError("priorities", f"{slots.shape[0]} values (one per delivered item)", pr.shape[0],
                         "pass one priority per row of the batch")

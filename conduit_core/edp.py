@@ -208,13 +208,13 @@ class ExperienceDataPlane:
                                   rows_committed=rows_committed, priority_version=pv)
 
     # ------------------------------------------------------------- priorities
-    def update_priorities(self, batch: Batch, priorities: Any) -> int:
-        """New priorities for a delivered batch's rows (skips rows overwritten since)."""
+    def update_priorities(self, batch: Batch, priorities: Any, *, abs_floor: float | None = None) -> int:
+        """New priorities for a delivered batch's rows, skipping rows overwritten since (``abs_floor``: buffer's)."""
         with self._metrics.blocked("priorities"):
             self._check_usable()
             t0 = time.perf_counter()
             with self._cond.mutex:
-                n = self.buffer.update_priorities(batch.slots, priorities, seqs=batch.seqs)
+                n = self.buffer.update_priorities(batch.slots, priorities, seqs=batch.seqs, abs_floor=abs_floor)
                 self._priority_version += 1
             self._metrics.add_busy("priorities", time.perf_counter() - t0, items_in=n)
             return n

@@ -94,11 +94,12 @@ class Selector(ABC):
         """The rows at ``slots`` were removed: they must not be selected again."""
 
     def update_delivered(self, slots: np.ndarray, seqs: np.ndarray, priorities: np.ndarray,
-                         stored_seqs: np.ndarray) -> int | None:
+                         stored_seqs: np.ndarray, *, abs_floor: float | None = None) -> int | None:
         """A delivered batch's update in one step, where the selector has one: the rows whose
         slot still holds the seq they were delivered with (``stored_seqs`` is the ring's seq
-        column) get their priority; returns how many, or None when it declines (no fast route,
-        or input to refuse), with nothing changed: the caller then takes ``update_priorities``."""
+        column) get their priority (with ``abs_floor``: ``max(|p|, abs_floor)``); returns how
+        many, or None when it declines (no fast route, or input to refuse), with nothing
+        changed: the caller then takes ``update_priorities``."""
         return None
 
     def update_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
@@ -265,10 +266,11 @@ class Prioritized(Selector):
         weights_out[:] = weights
         return slots, weights_out
 
-    def update_delivered(self, slots, seqs, priorities, stored_seqs):
+    def update_delivered(self, slots, seqs, priorities, stored_seqs, *, abs_floor=None):
         if not self.index.use_c:
             return None
-        got = _c_set_delivered(*self.index.trees(), stored_seqs, slots, seqs, priorities, self.alpha, self.eps)
+        got = _c_set_delivered(*self.index.trees(), stored_seqs, slots, seqs, priorities, self.alpha, self.eps,
+                               -1.0 if abs_floor is None else abs_floor)
         if got is None:
             return None
         count, mx = got

@@ -298,8 +298,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         would never be drawn again) and adds no epsilon; the selector is built with eps=0 to match."""
         if not self.prioritized:
             return
-        p = np.abs(np.asarray(priorities, dtype=np.float64))   # a new array: floored in place
-        self.edp.update_priorities(batch, np.maximum(p, RLLIB_MIN_PRIORITY, out=p))
+        self.edp.update_priorities(batch, np.asarray(priorities), abs_floor=RLLIB_MIN_PRIORITY)   # max(|p|, 1e-12)
 
     # ---------------------------------------------------------------- metrics
     def get_metrics(self) -> dict:
