@@ -204,7 +204,8 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
     overwritten since they were delivered are skipped. ``abs_floor``: priorities given as
     TD errors, each stored as ``max(|p|, abs_floor)`` (RLlib floors at 1e-12). Returns how
     many were updated."""
-    if abs_floor is not None and (isinstance(abs_floor, bool) or not isinstance(abs_floor, (int, float, np.floating))
+    if abs_floor is not None and (isinstance(abs_floor, (bool, np.bool_))
+                                  or not isinstance(abs_floor, (int, float, np.integer, np.floating))
                                   or not 0.0 <= abs_floor < math.inf):
         raise ConfigError("abs_floor", "None or a finite number >= 0", repr(abs_floor),
                           "e.g. abs_floor=1e-12 for |TD error| priorities, or None to store them as given")
@@ -212,8 +213,14 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
             and type(priorities) is np.ndarray:   # a delivered batch's own arrays: one native call
         with buf.lock.mutex:
             buf.check_open()
-            floor = {} if abs_floor is None else {"abs_floor": abs_floor}   # (a selector from before it takes none)
-            done = buf.selector.update_delivered(slots, seqs, priorities, buf.meta["seq"], **floor)
+            if abs_floor is None:
+                done = buf.selector.update_delivered(slots, seqs, priorities, buf.meta["seq"])
+            else:
+                try:
+                    done = buf.selector.update_delivered(slots, seqs, priorities, buf.meta["seq"],
+                                                         abs_floor=float(abs_floor))
+                except TypeError:   # a selector written before abs_floor: the route below floors
+                    done = None
         if done is not None:
             return done   # else: not int64/float64, not flat, or refused; the route below converts or names it
     slots = np.asarray(slots, dtype=np.int64).reshape(-1)

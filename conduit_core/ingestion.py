@@ -133,15 +133,16 @@ class IngestionPoint:
                 r = r if isinstance(r, Rollout) else Rollout(data=r)
                 group.append(Rollout(r.data, r.source, r.policy_version, ticket, as_numpy_rows(r.data), r.info))
             enc = encode_rollouts(self._buffer.spec, self.hooks, group)
+            accepted = group   # rows as accepted (a hook may change a rollout's rows)
         else:   # no hook can change a rollout: each encoded straight from what came
-            enc = encode_unhooked(self._buffer.spec, rollouts, first_ticket)
-        rows = sum(e.rows for e in enc)
+            accepted = enc = encode_unhooked(self._buffer.spec, rollouts, first_ticket)
+        rows = sum(r.rows for r in accepted)
         try:
             self.commit(enc, timeout)
         except BaseException as exc:
             # the rollouts stored before the failure stay stored, and are counted as such
             stored = set(getattr(exc, "stored_tickets", ()))
-            self.accepted_rows += sum(e.rows for e in enc if e.ticket in stored)
+            self.accepted_rows += sum(r.rows for r in accepted if r.ticket in stored)
             self.committed_rows = self.accepted_rows
             raise
         self.accepted_rows += rows
@@ -162,7 +163,12 @@ class IngestionPoint:
         try:   # one insert where that is the same as one by one (add_encoded_many)
             if len(encoded) == 1:   # (what add_encoded_many does with one)
                 e = encoded[0]
-                buffer.add_encoded(e.columns, e.n, source=e.source, policy_version=e.policy_version, timeout=timeout)
+                try:
+                    buffer.add_encoded(e.columns, e.n, source=e.source, policy_version=e.policy_version,
+                                       timeout=timeout)
+                except BaseException as exc:
+                    exc.stored_parts = 0   # type: ignore[attr-defined]
+                    raise
             else:
                 buffer.add_encoded_many([(e.columns, e.n, e.source, e.policy_version) for e in encoded],
                                         timeout=timeout)

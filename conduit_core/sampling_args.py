@@ -120,7 +120,8 @@ class SamplingChecks:
     def check(self, buf, batch_size, n_step, gamma, beta, episode_end, fields) -> None:
         key = None
         if type(batch_size) is int and type(gamma) is float and (beta is None or type(beta) is float) \
-                and (fields is None or type(fields) is tuple) \
+                and type(episode_end) is str \
+                and (fields is None or (type(fields) is tuple and all(type(f) is str for f in fields))) \
                 and (n_step is None or type(n_step) is int
                      or (type(n_step) is tuple and len(n_step) == 2 and type(n_step[0]) is int
                          and type(n_step[1]) is int)):
@@ -133,7 +134,7 @@ class SamplingChecks:
         check_fields(buf.spec, fields)
         if n_step is not None and episode_end == "redraw":
             check_redraw_selector(buf.selector)
-        if key is not None and batch_size * buf.row_bytes < (256 << 20) and all(type(f) is str for f in fields or ()):
+        if key is not None and batch_size * buf.row_bytes < (256 << 20):
             if len(self._passed) >= self.LIMIT:
                 self._passed.clear()
             self._passed.add(key)

@@ -269,8 +269,14 @@ class Prioritized(Selector):
     def update_delivered(self, slots, seqs, priorities, stored_seqs, *, abs_floor=None):
         if not self.index.use_c:
             return None
-        got = _c_set_delivered(*self.index.trees(), stored_seqs, slots, seqs, priorities, self.alpha, self.eps,
-                               -1.0 if abs_floor is None else abs_floor)
+        args = (*self.index.trees(), stored_seqs, slots, seqs, priorities, self.alpha, self.eps)
+        if abs_floor is None:
+            got = _c_set_delivered(*args)
+        else:
+            try:
+                got = _c_set_delivered(*args, abs_floor)
+            except TypeError:   # a build from before the floor: the Python route floors
+                return None
         if got is None:
             return None
         count, mx = got

@@ -126,7 +126,8 @@ def test_windows_after_a_migration_read_the_new_layout():
 
 @pytest.mark.parametrize("bad, match", [
     (dict(batch_size=True), "batch_size"), (dict(gamma=1), None), (dict(n_step=(True, 3)), "n_step"),
-    (dict(fields=("obs", "nope")), "nope"), (dict(episode_end="cut"), "episode_end"), (dict(batch_size=0), "batch_size")])
+    (dict(fields=("obs", "nope")), "nope"), (dict(episode_end="cut"), "episode_end"), (dict(batch_size=0), "batch_size"),
+    (dict(episode_end=["redraw"]), "episode_end"), (dict(fields=(["obs", "reward"],)), "fields")])
 def test_remembered_checks_still_refuse_what_only_compares_equal(bad, match):
     """sample()'s checks remember argument tuples that passed; a value equal to an accepted
     one but of another type (True for 1, 1 for 1.0, (True, 3) for (1, 3)) is checked anew."""
@@ -143,3 +144,13 @@ def test_remembered_checks_still_refuse_what_only_compares_equal(bad, match):
         with pytest.raises((ConfigError, SpecError), match=match):
             buf.sample(args.pop("batch_size"), **args)
     buf.close()
+
+
+def test_a_hook_that_changes_a_rollouts_rows_leaves_the_accepted_count_alone():
+    """Rows are counted as accepted (the input's), whatever a hook makes of the rollout."""
+    import dataclasses
+    buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=Uniform(), seed=0)
+    hook = lambda rs: [dataclasses.replace(r, rows=0) for r in rs]
+    with ExperienceDataPlane(buffer=buf, ingest_hooks=[hook]) as edp:
+        edp.ingest_many([rollout(5), rollout(3, 5)])
+        assert edp.metrics().ingest.items_in == 8 and len(buf) == 8

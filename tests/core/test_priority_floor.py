@@ -78,3 +78,22 @@ def test_the_native_update_takes_td_errors_itself(dtype):
     for a, b in zip(buf.selector.index.trees()[:2], want.selector.index.trees()[:2]):
         np.testing.assert_array_equal(a, b)
     buf.close(), want.close()
+
+
+def test_a_selector_written_before_abs_floor_still_takes_td_errors():
+    """A selector whose update_delivered has the older signature: the Python route floors."""
+    class OlderSelector(Prioritized):
+        def update_delivered(self, slots, seqs, priorities, stored_seqs):
+            return super().update_delivered(slots, seqs, priorities, stored_seqs)
+    td = np.linspace(-2, 2, 24)
+    bufs = []
+    for sel in (OlderSelector(alpha=0.6, eps=0.0), Prioritized(alpha=0.6, eps=0.0)):
+        buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=sel, seed=4)
+        buf.add(rollout(50))
+        batch = buf.sample(24)
+        assert buf.update_priorities(batch.slots, td, seqs=batch.seqs, abs_floor=np.int64(0) if not bufs else 0.0) == 24
+        bufs.append(buf)
+    for a, b in zip(bufs[0].selector.index.trees()[:2], bufs[1].selector.index.trees()[:2]):
+        np.testing.assert_array_equal(a, b)
+    for b in bufs:
+        b.close()
