@@ -13,10 +13,15 @@
   fresh buffer of the same configuration in a tight loop, us per call (CartPole).
 - ``--split``: both systems, built as the bench builds them, iterations in turns: seconds per
   iteration spent in the env runner's ``sample`` and in ``learner_group.update``.
+- ``--cold-replay MB``: the recorded ``add()`` calls replayed into a fresh buffer, each followed
+  (once 100 are in) by a sample with the last sample's arguments and a priority update; ``add()``
+  and ``sample()`` timed alone, with and without a write over MB megabytes before each (the cache
+  state the run leaves them in, made repeatable), us per call (CartPole; implies the recording).
 
     python -m benchmarks.rllib_conduit_path --workload dqn --iters 6 --tight 2000 --replay-adds
     python -m benchmarks.rllib_conduit_path --workload dqn-atari --iters 3 --sections
     python -m benchmarks.rllib_conduit_path --workload dqn-atari --split --iters 3
+    python -m benchmarks.rllib_conduit_path --workload dqn --iters 3 --cold-replay 64
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ def conduit_arm(a) -> dict:
         return timed_sample(*args, **kw)
 
     def add(episodes, *args, **kw):
-        if a.replay_adds:
+        if a.replay_adds or a.cold_replay:
             adds.append(copy.deepcopy(episodes))   # before the buffer takes them (outside the timer)
         return timed_add(episodes, *args, **kw)
     buf.sample, buf.add = sample, add
@@ -108,7 +113,7 @@ def conduit_arm(a) -> dict:
             return (time.perf_counter() - t) / n * 1e6
         loop(min(200, a.tight))
         out["tight_sample_update_us"] = sorted(loop(a.tight) for _ in range(5))
-    if a.replay_adds and adds:
+    if (a.replay_adds or a.cold_replay) and adds:
         from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
         rb = algo.config.replay_buffer_config
 
@@ -122,11 +127,49 @@ def conduit_arm(a) -> dict:
             dt = (time.perf_counter() - t) / len(episodes) * 1e6
             fresh.close()
             return dt
-        replay()
-        out["replayed_add_us"] = sorted(replay() for _ in range(5))
-        out["replayed_adds"] = len(adds)
+        if a.replay_adds:
+            replay()
+            out["replayed_add_us"] = sorted(replay() for _ in range(5))
+            out["replayed_adds"] = len(adds)
+        if a.cold_replay:
+            out["cold_replay"] = {f"{mb} MB" if mb else "warm": cold_replay(rb, adds, last, mb)
+                                  for mb in (0, a.cold_replay)}
     algo.stop()
     return out
+
+
+def cold_replay(rb: dict, adds: list, last: dict, flush_mb: int, reps: int = 5) -> dict:
+    """``add()`` and ``sample()`` us per call (medians of ``reps`` replays, each into a fresh
+    buffer), with a write over ``flush_mb`` MB before each timed call (0: none)."""
+    from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
+    junk = np.ones(max(flush_mb, 1) << 20, dtype=np.uint8)
+    rng = np.random.default_rng(0)
+    n = last["kw"].get("num_items", 32)
+    runs = []
+    for _ in range(reps + 1):   # the first: warm-up
+        buf = ConduitEpisodeReplayBuffer(capacity=rb["capacity"], prioritized=True, alpha=rb["alpha"],
+                                         beta=rb["beta"], conduit=rb.get("conduit"))
+        t_add = t_sample = 0.0
+        samples = 0
+        for i, eps in enumerate(copy.deepcopy(adds)):
+            if flush_mb:
+                junk[::64] += 1
+            t = time.perf_counter()
+            buf.add(eps)
+            t_add += time.perf_counter() - t
+            if i >= 100:
+                if flush_mb:
+                    junk[::64] += 1
+                t = time.perf_counter()
+                buf.sample(*last["args"], **last["kw"])
+                t_sample += time.perf_counter() - t
+                samples += 1
+                buf.update_priorities(rng.random(n))
+        buf.close()
+        runs.append((t_add / len(adds) * 1e6, t_sample / max(samples, 1) * 1e6))
+    runs = runs[1:]
+    return {"add_us": statistics.median(r[0] for r in runs), "sample_us": statistics.median(r[1] for r in runs),
+            "adds": len(adds)}
 
 
 def split(a) -> dict:
@@ -170,6 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tight", type=int, default=0)
     p.add_argument("--replay-adds", action="store_true")
     p.add_argument("--split", action="store_true", help="both systems: env sampling vs learner update per iteration")
+    p.add_argument("--cold-replay", type=int, default=0, metavar="MB",
+                   help="replay the adds (+ samples) with a write over MB megabytes before each call")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.warmup is None:
