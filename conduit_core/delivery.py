@@ -10,10 +10,9 @@ again (``shard_loss``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
-
-import math
 
 import numpy as np
 import torch

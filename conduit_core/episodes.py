@@ -95,15 +95,10 @@ class EpisodeWalk:
         if data is None or last is None:
             data, last = gather(slots, device, first_fields), gather(cur, device, last_fields)
         data.update(last)
-        if device is None:
-            if "reward" in names:
-                data["reward"] = torch.from_numpy(ret.astype(np.float32))
-            data["n_step"] = torch.from_numpy(steps)
-        else:
-            dev = torch.device(device)
-            if "reward" in names:
-                data["reward"] = torch.from_numpy(ret.astype(np.float32)).to(dev)
-            data["n_step"] = torch.from_numpy(steps).to(dev)
+        on = (lambda t: t) if device is None else (lambda t: t.to(torch.device(device)))
+        if "reward" in names:
+            data["reward"] = on(torch.from_numpy(ret.astype(np.float32)))
+        data["n_step"] = on(torch.from_numpy(steps))
         return {name: data[name] for name in (*names, "n_step")}
 
     def sample_windows(self, ring, storage, selector, rng, batch_size: int, n_step, gamma: float,

@@ -163,17 +163,13 @@ class IngestionPoint:
         try:   # one insert where that is the same as one by one (add_encoded_many)
             if len(encoded) == 1:   # (what add_encoded_many does with one)
                 e = encoded[0]
-                try:
-                    buffer.add_encoded(e.columns, e.n, source=e.source, policy_version=e.policy_version,
-                                       timeout=timeout)
-                except BaseException as exc:
-                    exc.stored_parts = 0   # type: ignore[attr-defined]
-                    raise
+                buffer.add_encoded(e.columns, e.n, source=e.source, policy_version=e.policy_version, timeout=timeout)
             else:
                 buffer.add_encoded_many([(e.columns, e.n, e.source, e.policy_version) for e in encoded],
                                         timeout=timeout)
-        except BaseException as exc:
-            exc.stored_tickets = [x.ticket for x in encoded[:getattr(exc, "stored_parts", 0)]]  # type: ignore[attr-defined]
+        except BaseException as exc:   # (a lone rollout that failed was not stored)
+            stored = getattr(exc, "stored_parts", 0) if len(encoded) > 1 else 0
+            exc.stored_tickets = [x.ticket for x in encoded[:stored]]  # type: ignore[attr-defined]
             raise
 
     def wait_stored(self, allowed_missing: int, timeout: float | None, what: str) -> None:

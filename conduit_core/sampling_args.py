@@ -120,21 +120,24 @@ class SamplingChecks:
     def check(self, buf, batch_size, n_step, gamma, beta, episode_end, fields) -> None:
         key = None
         if type(batch_size) is int and type(gamma) is float and (beta is None or type(beta) is float) \
-                and type(episode_end) is str \
-                and (fields is None or (type(fields) is tuple and all(type(f) is str for f in fields))) \
+                and type(episode_end) is str and (fields is None or type(fields) is tuple) \
                 and (n_step is None or type(n_step) is int
                      or (type(n_step) is tuple and len(n_step) == 2 and type(n_step[0]) is int
                          and type(n_step[1]) is int)):
             key = (batch_size, n_step, gamma, beta, episode_end, fields)
-            if key in self._passed:
-                return
+            try:
+                if key in self._passed:   # (only keys of str field names are ever added, below)
+                    return
+            except TypeError:   # an unhashable field name: the checks below name it
+                key = None
         check_episode_end(episode_end)
         check_sampling(n_step, gamma, beta)
         check_batch_size(batch_size, buf.row_bytes)
         check_fields(buf.spec, fields)
         if n_step is not None and episode_end == "redraw":
             check_redraw_selector(buf.selector)
-        if key is not None and batch_size * buf.row_bytes < (256 << 20):
+        if key is not None and batch_size * buf.row_bytes < (256 << 20) \
+                and (fields is None or all(type(f) is str for f in fields)):
             if len(self._passed) >= self.LIMIT:
                 self._passed.clear()
             self._passed.add(key)

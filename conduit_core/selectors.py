@@ -326,7 +326,7 @@ class Prioritized(Selector):
             with np.errstate(over="ignore"):
                 overflow = ~np.isfinite((pr + self.eps) ** self.alpha)
             if overflow.any():
-                    raise SpecError("priorities", f"values whose (p + eps) ** alpha (alpha={self.alpha:g}) is finite",
+                raise SpecError("priorities", f"values whose (p + eps) ** alpha (alpha={self.alpha:g}) is finite",
                                 float(pr[overflow][0]),
                                 "scale the priorities down (a sum tree of inf draws nothing sensible)")
         # a zero (with eps=0) is stored as SRL stores it: the item is not drawn until its priority is raised
