@@ -8,7 +8,10 @@
  * (the codec checks decode_u8 against its lookup table for all 256 values before it uses
  * this), must give x back exactly. Returns the index of the first value that does not
  * survive the round trip, or -1. Built with -ffp-contract=off (no fused multiply-add may
- * change a result) and -fno-trapping-math (so the clamps vectorise; no value changes).
+ * change a result) and -fno-trapping-math (no value changes). On x86 the loop is written
+ * with AVX2 intrinsics (one min/max per clamp, 32 values per store): the compiler's own
+ * vectorisation of the portable loop turned each clamp into compares and blends and ran
+ * at ~9 GB/s, a seventh of a copy's rate on the same L2-resident data.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -39,11 +42,11 @@ static PyObject *decode_u8(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* The quantise-and-check loop: one branch-free loop per pair of formulas, so each vectorises
- * (x / s is not x * (1/s)); built for AVX2 and for the baseline, picked at load time.
- * Returns whether any value failed the round trip. */
-__attribute__((target_clones("avx2", "default")))
-static int quantise(const float *xv, uint8_t *o, Py_ssize_t n, float offset, int qmul, float qf, int dmul, float df) {
+/* The quantise-and-check loop, portable form: one branch-free loop per pair of formulas
+ * (x / s is not x * (1/s)). Also the tail of the AVX2 loop below. Returns whether any value
+ * failed the round trip. */
+static int quantise_scalar(const float *xv, uint8_t *o, Py_ssize_t n, float offset, int qmul, float qf, int dmul,
+                           float df) {
     const float magic = 12582912.0f;             /* 1.5 * 2^23: t + magic - magic = rint(t) for |t| < 2^22 */
     int any = 0;
 #define QUANTISE(SCALED, DEC)                                                                   \
@@ -64,6 +67,67 @@ static int quantise(const float *xv, uint8_t *o, Py_ssize_t n, float offset, int
     else { QUANTISE(t / qf, r / df) }
 #undef QUANTISE
     return any;
+}
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_QUANTISE_AVX2 1
+
+/* 8 values: q (as int32) and whether any failed, with the scalar loop's operations in its
+ * order. Each clamp is one min/max: for a NaN t, max_ps(t, -1) gives -1 (the second operand),
+ * so q is 0 as in the scalar loop, and the NaN fails the check. */
+__attribute__((target("avx2"), always_inline))
+static inline __m256i quantise8(const float *xv, __m256 *bad, __m256 vo, __m256 vq, __m256 vd, int qmul, int dmul) {
+    const __m256 lo = _mm256_set1_ps(-1.0f), hi = _mm256_set1_ps(256.0f), zero = _mm256_setzero_ps(),
+                 top = _mm256_set1_ps(255.0f), magic = _mm256_set1_ps(12582912.0f);
+    __m256 x = _mm256_loadu_ps(xv);
+    __m256 t = _mm256_sub_ps(x, vo);
+    t = qmul ? _mm256_mul_ps(t, vq) : _mm256_div_ps(t, vq);
+    t = _mm256_min_ps(_mm256_max_ps(t, lo), hi);
+    __m256 r = _mm256_sub_ps(_mm256_add_ps(t, magic), magic);
+    r = _mm256_min_ps(_mm256_max_ps(r, zero), top);
+    __m256 y = _mm256_add_ps(dmul ? _mm256_mul_ps(r, vd) : _mm256_div_ps(r, vd), vo);
+    *bad = _mm256_or_ps(*bad, _mm256_cmp_ps(y, x, _CMP_NEQ_UQ));
+    return _mm256_cvttps_epi32(r);
+}
+
+__attribute__((target("avx2"), always_inline))
+static inline int quantise_avx2_loop(const float *xv, uint8_t *o, Py_ssize_t n, float offset, int qmul, float qf,
+                                     int dmul, float df) {
+    const __m256 vo = _mm256_set1_ps(offset), vq = _mm256_set1_ps(qf), vd = _mm256_set1_ps(df);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   /* undo the packs' lane interleave */
+    __m256 bad = _mm256_setzero_ps();
+    Py_ssize_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i q0 = quantise8(xv + i, &bad, vo, vq, vd, qmul, dmul);
+        __m256i q1 = quantise8(xv + i + 8, &bad, vo, vq, vd, qmul, dmul);
+        __m256i q2 = quantise8(xv + i + 16, &bad, vo, vq, vd, qmul, dmul);
+        __m256i q3 = quantise8(xv + i + 24, &bad, vo, vq, vd, qmul, dmul);
+        __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(q0, q1), _mm256_packus_epi32(q2, q3));
+        _mm256_storeu_si256((__m256i *)(o + i), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+    int any = _mm256_movemask_ps(bad) != 0;
+    return any | quantise_scalar(xv + i, o + i, n - i, offset, qmul, qf, dmul, df);
+}
+
+/* One loop per pair of formulas, the flags constant in each. */
+__attribute__((target("avx2")))
+static int quantise_avx2(const float *xv, uint8_t *o, Py_ssize_t n, float offset, int qmul, float qf, int dmul,
+                         float df) {
+    if (qmul && dmul) return quantise_avx2_loop(xv, o, n, offset, 1, qf, 1, df);
+    if (qmul) return quantise_avx2_loop(xv, o, n, offset, 1, qf, 0, df);
+    if (dmul) return quantise_avx2_loop(xv, o, n, offset, 0, qf, 1, df);
+    return quantise_avx2_loop(xv, o, n, offset, 0, qf, 0, df);
+}
+#endif
+
+/* The AVX2 loop where the CPU has it (the same q and the same verdict, value for value: the
+ * scalar loop's operations in its order, one clamp per min/max), else the portable one. */
+static int quantise(const float *xv, uint8_t *o, Py_ssize_t n, float offset, int qmul, float qf, int dmul, float df) {
+#ifdef HAVE_QUANTISE_AVX2
+    if (__builtin_cpu_supports("avx2")) return quantise_avx2(xv, o, n, offset, qmul, qf, dmul, df);
+#endif
+    return quantise_scalar(xv, o, n, offset, qmul, qf, dmul, df);
 }
 
 /* quantize_u8(x f32[n], offset, qmul, qf, dmul, df, out u8[n]) -> first inexact index or -1.

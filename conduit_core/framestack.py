@@ -46,6 +46,9 @@ except ImportError:  # pragma: no cover - no C compiler where it was installed: 
 # 1.14 ms: benchmarks/bench_decode_memory.py, which swaps this to compare).
 output_empty = np.empty
 
+# Up to this many stacks per write, the new frames' ids are worked out in plain Python.
+_FEW_STACKS = 64
+
 
 class FrameStackCodec(Codec):
     """Store a stacked observation as one frame id; frames go to the pool ``pool``.
@@ -172,11 +175,24 @@ class FramePool:
         return self._ids_from_links(m, same, shift)
 
     def _ids_from_links(self, m: int, same: np.ndarray, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """(last frame id per stack, (stack, frame) of each new frame, count) from the links."""
+        """(last frame id per stack, (stack, frame) of each new frame, count) from the links.
+
+        A few stacks (an env step's add) in plain Python: a dozen numpy calls on arrays of ten
+        cost more than the loop, above all with the caches cold between training steps."""
         k = self.k
+        # Invariant: the last stack written always ends at frame cursor-1, so ids follow.
+        if m <= _FEW_STACKS:
+            last, stacks, frames, end = [], [], [], self.cursor - 1
+            for i, (s, h) in enumerate(zip(same.tolist(), shift.tolist())):
+                new = 0 if s else (1 if h else k)
+                end += new
+                last.append(end)
+                stacks.extend([i] * new)
+                frames.extend(range(k - new, k))
+            return (np.array(last, dtype=np.int64), np.array([stacks, frames], dtype=np.int64).reshape(2, -1),
+                    len(stacks))
         shift &= ~same
         n_new = np.where(same, 0, np.where(shift, 1, k))
-        # Invariant: the last stack written always ends at frame cursor-1, so ids follow.
         last = self.cursor - 1 + np.cumsum(n_new)
         # new frames in write order: the last frame of 'shift' stacks, all k of fresh ones
         sel_stack = np.repeat(np.arange(m), n_new)

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conduit_core import AffineCodec, CapacityError, ExperienceBuffer, ExperienceSpec, Fifo, Prioritized
 from conduit_core.framestack import FrameStackCodec
@@ -212,3 +214,54 @@ def test_klast_plan_and_write_equal_the_transposed_route(k, fields):
         assert (pools[0].cursor, pools[0].last_id) == (pools[1].cursor, pools[1].last_id)
         written = np.arange(max(0, pools[0].cursor - 50), pools[0].cursor) % 50   # (unwritten slots hold garbage)
         assert np.array_equal(pools[0].frames[written], pools[1].frames[written])
+
+
+@pytest.mark.parametrize("where", ["none", "first block", "late block", "tail", "dropped frame"])
+@pytest.mark.parametrize("frame", [0, 1, 2])
+@pytest.mark.parametrize("odd_pixel", [False, True])
+def test_klast_shift_links_on_atari_sized_frames(where, frame, odd_pixel):
+    """The shift test reads two 84x84 pixels per 64-bit word, block by block, with a byte loop
+    for the tail: a one-byte difference anywhere a shift would carry (any of the three carried
+    frames, either pixel of a word) must break the link, and one in the frame a shift drops must
+    not; the same links as ``plan`` on the transposed copy."""
+    from conduit_core.framestack import FramePool
+
+    rng = np.random.default_rng(7)
+    frames = rng.integers(0, 256, (6, 84, 84), dtype=np.uint8)
+    stacks = np.stack([frames[0:4], frames[1:5].copy()])        # the second: the first shifted by one frame
+    pixel = {"none": None, "first block": 2, "late block": 84 * 84 - 400, "tail": 84 * 84 - 4,
+             "dropped frame": 5000}[where]
+    if pixel is not None:
+        r, c = divmod(pixel + odd_pixel, 84)
+        if where == "dropped frame":
+            stacks[0, 0, r, c] ^= 1          # the first stack's oldest frame: no part of the shifted one
+        else:
+            stacks[1, frame, r, c] ^= 1      # a frame the shift carries over
+    klast = np.ascontiguousarray(np.moveaxis(stacks, 1, -1))     # [2, 84, 84, 4]
+    pools = [FramePool(name="f", frames=16, frame_shape=(84, 84), dtype=torch.uint8, k=4) for _ in range(2)]
+    a = pools[0].plan_klast((klast,))
+    b = pools[1].plan(np.ascontiguousarray(stacks))
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+    assert a[2] == (5 if where in ("none", "dropped frame") else 8)   # linked: 4 + 1 new frames; else 4 + 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(links=st.lists(st.tuples(st.booleans(), st.booleans()), max_size=64), k=st.integers(1, 5),
+       cursor=st.integers(0, 10_000))
+def test_frame_ids_of_a_few_stacks_equal_the_vectorised_route(links, k, cursor):
+    """An env step's handful of stacks gets its frame ids from a Python loop; any number of
+    stacks from numpy: the same last ids, the same (stack, frame) picks, the same count."""
+    from conduit_core import framestack
+    from conduit_core.framestack import FramePool
+
+    pool = FramePool(name="f", frames=8, frame_shape=(1,), dtype=torch.uint8, k=k)
+    pool.cursor = cursor
+    same = np.array([s for s, _ in links], dtype=bool)
+    shift = np.array([h for _, h in links], dtype=bool)
+    few = pool._ids_from_links(len(links), same.copy(), shift.copy())
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(framestack, "_FEW_STACKS", -1)
+        many = pool._ids_from_links(len(links), same.copy(), shift.copy())
+    assert few[0].dtype == many[0].dtype == np.int64 and few[1].dtype == many[1].dtype
+    assert np.array_equal(few[0], many[0]) and np.array_equal(few[1], many[1]) and few[2] == many[2]
+    assert few[1].shape == (2, few[2])
