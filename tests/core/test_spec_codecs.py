@@ -220,3 +220,66 @@ def test_obs_and_next_obs_of_one_array_are_encoded_once_and_a_bad_value_named_by
     field = "obs" if where == "first" else "next_obs"
     with pytest.raises(CodecError, match=rf"^{field}: the affine codec"):
         ExperienceBuffer(spec=spec, capacity=8).add({"obs": x[:-1], "next_obs": x[1:], **rest})
+
+
+def _union_cases():
+    """(name, a, b, paired?) for the shifted-rows test: obs[:-1] / obs[1:] of one array pairs;
+    anything else does not."""
+    rng = np.random.default_rng(0)
+    x = rng.random((6, 3, 4), dtype=np.float32)
+    y = rng.random((6, 3, 4), dtype=np.float32)
+    mem = np.arange(40, dtype=np.float32)
+    return [
+        ("obs[:-1], obs[1:]", x[:-1], x[1:], True),
+        ("two rows of one array", x[:2], x[1:3], True),
+        ("a row of one", x[:1], x[1:2], False),                        # (adjacent arrays of one row are not paired)
+        ("shifted by two", x[:-2], x[2:], False),
+        ("backwards", x[1:], x[:-1], False),
+        ("copies", x[:-1].copy(), x[1:].copy(), False),
+        ("other arrays", x[:-1], y[1:], False),
+        ("other dtype", x[:-1], x.view(np.int32)[1:], False),
+        ("strided", x[::2][:-1], x[::2][1:], False),
+        ("one array twice", x[:-1], None, False),
+        ("1-D", mem[:-1], mem[1:], True),
+        ("torch", torch.from_numpy(x)[:-1], torch.from_numpy(x)[1:], False),
+    ]
+
+
+@pytest.mark.parametrize("case", _union_cases(), ids=lambda c: c[0])
+def test_shifted_rows_union_native_and_python_agree(case):
+    """``_rows.shifted_union`` (C) and its Python stand-in pair the same arrays and make the same
+    read-only view of the n + 1 rows."""
+    from conduit_core import spec as spec_module
+    name, a, b, paired = case
+    b = a if b is None else b
+    assert spec_module._union_if_shifted is not spec_module._union_if_shifted_py   # the C route is built here
+    views = [spec_module._union_if_shifted(a, b), spec_module._union_if_shifted_py(a, b)]
+    for v in views:
+        assert (v is not None) == paired, name
+        if paired:
+            assert v.shape == (a.shape[0] + 1, *a.shape[1:]) and not v.flags.writeable
+            assert np.array_equal(v[:-1], a) and np.array_equal(v[1:], b)
+
+
+def test_obs_and_next_obs_of_one_array_are_encoded_once_and_as_apart():
+    """A framework's obs[:-1] / next_obs[1:] of one array: the spec finds the pair, encodes the
+    n + 1 rows once, and stores what encoding each field apart stores; a value it refuses in the
+    last row is named as next_obs's."""
+    from conduit_core import spec as spec_module
+    codec = AffineCodec.divide(128, offset=-1.0)
+    spec = ExperienceSpec.transition(obs_shape=(3, 4), obs_codec=codec)
+    q = np.random.default_rng(1).integers(0, 256, (6, 3, 4), dtype=np.uint8)
+    allx = (q.astype(np.float32) / 128 - 1).astype(np.float32)
+    n = 5
+    cols = {"obs": allx[:-1], "next_obs": allx[1:], "action": np.zeros(n, np.int64), "reward": np.zeros(n, np.float32),
+            "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
+    pairs = spec_module._shifted_pairs(spec, cols)
+    assert list(pairs) == ["obs"] and pairs["obs"][0] == "next_obs"
+    together = spec.encode(cols)
+    apart = spec.encode({**cols, "obs": allx[:-1].copy(), "next_obs": allx[1:].copy()})
+    assert spec_module._shifted_pairs(spec, {**cols, "obs": allx[:-1].copy()}) == {}
+    for f in ("obs", "next_obs"):
+        assert torch.equal(torch.as_tensor(together[f]), torch.as_tensor(apart[f]))
+    allx[-1, 2, 3] = 0.3   # not k/128 - 1 for any k
+    with pytest.raises(CodecError, match="next_obs"):
+        spec.encode(cols)
