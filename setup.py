@@ -1,7 +1,7 @@
 """Builds the C helpers (conduit_core._sumtree: priority trees and n-step walks; conduit_core._frames:
 frame stacks out of a frame pool; conduit_core._segments: variable-length rows gathered;
 conduit_core._affine: the affine codec's encode in one pass; conduit_core._draws: uniform draws;
-conduit_core._scan: finite-value checks;
+conduit_core._scan: finite-value checks; conduit_core._pages: a mapping's pages committed ahead of its writer;
 conduit_core._rows: a plain host ring's rows in (the insert) and out (the gather)); everything else is in pyproject.toml.
 
 If no C compiler is available the build still succeeds and Conduit falls back to numpy
@@ -49,6 +49,7 @@ setup(
                  Extension("conduit_core._segments", ["conduit_core/_segments.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
                  Extension("conduit_core._scan", ["conduit_core/_scan.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
                  Extension("conduit_core._draws", ["conduit_core/_draws.c"], depends=NATIVE_H, extra_compile_args=["-O3"]),
+                 Extension("conduit_core._pages", ["conduit_core/_pages.c"], extra_compile_args=["-O2"]),
                  Extension("conduit_core._affine", ["conduit_core/_affine.c"], depends=NATIVE_H, extra_compile_args=["-O3", "-ffp-contract=off", "-fno-trapping-math"])]
                 + ([Extension("conduit_core._rows", ["conduit_core/_rows.c"], include_dirs=NUMPY_H, extra_compile_args=["-O3"])]
                    if NUMPY_H else []),

@@ -136,11 +136,17 @@ class FramePool:
         self.frames = self.tensor.numpy()
         self.cursor = 0          # id of the next frame to write
         self.last_id = -1        # last frame id of the last stack written (-1: none)
+        self.frame_bytes = self.frames[0].nbytes if self.capacity else 0
+        # the first pass writes memory never written before: its pages committed ahead, off this thread
+        self.commit_ahead = self._segment.commit_ahead(name=f"frame pool {name!r}") \
+            if hasattr(self._segment, "commit_ahead") else None
 
     # -------------------------------------------------------------- write
     def plan(self, stacks: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """Dedup ``stacks`` [m, k, *frame] against each other and the last stack written.
         Returns (last frame id per stack, indices (stack, frame) of new frames, count)."""
+        if self.commit_ahead is not None:
+            self.commit_ahead.check()
         m, k = stacks.shape[0], self.k
         flat = stacks.reshape(m, k, -1)
         same = np.zeros(m, dtype=bool)
@@ -164,6 +170,8 @@ class FramePool:
         Atari [n, 84, 84, 4]): ``cols`` holds one C-contiguous uint8 array per field of the
         pool, stack i being field ``i % len(cols)``'s row ``i // len(cols)`` (``plan``'s order).
         The same links and ids as ``plan`` on the transposed copy, without making it."""
+        if self.commit_ahead is not None:
+            self.commit_ahead.check()
         n, k = cols[0].shape[0], self.k
         m = n * len(cols)
         same = np.zeros(m, dtype=bool)
@@ -211,6 +219,8 @@ class FramePool:
                 ids = self.cursor + np.arange(count)
                 self.frames[ids % self.capacity] = stacks[sel[0], sel[1]]
             self.cursor += count
+            if self.commit_ahead is not None and self.cursor <= self.capacity:   # (the first pass)
+                self.commit_ahead.note_written(self.cursor * self.frame_bytes)
         if last.size:
             self.last_id = int(last[-1])
 
@@ -235,8 +245,12 @@ class FramePool:
         n = fr.shape[0]
         ids = (self.cursor - n + np.arange(n)) % self.capacity
         self.frames[ids] = fr
+        if self.commit_ahead is not None:
+            self.commit_ahead.note_written(min(self.cursor, self.capacity) * self.frame_bytes)
 
     def close(self) -> None:
+        if self.commit_ahead is not None:
+            self.commit_ahead.close()
         self.frames = None
         self.tensor = None
         if self._segment is not None:

@@ -126,6 +126,12 @@ class LazyHostSegment:
         self._mm = lazy_huge_map(nbytes)
         self.tensor = torch.frombuffer(self._mm, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
 
+    def commit_ahead(self, *, name: str) -> "CommitAhead":
+        """A committer of this mapping's pages ahead of a writer that fills it in order (see
+        ``page_commit``); the caller closes it before this segment."""
+        from .page_commit import CommitAhead
+        return CommitAhead(self._mm, len(self._mm), name=name)
+
     def close(self) -> None:
         self.tensor = None  # type: ignore[assignment]
         try:
