@@ -17,11 +17,15 @@ import secrets
 import sys
 from enum import Enum
 from multiprocessing import shared_memory
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .page_commit import CommitAhead
 
 
 class Tier(str, Enum):
@@ -126,7 +130,7 @@ class LazyHostSegment:
         self._mm = lazy_huge_map(nbytes)
         self.tensor = torch.frombuffer(self._mm, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
 
-    def commit_ahead(self, *, name: str) -> "CommitAhead":
+    def commit_ahead(self, *, name: str) -> CommitAhead:
         """A committer of this mapping's pages ahead of a writer that fills it in order (see
         ``page_commit``); the caller closes it before this segment."""
         from .page_commit import CommitAhead
