@@ -249,11 +249,11 @@ def _union_cases():
 def test_shifted_rows_union_native_and_python_agree(case):
     """``_rows.shifted_union`` (C) and its Python stand-in pair the same arrays and make the same
     read-only view of the n + 1 rows."""
-    from conduit_core import spec as spec_module
+    from conduit_core import shifted_rows
     name, a, b, paired = case
     b = a if b is None else b
-    assert spec_module._union_if_shifted is not spec_module._union_if_shifted_py   # the C route is built here
-    views = [spec_module._union_if_shifted(a, b), spec_module._union_if_shifted_py(a, b)]
+    assert shifted_rows._union_if_shifted is not shifted_rows._union_if_shifted_py   # the C route is built here
+    views = [shifted_rows._union_if_shifted(a, b), shifted_rows._union_if_shifted_py(a, b)]
     for v in views:
         assert (v is not None) == paired, name
         if paired:
@@ -265,7 +265,7 @@ def test_obs_and_next_obs_of_one_array_are_encoded_once_and_as_apart():
     """A framework's obs[:-1] / next_obs[1:] of one array: the spec finds the pair, encodes the
     n + 1 rows once, and stores what encoding each field apart stores; a value it refuses in the
     last row is named as next_obs's."""
-    from conduit_core import spec as spec_module
+    from conduit_core import shifted_rows
     codec = AffineCodec.divide(128, offset=-1.0)
     spec = ExperienceSpec.transition(obs_shape=(3, 4), obs_codec=codec)
     q = np.random.default_rng(1).integers(0, 256, (6, 3, 4), dtype=np.uint8)
@@ -273,11 +273,11 @@ def test_obs_and_next_obs_of_one_array_are_encoded_once_and_as_apart():
     n = 5
     cols = {"obs": allx[:-1], "next_obs": allx[1:], "action": np.zeros(n, np.int64), "reward": np.zeros(n, np.float32),
             "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
-    pairs = spec_module._shifted_pairs(spec, cols)
+    pairs = shifted_rows.shifted_pairs(spec, cols)
     assert list(pairs) == ["obs"] and pairs["obs"][0] == "next_obs"
     together = spec.encode(cols)
     apart = spec.encode({**cols, "obs": allx[:-1].copy(), "next_obs": allx[1:].copy()})
-    assert spec_module._shifted_pairs(spec, {**cols, "obs": allx[:-1].copy()}) == {}
+    assert shifted_rows.shifted_pairs(spec, {**cols, "obs": allx[:-1].copy()}) == {}
     for f in ("obs", "next_obs"):
         assert torch.equal(torch.as_tensor(together[f]), torch.as_tensor(apart[f]))
     allx[-1, 2, 3] = 0.3   # not k/128 - 1 for any k
