@@ -173,4 +173,13 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_affine", "the affine codec's encode in one pass", -1, methods};
 
-PyMODINIT_FUNC PyInit__affine(void) { return PyModule_Create(&module); }
+/* AVX2: whether quantize_u8 runs the AVX2 loop on this CPU (for tests and reports). */
+PyMODINIT_FUNC PyInit__affine(void) {
+    PyObject *m = PyModule_Create(&module);
+    int avx2 = 0;
+#ifdef HAVE_QUANTISE_AVX2
+    avx2 = __builtin_cpu_supports("avx2") != 0;
+#endif
+    if (m != NULL && PyModule_AddIntConstant(m, "AVX2", avx2) < 0) { Py_DECREF(m); return NULL; }
+    return m;
+}

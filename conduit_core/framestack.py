@@ -219,10 +219,10 @@ class FramePool:
                 ids = self.cursor + np.arange(count)
                 self.frames[ids % self.capacity] = stacks[sel[0], sel[1]]
             self.cursor += count
-            if self.commit_ahead is not None and self.cursor <= self.capacity:   # (the first pass)
-                self.commit_ahead.note_written(self.cursor * self.frame_bytes)
         if last.size:
             self.last_id = int(last[-1])
+        if count and self.commit_ahead is not None and self.cursor <= self.capacity:   # (the first pass)
+            self.commit_ahead.note_written(self.cursor * self.frame_bytes)
 
     # --------------------------------------------------------------- read
     def read_stack(self, last_id: int) -> np.ndarray:
@@ -246,7 +246,7 @@ class FramePool:
         ids = (self.cursor - n + np.arange(n)) % self.capacity
         self.frames[ids] = fr
         if self.commit_ahead is not None:
-            self.commit_ahead.note_written(min(self.cursor, self.capacity) * self.frame_bytes)
+            self.commit_ahead.wrote_through(min(self.cursor, self.capacity) * self.frame_bytes)
 
     def close(self) -> None:
         if self.commit_ahead is not None:

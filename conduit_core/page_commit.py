@@ -8,14 +8,21 @@ where it did not (memory new to the virtual machine). Inside RLlib's Qbert run t
 frame pool's write at 0.016-0.30 ms per training step by run, against ~0.015 ms once the
 pages exist.
 
-``CommitAhead`` keeps a window of ``ahead`` bytes past the write position committed: when the
-writer comes within half of it, a short-lived thread commits the next range with
-``madvise(MADV_POPULATE_WRITE)`` (``_pages.populate_write``, GIL released). A populate changes
-no byte, so it may overlap the writer's own writes to the same pages. Where the kernel lacks
-the advice (Linux < 5.14, other systems) nothing is committed ahead and pages fault on write
-as before (``supported`` says which). Any other failure (the machine could not back the memory)
-is raised by the next ``check`` (called before an insert changes anything). ``close`` joins the
-thread. The decision (which range next) is ``next_commit_range``, a pure function.
+``CommitAhead`` keeps the pages past the write position committed: once the writer comes
+within half a window (``ahead`` bytes) of what was asked for, a short-lived thread commits up
+to a window past the writer, a huge page per ``madvise(MADV_POPULATE_WRITE)`` call
+(``_pages.populate_write``, GIL released), stopping between calls when closed. A populate
+changes no byte (untouched pages of a private anonymous mapping are zero-filled, present ones
+left as they are), so it may overlap the writer's own writes to the same pages. Nothing is
+committed before the first write.
+
+Committing ahead only saves time, so only one failure is the caller's business: ENOMEM, the
+machine could not back the memory the writer is about to write, raised once by the next
+``check`` (before an insert changes anything). Anything else (a kernel without the advice,
+Linux < 5.14; a sandbox refusing it; no thread to be had) just stops committing ahead, and
+pages fault on write as before (``supported`` turns False). A forked child does not commit
+ahead (its copy of a running thread does not exist). The decision (which range next) is
+``next_commit_range``, a pure function.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import weakref
 
 from .errors import CapacityError
 
@@ -31,66 +39,84 @@ try:
 except ImportError:  # pragma: no cover - no C compiler where it was installed: pages fault on write
     _c_populate_write = None
 
-AHEAD_BYTES = 16 << 20   # kept committed past the write position
-CHUNK_BYTES = 2 << 20    # one populate call per huge page (a failure stops at the chunk that failed)
-_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+AHEAD_BYTES = 16 << 20   # the window: committed past the write position
+CHUNK_BYTES = 2 << 20    # one populate call per huge page; the calls start on its boundaries
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 def next_commit_range(written: int, requested: int, total: int, *, ahead: int) -> tuple[int, int] | None:
-    """The byte range to commit next, or None: once the writer (at ``written``) is within half
-    the window of what was asked for so far (``requested``), up to ``ahead`` past the writer,
-    never past ``total``."""
+    """The byte range to commit next, or None. Asked for once the writer (at ``written``) is
+    within half the window of what was asked for so far (``requested``): from there (or from the
+    writer, if it ran past) to one window past the writer, never past ``total``. So the pages
+    committed ahead of the writer stay between half a window and a window."""
     if requested >= total or written + ahead // 2 < requested:
         return None
-    return requested, min(total, max(written, requested) + ahead)
+    start, stop = max(written, requested), min(total, written + ahead)
+    return (start, stop) if start < stop else None
 
 
 class CommitAhead:
     """Commits ``mapping``'s first ``total`` bytes ahead of a writer that fills them in order
     once (a ring's first pass); ``note_written(upto)`` after each write."""
 
-    def __init__(self, mapping, total: int, *, name: str, ahead: int = AHEAD_BYTES, chunk: int = CHUNK_BYTES):
-        self.total, self.name, self.ahead, self.chunk = int(total), name, int(ahead), int(chunk)
+    def __init__(self, mapping, total: int, *, name: str, ahead: int | None = None, chunk: int | None = None):
+        self.total, self.name = int(total), name
+        self.ahead = int(AHEAD_BYTES if ahead is None else ahead)
+        self.chunk = int(CHUNK_BYTES if chunk is None else chunk)
         self.supported = _c_populate_write is not None
-        self.committed = 0                 # bytes committed so far (the thread's progress)
+        self.committed = 0                 # committed up to here, as far as the thread got
         self._mapping = mapping
-        self._requested = 0                # bytes asked for so far (the writer's side)
+        self._requested = 0                # asked for up to here (the writer's side)
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self.note_written(0)
+        self._stop = threading.Event()
+        self._error: OSError | None = None
+        _LIVE.add(self)
 
     def note_written(self, upto: int) -> None:
-        """The writer wrote every byte below ``upto``: commit the next range if it is near."""
+        """The writer wrote every byte below ``upto``: commit the next range if it is near.
+        Never raises: committing ahead only saves time."""
         if not self.supported or upto + self.ahead // 2 < self._requested or self._requested >= self.total:
             return
         if self._thread is not None:
             if self._thread.is_alive():    # still committing the last range: asked again at the next write
                 return
             self._thread.join()
+            self._thread = None
         rng = next_commit_range(upto, self._requested, self.total, ahead=self.ahead)
-        if rng is None or self._error is not None:
+        if rng is None or self._error is not None or self._stop.is_set():
             return
-        self._requested = rng[1]
-        self._thread = threading.Thread(target=self._commit, args=rng, name=f"conduit-commit-{self.name}", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._commit, args=rng, name=f"conduit-commit-{self.name}", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:   # no thread to be had (a process limit, interpreter shutdown): fault on write
+            self.supported = False
+            return
+        self._thread, self._requested = thread, rng[1]
+
+    def wrote_through(self, upto: int) -> None:
+        """The writer wrote every byte below ``upto`` in one go (a restore): those pages are
+        committed; committing ahead goes on from there."""
+        self._requested = max(self._requested, min(int(upto), self.total))
+        self.committed = max(self.committed, self._requested)
 
     def _commit(self, start: int, stop: int) -> None:
-        try:
-            for lo in range(start, stop, self.chunk):
-                hi = min(stop, lo + self.chunk)
-                err = _c_populate_write(self._mapping, lo, hi - lo)
-                if err in _UNSUPPORTED:
-                    self.supported = False
-                    return
-                if err:
-                    raise OSError(err, os.strerror(err))
-                self.committed = hi
-        except BaseException as exc:   # reaches the writer through check()
-            self._error = exc
+        lo = start
+        while lo < stop and not self._stop.is_set():
+            hi = min(stop, (lo // self.chunk + 1) * self.chunk)   # to the next huge-page boundary
+            err = _c_populate_write(self._mapping, lo, hi - lo)
+            if err == errno.ENOMEM:
+                self._error = OSError(err, os.strerror(err))
+                return
+            if err:   # the advice unknown or refused here: pages fault on write, as without this
+                self.supported = False
+                return
+            self.committed = hi
+            lo = hi
 
     def check(self) -> None:
-        """Raise what the committing thread met (before an insert changes anything), once: the
-        next write asks again from where committing stopped."""
+        """Raise a refused commit (before an insert changes anything), once: the next write
+        asks again from where committing stopped."""
         if self._error is not None:
             error, self._error = self._error, None
             self._requested = self.committed
@@ -106,7 +132,21 @@ class CommitAhead:
             thread.join()
 
     def close(self) -> None:
-        """Join the committing thread (a populate call ends within a chunk's faults)."""
+        """Stop after the populate call in progress and join the thread."""
+        self._stop.set()
         self.wait()
         self._thread = None
         self._mapping = None
+
+    def _after_fork_in_child(self) -> None:
+        self._thread = None
+        self.supported = False
+
+
+def _reset_in_child() -> None:
+    for c in list(_LIVE):
+        c._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_child)

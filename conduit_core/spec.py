@@ -208,8 +208,9 @@ class ExperienceSpec:
             return dict(columns)
         out = {}
         shifted = shifted_pairs(self, columns)   # obs and next_obs as one array's rows [:-1] and [1:]
+        partners = {partner for partner, _ in shifted.values()}   # encoded with their pair, in whatever order
         for name, c in columns.items():
-            if name in out:
+            if name in out or name in partners:
                 continue
             codec = self[name].codec
             if codec.is_identity:

@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -138,6 +140,9 @@ def test_native_encode_equals_the_numpy_route_value_for_value(codec, seed, at, m
     else:
         assert err_native == err_numpy  # same index, same value, same message
     assert codec._native_ok()  # every codec above takes the C route here
+    from conduit_core import _affine
+    cpu_flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    assert _affine.AVX2 == ("avx2" in cpu_flags)   # the vector loop is the one compared, where the CPU has it
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -275,7 +280,22 @@ def test_obs_and_next_obs_of_one_array_are_encoded_once_and_as_apart():
             "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
     pairs = shifted_rows.shifted_pairs(spec, cols)
     assert list(pairs) == ["obs"] and pairs["obs"][0] == "next_obs"
-    together = spec.encode(cols)
+    encodes = []
+    real_encode = AffineCodec.encode
+
+    def counted(self, field, x):
+        encodes.append((field, x.shape[0]))
+        return real_encode(self, field, x)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(AffineCodec, "encode", counted)
+        together = spec.encode(cols)
+        assert encodes == [("obs", n + 1)]                    # once, the n + 1 rows
+        encodes.clear()
+        reordered = spec.encode({"next_obs": cols["next_obs"], **cols})   # next_obs first: still once
+        assert encodes == [("obs", n + 1)]
+    for f in ("obs", "next_obs"):
+        assert torch.equal(torch.as_tensor(reordered[f]), torch.as_tensor(together[f]))
     apart = spec.encode({**cols, "obs": allx[:-1].copy(), "next_obs": allx[1:].copy()})
     assert shifted_rows.shifted_pairs(spec, {**cols, "obs": allx[:-1].copy()}) == {}
     for f in ("obs", "next_obs"):
