@@ -39,7 +39,7 @@ try:
 except ImportError:  # pragma: no cover - no C compiler where it was installed: pages fault on write
     _c_populate_write = None
 
-AHEAD_BYTES = 16 << 20   # the window: committed past the write position
+AHEAD_BYTES = 8 << 20    # the window: committed past the write position (RSS runs up to this ahead of the writes)
 CHUNK_BYTES = 2 << 20    # one populate call per huge page; the calls start on its boundaries
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
