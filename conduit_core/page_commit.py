@@ -138,14 +138,15 @@ class CommitAhead:
         self._thread = None
         self._mapping = None
 
-    def _after_fork_in_child(self) -> None:
+    def after_fork_in_child(self) -> None:
+        """In a forked child: the parent's committing thread does not exist here; stop."""
         self._thread = None
         self.supported = False
 
 
 def _reset_in_child() -> None:
     for c in list(_LIVE):
-        c._after_fork_in_child()
+        c.after_fork_in_child()
 
 
 if hasattr(os, "register_at_fork"):

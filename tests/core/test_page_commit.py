@@ -195,3 +195,33 @@ def test_close_stops_between_populate_calls(monkeypatch):
     ahead.close()
     assert len(calls) == 1 and ahead.committed == 1 << 20
     mm.close()
+
+
+def test_a_forked_child_stops_committing_ahead_and_still_writes():
+    """The parent's committing thread does not exist in a forked child: the child's pool stops
+    committing ahead (no join of a thread it does not have) and its writes and close work."""
+    import os
+    pool = FramePool(name="obs", frames=1_000, frame_shape=(84, 84), dtype=torch.uint8, k=4)
+    frames = np.random.default_rng(4).integers(0, 256, (8, 84, 84), dtype=np.uint8)
+    stacks = np.stack([frames[i:i + 4] for i in range(3)])
+    last, sel, count = pool.plan(stacks)
+    pool.write(stacks, sel, count, last)
+    pid = os.fork()
+    if pid == 0:   # the child: report by exit code only
+        code = 1
+        try:
+            assert not pool.commit_ahead.supported
+            more = np.stack([frames[i:i + 4] for i in range(3, 5)])
+            last2, sel2, count2 = pool.plan(more)
+            pool.write(more, sel2, count2, last2)
+            assert np.array_equal(pool.gather(last2), more)
+            pool.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    try:
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert np.array_equal(pool.gather(last), stacks)
+    finally:
+        pool.close()
