@@ -320,10 +320,21 @@ def _memfds(prefix: str) -> list[str]:
 
 
 def _wait_gone(prefix: str, timeout: float = 20.0) -> list[str]:
+    """What still holds a segment of ``prefix`` after ``timeout`` s, each with its process's
+    command line (the driver, a unit, a Ray worker?)."""
     end = time.monotonic() + timeout
     while (left := _memfds(prefix)) and time.monotonic() < end:
         time.sleep(0.2)
-    return left
+    return [f"{x} [{_cmdline(x)}]" for x in left]
+
+
+def _cmdline(proc_path: str) -> str:
+    pid = proc_path.split("/")[2]
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:120] + (" (this process)" if int(pid) == os.getpid() else "")
+    except OSError:
+        return "gone"
 
 
 
@@ -374,6 +385,7 @@ def test_a_put_that_fails_half_way_leaves_nothing(ray_session, monkeypatch, faul
                 if fault == "copy":
                     raise OSError("injected: the copy into the segment failed")
                 ray.kill(manager.units[2])
+                assert _wait_dead(manager.units[2])   # (ray.kill returns before the actor is gone)
             return real(*args, **kwargs)
         monkeypatch.setattr(tq_shared_path, "gather_segments", failing)
         with pytest.raises(Exception):
@@ -392,6 +404,32 @@ def test_a_put_that_fails_half_way_leaves_nothing(ray_session, monkeypatch, faul
         tq_backend.shutdown_units()
     for p in prefixes:
         assert not _wait_gone(p), p
+
+
+def _wait_dead(actor, timeout: float = 30.0) -> bool:
+    """Whether calls to ``actor`` fail within ``timeout`` s: ray.kill only asks for the kill, and
+    a call made right after it may still run (a put under test would then commit on the unit it
+    meant to lose). Polled from a thread of its own: the errors it catches keep their frames'
+    callers alive until a collection, and the caller here holds views of a segment."""
+    import threading
+
+    import ray
+    dead: list = []
+
+    def poll() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.stats.remote(), timeout=5)
+            except Exception:   # RayActorError (or a timeout on the way down): gone
+                dead.append(True)
+                return
+            time.sleep(0.05)
+
+    waiter = threading.Thread(target=poll, name="wait-dead")
+    waiter.start()
+    waiter.join()
+    return bool(dead)
 
 
 def test_shutdown_and_a_killed_unit_leave_no_segment_anywhere(ray_session):
