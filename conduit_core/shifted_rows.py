@@ -35,7 +35,7 @@ def shifted_pairs(spec, columns: Mapping[str, Any]) -> dict[str, tuple[str, np.n
         if name_a in taken:
             continue
         for name_b in names:
-            if name_b in partners[name_a] and name_b not in taken:
+            if name_b in partners[name_a] and name_b not in taken and name_b not in found:   # no chains
                 union = _union_if_shifted(columns[name_a], columns[name_b])
                 if union is not None:
                     found[name_a] = (name_b, union)

@@ -303,3 +303,23 @@ def test_obs_and_next_obs_of_one_array_are_encoded_once_and_as_apart():
     allx[-1, 2, 3] = 0.3   # not k/128 - 1 for any k
     with pytest.raises(CodecError, match="next_obs"):
         spec.encode(cols)
+
+
+@pytest.mark.parametrize("order", ["x y w", "w x y", "y w x"])
+def test_three_fields_each_the_next_shifted_are_all_stored_whatever_their_order(order):
+    """w, x, y the rows [:-2], [1:-1], [2:] of one array (x is w shifted, y is x shifted), one
+    row-wise codec: at most one pair is encoded together (no chains), and every field is stored
+    as encoding it apart stores it."""
+    from conduit_core import shifted_rows
+    codec = AffineCodec.divide(128, offset=-1.0)
+    spec = ExperienceSpec([FieldSpec(name, (3,), torch.float32, codec) for name in ("w", "x", "y")])
+    q = np.random.default_rng(5).integers(0, 256, (7, 3), dtype=np.uint8)
+    arr = (q.astype(np.float32) / 128 - 1).astype(np.float32)
+    views = {"w": arr[:-2], "x": arr[1:-1], "y": arr[2:]}
+    cols = {name: views[name] for name in order.split()}
+    pairs = shifted_rows.shifted_pairs(spec, cols)
+    assert len(pairs) == 1
+    got = spec.encode(cols)
+    assert sorted(got) == ["w", "x", "y"]
+    for name, v in views.items():
+        assert torch.equal(torch.as_tensor(got[name]), torch.as_tensor(codec.encode(name, v.copy()))), name
