@@ -146,7 +146,7 @@ class FramePool:
         """Dedup ``stacks`` [m, k, *frame] against each other and the last stack written.
         Returns (last frame id per stack, indices (stack, frame) of new frames, count)."""
         if self.commit_ahead is not None:
-            self.commit_ahead.check()
+            self.commit_ahead.check(self.cursor * self.frame_bytes)
         m, k = stacks.shape[0], self.k
         flat = stacks.reshape(m, k, -1)
         same = np.zeros(m, dtype=bool)
@@ -171,7 +171,7 @@ class FramePool:
         pool, stack i being field ``i % len(cols)``'s row ``i // len(cols)`` (``plan``'s order).
         The same links and ids as ``plan`` on the transposed copy, without making it."""
         if self.commit_ahead is not None:
-            self.commit_ahead.check()
+            self.commit_ahead.check(self.cursor * self.frame_bytes)
         n, k = cols[0].shape[0], self.k
         m = n * len(cols)
         same = np.zeros(m, dtype=bool)

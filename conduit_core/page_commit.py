@@ -1,7 +1,7 @@
 """A lazily mapped ring's pages committed ahead of its writer, off the writer's thread.
 
-A frame pool (and any host column from ``tiers.LAZY_THRESHOLD`` up) is an anonymous mapping
-whose pages are committed on first write. During a buffer's first pass over its ring, every
+A frame pool's frames live in an anonymous mapping (``tiers.LazyHostSegment``) whose pages
+are committed on first write. During a buffer's first pass over its ring, every
 new frame lands on memory never written before, so the insert pays the page fault: on this
 machine 0.09 ms per 2 MB huge page where the machine already backed the memory, and 16 ms
 where it did not (memory new to the virtual machine). Inside RLlib's Qbert run that put the
@@ -31,6 +31,8 @@ import errno
 import os
 import threading
 import weakref
+
+import numpy as np
 
 from .errors import CapacityError
 
@@ -67,10 +69,12 @@ class CommitAhead:
         self.supported = _c_populate_write is not None
         self.committed = 0                 # committed up to here, as far as the thread got
         self._mapping = mapping
+        self._base = _address_of(mapping) % self.chunk   # chunks end on huge-page boundaries of memory
         self._requested = 0                # asked for up to here (the writer's side)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._error: OSError | None = None
+        self._refused = 0                  # where the refused range began
         _LIVE.add(self)
 
     def note_written(self, upto: int) -> None:
@@ -99,30 +103,37 @@ class CommitAhead:
         committed; committing ahead goes on from there."""
         self._requested = max(self._requested, min(int(upto), self.total))
         self.committed = max(self.committed, self._requested)
+        self._error = None   # a refusal below what was just written is moot
 
     def _commit(self, start: int, stop: int) -> None:
         lo = start
-        while lo < stop and not self._stop.is_set():
-            hi = min(stop, (lo // self.chunk + 1) * self.chunk)   # to the next huge-page boundary
-            err = _c_populate_write(self._mapping, lo, hi - lo)
-            if err == errno.ENOMEM:
-                self._error = OSError(err, os.strerror(err))
-                return
-            if err:   # the advice unknown or refused here: pages fault on write, as without this
-                self.supported = False
-                return
-            self.committed = hi
-            lo = hi
+        try:
+            while lo < stop and not self._stop.is_set():
+                hi = min(stop, ((self._base + lo) // self.chunk + 1) * self.chunk - self._base)   # a huge page's end
+                err = _c_populate_write(self._mapping, lo, hi - lo)
+                if err == errno.ENOMEM:
+                    self._refused, self._error = lo, OSError(err, os.strerror(err))
+                    return
+                if err:   # the advice unknown or refused here: pages fault on write, as without this
+                    self.supported = False
+                    return
+                self.committed = hi
+                lo = hi
+        except Exception:   # (a mapping gone under it): committing ahead stops, pages fault on write
+            self.supported = False
 
-    def check(self) -> None:
-        """Raise a refused commit (before an insert changes anything), once: the next write
-        asks again from where committing stopped."""
+    def check(self, written: int) -> None:
+        """Raise a refused commit (before an insert changes anything), once, unless the writer
+        (at ``written``) is already past where it was refused; the next write asks again from
+        there."""
         if self._error is not None:
             error, self._error = self._error, None
-            self._requested = self.committed
+            self._requested = max(self._refused, min(written, self.total))
+            if written > self._refused:   # the writer's own faults got those pages since: moot
+                return
             raise CapacityError(
                 f"{self.name}: the machine could not commit memory for the buffer's next pages (from byte "
-                f"{self.committed} of {self.total}: {error}). Nothing of this insert was stored. Fix: lower the "
+                f"{self._refused} of {self.total}: {error}). Nothing of this insert was stored. Fix: lower the "
                 "buffer's capacity (or frame budget), or free memory on this machine") from error
 
     def wait(self) -> None:
@@ -142,6 +153,16 @@ class CommitAhead:
         """In a forked child: the parent's committing thread does not exist here; stop."""
         self._thread = None
         self.supported = False
+        self._error = None
+
+
+def _address_of(mapping) -> int:
+    """The mapping's first byte's address (a numpy view made and dropped: no export left)."""
+    view = np.frombuffer(mapping, dtype=np.uint8, count=1)
+    try:
+        return int(view.__array_interface__["data"][0])
+    finally:
+        del view
 
 
 def _reset_in_child() -> None:

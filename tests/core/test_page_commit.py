@@ -225,3 +225,56 @@ def test_a_forked_child_stops_committing_ahead_and_still_writes():
         assert np.array_equal(pool.gather(last), stacks)
     finally:
         pool.close()
+
+
+def test_a_populate_that_raises_stops_committing_ahead_and_nothing_else(monkeypatch):
+    """A Python error out of the populate call (a mapping gone under it) stops committing ahead
+    like any failure other than ENOMEM: no error reaches the writer, no thread is started again."""
+    calls = []
+
+    def broken(mapping, offset, length):
+        calls.append(offset)
+        raise BufferError("the mapping is gone")
+
+    monkeypatch.setattr(page_commit, "_c_populate_write", broken)
+    pool = FramePool(name="obs", frames=1_000, frame_shape=(84, 84), dtype=torch.uint8, k=4)
+    try:
+        frames = np.random.default_rng(6).integers(0, 256, (12, 84, 84), dtype=np.uint8)
+        for j in range(2):
+            stacks = np.stack([frames[4 * j + i:4 * j + i + 4] for i in range(2)])
+            last, sel, count = pool.plan(stacks)
+            pool.write(stacks, sel, count, last)
+            pool.commit_ahead.wait()
+        assert len(calls) == 1 and not pool.commit_ahead.supported and pool.cursor == 10
+    finally:
+        pool.close()
+
+
+def test_a_refusal_pending_at_a_fork_is_not_the_childs(monkeypatch):
+    """An ENOMEM the parent's thread met, not yet raised, is not raised in a forked child (which
+    commits nothing ahead); the parent still gets it at its next insert."""
+    import os
+    monkeypatch.setattr(page_commit, "_c_populate_write", lambda mapping, offset, length: errno.ENOMEM)
+    pool = FramePool(name="obs", frames=1_000, frame_shape=(84, 84), dtype=torch.uint8, k=4)
+    frames = np.random.default_rng(7).integers(0, 256, (12, 84, 84), dtype=np.uint8)
+    first = np.stack([frames[i:i + 4] for i in range(2)])
+    last, sel, count = pool.plan(first)
+    pool.write(first, sel, count, last)
+    pool.commit_ahead.wait()
+    second = np.stack([frames[4 + i:4 + i + 4] for i in range(2)])
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            last2, sel2, count2 = pool.plan(second)    # no CapacityError here
+            pool.write(second, sel2, count2, last2)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    try:
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        with pytest.raises(CapacityError):
+            pool.plan(second)
+    finally:
+        pool.close()

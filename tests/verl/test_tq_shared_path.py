@@ -377,20 +377,25 @@ def test_a_put_that_fails_half_way_leaves_nothing(ray_session, monkeypatch, faul
         put = TensorDict({"f": torch.arange(6, dtype=torch.float32).view(3, 2)}, batch_size=3)
         client._run_coroutine(manager.put_data(put, Meta([0, 1, 2])))
         before = [ray.get(u.stats.remote()) for u in manager.units]
-        real, calls = tq_shared_path.gather_segments, []
+        real, calls, killed = tq_shared_path.gather_segments, [], []
 
+        # the put's copies, one per unit and field in route order: unit 0 f, unit 0 g, unit 1 f, ...
         def failing(*args, **kwargs):
             calls.append(1)
-            if len(calls) == 2:
-                if fault == "copy":
-                    raise OSError("injected: the copy into the segment failed")
-                ray.kill(manager.units[2])
-                assert _wait_dead(manager.units[2])   # (ray.kill returns before the actor is gone)
+            if fault == "copy" and len(calls) == 3:      # unit 1's first field
+                raise OSError("injected: the copy into the segment failed")
+            if fault == "killed_unit" and len(calls) == 6:   # the last copy: every segment attached, the
+                ray.kill(manager.units[2])                   # commits go out next, unit 2's to a dead unit
+                killed.append(_wait_dead(manager.units[2]))  # (ray.kill returns before the actor is gone)
             return real(*args, **kwargs)
         monkeypatch.setattr(tq_shared_path, "gather_segments", failing)
-        with pytest.raises(Exception):
+        expected = OSError if fault == "copy" else ray.exceptions.RayActorError
+        with pytest.raises(expected) as raised:
             client._run_coroutine(manager.put_data(
                 TensorDict({"f": torch.ones(6, 2), "g": torch.ones(6, 3)}, batch_size=6), Meta([0, 1, 2, 3, 4, 5])))
+        assert killed == ([True] if fault == "killed_unit" else [])
+        assert fault != "copy" or "injected" in str(raised.value)
+        del raised
         up = 3 if fault == "copy" else 2
         after = [ray.get(u.stats.remote()) for u in manager.units[:up]]
         assert [(a["rows"], a["fields"], a["tickets"]) for a in after] == [
@@ -421,9 +426,11 @@ def _wait_dead(actor, timeout: float = 30.0) -> bool:
         while time.monotonic() < deadline:
             try:
                 ray.get(actor.stats.remote(), timeout=5)
-            except Exception:   # RayActorError (or a timeout on the way down): gone
+            except ray.exceptions.RayActorError:   # gone
                 dead.append(True)
                 return
+            except ray.exceptions.GetTimeoutError:   # busy, or on its way down: ask again
+                pass
             time.sleep(0.05)
 
     waiter = threading.Thread(target=poll, name="wait-dead")
