@@ -19,7 +19,10 @@ compares what is delivered on the same data. The full run is
 ``CONDUIT_CONVERGENCE_SEEDS=0,1,2,3,4 conduit conformance NAME --level convergence -k
 'convergence/*'``; docs/benchmarks.md has its figures and the power of the test.
 
-Each workload a harness offers becomes the check ``convergence/<workload>``.
+Each workload a harness offers becomes the check ``convergence/<workload>``. A harness seeds
+every random source of both paths from the seed it is given, the framework's own included, so a CI
+run's draw repeats (RLlib 2.60 leaves its episode replay buffers unseeded; the RLlib harness seeds
+them).
 """
 
 from __future__ import annotations

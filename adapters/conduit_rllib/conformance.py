@@ -256,8 +256,20 @@ def _train_until(cfg, *, threshold: float, max_env_steps: int) -> ConvergenceRes
             ray.shutdown()
 
 
+def _seed_rllib_replay(algo, seed) -> None:
+    """RLlib 2.60's episode replay buffers draw from an unseeded generator
+    (``episode_replay_buffer.py``: ``np.random.default_rng(seed=None)``), so native runs on one seed
+    differ from run to run and every CI run drew new native curves. Seeded from the config's seed
+    (the same generator, seeded): a run's native draw repeats. Conduit's buffer is seeded already."""
+    buf = getattr(algo, "local_replay_buffer", None)
+    if seed is not None and buf is not None and type(buf).__module__.startswith("ray.rllib") \
+            and isinstance(getattr(buf, "rng", None), np.random.Generator):
+        buf.rng = np.random.default_rng(seed)
+
+
 def _train_until_in_session(cfg, *, threshold: float, max_env_steps: int) -> ConvergenceResult:
     algo = cfg.build_algo()
+    _seed_rllib_replay(algo, cfg.seed)
     returns: list[float] = []
     try:
         steps = 0
