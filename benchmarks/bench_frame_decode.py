@@ -12,12 +12,17 @@ synchronised float32 batch on the device:
 With ``--ingest``, the other direction: ``add()`` of chunks of RLlib-style float32 stacks (4 rows,
 as DQN's Atari step hands over) into a frame-pooled buffer: encode, exactness check, frame links.
 
+With ``--parts``, two parts of that ``add()`` alone: the affine encode (quantise and exactness
+check) of a 4-row chunk's 5 distinct float32 stacks, warm; and the first write to each 2 MB page of
+a fresh lazily committed mapping (what a frame pool's first pass meets without pages committed
+ahead), in ms per page.
+
 With ``--hold K``, what the decode's output memory costs when the learner holds ``K`` batches at a
 time: one [B, 84, 84, 4] float32 output allocated and written (a store per 4 KB page) by torch's
 allocator vs numpy's (the decode's, ``framestack.output_empty``). In this process alone they cost
 about the same; inside RLlib's run they did not (``benchmarks/bench_decode_memory.py``).
 
-    python -m benchmarks.bench_frame_decode [--batch 32] [--reps 50] [--device cpu|cuda] [--ingest] [--hold 3]
+    python -m benchmarks.bench_frame_decode [--batch 32] [--reps 50] [--device cpu|cuda] [--ingest] [--parts] [--hold 3]
 """
 
 from __future__ import annotations
@@ -39,11 +44,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--device", default="cpu", help="where the learner's batch must end up (cpu, cuda)")
     p.add_argument("--ingest", action="store_true", help="time add() of 4-row chunks instead")
+    p.add_argument("--parts", action="store_true", help="time the encode of a 4-row chunk and first page writes")
     p.add_argument("--hold", type=int, default=None, help="time the output's memory with this many batches held")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     if a.ingest:
         return ingest(a.reps)
+    if a.parts:
+        return parts(a.reps)
     if a.hold is not None:
         return output_memory(a.batch, a.reps, a.hold)
     device = torch.device(a.device)
@@ -128,6 +136,38 @@ def output_memory(batches: list[int], reps: int, hold: int) -> dict:
               f"torch.empty {r['torch_ms']:.3f} ms, np.empty {r['numpy_ms']:.3f} ms")
         results[batch] = r
     return results
+
+
+def parts(reps: int, pages: int = 64) -> dict:
+    """The affine encode of a 4-row chunk (us, median of ``reps``) and the first write to each
+    2 MB page of a fresh lazy mapping (ms per page: median and max over ``pages``)."""
+    from conduit_core import _affine
+    from conduit_core.tiers import lazy_huge_map
+    codec = AffineCodec.divide(128, offset=-1.0)
+    q = np.random.default_rng(0).integers(0, 256, (5, 84, 84, 4), dtype=np.uint8)
+    x = (q.astype(np.float32) / 128 - 1).astype(np.float32)
+    codec.encode("obs", x)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        codec.encode("obs", x)
+        ts.append(time.perf_counter() - t0)
+    encode_us = statistics.median(ts) * 1e6
+    mm = lazy_huge_map(pages << 21)
+    view = np.frombuffer(mm, dtype=np.uint8)
+    first = []
+    for off in range(0, pages << 21, 1 << 21):
+        t0 = time.perf_counter()
+        view[off:off + 7056] = 1        # one Qbert frame at the page's start
+        first.append((time.perf_counter() - t0) * 1e3)
+    del view
+    mm.close()
+    out = {"encode_us": encode_us, "avx2": bool(_affine.AVX2), "first_touch_ms_median": statistics.median(first),
+           "first_touch_ms_max": max(first)}
+    print(f"affine encode of a 4-row chunk (5 x 84x84x4 float32, AVX2 {out['avx2']}): {encode_us:.1f} us, median of {reps}")
+    print(f"first write to a fresh 2 MB page: {out['first_touch_ms_median']:.3f} ms median, "
+          f"{out['first_touch_ms_max']:.3f} ms max over {pages} pages")
+    return out
 
 
 def ingest(reps: int, rows: int = 4, chunks: int = 250) -> dict:

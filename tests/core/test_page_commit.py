@@ -34,6 +34,28 @@ def commit_threads(before: set) -> list:
     return [t for t in threading.enumerate() if t.name.startswith("conduit-commit-") and t not in before]
 
 
+def add(pool, stacks):
+    """Plan and write ``stacks`` [m, 4, 84, 84] as an insert does; the last frame id per stack."""
+    last, sel, count = pool.plan(stacks)
+    pool.write(stacks, sel, count, last)
+    return last
+
+
+def in_forked_child(body) -> bool:
+    """Whether ``body()`` runs without an error in a forked child (reported by exit code only)."""
+    import os
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            body()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 @settings(max_examples=500, deadline=None)
 @given(total=st.integers(0, 10_000), requested=st.integers(0, 10_000), written=st.integers(0, 10_000),
        ahead=st.integers(2, 3_000))
@@ -108,8 +130,7 @@ def test_an_atari_sized_pool_commits_as_its_frames_arrive(monkeypatch):
         frames = np.random.default_rng(2).integers(0, 256, (400, 84, 84), dtype=np.uint8)
         for t in range(0, 396, 4):
             stacks = np.stack([frames[t + i:t + i + 4] for i in range(4)])
-            last, sel, count = pool.plan(stacks)
-            pool.write(stacks, sel, count, last)
+            add(pool, stacks)
             ahead.wait()
         written = pool.cursor * pool.frame_bytes
         if populate_supported():
@@ -138,8 +159,7 @@ def test_only_a_refused_memory_commit_reaches_the_insert(err, monkeypatch):
     try:
         frames = np.random.default_rng(1).integers(0, 256, (12, 84, 84), dtype=np.uint8)
         stacks = [np.stack([frames[4 * j + i:4 * j + i + 4] for i in range(2)]) for j in range(2)]
-        last, sel, count = pool.plan(stacks[0])
-        pool.write(stacks[0], sel, count, last)       # the first write asks for the first range
+        add(pool, stacks[0])       # the first write asks for the first range
         pool.commit_ahead.wait()
         assert calls and calls[0][0] == 5 * pool.frame_bytes   # from the writer on: below it, its own writes
         if err == errno.ENOMEM:
@@ -148,8 +168,7 @@ def test_only_a_refused_memory_commit_reaches_the_insert(err, monkeypatch):
             assert (pool.cursor, pool.last_id) == (5, 4)
         else:
             assert not pool.commit_ahead.supported
-        last, sel, count = pool.plan(stacks[1])
-        pool.write(stacks[1], sel, count, last)
+        last = add(pool, stacks[1])
         assert pool.cursor == 10
         assert np.array_equal(pool.gather(last), stacks[1])
     finally:
@@ -165,8 +184,7 @@ def test_no_thread_to_be_had_leaves_the_write_whole(monkeypatch):
     try:
         frames = np.random.default_rng(3).integers(0, 256, (8, 84, 84), dtype=np.uint8)
         stacks = np.stack([frames[i:i + 4] for i in range(3)])
-        last, sel, count = pool.plan(stacks)
-        pool.write(stacks, sel, count, last)
+        last = add(pool, stacks)
         assert (pool.cursor, pool.last_id) == (6, 5) and not pool.commit_ahead.supported
         assert np.array_equal(pool.gather(last), stacks)
     finally:
@@ -200,28 +218,19 @@ def test_close_stops_between_populate_calls(monkeypatch):
 def test_a_forked_child_stops_committing_ahead_and_still_writes():
     """The parent's committing thread does not exist in a forked child: the child's pool stops
     committing ahead (no join of a thread it does not have) and its writes and close work."""
-    import os
     pool = FramePool(name="obs", frames=1_000, frame_shape=(84, 84), dtype=torch.uint8, k=4)
     frames = np.random.default_rng(4).integers(0, 256, (8, 84, 84), dtype=np.uint8)
     stacks = np.stack([frames[i:i + 4] for i in range(3)])
-    last, sel, count = pool.plan(stacks)
-    pool.write(stacks, sel, count, last)
-    pid = os.fork()
-    if pid == 0:   # the child: report by exit code only
-        code = 1
-        try:
-            assert not pool.commit_ahead.supported
-            more = np.stack([frames[i:i + 4] for i in range(3, 5)])
-            last2, sel2, count2 = pool.plan(more)
-            pool.write(more, sel2, count2, last2)
-            assert np.array_equal(pool.gather(last2), more)
-            pool.close()
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    last = add(pool, stacks)
+
+    def child() -> None:
+        assert not pool.commit_ahead.supported
+        more = np.stack([frames[i:i + 4] for i in range(3, 5)])
+        assert np.array_equal(pool.gather(add(pool, more)), more)
+        pool.close()
+
     try:
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert in_forked_child(child)
         assert np.array_equal(pool.gather(last), stacks)
     finally:
         pool.close()
@@ -241,9 +250,7 @@ def test_a_populate_that_raises_stops_committing_ahead_and_nothing_else(monkeypa
     try:
         frames = np.random.default_rng(6).integers(0, 256, (12, 84, 84), dtype=np.uint8)
         for j in range(2):
-            stacks = np.stack([frames[4 * j + i:4 * j + i + 4] for i in range(2)])
-            last, sel, count = pool.plan(stacks)
-            pool.write(stacks, sel, count, last)
+            add(pool, np.stack([frames[4 * j + i:4 * j + i + 4] for i in range(2)]))
             pool.commit_ahead.wait()
         assert len(calls) == 1 and not pool.commit_ahead.supported and pool.cursor == 10
     finally:
@@ -253,27 +260,14 @@ def test_a_populate_that_raises_stops_committing_ahead_and_nothing_else(monkeypa
 def test_a_refusal_pending_at_a_fork_is_not_the_childs(monkeypatch):
     """An ENOMEM the parent's thread met, not yet raised, is not raised in a forked child (which
     commits nothing ahead); the parent still gets it at its next insert."""
-    import os
     monkeypatch.setattr(page_commit, "_c_populate_write", lambda mapping, offset, length: errno.ENOMEM)
     pool = FramePool(name="obs", frames=1_000, frame_shape=(84, 84), dtype=torch.uint8, k=4)
     frames = np.random.default_rng(7).integers(0, 256, (12, 84, 84), dtype=np.uint8)
-    first = np.stack([frames[i:i + 4] for i in range(2)])
-    last, sel, count = pool.plan(first)
-    pool.write(first, sel, count, last)
+    add(pool, np.stack([frames[i:i + 4] for i in range(2)]))
     pool.commit_ahead.wait()
     second = np.stack([frames[4 + i:4 + i + 4] for i in range(2)])
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            last2, sel2, count2 = pool.plan(second)    # no CapacityError here
-            pool.write(second, sel2, count2, last2)
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
     try:
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert in_forked_child(lambda: add(pool, second))    # no CapacityError in the child
         with pytest.raises(CapacityError):
             pool.plan(second)
     finally:
