@@ -17,6 +17,7 @@
 #include <Python.h>
 #include "_native.h"
 #include <stdint.h>
+#include <string.h>
 
 /* decode_u8(q u8[n], offset, df, dmul, out f32[n]): y = (dmul ? q * df : q / df) + offset, in float32:
  * the decode quantize_u8 checks with. The codec compares it with its own lookup table for all
@@ -42,6 +43,14 @@ static PyObject *decode_u8(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The round trip's check: the same bits, so -0.0 decoded as +0.0 fails as any other change. */
+static inline int same_bits(float a, float b) {
+    uint32_t ua, ub;
+    memcpy(&ua, &a, 4);
+    memcpy(&ub, &b, 4);
+    return ua == ub;
+}
+
 /* The quantise-and-check loop, portable form: one branch-free loop per pair of formulas
  * (x / s is not x * (1/s)). Also the tail of the AVX2 loop below. Returns whether any value
  * failed the round trip. */
@@ -58,7 +67,7 @@ static int quantise_scalar(const float *xv, uint8_t *o, Py_ssize_t n, float offs
         float r = (t + magic) - magic;         /* round half to even, as rintf / np.rint */     \
         r = r >= 0.0f ? r : 0.0f;              /* NaN too: it cannot survive the check */       \
         r = r > 255.0f ? 255.0f : r;                                                           \
-        any |= !((DEC) + offset == xv[i]);                                                     \
+        any |= !same_bits((DEC) + offset, xv[i]);                                              \
         o[i] = (uint8_t)(int32_t)r;                                                            \
     }
     if (qmul && dmul) { QUANTISE(t * qf, r * df) }
@@ -75,7 +84,7 @@ static int quantise_scalar(const float *xv, uint8_t *o, Py_ssize_t n, float offs
 
 /* 8 values: q (as int32) and whether any failed, with the scalar loop's operations in its
  * order. Each clamp is one min/max: for a NaN t, max_ps(t, -1) gives -1 (the second operand),
- * so q is 0 as in the scalar loop, and the NaN fails the check. */
+ * so q is 0 as in the scalar loop, and the NaN fails the check (bit for bit, as same_bits). */
 __attribute__((target("avx2"), always_inline))
 static inline __m256i quantise8(const float *xv, __m256 *bad, __m256 vo, __m256 vq, __m256 vd, int qmul, int dmul) {
     const __m256 lo = _mm256_set1_ps(-1.0f), hi = _mm256_set1_ps(256.0f), zero = _mm256_setzero_ps(),
@@ -87,7 +96,8 @@ static inline __m256i quantise8(const float *xv, __m256 *bad, __m256 vo, __m256 
     __m256 r = _mm256_sub_ps(_mm256_add_ps(t, magic), magic);
     r = _mm256_min_ps(_mm256_max_ps(r, zero), top);
     __m256 y = _mm256_add_ps(dmul ? _mm256_mul_ps(r, vd) : _mm256_div_ps(r, vd), vo);
-    *bad = _mm256_or_ps(*bad, _mm256_cmp_ps(y, x, _CMP_NEQ_UQ));
+    __m256i same = _mm256_cmpeq_epi32(_mm256_castps_si256(y), _mm256_castps_si256(x));   /* bits, as same_bits */
+    *bad = _mm256_or_ps(*bad, _mm256_castsi256_ps(_mm256_xor_si256(same, _mm256_set1_epi32(-1))));
     return _mm256_cvttps_epi32(r);
 }
 
@@ -157,7 +167,7 @@ static PyObject *quantize_u8(PyObject *self, PyObject *args) {
     if (any)
         for (Py_ssize_t i = 0; i < n; i++) {
             float y = (dmul ? (float)o[i] * df : (float)o[i] / df) + offset;
-            if (!(y == xv[i])) { bad = (long long)i; break; }
+            if (!same_bits(y, xv[i])) { bad = (long long)i; break; }
         }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&x); PyBuffer_Release(&out);

@@ -31,19 +31,25 @@ static PyObject *populate_write(PyObject *self, PyObject *args) {
                             offset, offset + length, view.len);
     }
     int err = 0;
+    uintptr_t base = (uintptr_t)view.buf;
+    /* The export ends before the GIL is let go: a fork meanwhile would leave the child a mapping
+     * it could never close (an export nothing there releases). The mapping stays mapped without
+     * it because its owner joins the committing thread before it closes the mapping
+     * (page_commit.CommitAhead.close, then tiers.LazyHostSegment.close). */
+    PyBuffer_Release(&view);
 #ifdef __linux__
     if (length > 0) {
         uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-        uintptr_t lo = ((uintptr_t)view.buf + (uintptr_t)offset) & ~(page - 1);
-        uintptr_t hi = (uintptr_t)view.buf + (uintptr_t)(offset + length);
+        uintptr_t lo = (base + (uintptr_t)offset) & ~(page - 1);
+        uintptr_t hi = base + (uintptr_t)(offset + length);
         Py_BEGIN_ALLOW_THREADS
         if (madvise((void *)lo, (size_t)(hi - lo), MADV_POPULATE_WRITE) != 0) err = errno;
         Py_END_ALLOW_THREADS
     }
 #else
+    (void)base;
     err = ENOSYS;
 #endif
-    PyBuffer_Release(&view);
     return PyLong_FromLong(err);
 }
 

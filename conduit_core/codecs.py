@@ -32,6 +32,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _INT_RANGES = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.int16: (-32768, 32767)}
 _NP_STORED = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16}
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (a float's -0.0 is not +0.0), as the affine codec's check must be."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    bits = _BITS[a.element_size()]
+    return torch.equal(a.view(bits), b.view(bits))
 
 
 class Codec(ABC):
@@ -163,10 +172,11 @@ class AffineCodec(Codec):
         else:
             q = np.rint((xf - xf.dtype.type(self.offset)) / xf.dtype.type(self.scale))
         q = np.clip(q, lo, hi).astype(_NP_STORED[self.stored])
-        if self.verify:
+        if self.verify:   # bit for bit: -0.0 decoded as +0.0 is a change too
             back = self._decode_numpy(q, xn.dtype)
-            if not np.array_equal(back, xn):
-                self._reject(field, xn, back, tuple(np.argwhere(back != xn)[0].tolist()))
+            bits = f"u{xn.dtype.itemsize}"
+            if not np.array_equal(back.view(bits), xn.view(bits)):
+                self._reject(field, xn, back, tuple(np.argwhere(back.view(bits) != xn.view(bits))[0].tolist()))
         return torch.from_numpy(q)
 
     def _native_ok(self) -> bool:
@@ -213,7 +223,7 @@ class AffineCodec(Codec):
             q = torch.round((xf - self.offset) / self.scale)
         lo, hi = _INT_RANGES[self.stored]
         q = q.clamp_(lo, hi).to(self.stored)
-        if self.verify and not torch.equal(self._decode_arith(q, x.dtype), x):
+        if self.verify and not _same_bits(self._decode_arith(q, x.dtype), x):
             raise CodecError(f"{field}: the affine codec ({self._formula()}) cannot represent the batch exactly; "
                              "it was rejected and nothing was stored. Fix: remove the field's codec.")
         return q
@@ -263,7 +273,7 @@ class AffineCodec(Codec):
             q = torch.arange(lo, hi + 1).to(self.stored)
             got = torch.add(offset, q, alpha=alpha)
             want = self._decode_arith(q, dtype)
-            if got.dtype == dtype and torch.equal(got.view(-1), want.view(-1)):
+            if got.dtype == dtype and _same_bits(got.view(-1), want.view(-1)):
                 result = (alpha, offset)
         cache[dtype] = result
         return result

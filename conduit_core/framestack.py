@@ -145,9 +145,9 @@ class FramePool:
     def plan(self, stacks: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """Dedup ``stacks`` [m, k, *frame] against each other and the last stack written.
         Returns (last frame id per stack, indices (stack, frame) of new frames, count)."""
-        if self.commit_ahead is not None:
-            self.commit_ahead.check(self.cursor * self.frame_bytes)
         m, k = stacks.shape[0], self.k
+        if self.commit_ahead is not None:   # (at most m * k new frames)
+            self.commit_ahead.check(self.cursor * self.frame_bytes, (self.cursor + m * k) * self.frame_bytes)
         flat = stacks.reshape(m, k, -1)
         same = np.zeros(m, dtype=bool)
         shift = np.zeros(m, dtype=bool)
@@ -170,10 +170,10 @@ class FramePool:
         Atari [n, 84, 84, 4]): ``cols`` holds one C-contiguous uint8 array per field of the
         pool, stack i being field ``i % len(cols)``'s row ``i // len(cols)`` (``plan``'s order).
         The same links and ids as ``plan`` on the transposed copy, without making it."""
-        if self.commit_ahead is not None:
-            self.commit_ahead.check(self.cursor * self.frame_bytes)
         n, k = cols[0].shape[0], self.k
         m = n * len(cols)
+        if self.commit_ahead is not None:   # (at most m * k new frames)
+            self.commit_ahead.check(self.cursor * self.frame_bytes, (self.cursor + m * k) * self.frame_bytes)
         same = np.zeros(m, dtype=bool)
         shift = np.zeros(m, dtype=bool)
         prev = None

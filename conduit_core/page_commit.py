@@ -17,8 +17,8 @@ left as they are), so it may overlap the writer's own writes to the same pages. 
 committed before the first write.
 
 Committing ahead only saves time, so only one failure is the caller's business: ENOMEM, the
-machine could not back the memory the writer is about to write, raised once by the next
-``check`` (before an insert changes anything). Anything else (a kernel without the advice,
+machine could not back the memory the writer is about to write, raised once by ``check``
+before the insert that would write there changes anything (then committing ahead stops). Anything else (a kernel without the advice,
 Linux < 5.14; a sandbox refusing it; no thread to be had) just stops committing ahead, and
 pages fault on write as before (``supported`` turns False). A forked child does not commit
 ahead (its copy of a running thread does not exist). The decision (which range next) is
@@ -100,10 +100,12 @@ class CommitAhead:
 
     def wrote_through(self, upto: int) -> None:
         """The writer wrote every byte below ``upto`` in one go (a restore): those pages are
-        committed; committing ahead goes on from there."""
-        self._requested = max(self._requested, min(int(upto), self.total))
-        self.committed = max(self.committed, self._requested)
-        self._error = None   # a refusal below what was just written is moot
+        committed; committing ahead goes on from there. A refusal above ``upto`` stays pending."""
+        upto = min(int(upto), self.total)
+        self._requested = max(self._requested, upto)
+        self.committed = max(self.committed, upto)
+        if self._error is not None and self._refused < upto:   # below what was just written: moot
+            self._error = None
 
     def _commit(self, start: int, stop: int) -> None:
         lo = start
@@ -122,18 +124,23 @@ class CommitAhead:
         except Exception:   # (a mapping gone under it): committing ahead stops, pages fault on write
             self.supported = False
 
-    def check(self, written: int) -> None:
-        """Raise a refused commit (before an insert changes anything), once, unless the writer
-        (at ``written``) is already past where it was refused; the next write asks again from
-        there."""
-        if self._error is not None:
-            error, self._error = self._error, None
-            self._requested = max(self._refused, min(written, self.total))
-            if written > self._refused:   # the writer's own faults got those pages since: moot
-                return
-            raise CapacityError(
+    def check(self, written: int, upto: int) -> None:
+        """Before an insert that writes bytes [``written``, ``upto``) changes anything: raise a
+        refused commit once that insert would write into the refused range; one below it goes
+        ahead and the refusal stays pending; once the writer is past it, it is moot (the next
+        write asks again from there). Once raised, committing ahead stops for good: the machine
+        is short of memory, and the writes fault their pages in as without it."""
+        if self._error is None or (written <= self._refused and upto <= self._refused):
+            return
+        error, self._error = self._error, None
+        self._requested = max(self._refused, min(written, self.total))
+        if written > self._refused:   # the writer's own faults got those pages since: moot
+            return
+        self.supported = False
+        raise CapacityError(
                 f"{self.name}: the machine could not commit memory for the buffer's next pages (from byte "
-                f"{self._refused} of {self.total}: {error}). Nothing of this insert was stored. Fix: lower the "
+                f"{self._refused} of {self.total}: {error}). Nothing of this insert was stored; a retry "
+                "stores it, its pages faulted in as it writes (committing ahead is off from here). Fix: lower the "
                 "buffer's capacity (or frame budget), or free memory on this machine") from error
 
     def wait(self) -> None:

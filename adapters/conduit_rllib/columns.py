@@ -118,7 +118,8 @@ def pixel_codec(x: np.ndarray) -> AffineCodec | None:
         return None
     for d, off in PIXEL_NORMALISATIONS:
         q = np.round((x - np.float32(off)) * np.float32(d))
-        if ((q >= 0) & (q <= 255)).all() and np.array_equal(q.astype(np.float32) / np.float32(d) + np.float32(off), x):
+        back = q.astype(np.float32) / np.float32(d) + np.float32(off)
+        if ((q >= 0) & (q <= 255)).all() and np.array_equal(back.view(np.uint32), x.view(np.uint32)):   # bit for bit
             return AffineCodec.divide(d, offset=off)
     return None
 

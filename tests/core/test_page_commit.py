@@ -272,3 +272,74 @@ def test_a_refusal_pending_at_a_fork_is_not_the_childs(monkeypatch):
             pool.plan(second)
     finally:
         pool.close()
+
+
+def _refusing_from(limit):
+    real = page_commit._c_populate_write
+    return lambda mapping, offset, length: errno.ENOMEM if offset >= limit else real(mapping, offset, length)
+
+
+@needs_populate
+def test_a_refusal_far_ahead_stops_only_the_insert_that_would_write_there(monkeypatch):
+    """Found in review: a refusal well ahead of the writer failed the next insert (whatever it
+    wrote), and about every other one after. Now the inserts below the refused range go ahead,
+    the one that would write into it is refused once (changing nothing), and its retry is stored."""
+    monkeypatch.setattr(page_commit, "_c_populate_write", _refusing_from(4 << 20))
+    pool = FramePool(name="obs", frames=1_000, frame_shape=(84, 84), dtype=torch.uint8, k=4)   # 7 MB
+    rng = np.random.default_rng(3)
+    refused_at = []
+    try:
+        for j in range(240):   # 4 new frames per insert, 6.7 MB in all
+            stack = rng.integers(0, 256, (1, 4, 84, 84), dtype=np.uint8)
+            pool.commit_ahead.wait()
+            try:
+                last = add(pool, stack)
+            except CapacityError:
+                refused_at.append(pool.cursor)
+                assert pool.cursor == 4 * j and pool.last_id == 4 * j - 1   # nothing of it stored
+                last = add(pool, stack)   # the retry goes ahead
+            assert np.array_equal(pool.gather(last)[0], stack[0])
+        assert len(refused_at) == 1 and (refused_at[0] + 4) * pool.frame_bytes > 4 << 20
+        assert pool.cursor == 960
+    finally:
+        pool.close()
+
+
+@needs_populate
+def test_a_restore_below_a_pending_refusal_keeps_it(monkeypatch):
+    """Found in review: ``wrote_through`` (a restore) dropped a refusal above what it wrote, and
+    the refused range was never asked for again."""
+    monkeypatch.setattr(page_commit, "_c_populate_write", _refusing_from(1 << 20))
+    pool = FramePool(name="obs", frames=1_000, frame_shape=(84, 84), dtype=torch.uint8, k=4)
+    frames = np.random.default_rng(4).integers(0, 256, (8, 84, 84), dtype=np.uint8)
+    try:
+        add(pool, frames[:4][None])
+        pool.commit_ahead.wait()
+        pool.commit_ahead.wrote_through(8 * pool.frame_bytes)      # below the refusal (at 1-3 MB)
+        pool.commit_ahead.check(8 * pool.frame_bytes, 12 * pool.frame_bytes)   # below it: goes ahead
+        with pytest.raises(CapacityError):                         # into it: refused, once
+            pool.commit_ahead.check(8 * pool.frame_bytes, 7 << 20)
+        pool.commit_ahead.check(8 * pool.frame_bytes, 7 << 20)
+    finally:
+        pool.close()
+
+
+@needs_populate
+def test_a_fork_during_a_populate_leaves_the_child_a_mapping_it_can_close():
+    """Found in review: the populate held an export of the mapping while the GIL was let go, so
+    a child forked meanwhile inherited an export nothing there releases and could never unmap it."""
+    from conduit_core.tiers import LazyHostSegment
+    seg = LazyHostSegment((128 << 20,), torch.uint8)
+    committer = CommitAhead(seg._mm, 128 << 20, name="fork", ahead=256 << 20, chunk=128 << 20)
+    try:
+        committer.note_written(1)   # one populate of the whole 128 MB, off this thread
+
+        def child():
+            committer.close()
+            mm = seg._mm
+            seg.close()
+            assert mm.closed
+        assert in_forked_child(child)
+    finally:
+        committer.close()
+        seg.close()

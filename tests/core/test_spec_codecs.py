@@ -145,6 +145,30 @@ def test_native_encode_equals_the_numpy_route_value_for_value(codec, seed, at, m
     assert _affine.AVX2 == ("avx2" in cpu_flags)   # the vector loop is the one compared, where the CPU has it
 
 
+@pytest.mark.parametrize("codec", [AffineCodec.divide(255), AffineCodec.divide(128, offset=-1.0)],
+                         ids=lambda c: c._formula())
+@pytest.mark.parametrize("index", [5, 40], ids=["vector body", "tail"])
+def test_a_negative_zero_the_codec_would_give_back_as_positive_is_refused_by_every_route(codec, index, monkeypatch):
+    """Found in review: the round-trip check compared with ==, and -0.0 == +0.0, so -0.0 was
+    stored and came back as +0.0. The check is bit for bit on every route (C, numpy, torch)."""
+    from conduit_core import codecs as codecs_module
+    x = np.zeros(41, np.float32)
+    accepted = codec.encode("obs", x)                      # +0.0: on the grid, bit for bit
+    assert np.array_equal(codec.decode(accepted, torch.float32).numpy().view(np.uint32), x.view(np.uint32))
+    x[index] = -0.0
+    messages = []
+    for route in ("native", "numpy", "torch"):
+        with monkeypatch.context() as m:
+            if route != "native":
+                m.setattr(codecs_module, "_c_quantize_u8", None)
+            codec.__dict__.pop("_native_args", None)
+            with pytest.raises(CodecError, match=f"index \\[{index}\\]" if route != "torch" else "exactly") as err:
+                codec._encode_torch("obs", torch.from_numpy(x)) if route == "torch" else codec.encode("obs", x)
+            messages.append(str(err.value))
+        codec.__dict__.pop("_native_args", None)
+    assert messages[0] == messages[1]
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_finite_scan_finds_every_kind_of_non_finite_value(dtype):
     from conduit_core import spec as spec_module

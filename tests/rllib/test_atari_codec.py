@@ -54,3 +54,15 @@ def test_qbert_episodes_round_trip_bit_exact_with_frames_stored_once(ray_session
         assert o.tobytes() in truth, "a delivered observation differs from every stored one"
         np.testing.assert_array_equal(b["next_obs"][i].numpy(), truth[o.tobytes()])
     buf.close()
+
+
+def test_the_pixel_codec_is_recognised_bit_for_bit():
+    """RLlib's q/128 - 1 pixels are recognised; a -0.0 among them (which the codec would give
+    back as +0.0) is not, so the buffer stores such observations as they are."""
+    from conduit_rllib.columns import pixel_codec
+    q = np.random.default_rng(0).integers(0, 256, (2, 84, 84, 4)).astype(np.float32)
+    x = q / np.float32(128) - np.float32(1)
+    codec = pixel_codec(x)
+    assert codec is not None and codec._formula() == "x = q / 128 + -1, q in uint8"
+    x[1, 3, 5, 2] = -0.0
+    assert pixel_codec(x) is None
