@@ -49,8 +49,10 @@ class ExperienceBuffer:
 
     Keyword-only. ``selector``: Uniform() (default), Prioritized(...) or Fifo().
     ``shards`` places slot ranges on tiers (default: one shard on ``tier``).
-    ``reuse_outputs``: keep this many output buffers per shape and reuse them (0 =
-    fresh memory per delivery, always safe). ``seed`` seeds the selection RNG.
+    ``reuse_outputs``: keep this many output buffers per shape and reuse them for host
+    batches (1-step gathers of every field, and n-step windows drawn with the redraw rule:
+    their columns, returns, steps and weights); 0 = fresh memory per delivery, always safe.
+    ``seed`` seeds the selection RNG.
     """
 
     def __init__(self, *, spec: ExperienceSpec, capacity: int, selector: Selector | None = None,
@@ -273,11 +275,11 @@ class ExperienceBuffer:
         if self._out is not None:
             self._out.reserve(prepared)
 
-    def weights_tensor(self, weights: np.ndarray | None, device=None) -> torch.Tensor | None:
+    def weights_tensor(self, weights: np.ndarray | torch.Tensor | None, device=None) -> torch.Tensor | None:
         """A selection's importance weights as a fresh tensor on ``device`` (a batch whose columns
-        are pooled takes ``pooled_weights`` instead)."""
-        if weights is None:
-            return None
+        are pooled takes ``pooled_weights`` instead; a tensor is one already)."""
+        if weights is None or isinstance(weights, torch.Tensor):
+            return weights
         return torch.from_numpy(weights) if device is None else torch.from_numpy(weights).to(device)
 
     def pooled_weights(self, n: int) -> tuple[np.ndarray, torch.Tensor] | None:
@@ -296,6 +298,15 @@ class ExperienceBuffer:
         (every field, no device, storage that fills given outputs): such a batch is valid for
         ``reuse_outputs`` more deliveries, and its importance weights may be reused with it."""
         return self._out is not None and fields is None and device is None and self.storage.fills_outputs()
+
+    def window_outputs(self, batch_size: int, fields=None, device=None):
+        """(take_into, arrays, tensors): the output pool's next entry for ``batch_size`` n-step
+        windows of ``fields`` (``EpisodeWalk.window_columns``'s ``pooled``), or None where the
+        batch is fresh (no pool, a device's batch, storage that cannot take into outputs)."""
+        if self._out is None or device is not None or not self.storage.takes_into():
+            return None
+        _, last, first = self.walk.window_plan(fields)
+        return (self.storage.take_into, *self._out.windows(batch_size, first + last))
 
     def gather(self, slots: np.ndarray, device=None, fields=None) -> dict[str, torch.Tensor]:
         """Decoded rows at ``slots`` (lock held), into the reused outputs when the buffer keeps them."""

@@ -19,6 +19,7 @@ import torch
 
 from .batch import Batch
 from .errors import CapacityError, ConfigError, ExperienceTimeout, SemanticError, SpecError
+from .output_pool import handed_out
 from .rate_gate import wait_to_sample, wait_until
 from .sampling_args import check_batch_size, check_fields, check_length
 from .selection import select_slots
@@ -56,8 +57,8 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         n_step = tuple(n_step)
     buf.sampling_checks.check(buf, batch_size, n_step, gamma, beta, episode_end, fields)
     ring, cond = buf.ring, buf.lock
-    # the columns come from the output pool only for a plain 1-step gather of every field on the
-    # host; n-step windows, a field subset and a device's batches are fresh, and so are their weights
+    # the columns come from the output pool for a plain 1-step gather of every field on the host
+    # and for host windows drawn with the redraw rule (window_outputs); the others are fresh
     with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
         buf.check_open()
         size = wait_to_sample(buf, batch_size, timeout)
@@ -92,10 +93,15 @@ def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, siz
                                       None if weights_out is None else weights_out[0])
         return slots, weights, buf.gather(slots, device, fields)
     if episode_end == "redraw":
+        pooled = buf.window_outputs(batch_size, fields, device)   # (steps and weights written in place)
         slots, weights, ret, last, steps = walk.sample_windows(
-            ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True)
-        return slots, weights, walk.window_columns(buf.gather, slots, ret, last, steps, device, fields,
-                                                   take=buf.storage.take_fresh)
+            ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True,
+            out=None if pooled is None else pooled[1])
+        data = walk.window_columns(buf.gather, slots, ret, last, steps, device, fields,
+                                   take=buf.storage.take_fresh, pooled=pooled)
+        if pooled is not None and weights is not None:
+            weights = handed_out(("weights",), pooled[1], pooled[2])["weights"]
+        return slots, weights, data
     slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta)
     return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,
                                                device, fields)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, SemanticError, SpecError
+from .output_pool import handed_out
 
 try:  # the C helper's n-step walk (same results as the numpy path)
     from ._sumtree import nstep as _c_nstep
@@ -49,9 +50,10 @@ class EpisodeWalk:
 
     def __init__(self, spec, done_fields: tuple[str, ...]):
         self.spec, self.done_fields = spec, done_fields
-        self._window_plans: dict = {}   # fields asked for -> (names, first-step, last-step fields)
+        self._window_plans: dict = {}   # fields asked for -> window_plan's answer
 
-    def _window_plan(self, fields) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    def window_plan(self, fields) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """(the fields delivered, those read at a window's last step, those at its first)."""
         key = None if fields is None else tuple(fields)
         plan = self._window_plans.get(key)
         if plan is None:
@@ -83,12 +85,21 @@ class EpisodeWalk:
         return self.window_columns(gather, slots, ret, cur, steps, device, fields)
 
     def window_columns(self, gather, slots, ret, cur, steps, device, fields=None, *,
-                       take=None) -> dict[str, torch.Tensor]:
+                       take=None, pooled=None) -> dict[str, torch.Tensor]:
         """Columns of n-step windows: first-step fields from ``slots``, ``next_obs`` and the
         done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``
         (``fields``: only these of the spec's fields, ``n_step`` always). ``take`` (slots,
-        names) -> host columns or None: a one-pass route for host batches, tried before ``gather``."""
-        names, last_fields, first_fields = self._window_plan(fields)
+        names) -> host columns or None: a one-pass route for host batches, tried before ``gather``.
+        ``pooled``: (take_into, arrays, tensors) of the output pool's ``windows`` entry whose
+        ``n_step`` array holds ``steps``: the columns go into its arrays (host batches)."""
+        names, last_fields, first_fields = self.window_plan(fields)
+        if pooled is not None:
+            take_into, arrays, tensors = pooled
+            data = take_into(slots, first_fields, arrays, tensors)
+            data.update(take_into(cur, last_fields, arrays, tensors))
+            np.copyto(arrays["reward"], ret, casting="same_kind")   # as ret.astype(np.float32)
+            data.update(handed_out(("reward", "n_step"), arrays, tensors))
+            return {name: data[name] for name in (*names, "n_step")}
         data = last = None
         if take is not None and device is None:
             data, last = take(slots, first_fields), take(cur, last_fields)
@@ -102,10 +113,11 @@ class EpisodeWalk:
         return {name: data[name] for name in (*names, "n_step")}
 
     def sample_windows(self, ring, storage, selector, rng, batch_size: int, n_step, gamma: float,
-                       beta: float | None, *, redraw: bool):
+                       beta: float | None, *, redraw: bool, out: dict[str, np.ndarray] | None = None):
         """Select ``batch_size`` items and walk their n-step windows in one native pass.
 
-        Returns (start slots, weights or None, discounted return, last slot, steps). With
+        Returns (start slots, weights or None, discounted return, last slot, steps); weights
+        and steps go into ``out["weights"]`` and ``out["n_step"]`` when given. With
         ``redraw`` an item whose window is cut short by its episode's stored end is drawn
         again, n included (RLlib's PrioritizedEpisodeReplayBuffer rule); without it the
         shorter window is delivered with its true length. Uniforms come from the buffer's
@@ -124,10 +136,13 @@ class EpisodeWalk:
             count = ring.inserted - lo
         b = int(batch_size)
         slots = np.empty(b, dtype=np.int64)
-        weights = np.empty(b, dtype=np.float32)   # every delivered item's written by the walk (1 when uniform)
         ret = np.empty(b, dtype=np.float64)
         last = np.empty(b, dtype=np.int64)
-        steps = np.empty(b, dtype=np.int64)
+        if out is None:
+            weights = np.empty(b, dtype=np.float32)   # every delivered item's written by the walk (1 when uniform)
+            steps = np.empty(b, dtype=np.int64)
+        else:
+            weights, steps = out["weights"], out["n_step"]
         per_try = 2 if n_hi - n_lo > 1 else 1
         views = storage.walk_views(self.done_fields) if _c_sample_windows is not None else None
         filled, tries, limit = 0, 0, 64 * b + 4096

@@ -6,6 +6,19 @@ import numpy as np
 import torch
 
 
+def handed_out(names, out: dict[str, np.ndarray], out_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensor views of reused arrays ``out[name]`` as a batch hands them out. A wrapper an
+    earlier batch changed in place (``unsqueeze_``, ``requires_grad_``) is replaced by a fresh
+    one for the same memory, so that change stays in that batch."""
+    result = {}
+    for name in names:
+        t, a = out_tensors[name], out[name]
+        if t.shape != a.shape or t.requires_grad:
+            t = out_tensors[name] = torch.from_numpy(a)
+        result[name] = t
+    return result
+
+
 class OutputPool:
     """Reused host output arrays: a delivered batch stays valid for ``kept`` more deliveries
     of the same shape. Avoids first-touch page faults on large gathers, and keeps each array's
@@ -39,6 +52,25 @@ class OutputPool:
             ring.append((arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}))
         i = self._next[lead]
         self._next[lead] = (i + 1) % len(ring)
+        return ring[i]
+
+    def windows(self, b: int, names: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
+        """The next (arrays, tensor views) for a batch of ``b`` n-step windows: the stored
+        fields ``names`` (the windows' first- and last-step columns), ``reward`` (the float32
+        discounted return), ``n_step`` (int64 steps walked) and ``weights`` (float32). The n-step
+        walk writes steps and weights in place, so a batch of windows wraps no arrays; it stays
+        valid as long as a pooled 1-step batch."""
+        key = (b, names)
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = []
+            self._next[key] = 0
+        while len(ring) < self.depth:
+            arrays = {name: np.empty((b, *self.layout[name][0]), dtype=self.layout[name][1]) for name in names}
+            arrays.update(reward=np.empty(b, np.float32), n_step=np.empty(b, np.int64), weights=np.empty(b, np.float32))
+            ring.append((arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}))
+        i = self._next[key]
+        self._next[key] = (i + 1) % len(ring)
         return ring[i]
 
     def next_weights(self, n: int) -> tuple[np.ndarray, torch.Tensor]:

@@ -21,6 +21,7 @@ import torch
 
 from .errors import CapacityError, ConfigError
 from .framestack import FramePool, FrameStackCodec, PooledDecoder, frames_of, klast_columns, pool_frames
+from .output_pool import handed_out
 from .shards import Shard, ShardSpec, even_shards, shard_class
 from .spec import ExperienceSpec, as_tensor
 from .tiers import Tier
@@ -79,6 +80,7 @@ class ColumnarStorage:
         # ... and an insert is one C call copying every column (wrapping at the ring's end)
         self._copy_targets = tuple((name, v) for name, v, _, _ in self._plan) if self._plain_host else None
         self._take_plans: dict = {}   # field names (a tuple) -> their columns, for take_fresh
+        self._into_plans: dict = {}   # and (name, column) pairs, for take_into
         self._walk_views: dict = {}   # done fields -> walk_views' answer
 
     def _make_pools(self) -> dict[str, FramePool]:
@@ -239,15 +241,24 @@ class ColumnarStorage:
         if _c_gather_rows is None or not _c_gather_rows(slots, self._copy_targets, out):
             for name, view in self._copy_targets:
                 view.take(slots, axis=0, out=out[name], mode="clip")
-        result = {}
-        for name, _ in self._copy_targets:
-            t, a = out_tensors[name], out[name]
-            if t.shape != a.shape or t.requires_grad:
-                # an earlier batch changed this wrapper in place (unsqueeze_, requires_grad_): a fresh
-                # one for the same memory, so that change stays in that batch
-                t = out_tensors[name] = torch.from_numpy(a)
-            result[name] = t
-        return result
+        return handed_out([name for name, _ in self._copy_targets], out, out_tensors)
+
+    def takes_into(self) -> bool:
+        """Whether ``take_into`` fills reused outputs (one host shard of plain columns)."""
+        return self._plain_host
+
+    def take_into(self, slots: np.ndarray, names: tuple[str, ...], out: Mapping[str, np.ndarray],
+                  out_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``take_fresh`` into the reused host arrays ``out`` (1-D ``slots``), handed out as
+        their tensor views: one native pass, no array or tensor made. Only where ``takes_into``."""
+        plan = self._into_plans.get(names)
+        if plan is None:
+            views = dict(self._copy_targets)
+            plan = self._into_plans[names] = tuple((name, views[name]) for name in names)
+        if _c_gather_rows is None or not _c_gather_rows(slots, plan, out):
+            for name, view in plan:   # (numpy names a slot out of range)
+                view.take(slots, axis=0, out=out[name])
+        return handed_out(names, out, out_tensors)
 
     def walk_views(self, done_fields: tuple[str, ...]) -> tuple[np.ndarray, ...] | None:
         """What the native n-step walk reads: the float32 ``reward`` column and the two bool
@@ -367,7 +378,7 @@ class ColumnarStorage:
         self._plan = []
         self._plain_host = False
         self._copy_targets = None
-        self._take_plans, self._walk_views = {}, {}
+        self._take_plans, self._into_plans, self._walk_views = {}, {}, {}
         for pool in self.pools.values():
             pool.close()
         for part in self.parts:

@@ -28,19 +28,19 @@ def test_a_batch_survives_kept_deliveries_and_growth_keeps_that():
     assert len(ptrs) == 3
 
 
-@pytest.mark.parametrize("n_step", [None, 1])
+@pytest.mark.parametrize("n_step, end", [(None, "shorten"), (1, "shorten"), ((2, 4), "redraw")])
 @pytest.mark.parametrize("depth, g_del", [(2, 1), (3, 2)])
-def test_prepared_batches_never_overwrite_the_one_the_learner_holds(n_step, depth, g_del):
+def test_prepared_batches_never_overwrite_the_one_the_learner_holds(n_step, end, depth, g_del):
     buf = filled(seed=0, capacity=64, reuse=2)
     b = buf.sample(32)
     buf.update_priorities(b.slots, np.random.default_rng(1).random(32) * 10, seqs=b.seqs)
     edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(depth=depth, delivery_granularity=g_del))
     try:
-        held = edp.deliver(8, n_step=n_step)
+        held = edp.deliver(8, n_step=n_step, episode_end=end)
         obs, weights = held["obs"].clone(), held.weights.clone()
         time.sleep(0.5)   # the worker prepares up to depth (+ spares) ahead meanwhile
         assert torch.equal(held["obs"], obs) and torch.equal(held.weights, weights)
-        nxt = edp.deliver(8, n_step=n_step)
+        nxt = edp.deliver(8, n_step=n_step, episode_end=end)
         assert torch.equal(held["obs"], obs)   # one more delivery: still valid (reuse_outputs=2)
         assert held["obs"].data_ptr() != nxt["obs"].data_ptr()
     finally:
@@ -118,4 +118,76 @@ def test_weights_are_fresh_where_the_columns_are():
     assert not buf.gathers_pooled()
     a, b = buf.sample(8), buf.sample(8)
     assert a["obs"].data_ptr() != b["obs"].data_ptr() and a.weights.data_ptr() != b.weights.data_ptr()
+    buf.close()
+
+
+def _episodes_buffer(reuse: int, seed: int, prioritized: bool = True):
+    """Episodes of 3-12 steps (terminated or truncated), random rewards, a ring gone round."""
+    from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized, Uniform
+    buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,)), capacity=96, reuse_outputs=reuse, seed=seed,
+                           selector=Prioritized(alpha=0.6, beta=0.4) if prioritized else Uniform())
+    rng = np.random.default_rng(seed)
+    for src in range(24):
+        n = int(rng.integers(3, 13))
+        rows = _rows(n, rng)
+        rows["reward"] = rng.standard_normal(n).astype(np.float32)
+        rows["terminated"][-1] = bool(rng.random() < 0.7)
+        rows["truncated"][-1] = not rows["terminated"][-1]
+        buf.add(rows, source=src)
+    return buf
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("fields", [None, ("obs", "reward", "next_obs", "terminated")])
+@pytest.mark.parametrize("prioritized", [True, False])
+def test_pooled_window_batches_equal_fresh_ones(seed, fields, prioritized):
+    """n-step windows drawn with the redraw rule go into the output pool (steps and weights
+    written by the walk in place): the same slots, columns, returns, steps and weights as a
+    buffer without a pool, draw after draw, with the priorities updated between draws."""
+    pooled, fresh = _episodes_buffer(2, seed, prioritized), _episodes_buffer(0, seed, prioritized)
+    rng = np.random.default_rng(seed + 10)
+    for step in range(8):
+        n_step = (2, 5) if step % 2 else 3
+        a = pooled.sample(16, n_step=n_step, gamma=0.9, episode_end="redraw", fields=fields)
+        b = fresh.sample(16, n_step=n_step, gamma=0.9, episode_end="redraw", fields=fields)
+        assert list(a) == list(b) and np.array_equal(a.slots, b.slots) and np.array_equal(a.seqs, b.seqs)
+        for k in b:
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+        assert (a.weights is None) == (b.weights is None) == (not prioritized)
+        if prioritized:
+            assert torch.equal(a.weights, b.weights)
+            p = rng.random(16) * 5
+            pooled.update_priorities(a.slots, p, seqs=a.seqs)
+            fresh.update_priorities(b.slots, p, seqs=b.seqs)
+    pooled.close()
+    fresh.close()
+
+
+def test_a_pooled_window_batch_survives_one_more_delivery_and_keeps_its_in_place_changes():
+    buf = _episodes_buffer(2, 0)
+    held = buf.sample(16, n_step=(2, 5), episode_end="redraw")
+    kept = {k: v.clone() for k, v in held.items()}
+    kept_w = held.weights.clone()
+    nxt = buf.sample(16, n_step=(2, 5), episode_end="redraw")
+    assert all(torch.equal(held[k], kept[k]) for k in kept) and torch.equal(held.weights, kept_w)
+    assert held["obs"].data_ptr() != nxt["obs"].data_ptr() and held.weights.data_ptr() != nxt.weights.data_ptr()
+    held["obs"].unsqueeze_(0)            # a learner changes its batch's wrappers in place
+    held["n_step"].requires_grad_(False)
+    held.weights.unsqueeze_(1)
+    held["reward"].requires_grad_()
+    third = buf.sample(16, n_step=(2, 5), episode_end="redraw")   # reuses held's memory
+    assert third["obs"].shape == (16, 3) and third.weights.shape == (16,)
+    assert not third["reward"].requires_grad and third["obs"] is not held["obs"]
+    assert third["obs"].data_ptr() == held["obs"].data_ptr()      # (the same pooled memory)
+    buf.close()
+
+
+def test_window_batches_for_a_device_or_without_the_pool_are_fresh():
+    buf = _episodes_buffer(0, 0)
+    a, b = (buf.sample(8, n_step=2, episode_end="redraw") for _ in range(2))
+    assert a["obs"].data_ptr() != b["obs"].data_ptr() and a.weights.data_ptr() != b.weights.data_ptr()
+    buf.close()
+    buf = _episodes_buffer(1, 0)
+    a, b = (buf.sample(8, n_step=2, episode_end="redraw", device="cpu") for _ in range(2))
+    assert a["obs"].data_ptr() != b["obs"].data_ptr()
     buf.close()
