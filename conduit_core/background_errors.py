@@ -17,27 +17,28 @@ class BackgroundErrors:
     """Background failures not yet raised.
 
     Public contract: ``report_locked(err)`` keeps one; ``bool()`` says whether any is kept
-    (the worker prepares nothing ahead while one is); ``take_locked()`` hands all of them
-    over as one error and forgets them; ``raise_locked()`` raises that error, if any.
+    (the worker prepares nothing ahead while one is), as ``kept`` (the list, read-only for
+    others: every data-plane call tests it without a Python call); ``take_locked()`` hands all
+    of them over as one error and forgets them; ``raise_locked()`` raises that error, if any.
     """
 
     def __init__(self) -> None:
-        self._errors: list[BaseException] = []
+        self.kept: list[BaseException] = []
 
     def __bool__(self) -> bool:
-        return bool(self._errors)
+        return bool(self.kept)
 
     def report_locked(self, err: BaseException) -> None:
-        self._errors.append(err)
+        self.kept.append(err)
 
     def take_locked(self) -> BaseException | None:
         """Every background failure not yet raised, as one error (None if there is none):
         the only one, or a WorkerError listing all of them (``.errors``) with the union of
         their ``rejected_tickets``, so a second failure is never dropped behind a first."""
-        errors = self._errors
+        errors = self.kept
         if not errors:
             return None
-        self._errors = []
+        self.kept = []
         if len(errors) == 1:
             return errors[0]
         tickets = [t for e in errors for t in getattr(e, "rejected_tickets", [])]

@@ -16,7 +16,6 @@ timeout and end in a clear error, never a hang.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -98,6 +97,7 @@ class ExperienceBuffer:
         self.run_storage = self.recovery.run
         self.ingest_ledger = source_commit.CommitLedger()   # receipts of writers at the source, each taken once
         self._cond = BufferCondition()
+        self.lock = self._cond   # the buffer's lock and condition, for its parts (read-only)
         self._closed = False
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
 
@@ -137,10 +137,6 @@ class ExperienceBuffer:
     @property
     def dropped_stale(self) -> int:
         return self.counts.dropped_stale
-
-    @property
-    def lock(self) -> threading.Condition:
-        return self._cond
 
     # ---------------------------------------------------------------- insert
     def encode(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor]]:

@@ -78,7 +78,7 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         if weights_out is not None and weights is weights_out[0]:   # written in place: hand the entry out
             buf.took_pooled_weights(batch_size)
             weights = weights_out[1]
-        else:
+        elif weights is not None and type(weights) is not torch.Tensor:   # (a pooled window batch's is one)
             weights = buf.weights_tensor(weights, device)
         return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
                      inserted_at_selection=ring.inserted)

@@ -44,7 +44,7 @@ from .ingestion import IngestionPoint
 from .metrics import MetricsRecorder, MetricsSnapshot
 from .prepared_deliveries import DeliveryRequest, PreparedBatch, PreparedDeliveries
 from .rate_gate import BufferCondition
-from .sampling_args import replay_args
+from .sampling_args import PLAIN_FIELDS, PLAIN_N_STEP, replay_args
 from .schedule import Schedule
 from .episodes import EPISODE_END_RULES
 from .workers import make_transformer
@@ -139,10 +139,9 @@ class ExperienceDataPlane:
         """A training-ready batch on the learner's device.
 
         Replay (uniform/prioritized): ``batch_size`` items, optionally as n-step returns
-        (``episode_end``: 'shorten' or 'redraw' windows cut by an episode's end; see
-        ``ExperienceBuffer.sample``) or as sequences of ``sequence_length``. FIFO: the next ``batch_size`` items of
-        ``policy_version`` (``None``: everything of that version accepted so far). ``fields``: gather
-        only these of the spec's fields (replay samples; None: all)."""
+        (``episode_end``: 'shorten' or 'redraw' windows cut by an episode's end; see ``ExperienceBuffer.sample``)
+        or as sequences of ``sequence_length``. FIFO: the next ``batch_size`` items of ``policy_version`` (``None``:
+        everything of that version accepted so far). ``fields``: only these of the spec's fields (replay; None: all)."""
         with self._metrics.blocked("deliver"):
             self._check_usable()
             if episode_end not in EPISODE_END_RULES:
@@ -152,16 +151,16 @@ class ExperienceDataPlane:
             if kind != "take" and batch_size is None:
                 raise ConfigError("batch_size", "a positive int for replay delivery", None,
                                   "pass batch_size=...; only FIFO delivery may take everything")
-            fields, n_step = replay_args(fields, n_step)   # one form for both routes below
+            if type(fields) not in PLAIN_FIELDS or type(n_step) not in PLAIN_N_STEP:
+                fields, n_step = replay_args(fields, n_step)   # one form for both routes below
             if kind == "sample" and self.schedule.draws_at_once and not self._delivery.hooks:
-                # nothing is prepared ahead and no hook runs: draw and hand out, no request or entry
-                self.ingestion.wait_stored(self.schedule.staleness, timeout, "deliver")
+                # sequential (nothing accepted is unstored), nothing prepared ahead, no hook: draw now
                 with self._op_lock:
                     t0 = time.perf_counter()
                     batch = self._delivery.draw_now(batch_size, n_step=n_step, gamma=gamma, beta=beta,
                                                     device=self.device, episode_end=episode_end, fields=fields,
                                                     timeout=timeout)
-                    self._metrics.add_busy("deliver", time.perf_counter() - t0, items_out=batch.size)
+                    self._metrics.add_busy("deliver", time.perf_counter() - t0, items_out=batch_size)
                 with self._cond.mutex:
                     self._cond.notify_all()
                 return batch
@@ -312,7 +311,7 @@ class ExperienceDataPlane:
 
     # ------------------------------------------------------------ errors/state
     def _raise_error(self) -> None:
-        if not self._errors:   # nothing reported: a failure reported after this read is raised by the next call
+        if not self._errors.kept:   # nothing reported: a failure reported after this read is raised by the next call
             return
         with self._cond:
             self._errors.raise_locked()
@@ -322,7 +321,8 @@ class ExperienceDataPlane:
             raise ClosedError("the data plane is closed. Fix: build a new ExperienceDataPlane.")
         if self._thread is not None and not self._thread.is_alive() and not self._thread.stop_requested:
             raise WorkerError("the background worker is gone. Fix: close() and build a new data plane.")
-        self._raise_error()
+        if self._errors.kept:   # (every data-plane call comes here: no call when nothing was reported)
+            self._raise_error()
 
     def metrics(self) -> MetricsSnapshot:
         b = self.buffer

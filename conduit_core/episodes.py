@@ -51,6 +51,9 @@ class EpisodeWalk:
     def __init__(self, spec, done_fields: tuple[str, ...]):
         self.spec, self.done_fields = spec, done_fields
         self._window_plans: dict = {}   # fields asked for -> window_plan's answer
+        self._window_outputs: dict = {}  # window_plan's names -> _window_outputs_of's answer
+        self._n_step_ranges: dict = {}  # n_step -> n_step_range's answer (a sampler asks the same each step)
+        self._n_step_fields_ok = False  # check_n_step_fields passed (the spec is fixed)
 
     def window_plan(self, fields) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """(the fields delivered, those read at a window's last step, those at its first)."""
@@ -63,11 +66,21 @@ class EpisodeWalk:
             plan = self._window_plans[key] = (names, last_fields, first_fields)
         return plan
 
+    def _window_outputs_of(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """A window batch's columns in order (``names`` with ``n_step``; ``reward`` where asked for)."""
+        out = self._window_outputs.get(names)
+        if out is None:
+            out = self._window_outputs[names] = (*names, "n_step")
+        return out
+
     def check_n_step_fields(self) -> None:
+        if self._n_step_fields_ok:
+            return
         for need in ("reward", "next_obs"):
             if need not in self.spec:
                 raise SpecError(need, "a field of the spec for n-step returns", "missing",
                                 "declare it, or sample without n_step")
+        self._n_step_fields_ok = True
 
     def n_step_columns(self, ring, storage, rng, gather, slots, n_step, gamma, device,
                        fields=None) -> dict[str, torch.Tensor]:
@@ -95,11 +108,10 @@ class EpisodeWalk:
         names, last_fields, first_fields = self.window_plan(fields)
         if pooled is not None:
             take_into, arrays, tensors = pooled
-            data = take_into(slots, first_fields, arrays, tensors)
-            data.update(take_into(cur, last_fields, arrays, tensors))
-            np.copyto(arrays["reward"], ret, casting="same_kind")   # as ret.astype(np.float32)
-            data.update(handed_out(("reward", "n_step"), arrays, tensors))
-            return {name: data[name] for name in (*names, "n_step")}
+            take_into(slots, first_fields, arrays)
+            take_into(cur, last_fields, arrays)
+            arrays["reward"][:] = ret   # (float64 -> float32 as ret.astype(np.float32) rounds)
+            return handed_out(self._window_outputs_of(names), arrays, tensors)
         data = last = None
         if take is not None and device is None:
             data, last = take(slots, first_fields), take(cur, last_fields)
@@ -122,8 +134,14 @@ class EpisodeWalk:
         again, n included (RLlib's PrioritizedEpisodeReplayBuffer rule); without it the
         shorter window is delivered with its true length. Uniforms come from the buffer's
         RNG in pools; the C walk and the Python reference consume them identically."""
-        self.check_n_step_fields()
-        n_lo, n_hi = n_step_range(n_step)
+        if not self._n_step_fields_ok:
+            self.check_n_step_fields()
+        span = self._n_step_ranges.get(n_step)
+        if span is None:
+            span = n_step_range(n_step)
+            if len(self._n_step_ranges) < 64:
+                self._n_step_ranges[n_step] = span
+        n_lo, n_hi = span
         prioritized = selector.weighted
         if prioritized:
             sums, mins, tsize = selector.index.trees()

@@ -33,7 +33,8 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
     source, policy_version = int(source), int(policy_version)
     with buf.lock.mutex:   # the condition's own RLock, entered in C (the hot path; notify works under it)
         buf.check_open()
-        wait_to_insert(buf, n, timeout)
+        if buf.rate_limiter.samples_per_insert is not None or buf.selector.consumes:   # (else: nothing to wait for)
+            wait_to_insert(buf, n, timeout)
         ring, storage = buf.ring, buf.storage
         cap, first = ring.capacity, ring.inserted
         start = first % cap
@@ -42,7 +43,7 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
             pending = storage.plan_frames(enc, n)
             evict_for_frames(buf, pending, n)
             storage.commit_frames(pending)
-        leaving = ring.holes_leaving(n)  # removed rows the ring now overwrites leave the window
+        leaving = ring.holes_leaving(n) if ring.holes else 0  # removed rows the ring now overwrites leave the window
         if storage.may_lose_shards:   # a lost remote shard: recover, then write again
             buf.run_storage(lambda: buf.storage.write(start, enc, n), keep_from=first + n - cap)
         else:

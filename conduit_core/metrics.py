@@ -8,6 +8,7 @@ wherever it ran (inline or in a background worker). Overlap shows up as
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -57,18 +58,20 @@ class MetricsRecorder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._points: dict[str, ControlPointMetrics] = {}   # (one dict for good: blocked() holds it)
+        self.blocked = functools.partial(_Blocked, self._lock, self._points)   # the method below, in C
         self.reset()
 
     def reset(self) -> None:
         with self._lock:
-            self._points = {p: ControlPointMetrics() for p in self.POINTS}
+            self._points.update({p: ControlPointMetrics() for p in self.POINTS})
             self.prefetch_hits = 0
             self.prefetch_discards = 0
 
-    def blocked(self, point: str) -> "_Blocked":
+    def blocked(self, point: str) -> "_Blocked":   # (__init__ binds it per recorder as a C-level partial)
         """A context that adds the time spent inside it to ``point``'s blocked time (a plain
         object, not a generator: every data-plane call enters one)."""
-        return _Blocked(self, point)
+        return _Blocked(self._lock, self._points, point)
 
     def add_blocked(self, point: str, seconds: float) -> None:
         with self._lock:
@@ -101,13 +104,19 @@ class MetricsRecorder:
 
 
 class _Blocked:
-    __slots__ = ("metrics", "point", "t0")
+    """``MetricsRecorder.add_blocked`` for the time inside the context, with the recorder's
+    lock and counters handed over (every data-plane call ends here: no further call)."""
+    __slots__ = ("lock", "points", "point", "t0")
 
-    def __init__(self, metrics: MetricsRecorder, point: str):
-        self.metrics, self.point = metrics, point
+    def __init__(self, lock, points: dict, point: str):
+        self.lock, self.points, self.point = lock, points, point
 
     def __enter__(self) -> None:
         self.t0 = time.perf_counter()
 
     def __exit__(self, *exc) -> None:
-        self.metrics.add_blocked(self.point, time.perf_counter() - self.t0)
+        seconds = time.perf_counter() - self.t0
+        with self.lock:
+            m = self.points[self.point]
+            m.blocked_s += seconds
+            m.calls += 1

@@ -14,6 +14,9 @@ from .memory import available_bytes, fmt
 from .tiers import Tier
 
 
+PLAIN_FIELDS, PLAIN_N_STEP = (type(None), tuple), (type(None), int, tuple)   # what replay_args leaves as it is
+
+
 def replay_args(fields, n_step) -> tuple:
     """``(fields, n_step)`` in the one form every delivery route passes on: fields as a tuple
     (a str is left for ``check_fields`` to name), n_step as None, an int or a ``(lo, hi)`` tuple

@@ -247,10 +247,9 @@ class ColumnarStorage:
         """Whether ``take_into`` fills reused outputs (one host shard of plain columns)."""
         return self._plain_host
 
-    def take_into(self, slots: np.ndarray, names: tuple[str, ...], out: Mapping[str, np.ndarray],
-                  out_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``take_fresh`` into the reused host arrays ``out`` (1-D ``slots``), handed out as
-        their tensor views: one native pass, no array or tensor made. Only where ``takes_into``."""
+    def take_into(self, slots: np.ndarray, names: tuple[str, ...], out: Mapping[str, np.ndarray]) -> None:
+        """``take_fresh`` into the reused host arrays ``out`` (1-D ``slots``): one native pass, no
+        array made (the caller hands out their tensor views). Only where ``takes_into``."""
         plan = self._into_plans.get(names)
         if plan is None:
             views = dict(self._copy_targets)
@@ -258,7 +257,6 @@ class ColumnarStorage:
         if _c_gather_rows is None or not _c_gather_rows(slots, plan, out):
             for name, view in plan:   # (numpy names a slot out of range)
                 view.take(slots, axis=0, out=out[name])
-        return handed_out(names, out, out_tensors)
 
     def walk_views(self, done_fields: tuple[str, ...]) -> tuple[np.ndarray, ...] | None:
         """What the native n-step walk reads: the float32 ``reward`` column and the two bool

@@ -86,18 +86,19 @@ def episode_columns(ep) -> dict[str, np.ndarray]:
     """One episode chunk as columns (length = number of steps in the chunk), its extra
     model outputs included."""
     n = len(ep)
-    obs = _steps(ep.observations, n + 1)
-    act = _steps(ep.actions, n)
-    rew = _steps(ep.rewards, n)
-    if obs is None or act is None or rew is None or obs.shape[0] != n + 1:
+    o, a, r = ep.observations, ep.actions, ep.rewards   # (``_steps`` of each, inline: every add comes here)
+    od, ad, rd = getattr(o, "data", None), getattr(a, "data", None), getattr(r, "data", None)
+    if type(od) is np.ndarray and type(ad) is np.ndarray and type(rd) is np.ndarray \
+            and od.shape[0] >= o.lookback + n + 1:
+        obs, act, rew = od[o.lookback:o.lookback + n + 1], ad[a.lookback:a.lookback + n], rd[r.lookback:r.lookback + n]
+    else:
         obs = np.asarray(ep.get_observations(slice(0, n + 1)))
         act = np.asarray(ep.get_actions(slice(0, n)))
         rew = np.asarray(ep.get_rewards(slice(0, n)))
     if obs.dtype == object:
         raise SpecError("observations", "a Box observation space (one array per step)", "a nested/Dict space",
                         "flatten the observations (e.g. a FlattenObservations connector) before Conduit")
-    term = np.zeros(n, dtype=bool)
-    trunc = np.zeros(n, dtype=bool)
+    term, trunc = np.zeros((2, n), dtype=bool)   # (two rows of one array: one allocation)
     if n:
         term[-1] = ep.is_terminated
         trunc[-1] = ep.is_truncated
