@@ -73,23 +73,8 @@ class EpisodeIngest:
     # ------------------------------------------------------------------ adds
     def add_as_prioritized(self, chunks) -> None:
         """``PrioritizedEpisodeReplayBuffer.add``: one decision for the whole call (``plan``)."""
-        if len(chunks) == 1 and getattr(chunks[0][0], "receipt", None) is None:
-            # an env step's add: the general route's steps below, for one chunk that stays whole
-            ep, cols, src, n = chunks[0]
-            evict = () if self.ledger.rows + n <= self.capacity else self.ledger.plan([(src, n)], self.capacity)[0]
-            cutoff = self.added + n - self.ring   # (> 0 once the ring went round: the rows it overwrites)
-            if src not in evict and n <= self.ring and (cutoff <= 0 or not self.ledger.ring_conflicts(cutoff)):
-                for old in evict:
-                    self._evict_episode(old)
-                if cutoff > 0:
-                    self.ledger.forget_below(cutoff)
-                if ep.is_done:   # over: its id starts a new episode if it comes back
-                    self._forget_source(src)
-                info = episode_infos(ep, n) if self.store_infos else None
-                r = Rollout(cols, source=src, rows=n)
-                self.edp.ingest_many([r])   # refuses bad input before storing anything: then nothing is recorded
-                self._record(r, ep, info, self.added)
-                return
+        if len(chunks) == 1 and getattr(chunks[0][0], "receipt", None) is None and self._add_whole(*chunks[0]):
+            return
         evict, drop = self.ledger.plan([(src, n) for _, _, src, n in chunks], self.capacity)
         keep = [c for c in chunks if c[2] not in drop] if drop else chunks
         if sum(n for *_, n in keep) > self.ring:
@@ -111,6 +96,26 @@ class EpisodeIngest:
         for ep, _, _, _ in keep:
             if ep.is_done:
                 self._forget_source(self.sources.get(ep.id_, -1))
+
+    def _add_whole(self, ep, cols, src: int, n: int) -> bool:
+        """``add_as_prioritized``'s steps for one episode chunk (an env step's add) that stays
+        whole (its episode is not evicted by the plan, no stored episode is cut early by the
+        ring), without the general route's lists and groups; False (nothing done) otherwise."""
+        evict = () if self.ledger.rows + n <= self.capacity else self.ledger.plan([(src, n)], self.capacity)[0]
+        cutoff = self.added + n - self.ring   # (> 0 once the ring went round: the rows it overwrites)
+        if src in evict or n > self.ring or (cutoff > 0 and self.ledger.ring_conflicts(cutoff)):
+            return False
+        for old in evict:
+            self._evict_episode(old)
+        if cutoff > 0:
+            self.ledger.forget_below(cutoff)
+        if ep.is_done:   # over: its id starts a new episode if it comes back
+            self._forget_source(src)
+        info = episode_infos(ep, n) if self.store_infos else None
+        r = Rollout(cols, source=src, rows=n)
+        self.edp.ingest_many([r])   # refuses bad input before storing anything: then nothing is recorded
+        self._record(r, ep, info, self.added)
+        return True
 
     def add_as_uniform(self, chunks) -> None:
         """``EpisodeReplayBuffer.add``: chunk by chunk, evicting after each (``plan_per_chunk``)."""

@@ -268,3 +268,48 @@ def test_reschedule_keeps_everything_and_switches_workers():
     edp.reschedule(Schedule.sequential())
     assert edp._thread is None and len(edp.buffer) == 16
     edp.close()
+
+
+def _state_equal(a, b, path="state"):
+    if isinstance(a, dict):
+        assert list(a) == list(b), path
+        for k in a:
+            if not (path.endswith(".ingest") and k == "buffer"):   # (each buffer's own id for writers' receipts)
+                _state_equal(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _state_equal(x, y, f"{path}[{i}]")
+    elif isinstance(a, (np.ndarray, torch.Tensor)):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), path
+    else:
+        assert a == b, (path, a, b)
+
+
+@pytest.mark.parametrize("selector", [Uniform, Prioritized])
+def test_a_lone_rollout_without_hooks_is_stored_as_the_hooked_route_stores_it(selector):
+    """``ingest_many([r])`` without hooks goes from the encode straight to the insert; the
+    same tickets, rows, metrics and buffer state as the general route (here forced by a hook
+    that changes nothing), refusals included: bad input and an oversized rollout leave both
+    unchanged, and the lone route's failure names no stored ticket."""
+    from conduit_core import CapacityError, Rollout
+    lone, hooked = make(Schedule.sequential(), selector(), capacity=64), \
+        make(Schedule.sequential(), selector(), capacity=64, ingest_hooks=[lambda rs: rs])
+    try:
+        for i in range(30):
+            r = Rollout(rollout(5, 5 * i), source=i % 4, policy_version=i // 10)
+            assert lone.ingest_many([r]) == hooked.ingest_many([r]) == [i]
+        for bad, err in ((rollout(65, 0), CapacityError), ({**rollout(3, 0), "reward": np.ones(2, np.float32)},
+                                                           SpecError)):
+            for edp in (lone, hooked):
+                with pytest.raises(err) as raised:
+                    edp.ingest_many([bad])
+                if edp is lone and err is CapacityError:
+                    assert getattr(raised.value, "stored_tickets", []) == []
+        _state_equal(lone.state_dict(), hooked.state_dict())
+        ml, mh = lone.metrics(), hooked.metrics()
+        assert (ml.ingest.items_in, ml.ingest.items_out, ml.ingest.calls) == \
+            (mh.ingest.items_in, mh.ingest.items_out, mh.ingest.calls) == (150, 150, 32)
+    finally:
+        lone.close()
+        hooked.close()
