@@ -45,13 +45,18 @@ class ConduitLearnerConnector(ConnectorV2):
             if self.log_provenance and metrics is not None and delivered.size:  # provenance: which rows this learner trained on
                 metrics.log_value((self.module_id, FIRST_SEQ_KEY), int(delivered.seqs[0]), reduce="min", window=1)
             dev = self.device
-            moved = [(k, v if v.device == dev else v.to(dev, non_blocking=True)) for k, v in delivered.items()]
+            weights = delivered.weights
+            if dev.type == "cpu" and all(v.is_cpu for v in delivered.values()) and (weights is None or weights.is_cpu):
+                moved = delivered.items()   # a CPU learner's batch, delivered on the host: nothing to move
+            else:
+                moved = [(k, v if v.device == dev else v.to(dev, non_blocking=True)) for k, v in delivered.items()]
+                weights = None if weights is None else weights.to(dev, non_blocking=True)
             cols = {RLLIB_COLUMNS.get(k, k): v for k, v in moved if not k.startswith(EXTRA)}
             extras = [(k[len(EXTRA):], v) for k, v in moved if k.startswith(EXTRA)]
             if extras:  # include_extra_model_outputs: each under its key, nesting rebuilt (AddColumnsFrom...)
                 cols.update({k: v for k, v in unflatten(extras).items() if k not in cols})
-            if delivered.weights is not None:
-                cols["weights"] = delivered.weights.to(dev, non_blocking=True)
+            if weights is not None:
+                cols["weights"] = weights
             else:
                 cols["weights"] = torch.ones(delivered.size, dtype=torch.float32, device=dev)
             return {self.module_id: cols}

@@ -247,7 +247,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                              episode_end="redraw" if self.prioritized else "shorten",
                              fields=None if include_extra_model_outputs else self._core_fields)
         self.last_sampled = b
-        self._sampled += b.size
+        self._sampled += B   # (b.size: a replay batch has the B items asked for)
         if self.tuner is not None:
             self.tuner.observe()
         if self.options.delivery == "episodes" or include_infos:
