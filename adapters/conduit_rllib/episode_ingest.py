@@ -73,7 +73,7 @@ class EpisodeIngest:
     # ------------------------------------------------------------------ adds
     def add_as_prioritized(self, chunks) -> None:
         """``PrioritizedEpisodeReplayBuffer.add``: one decision for the whole call (``plan``)."""
-        if len(chunks) == 1 and getattr(chunks[0][0], "receipt", None) is None and self._add_whole(*chunks[0]):
+        if self._add_whole(chunks):
             return
         evict, drop = self.ledger.plan([(src, n) for _, _, src, n in chunks], self.capacity)
         keep = [c for c in chunks if c[2] not in drop] if drop else chunks
@@ -97,20 +97,32 @@ class EpisodeIngest:
             if ep.is_done:
                 self._forget_source(self.sources.get(ep.id_, -1))
 
-    def _add_whole(self, ep, cols, src: int, n: int) -> bool:
-        """``add_as_prioritized``'s steps for one episode chunk (an env step's add) that stays
-        whole (its episode is not evicted by the plan, no stored episode is cut early by the
-        ring), without the general route's lists and groups; False (nothing done) otherwise."""
-        evict = () if self.ledger.rows + n <= self.capacity else self.ledger.plan([(src, n)], self.capacity)[0]
-        cutoff = self.added + n - self.ring   # (> 0 once the ring went round: the rows it overwrites)
-        if src in evict or n > self.ring or (cutoff > 0 and self.ledger.ring_conflicts(cutoff)):
+    def _add_whole(self, chunks) -> bool:
+        """``add_as_prioritized``'s steps for episode chunks that all stay whole (an env step's
+        add: one chunk, or two where an episode ended): none of their episodes is evicted by the
+        plan, no stored episode is cut early by the ring, one ingestion operator call takes them
+        all; without the general route's lists and groups. False (nothing done) otherwise."""
+        if len(chunks) > self.edp.schedule.ingest_granularity or any(
+                getattr(ep, "receipt", None) is not None for ep, *_ in chunks):
+            return False
+        total = sum(n for *_, n in chunks) if len(chunks) > 1 else chunks[0][3]
+        evict = () if self.ledger.rows + total <= self.capacity else \
+            self.ledger.plan([(src, n) for _, _, src, n in chunks], self.capacity)[0]
+        cutoff = self.added + total - self.ring   # (> 0 once the ring went round: the rows it overwrites)
+        if total > self.ring or (evict and any(src in evict for _, _, src, _ in chunks)) \
+                or (cutoff > 0 and self.ledger.ring_conflicts(cutoff)):
             return False
         for old in evict:
             self._evict_episode(old)
         if cutoff > 0:
             self.ledger.forget_below(cutoff)
-        if ep.is_done:   # over: its id starts a new episode if it comes back
-            self._forget_source(src)
+        for ep, _, src, _ in chunks:
+            if ep.is_done:   # over: its id starts a new episode if it comes back
+                self._forget_source(src)
+        if len(chunks) > 1:
+            self._ingest([(Rollout(cols, source=src, rows=n), ep) for ep, cols, src, n in chunks])
+            return True
+        ep, cols, src, n = chunks[0]
         info = episode_infos(ep, n) if self.store_infos else None
         r = Rollout(cols, source=src, rows=n)
         self.edp.ingest_many([r])   # refuses bad input before storing anything: then nothing is recorded

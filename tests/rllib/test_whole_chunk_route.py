@@ -1,7 +1,7 @@
-"""A lone episode chunk's add (an env step's, the usual one) takes a shorter route than a
-call's list of chunks (``EpisodeIngest._add_whole``): the same ledger, sources, stored rows,
-infos and priorities as the general route, through evictions, episodes cut by the ring and
-chunks of evicted episodes, checked add by add against the general route alone."""
+"""An env step's add (one episode chunk, or two where an episode ended) takes a shorter route
+where every chunk stays whole (``EpisodeIngest._add_whole``): the same ledger, sources, stored
+rows, infos and priorities as the general route, through evictions, episodes cut by the ring
+and chunks of evicted episodes, checked add by add against the general route alone."""
 
 import numpy as np
 import pytest
@@ -35,7 +35,7 @@ def _buffer(capacity):
 
 
 @pytest.mark.parametrize("seed, capacity", [(0, 30), (1, 45), (2, 16), (3, 200)])
-def test_a_lone_chunk_is_stored_as_the_general_route_stores_it(seed, capacity, monkeypatch):
+def test_an_env_steps_chunks_are_stored_as_the_general_route_stores_them(seed, capacity, monkeypatch):
     chunks, _ = make_chunks(seed, episodes=40, with_extras=True)
     calls = []
     rng = np.random.default_rng(seed)
@@ -58,7 +58,7 @@ def test_a_lone_chunk_is_stored_as_the_general_route_stores_it(seed, capacity, m
         for call in calls:
             monkeypatch.setattr(EpisodeIngest, "_add_whole", spy)
             short.add(list(call))
-            monkeypatch.setattr(EpisodeIngest, "_add_whole", lambda self, *args: False)
+            monkeypatch.setattr(EpisodeIngest, "_add_whole", lambda self, chunks: False)
             general.add(list(call))
             _same(short.get_state(), general.get_state())
         monkeypatch.undo()
