@@ -19,7 +19,6 @@ import torch
 
 from .batch import Batch
 from .errors import CapacityError, ConfigError, ExperienceTimeout, SemanticError, SpecError
-from .output_pool import handed_out
 from .rate_gate import wait_to_sample, wait_until
 from .sampling_args import check_batch_size, check_fields, check_length
 from .selection import select_slots
@@ -96,11 +95,13 @@ def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, siz
         pooled = buf.window_outputs(batch_size, fields, device)   # (steps and weights written in place)
         slots, weights, ret, last, steps = walk.sample_windows(
             ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True,
-            out=None if pooled is None else pooled[1])
+            out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]))
         data = walk.window_columns(buf.gather, slots, ret, last, steps, device, fields,
                                    take=buf.storage.take_fresh, pooled=pooled)
-        if pooled is not None and weights is not None:
-            weights = handed_out(("weights",), pooled[1], pooled[2])["weights"]
+        if pooled is not None:   # drawn: the entry goes out with the batch
+            buf.took_window_outputs(batch_size, fields)
+            if weights is not None:
+                weights = pooled[1].weights_tensor()
         return slots, weights, data
     slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta)
     return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,

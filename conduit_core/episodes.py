@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, SemanticError, SpecError
-from .output_pool import handed_out
 
 try:  # the C helper's n-step walk (same results as the numpy path)
     from ._sumtree import nstep as _c_nstep
@@ -51,7 +50,6 @@ class EpisodeWalk:
     def __init__(self, spec, done_fields: tuple[str, ...]):
         self.spec, self.done_fields = spec, done_fields
         self._window_plans: dict = {}   # fields asked for -> window_plan's answer
-        self._window_outputs: dict = {}  # window_plan's names -> _window_outputs_of's answer
         self._n_step_ranges: dict = {}  # n_step -> n_step_range's answer (a sampler asks the same each step)
         self._n_step_fields_ok = False  # check_n_step_fields passed (the spec is fixed)
 
@@ -65,13 +63,6 @@ class EpisodeWalk:
             first_fields = tuple(f for f in names if f not in last_fields and f != "reward")
             plan = self._window_plans[key] = (names, last_fields, first_fields)
         return plan
-
-    def _window_outputs_of(self, names: tuple[str, ...]) -> tuple[str, ...]:
-        """A window batch's columns in order (``names`` with ``n_step``; ``reward`` where asked for)."""
-        out = self._window_outputs.get(names)
-        if out is None:
-            out = self._window_outputs[names] = (*names, "n_step")
-        return out
 
     def check_n_step_fields(self) -> None:
         if self._n_step_fields_ok:
@@ -103,15 +94,15 @@ class EpisodeWalk:
         done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``
         (``fields``: only these of the spec's fields, ``n_step`` always). ``take`` (slots,
         names) -> host columns or None: a one-pass route for host batches, tried before ``gather``.
-        ``pooled``: (take_into, arrays, tensors) of the output pool's ``windows`` entry whose
-        ``n_step`` array holds ``steps``: the columns go into its arrays (host batches)."""
+        ``pooled``: (take_into, the output pool's ``WindowOutputs``) whose walk arrays hold
+        ``steps``: the columns go into its arrays (host batches)."""
         names, last_fields, first_fields = self.window_plan(fields)
         if pooled is not None:
-            take_into, arrays, tensors = pooled
-            take_into(slots, first_fields, arrays)
-            take_into(cur, last_fields, arrays)
-            arrays["reward"][:] = ret   # (float64 -> float32 as ret.astype(np.float32) rounds)
-            return handed_out(self._window_outputs_of(names), arrays, tensors)
+            take_into, entry = pooled
+            take_into(slots, first_fields, entry.columns)
+            take_into(cur, last_fields, entry.columns)
+            entry.walk["reward"][:] = ret   # (float64 -> float32 as ret.astype(np.float32) rounds)
+            return entry.hand_out(names)
         data = last = None
         if take is not None and device is None:
             data, last = take(slots, first_fields), take(cur, last_fields)
@@ -125,11 +116,11 @@ class EpisodeWalk:
         return {name: data[name] for name in (*names, "n_step")}
 
     def sample_windows(self, ring, storage, selector, rng, batch_size: int, n_step, gamma: float,
-                       beta: float | None, *, redraw: bool, out: dict[str, np.ndarray] | None = None):
+                       beta: float | None, *, redraw: bool, out: tuple[np.ndarray, np.ndarray] | None = None):
         """Select ``batch_size`` items and walk their n-step windows in one native pass.
 
         Returns (start slots, weights or None, discounted return, last slot, steps); weights
-        and steps go into ``out["weights"]`` and ``out["n_step"]`` when given. With
+        and steps go into ``out`` = (float32 weights, int64 steps) when given. With
         ``redraw`` an item whose window is cut short by its episode's stored end is drawn
         again, n included (RLlib's PrioritizedEpisodeReplayBuffer rule); without it the
         shorter window is delivered with its true length. Uniforms come from the buffer's
@@ -160,7 +151,7 @@ class EpisodeWalk:
             weights = np.empty(b, dtype=np.float32)   # every delivered item's written by the walk (1 when uniform)
             steps = np.empty(b, dtype=np.int64)
         else:
-            weights, steps = out["weights"], out["n_step"]
+            weights, steps = out
         per_try = 2 if n_hi - n_lo > 1 else 1
         views = storage.walk_views(self.done_fields) if _c_sample_windows is not None else None
         filled, tries, limit = 0, 0, 64 * b + 4096

@@ -127,17 +127,11 @@ class IngestionPoint:
         with self._cond.mutex:   # the group's tickets, in order
             first_ticket = self.ticket
             self.ticket += len(rollouts)
-        if not self.hooks and len(rollouts) == 1:   # an env step's add: the steps below and commit's, for one
+        if not self.hooks and len(rollouts) == 1:   # an env step's add: the steps below, for one
             r = rollouts[0]
             data, source, version = (r.data, r.source, r.policy_version) if isinstance(r, Rollout) else (r, 0, 0)
             n, columns = self._buffer.spec.validate_and_encode(data)
-            if n > self._buffer.ring.capacity:
-                self._refuse_oversized(first_ticket, n)
-            try:
-                self._buffer.add_encoded(columns, n, source=source, policy_version=version, timeout=timeout)
-            except BaseException as exc:   # a lone rollout that failed was not stored
-                exc.stored_tickets = []  # type: ignore[attr-defined]
-                raise
+            self.commit([Encoded(first_ticket, source, version, n, n, columns)], timeout)   # (stored, or raises)
             self.accepted_rows += n
             self.committed_rows = self.accepted_rows
             self._metrics.add_busy("ingest", time.perf_counter() - t0, items_in=n, items_out=n)
@@ -173,7 +167,8 @@ class IngestionPoint:
         buffer = self._buffer
         for e in encoded:
             if e.n > buffer.ring.capacity:
-                self._refuse_oversized(e.ticket, e.n)
+                raise CapacityError(f"rollout {e.ticket}: expected at most capacity={buffer.capacity} "
+                                    f"transitions, got {e.n}. Fix: raise the capacity or ingest it in smaller pieces")
         try:   # one insert where that is the same as one by one (add_encoded_many)
             if len(encoded) == 1:   # (what add_encoded_many does with one)
                 e = encoded[0]
@@ -185,10 +180,6 @@ class IngestionPoint:
             stored = getattr(exc, "stored_parts", 0) if len(encoded) > 1 else 0
             exc.stored_tickets = [x.ticket for x in encoded[:stored]]  # type: ignore[attr-defined]
             raise
-
-    def _refuse_oversized(self, ticket: int, n: int) -> None:
-        raise CapacityError(f"rollout {ticket}: expected at most capacity={self._buffer.capacity} "
-                            f"transitions, got {n}. Fix: raise the capacity or ingest it in smaller pieces")
 
     def wait_stored(self, allowed_missing: int, timeout: float | None, what: str) -> None:
         """Block until at most ``allowed_missing`` accepted rows are not stored yet; with 0,

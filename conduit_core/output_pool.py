@@ -25,8 +25,9 @@ class OutputPool:
     tensor view, so a delivery wraps no arrays.
 
     Batches drawn ahead of the learner (a data plane's prepared deliveries) take entries too,
-    before the learner has them: ``reserve`` adds that many, so the learner's batches keep
-    their ``kept`` deliveries of validity whatever is prepared meanwhile."""
+    before the learner has them, and those a guard discards never reach it: ``reserve`` sizes
+    the rings for that, so the learner's batches keep their ``kept`` deliveries of validity
+    whatever is prepared (and thrown away) meanwhile."""
 
     def __init__(self, depth: int, layout: dict[str, tuple[tuple[int, ...], np.dtype]]):
         self.kept, self.depth, self.layout = depth, depth, layout
@@ -36,10 +37,12 @@ class OutputPool:
         self._next_weights: dict[int, int] = {}
 
     def reserve(self, prepared: int) -> None:
-        """Room for ``prepared`` batches drawn but not handed out yet. The pool only grows (an
-        entry in use is never dropped); rings grow at their next use, after the entry due next,
-        so every batch already handed out still has at least ``kept`` deliveries to go."""
-        self.depth = max(self.depth, self.kept + max(0, int(prepared)))
+        """Room for up to ``prepared`` batches drawn ahead at a time. Between a batch's delivery
+        and the ``kept``-th after it, a data plane draws at most ``prepared`` ahead after each
+        delivery and one at each (all prepared ones discarded, as a priority update makes them
+        stale): ``kept * (prepared + 1)`` entries keep it. The pool only grows (an entry in use is
+        never dropped); rings grow at their next use."""
+        self.depth = max(self.depth, self.kept * (max(0, int(prepared)) + 1))
 
     def get(self, lead: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
         """The next (arrays, their tensor views) for batches of leading shape ``lead``."""
@@ -54,24 +57,26 @@ class OutputPool:
         self._next[lead] = (i + 1) % len(ring)
         return ring[i]
 
-    def windows(self, b: int, names: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
-        """The next (arrays, tensor views) for a batch of ``b`` n-step windows: the stored
-        fields ``names`` (the windows' first- and last-step columns), ``reward`` (the float32
-        discounted return), ``n_step`` (int64 steps walked) and ``weights`` (float32). The n-step
-        walk writes steps and weights in place, so a batch of windows wraps no arrays; it stays
-        valid as long as a pooled 1-step batch."""
+    def windows(self, b: int, names: tuple[str, ...]) -> "WindowOutputs":
+        """The next entry for a batch of ``b`` n-step windows of the stored fields ``names`` (the
+        windows' first- and last-step columns), without handing it out (``took_windows`` does, once
+        the batch is drawn). The n-step walk writes into it as it draws, so a batch of windows wraps
+        no arrays; a draw that fails may have written into it, so the ring keeps one entry more
+        than ``depth``: the one due next is never a batch still valid. Valid as long as a pooled
+        1-step batch."""
         key = (b, names)
         ring = self._rings.get(key)
         if ring is None:
             ring = self._rings[key] = []
             self._next[key] = 0
-        while len(ring) < self.depth:
-            arrays = {name: np.empty((b, *self.layout[name][0]), dtype=self.layout[name][1]) for name in names}
-            arrays.update(reward=np.empty(b, np.float32), n_step=np.empty(b, np.int64), weights=np.empty(b, np.float32))
-            ring.append((arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}))
-        i = self._next[key]
-        self._next[key] = (i + 1) % len(ring)
-        return ring[i]
+        while len(ring) < self.depth + 1:
+            ring.append(WindowOutputs(b, {name: self.layout[name] for name in names}))
+        return ring[self._next[key]]
+
+    def took_windows(self, b: int, names: tuple[str, ...]) -> None:
+        """The entry ``windows(b, names)`` gave is handed out: the next batch gets the one after it."""
+        key = (b, names)
+        self._next[key] = (self._next[key] + 1) % len(self._rings[key])
 
     def next_weights(self, n: int) -> tuple[np.ndarray, torch.Tensor]:
         """The next of the pool's reused float32 ``[n]`` arrays for a batch's importance weights,
@@ -96,3 +101,34 @@ class OutputPool:
     def advance_weights(self, n: int) -> None:
         """The entry ``next_weights(n)`` gave is handed out: the next batch gets the one after it."""
         self._next_weights[n] = (self._next_weights[n] + 1) % len(self._weights[n])
+
+
+class WindowOutputs:
+    """One pool entry for a batch of n-step windows: the stored fields' columns, and the walk's
+    own outputs (``reward``: the float32 return, ``n_step``: the steps, ``weights``), kept apart
+    so that no stored field's name (``weights``, ``n_step``) can stand in for them."""
+
+    __slots__ = ("columns", "column_tensors", "walk", "walk_tensors")
+
+    def __init__(self, b: int, layout: dict[str, tuple[tuple[int, ...], np.dtype]]):
+        self.columns = {name: np.empty((b, *shape), dtype=dt) for name, (shape, dt) in layout.items()}
+        self.column_tensors = {name: torch.from_numpy(a) for name, a in self.columns.items()}
+        self.walk = {"reward": np.empty(b, np.float32), "n_step": np.empty(b, np.int64),
+                     "weights": np.empty(b, np.float32)}
+        self.walk_tensors = {name: torch.from_numpy(a) for name, a in self.walk.items()}
+
+    def hand_out(self, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """The batch's columns: ``names`` in order (stored fields; ``reward`` is the return), then
+        ``n_step``, as the fresh route builds them (the walk's ``n_step`` over a stored one)."""
+        out = {}
+        for name in (*names, "n_step"):
+            own = name == "reward" or name == "n_step"
+            arrays, tensors = (self.walk, self.walk_tensors) if own else (self.columns, self.column_tensors)
+            t, a = tensors[name], arrays[name]
+            if t.shape != a.shape or t.requires_grad:   # changed in place by an earlier batch (handed_out)
+                t = tensors[name] = torch.from_numpy(a)
+            out[name] = t
+        return out
+
+    def weights_tensor(self) -> torch.Tensor:
+        return handed_out(("weights",), self.walk, self.walk_tensors)["weights"]

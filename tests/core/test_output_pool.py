@@ -22,7 +22,7 @@ def test_a_batch_survives_kept_deliveries_and_growth_keeps_that():
         seen.append(arrays["x"])
         if k == 2:
             pool.reserve(3)   # grows while a batch is held: it must survive 2 more deliveries still
-    assert pool.depth == 5
+    assert pool.depth == 8    # kept * (prepared + 1): prepared batches discarded unseen take entries too
     assert seen[2][0, 0] == 2 and seen[3][0, 0] == 3 and seen[4][0, 0] == 4
     ptrs = {a.ctypes.data for a in seen[2:]}
     assert len(ptrs) == 3
@@ -175,10 +175,11 @@ def test_a_pooled_window_batch_survives_one_more_delivery_and_keeps_its_in_place
     held["n_step"].requires_grad_(False)
     held.weights.unsqueeze_(1)
     held["reward"].requires_grad_()
-    third = buf.sample(16, n_step=(2, 5), episode_end="redraw")   # reuses held's memory
-    assert third["obs"].shape == (16, 3) and third.weights.shape == (16,)
-    assert not third["reward"].requires_grad and third["obs"] is not held["obs"]
-    assert third["obs"].data_ptr() == held["obs"].data_ptr()      # (the same pooled memory)
+    buf.sample(16, n_step=(2, 5), episode_end="redraw")   # (a window ring keeps one entry spare)
+    fourth = buf.sample(16, n_step=(2, 5), episode_end="redraw")   # reuses held's memory
+    assert fourth["obs"].shape == (16, 3) and fourth.weights.shape == (16,)
+    assert not fourth["reward"].requires_grad and fourth["obs"] is not held["obs"]
+    assert fourth["obs"].data_ptr() == held["obs"].data_ptr()      # (the same pooled memory)
     buf.close()
 
 
@@ -191,3 +192,77 @@ def test_window_batches_for_a_device_or_without_the_pool_are_fresh():
     a, b = (buf.sample(8, n_step=2, episode_end="redraw", device="cpu") for _ in range(2))
     assert a["obs"].data_ptr() != b["obs"].data_ptr()
     buf.close()
+
+
+def _short_episodes(reuse):
+    from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized
+    buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,)), capacity=64, reuse_outputs=reuse, seed=0,
+                           selector=Prioritized(alpha=0.6, beta=0.4))
+    rng = np.random.default_rng(0)
+    for s in range(6):
+        rows = _rows(8, rng)
+        rows["terminated"][-1] = True
+        buf.add(rows, source=s)
+    return buf
+
+
+def test_a_window_draw_that_fails_leaves_the_held_batch_alone():
+    """Found in review: the pool's window entry was taken before the draw, and the walk wrote
+    into the next one, so a refused draw (episodes too short for n) overwrote the batch the
+    learner held one delivery early."""
+    from conduit_core.errors import SemanticError
+    buf = _short_episodes(2)
+    held = buf.sample(8, n_step=2, episode_end="redraw")
+    kept, kept_w = {k: v.clone() for k, v in held.items()}, held.weights.clone()
+    with pytest.raises(SemanticError, match="too short"):
+        buf.sample(8, n_step=12, episode_end="redraw")
+    nxt = buf.sample(8, n_step=2, episode_end="redraw")   # the first delivery after held
+    assert all(torch.equal(held[k], kept[k]) for k in kept) and torch.equal(held.weights, kept_w)
+    assert held["obs"].data_ptr() != nxt["obs"].data_ptr()
+    buf.close()
+
+
+@pytest.mark.parametrize("n_step, end", [(None, "shorten"), ((2, 4), "redraw")])
+def test_batches_prepared_and_discarded_never_overwrite_the_one_the_learner_holds(n_step, end):
+    """Found in review: with staleness 0 every priority update discards the prepared batches,
+    and their entries were not counted: the worker's refill overwrote the held batch before its
+    next delivery was over. The pool now keeps kept * (prepared + 1) entries."""
+    buf = _short_episodes(2)
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(depth=2))
+    rng = np.random.default_rng(1)
+    try:
+        held = edp.deliver(8, n_step=n_step, episode_end=end)
+        kept = {k: v.clone() for k, v in held.items()}
+        for _ in range(3):
+            time.sleep(0.2)   # the worker prepares ahead meanwhile
+            edp.update_priorities(held, rng.random(8) * 5 + 0.1)   # stale: discarded at the next deliver
+            nxt = edp.deliver(8, n_step=n_step, episode_end=end)
+            time.sleep(0.2)   # ... and refills
+            assert all(torch.equal(held[k], kept[k]) for k in kept)   # held survives one more delivery
+            held, kept = nxt, {k: v.clone() for k, v in nxt.items()}
+        assert edp.metrics().prefetch_discards > 0
+    finally:
+        edp.close()
+
+
+@pytest.mark.parametrize("name", ["weights", "n_step"])
+def test_a_stored_field_named_like_the_walks_outputs_keeps_them_apart(name):
+    """Found in review: a stored field named ``weights`` (or ``n_step``) took the place of the
+    walk's own array in a pooled window entry: the batch's importance weights were the field."""
+    from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized
+    got = []
+    for reuse in (0, 2):
+        buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,), extras={name: ((), torch.float32)}),
+                               capacity=64, reuse_outputs=reuse, seed=0, selector=Prioritized(alpha=0.6, beta=0.4))
+        rng = np.random.default_rng(0)
+        for s in range(6):
+            rows = _rows(8, rng)
+            rows[name] = np.full(8, 100.0 + s, np.float32)
+            rows["terminated"][-1] = True
+            buf.add(rows, source=s)
+        b = buf.sample(6, n_step=2, episode_end="redraw")
+        got.append(({k: v.clone() for k, v in b.items()}, b.weights.clone()))
+        buf.close()
+    (fresh, fresh_w), (pooled, pooled_w) = got
+    assert list(fresh) == list(pooled) and all(torch.equal(fresh[k], pooled[k]) for k in fresh)
+    assert torch.equal(fresh_w, pooled_w) and float(pooled_w.max()) <= 1.0
