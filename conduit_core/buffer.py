@@ -358,6 +358,9 @@ class ExperienceBuffer:
                               pools=self.storage.pools, rng_kind=type(self.rng.bit_generator).__name__)
         with self._cond:
             self.check_open()
+            if self.dual_writer is not None:   # its copy would bring rows of before the load back at finish()
+                raise ConfigError("load_state_dict", "no migration in progress", "a migration copying the buffer",
+                                  "wait for the migration to finish (its handle's wait()), then load")
             restore_state(self, checked)
             self._cond.notify_all()
 

@@ -61,6 +61,8 @@ def check_state(state: Mapping[str, Any], *, spec: ExperienceSpec, capacity: int
         raise StateError(f"selector: expected {selector.name}, got {got}. "
                          "Fix: build the buffer with the same selector.")
     raw = state["counters"]
+    if not isinstance(raw, Mapping):
+        raise bad("counters", "a dict of ints", type(raw).__name__)
     c = {}
     for k in ("inserted", "sampled", "head", "dropped_stale", "floor", "evicted_early", "holes", "lost"):
         v = as_int(raw.get(k, 0) if k in ("floor", "evicted_early", "holes", "lost") else raw.get(k))
@@ -104,6 +106,8 @@ def check_state(state: Mapping[str, Any], *, spec: ExperienceSpec, capacity: int
         raise bad("rng", f"a {rng_kind} state", f"an unusable one ({exc})") from None
     selector.check_state(state["selector_state"])
     saved_pools = state.get("pools", {}) or {}
+    if not isinstance(saved_pools, Mapping):
+        raise bad("pools", "a dict of frame pool states", type(saved_pools).__name__)
     if set(saved_pools) != set(pools):
         raise bad("pools", f"frame pools {sorted(pools)}", sorted(saved_pools))
     for name, pstate in saved_pools.items():

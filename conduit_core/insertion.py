@@ -45,7 +45,11 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
             storage.commit_frames(pending)
         leaving = ring.holes_leaving(n) if ring.holes else 0  # removed rows the ring now overwrites leave the window
         if storage.may_lose_shards:   # a lost remote shard: recover, then write again
-            buf.run_storage(lambda: buf.storage.write(start, enc, n), keep_from=first + n - cap)
+            try:
+                buf.run_storage(lambda: buf.storage.write(start, enc, n), keep_from=first + n - cap)
+            except BaseException as exc:   # part of it may be written: the rows it covered leave, recorded
+                buf.recovery.drop_overwritten(first, n, exc)
+                raise
         else:
             storage.write(start, enc, n)
         ring.holes -= leaving  # only once the write happened: a failed insert changes nothing

@@ -24,7 +24,8 @@ log = logging.getLogger("conduit")
 
 @dataclass(frozen=True)
 class ShardLoss:
-    """A remote shard lost: its rows left the buffer (they are not in len(), never delivered)."""
+    """A remote shard lost: its rows left the buffer (they are not in len(), never delivered).
+    ``shard`` -1: the rows an insert that failed after a lost shard may have written over."""
 
     shard: int
     node_resource: str | None
@@ -36,6 +37,8 @@ class ShardLoss:
 
     def describe(self) -> str:
         where = f"seqs {self.seq_range[0]}..{self.seq_range[1]}" if self.seq_range else "no stored rows"
+        if self.shard < 0:   # no shard of its own: rows a failed insert may have written over
+            return f"{self.rows} rows ({where}) left the buffer: {self.cause}"
         return (f"remote shard {self.shard} (node resource {self.node_resource!r}) lost {self.rows} rows ({where}): "
                 f"{self.cause}; replaced by an empty shard on node {self.replaced_on[:12]}")
 
@@ -78,6 +81,36 @@ class ShardLossRecovery:
         if buf.selector.consumes:   # consumed rows were delivered already: only queued ones are lost
             keep_from = max(keep_from, buf.ring.head)
         gone = seqs[buf.ring.live(slots, seqs) & (seqs >= keep_from)]
+        self._remove(gone)
+        loss = ShardLoss(shard=s, node_resource=lost.node, rows=int(gone.size),
+                         seq_range=(int(gone.min()), int(gone.max())) if gone.size else None,
+                         cause=f"{type(lost.cause).__name__}: {lost.cause}", replaced_on="(not replaced)",
+                         at=time.time())
+        self.losses.append(loss)  # recorded before the replacement, which may fail in turn
+        log.warning("conduit: %s", loss.describe())
+        node = buf.storage.replace_shard(s)
+        self.losses[-1] = dataclasses.replace(loss, replaced_on=node)
+
+    def drop_overwritten(self, first: int, n: int, cause: BaseException) -> None:
+        """An insert of ``n`` rows from seq ``first`` failed after a lost shard: part of its rows
+        may be written over the stored rows of its slots (and ``recover`` kept those rows, as
+        the insert was to overwrite them), so they leave the buffer, recorded as a loss."""
+        buf = self.buffer
+        slots = (first + np.arange(n, dtype=np.int64)) % buf.capacity
+        seqs = buf.meta["seq"][slots]
+        gone = seqs[buf.ring.live(slots, seqs)]
+        if not gone.size:
+            return
+        self._remove(gone)
+        loss = ShardLoss(shard=-1, node_resource=None, rows=int(gone.size),
+                         seq_range=(int(gone.min()), int(gone.max())),
+                         cause=f"an insert that failed after a lost shard may have written over them "
+                               f"({type(cause).__name__}: {cause})", replaced_on="(none)", at=time.time())
+        self.losses.append(loss)
+        log.warning("conduit: %s", loss.describe())
+
+    def _remove(self, gone: np.ndarray) -> None:
+        buf = self.buffer
         if buf.selector.consumes:   # the queue passes over them, in order (evict() is replay's)
             removed, removed_slots = buf.ring.remove(np.unique(gone))
             buf.selector.on_evict(removed_slots)
@@ -87,11 +120,3 @@ class ShardLossRecovery:
             buf.counts.lost += int(removed.size)        # they will never be taken: the limiter counts them out
         else:
             buf.evict(gone)
-        loss = ShardLoss(shard=s, node_resource=lost.node, rows=int(gone.size),
-                         seq_range=(int(gone.min()), int(gone.max())) if gone.size else None,
-                         cause=f"{type(lost.cause).__name__}: {lost.cause}", replaced_on="(not replaced)",
-                         at=time.time())
-        self.losses.append(loss)  # recorded before the replacement, which may fail in turn
-        log.warning("conduit: %s", loss.describe())
-        node = buf.storage.replace_shard(s)
-        self.losses[-1] = dataclasses.replace(loss, replaced_on=node)

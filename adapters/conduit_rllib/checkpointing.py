@@ -47,7 +47,14 @@ class BufferCheckpointMixin:
         if buf is not None and hasattr(buf, "set_state") and kwargs.get("component") is None:
             state = self._read_buffer_state(path, kwargs.get("filesystem"), buf)
             if state is not None:
+                prior = buf.get_state()   # put back if RLlib's own restore fails after the buffer's
                 buf.set_state(state)  # all or nothing; before RLlib's own restore changes anything
+                try:
+                    super().restore_from_path(path, *args, **kwargs)
+                except BaseException:
+                    buf.set_state(prior)
+                    raise
+                return
         super().restore_from_path(path, *args, **kwargs)
 
     @staticmethod

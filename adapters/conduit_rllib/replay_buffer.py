@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
 
-from conduit_core import Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, Uniform
+from conduit_core import (Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Prioritized,
+                          StateError, Uniform)
 
 from .columns import EXTRA, episode_columns, spec_for
 from .delivered_episodes import EpisodeContext
@@ -256,13 +257,11 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                                      include_extras=include_extra_model_outputs, lookback=int(lookback))
         if self.learner_shards == 1:
             return [DeliveredBatch(b)]
-        # Several learners: k equal parts, rows in order. RLlib's ShardEpisodesIterator gives
-        # equal-length items to shards in turn (part i -> learner i, none sliced), and DQN
-        # concatenates the learners' TD errors in learner order: the rows' own order, so
-        # update_priorities() maps each error to the row it was computed on. (RLlib's own
-        # buffer hands its B one-step episodes out round-robin, learner 0 getting rows 0, k,
-        # 2k, ..., and then applies the concatenated errors to rows 0, 1, 2, ...)
-        # parts are copied: a view would carry the whole batch's storage to every remote learner
+        # Several learners: k equal parts, rows in order (part i -> learner i, as RLlib's
+        # ShardEpisodesIterator hands equal-length items out), so DQN's TD errors, concatenated in
+        # learner order, map to the rows they were computed on (RLlib's own buffer deals its B
+        # episodes round-robin and applies the errors to rows 0, 1, 2, ...). Parts are
+        # copied: a view would carry the whole batch's storage to every remote learner.
         return [DeliveredBatch(part.clone()) for part in b.split(self.learner_shards)]
 
     def _episodes_of(self, b: Batch, *, include_infos: bool, include_extras: bool, lookback: int) -> list:
@@ -344,7 +343,6 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         """Restore ``get_state``'s output, all or nothing: the adapter's own parts (ingestion,
         ledger, infos, counters) are loaded first and put back as they were if anything after
         fails; the core's part is loaded last and is itself all or nothing."""
-        from conduit_core import ExperienceSpec, StateError
         if not isinstance(state, dict) or state.get("conduit_rllib") != 1:
             raise StateError("replay buffer state: expected a conduit_rllib state (version 1). "
                              "Fix: restore a checkpoint written with conduit_rllib enabled.")
@@ -357,6 +355,9 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                     self._build_for(ExperienceSpec.from_config(state["spec"]))
                     built = True
                 self.edp.load_state_dict(state["edp"])
+            elif self.edp is not None:   # a state saved before the first add: the buffer is empty again
+                self.edp.close()         # (the data plane is built anew by the next add, as at the start)
+                self.edp, self.tuner = None, None
         except BaseException as exc:
             if built:   # a data plane built for this load goes with it
                 self.edp.close()
@@ -374,12 +375,17 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                 "sequence_rng": self._sequence_rng.bit_generator.state}
 
     def _load_adapter_state(self, state: dict[str, Any]) -> None:
+        if "ledger" not in state:
+            raise StateError("replay buffer state: expected 'ledger' (the stored episodes), it is missing (a state "
+                             "older than it). Fix: restore a checkpoint this version wrote; nothing was loaded")
         self.ingest.load(state)
         self._sampled = int(state["sampled"])
-        if "ledger" in state:
-            self.ledger.load(state["ledger"])
-        if "infos" in state:  # written since 2026-11-30; older states restore without infos
+        self.ledger.load(state["ledger"])
+        if "infos" in state:
             self.infos.load(state["infos"])
+        else:   # written before 2026-11-30, without infos: the restored rows get RLlib's default, {}
+            seqs = self.ledger.stored_seqs() if self.options.store_infos else np.zeros(0, np.int64)
+            self.infos.load({"seqs": seqs.tolist(), "obs": [{}] * len(seqs), "next": [{}] * len(seqs)})
         if "sequence_rng" in state:
             self._sequence_rng.bit_generator.state = state["sequence_rng"]
 

@@ -103,3 +103,27 @@ def test_size_is_always_the_rows_that_can_be_delivered(ops, selector):
         if alive:
             ids = set(delivered_ids(buf, draws=256).tolist())
             assert ids <= alive
+
+
+def test_a_load_while_a_migration_copies_the_buffer_is_refused_and_changes_nothing():
+    """Found in review: the load wrote the old layout while the migration kept its copy of the
+    rows from before it, and finish() brought those back under the restored seqs."""
+    from conduit_core import ConfigError, ShardSpec
+    from conduit_core.migration import begin_migration
+    saved = ExperienceBuffer(spec=SPEC, capacity=8)
+    saved.add(rollout(3, start=500))
+    state = saved.state_dict()
+    buf = ExperienceBuffer(spec=SPEC, capacity=8)
+    buf.add(rollout(6))
+    before = buf.state_dict()
+    mig = begin_migration(buf, shards=[ShardSpec("pageable", 8)], capacity=8, chunk_bytes=1)
+    mig.step()
+    with pytest.raises(ConfigError, match="migration.*wait for the migration to finish"):
+        buf.load_state_dict(state)
+    mig.finish()
+    after = buf.state_dict()
+    assert np.array_equal(after["data"]["obs"], before["data"]["obs"]) and after["counters"] == before["counters"]
+    buf.load_state_dict(state)   # once it is done, the load goes ahead
+    assert len(buf) == 3 and buf.read(np.arange(3))["obs"][:, 0].tolist() == [500.0, 501.0, 502.0]
+    buf.close()
+    saved.close()

@@ -355,3 +355,66 @@ def test_a_loss_reported_through_a_handle_older_than_the_shards_replacement_is_n
     buf.add(rows(5))
     assert replaced == [1] and len(buf.losses) == 1                 # the current shard's loss is handled
     buf.close()
+
+
+@pytest.mark.parametrize("part, value, names", [("counters", 5, "counters"), ("pools", [1], "pools"),
+                                                 ("buffer", None, "state")])
+def test_a_state_with_a_part_of_the_wrong_kind_is_named_and_changes_nothing(part, value, names):
+    """Found in review (session 16): these raised AttributeError, TypeError or KeyError."""
+    from conduit_core import ExperienceDataPlane, StateError
+    buf = ExperienceBuffer(spec=SPEC, capacity=8)
+    buf.add(rollout(3))
+    edp = ExperienceDataPlane(buffer=buf)
+    state = edp.state_dict()
+    before = edp.state_dict()
+    if part == "buffer":
+        state.pop("buffer")
+    else:
+        state["buffer"] = {**state["buffer"], part: value}
+    with pytest.raises(StateError, match=f"^{names}: expected .*nothing was loaded"):
+        edp.load_state_dict(state)
+    after = edp.state_dict()
+    assert after["ticket"] == before["ticket"] and after["buffer"]["counters"] == before["buffer"]["counters"]
+    edp.close()
+
+
+def test_an_insert_that_fails_after_a_lost_shard_leaves_no_live_row_with_wrong_data():
+    """Found in review (session 16): the write's first attempt wrote its run on the surviving
+    shard, the lost one was replaced, and the retry failed (its staged rows were on the dead
+    actor): the ring was never advanced, so the old seqs stayed live over the new rows (or the
+    replacement's zeros), with no loss recorded. Now those rows leave, recorded."""
+    from conduit_core import ShardSpec
+    from conduit_core.errors import ShardLost, StagedRowsLost
+    buf = ExperienceBuffer(spec=SPEC, capacity=8, shards=[ShardSpec("pageable", 4), ShardSpec("pageable", 4)])
+    buf.add(rollout(6))
+    buf.add(rollout(4, start=6))   # wrapped: the next insert goes to slots 2..5, over seqs 2..5
+    st = buf.storage
+    a, s = st.parts
+    st.may_lose_shards = True
+    real_a, real_s, calls = a.write, s.write, []
+
+    def s_write(start, cols, first, n):
+        raise ShardLost(1, None, RuntimeError("actor died"), part=s)
+
+    def a_write(start, cols, first, n):
+        calls.append(start)
+        if len(calls) == 1:
+            return real_a(start, cols, first, n)   # written, then the other shard fails
+        raise StagedRowsLost("the staged rows were on the dead actor")
+
+    def replace_shard(i, timeout=60.0):
+        for name in SPEC.names:
+            s.column(name).zero_()
+        s.write = real_s
+        return "node-x"
+    a.write, s.write, st.replace_shard = a_write, s_write, replace_shard
+    n, enc = buf.encode(rollout(4, start=100))
+    with pytest.raises(StagedRowsLost):
+        buf.add_encoded(enc, n)
+    seq = buf.meta["seq"]
+    live = buf.ring.live(np.arange(8), seq)
+    obs = buf.storage.read_rows(0, 8)["obs"][:, 0].numpy()
+    assert all(obs[k] == seq[k] for k in range(8) if live[k])     # every live row holds its own data
+    assert sorted(int(x) for x in seq[live]) == [8, 9]
+    assert [(loss.rows, loss.seq_range) for loss in buf.losses] == [(2, (6, 7)), (4, (2, 5))]
+    assert len(buf) == 2
