@@ -361,7 +361,10 @@ class ExperienceBuffer:
             if self.dual_writer is not None:   # its copy would bring rows of before the load back at finish()
                 raise ConfigError("load_state_dict", "no migration in progress", "a migration copying the buffer",
                                   "wait for the migration to finish (its handle's wait()), then load")
-            restore_state(self, checked)
+            if self.storage.may_lose_shards:   # a shard lost mid-load: replaced, and the whole load runs again
+                self.run_storage(lambda: restore_state(self, checked))
+            else:
+                restore_state(self, checked)
             self._cond.notify_all()
 
     # ----------------------------------------------------------------- close

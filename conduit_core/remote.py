@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from .errors import ConfigError, ShardLost, StagedRowsLost
+from .errors import ConfigError, ExperienceTimeout, ShardLost, StagedRowsLost
 from .shards import Gathered, Shard, ShardSpec, register_shard_kind
 from .source_writer import STAGING_GROUP, StagingArea
 from .tiers import Tier
@@ -26,6 +26,9 @@ from .tiers import Tier
 # larger one in the object store, which costs milliseconds more. Between two nodes of a local
 # ray.cluster_utils.Cluster (benchmarks/bench_remote_reply.py, docs/benchmarks.md 5b): 128 KB
 # whole 3.9 ms, in 2 pieces 0.9 ms; 1 MB 6.0 vs 1.7 ms; 4 MB 11.6 vs 9.0 ms (43 pieces).
+# The longest a call to a shard's actor may take (the buffer's lock is held meanwhile): an actor
+# alive but stuck ends in ExperienceTimeout instead of blocking every buffer operation.
+REMOTE_CALL_TIMEOUT_S = 300.0
 INLINE_BYTES = 96 << 10     # one piece: under the direct-call limit
 INLINE_UP_TO = 2 << 20      # a larger column goes whole, through the object store
 
@@ -192,12 +195,17 @@ class RemoteShard(Shard):
         return gathered
 
     def _get(self, refs):
-        """``ray.get``; an actor that died (or whose node left) is ShardLost."""
+        """``ray.get``; an actor that died (or whose node left) is ShardLost, one that does not
+        answer within ``REMOTE_CALL_TIMEOUT_S`` an ExperienceTimeout."""
         import ray
         try:
-            return ray.get(refs)
+            return ray.get(refs, timeout=REMOTE_CALL_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             raise ShardLost(self.index, self.layout.node, exc, part=self) from exc
+        except ray.exceptions.GetTimeoutError as exc:
+            raise ExperienceTimeout(f"remote shard {self.index} (node {self.layout.node!r}): no answer in "
+                                    f"{REMOTE_CALL_TIMEOUT_S:.0f} s. Fix: check the node's load and its actor "
+                                    "(ray list actors), then retry") from exc
 
     def replacement(self, *, timeout: float) -> tuple["RemoteShard", str]:
         """A new, empty actor: on this shard's node if it is still there, else on any node."""

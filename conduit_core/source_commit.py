@@ -57,9 +57,10 @@ class StagedRows(Mapping):
             try:
                 refs = self.actor.staged_slice.options(num_returns=k, concurrency_group="staging").remote(
                     *self.key, 0, n, names)
-                self.columns = join_reply(layout, ray.get(refs if k > 1 else [refs]))
+                from .remote import REMOTE_CALL_TIMEOUT_S
+                self.columns = join_reply(layout, ray.get(refs if k > 1 else [refs], timeout=REMOTE_CALL_TIMEOUT_S))
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
-                    ray.exceptions.RayTaskError) as exc:
+                    ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as exc:
                 raise StagedRowsLost(f"writer {self.key[0][:8]} ticket {self.key[1]}: the rows staged in shard "
                                      f"{self.shard} are gone ({type(exc).__name__}); they were never accepted. Fix: "
                                      "write them again through a new writer (ExperienceBuffer.writer)") from exc
@@ -192,24 +193,34 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
         if r.buffer != ledger.buffer:
             raise ConfigError("receipt.buffer", f"this buffer's id {ledger.buffer[:8]}", r.buffer[:8],
                               "commit a receipt to the buffer whose writer made it")
-    with buf.lock:   # held throughout (waits release it): the seqs guessed below are usually the ones given
-        buf.check_open()
-        ahead, seq, seen = {}, buf.ring.inserted, set()
-        for i, r in enumerate(receipts):   # every receipt's pulls at once, for the seqs it will get if none waits
-            if r.n and r.key not in ledger.committed and r.key not in seen and not buf.storage.pools:
-                seen.add(r.key)
-                rows = StagedRows(buf.spec, r)
-                ahead[i] = (seq, rows, begin_prepare(buf, rows, seq), tuple(buf.storage.parts))
-                seq += r.n
-        for i, r in enumerate(receipts):
-            commit_one(buf, r, ahead.get(i), timeout, report, release)
-    for r in report.duplicates:
-        release.setdefault(r.actor, set()).add(r.key)
-    for actor, keys in release.items():   # nothing waits on it: a lost reply leaves rows a late stage ignores
-        try:
-            actor.release.options(concurrency_group="staging").remote(sorted(keys))
-        except Exception:  # noqa: BLE001 - the staging actor is gone: its rows went with it
-            pass
+    ahead: dict = {}
+    try:
+        with buf.lock:   # held throughout (waits release it): the seqs guessed below are usually the ones given
+            buf.check_open()
+            seq, seen = buf.ring.inserted, set()
+            for i, r in enumerate(receipts):   # every receipt's pulls at once, for the seqs it gets if none waits
+                if r.n and r.key not in ledger.committed and r.key not in seen and not buf.storage.pools:
+                    seen.add(r.key)
+                    rows = StagedRows(buf.spec, r)
+                    ahead[i] = (seq, rows, begin_prepare(buf, rows, seq), tuple(buf.storage.parts))
+                    seq += r.n
+            for i, r in enumerate(receipts):
+                commit_one(buf, r, ahead.get(i), timeout, report, release)
+    except BaseException as exc:   # what was done before the failure stays done, and is reported with it
+        exc.commit_report = report  # type: ignore[attr-defined]
+        for i, (_, rows, _, _) in ahead.items():   # pieces pulled ahead for receipts not committed
+            if receipts[i].key not in ledger.committed:
+                for actor in rows.pulled_into:
+                    release.setdefault(actor, set()).add(receipts[i].key)
+        raise
+    finally:
+        for r in report.duplicates:
+            release.setdefault(r.actor, set()).add(r.key)
+        for actor, keys in release.items():   # nothing waits on it: a lost reply leaves rows a late stage ignores
+            try:
+                actor.release.options(concurrency_group="staging").remote(sorted(keys))
+            except Exception:  # noqa: BLE001 - the staging actor is gone: its rows went with it
+                pass
     return report
 
 
@@ -254,6 +265,7 @@ def commit_one(buf, r: Receipt, ahead, timeout: float | None, report: CommitRepo
     try:
         first = insert_staged(buf, r, rows, ahead, timeout)
     except StagedRowsLost as lost:
+        ledger.committed[r.key] = -1   # taken, never stored: a commit of it again is a duplicate, counted once
         ledger.never_accepted += r.n
         report.never_accepted.append((r, str(lost)))
         buf.ring.end_episode(r.source)   # the source's next rows must not link across the missing ones

@@ -418,3 +418,73 @@ def test_an_insert_that_fails_after_a_lost_shard_leaves_no_live_row_with_wrong_d
     assert sorted(int(x) for x in seq[live]) == [8, 9]
     assert [(loss.rows, loss.seq_range) for loss in buf.losses] == [(2, (6, 7)), (4, (2, 5))]
     assert len(buf) == 2
+
+
+def test_a_commit_that_fails_part_way_reports_what_it_did_and_releases_what_it_took(monkeypatch):
+    """Found in review (session 16): a commit that raised at its k-th receipt lost its report and
+    never released the staged rows of the receipts committed before it."""
+    from conduit_core import source_commit
+    from conduit_core.source_writer import Receipt
+
+    class Actor:
+        def __init__(self):
+            self.released = []
+
+            class Release:
+                def options(inner, **kw):
+                    return inner
+
+                def remote(inner, keys):
+                    self.released.append(keys)
+            self.release = Release()
+
+    buf = ExperienceBuffer(spec=SPEC, capacity=8)
+    actor = Actor()
+    receipts = [Receipt(writer="w", ticket=t, n=2, source=0, policy_version=0, done={}, actor=actor, shard=0,
+                        buffer=buf.ingest_ledger.buffer) for t in range(3)]
+    real = source_commit.commit_one
+    monkeypatch.setattr(source_commit, "begin_prepare", lambda b, rows, seq: None)     # (no staging actor here)
+    monkeypatch.setattr(source_commit, "insert_staged", lambda b, r, rows, ahead, timeout: b.ring.inserted)
+
+    def commit_one(b, r, ahead, timeout, report, release):
+        if r.ticket == 1:
+            raise TimeoutError("the second receipt timed out")
+        return real(b, r, ahead, timeout, report, release)
+    monkeypatch.setattr(source_commit, "commit_one", commit_one)
+    with pytest.raises(TimeoutError) as raised:
+        buf.commit(receipts)
+    report = raised.value.commit_report
+    assert [r.ticket for r, _ in report.committed] == [0]
+    assert actor.released == [[("w", 0)]]          # the committed one's staged rows are let go
+    buf.close()
+
+
+def test_a_shard_lost_during_a_load_is_replaced_and_the_whole_state_is_loaded():
+    """Found in review (session 16): the load wrote storage directly; a lost shard part way left
+    some shards with the new rows and the metadata old, and the dead shard not replaced."""
+    from conduit_core import ShardSpec
+    from conduit_core.errors import ShardLost
+    saved = ExperienceBuffer(spec=SPEC, capacity=8)
+    saved.add(rollout(7, start=500))
+    state = saved.state_dict()
+    buf = ExperienceBuffer(spec=SPEC, capacity=8, shards=[ShardSpec("pageable", 4), ShardSpec("pageable", 4)])
+    buf.add(rollout(6))
+    st = buf.storage
+    s = st.parts[1]
+    st.may_lose_shards = True
+    real_s = s.write
+
+    def s_write(start, cols, first, n):
+        raise ShardLost(1, None, RuntimeError("actor died"), part=s)
+
+    def replace_shard(i, timeout=60.0):
+        for name in SPEC.names:
+            s.column(name).zero_()
+        s.write = real_s
+        return "node-x"
+    s.write, st.replace_shard = s_write, replace_shard
+    buf.load_state_dict(state)
+    assert len(buf) == 7 and buf.read(np.arange(7))["obs"][:, 0].tolist() == [500.0 + k for k in range(7)]
+    assert [loss.shard for loss in buf.losses] == [1]   # the rows of before the load that shard held
+    buf.close()
+    saved.close()

@@ -220,7 +220,7 @@ def test_a_node_lost_mid_run_loses_exactly_its_rows_and_a_checkpoint_keeps_the_s
     buf = fifo_buffer(24, nodes)           # slots: 0..23 local, 24..47 node1, 48..71 node2, 72..95 gone
     try:
         runners = [runner_on(buf, n, source=k + 1, shard=k + 1) for k, n in enumerate(nodes)]
-        seq_of, got, accepted, refused = {}, [], 0, []
+        seq_of, got, accepted, refused, lost_receipts = {}, [], 0, [], []
         for rnd in range(8):     # 3 x 8 rows a round until the loss, 2 x 8 after; 10 taken a round
             live = runners if rnd < 4 else runners[:2]
             pairs = [p for out in ray.get([r.rollouts.remote(1, 8) for r in live]) for p in out]
@@ -231,12 +231,17 @@ def test_a_node_lost_mid_run_loses_exactly_its_rows_and_a_checkpoint_keeps_the_s
                 cluster.remove_node(node)
             report = buf.commit([rec for rec, _ in pairs])
             refused += [r.source for r, _ in report.never_accepted]
+            lost_receipts = [r for r, _ in report.never_accepted] if report.never_accepted else lost_receipts
             accepted += report.rows
             seq_of.update(expected_ids(report, {rec.key: s for rec, s in pairs}))
             b = buf.take(min(len(buf), 10))                       # the consumer keeps a few rows queued
             got += ids_of(b)
             assert [seq_of[s] for s in b.seqs.tolist()] == ids_of(b)
         assert refused == [3]                # the receipt staged on the lost node, never accepted
+        never = buf.ingest_ledger.never_accepted
+        again = buf.commit(lost_receipts)    # committed again (a retried call): a duplicate, counted once
+        assert again.duplicates == lost_receipts and not again.never_accepted
+        assert buf.ingest_ledger.never_accepted == never
         (loss,) = buf.losses
         assert on_gone and loss.shard == 3 and loss.rows == len(on_gone)
         assert loss.seq_range == (min(on_gone), max(on_gone))
