@@ -129,10 +129,25 @@ def loads(blob: bytes | memoryview) -> dict:
 
 
 def save(state: dict, path: str | os.PathLike) -> None:
+    """Write ``state`` to ``path`` atomically and durably: a temporary file, flushed to disk,
+    renamed over ``path``, and the rename itself flushed (its directory), so a crash leaves the
+    old file or the new one, never a torn or empty one."""
     tmp = f"{os.fspath(path)}.tmp"
     with open(tmp, "wb") as fh:
         fh.write(dumps(state))
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+    except OSError:   # a directory that cannot be opened (some platforms): the file itself is on disk
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def load(path: str | os.PathLike) -> dict:

@@ -245,6 +245,23 @@ def test_state_files_round_trip_exactly(tmp_path):
     assert np.array_equal(a.sample(16).seqs, b.sample(16).seqs)
 
 
+def test_a_state_file_is_on_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
+    """Found in review (session 16): save renamed the new file over the old one without flushing
+    it, so a crash could leave an empty or torn file where a good one was."""
+    import os
+
+    from conduit_core import state_io
+    order = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (order.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (order.append("replace"), real_replace(a, b))[1])
+    path = tmp_path / "s"
+    path.write_bytes(b"the old state")
+    state_io.save(_filled().state_dict(), path)
+    assert order == ["fsync", "replace", "fsync"]   # the file, the rename, then its directory
+    assert not (tmp_path / "s.tmp").exists() and state_io.load(path)["schema_version"]
+
+
 # --------------------------------------------------------------------- bad input, named
 
 @pytest.mark.parametrize("capacity", [2.5, "10", True, 0, -3])
