@@ -33,6 +33,10 @@ from typing import Any, Callable, Protocol
 
 from conduit_core.errors import ClosedError, ConfigError
 
+# What a buffer raises for a sample it refuses (Conduit's SpecError, ConfigError, CodecError are
+# ValueErrors; SRL's own buffers raise ValueError or TypeError): that sample leaves the stage.
+REFUSED_INPUT = (ValueError, TypeError)
+
 
 class Source(Protocol):
     """What :class:`StreamIngest` pulls from (opened lazily by the caller, in the process that reads)."""
@@ -162,16 +166,18 @@ class StreamIngest:
             try:
                 put_batch(group)   # all of the group or none of it
                 stored = n
-            except Exception:      # noqa: BLE001 - find which sample it was, one put at a time
+            except REFUSED_INPUT:  # a sample refused: find which, one put at a time (else it propagates)
                 stored = 0
         if stored == 0:
             for x in group:
                 try:
                     buffer.put(x)
-                except Exception:
-                    # the refused sample leaves the stage counted; those after it stay, in order
-                    self._take(stored + 1, stored)
-                    self.counts.rejected += 1
+                except BaseException as exc:
+                    # a refused sample leaves the stage, counted; one the buffer could not take for another
+                    # reason (closed, failing) stays, as do those after it, in order
+                    refused = isinstance(exc, REFUSED_INPUT)
+                    self._take(stored + refused, stored)
+                    self.counts.rejected += refused
                     self.counts.groups += stored > 0
                     raise
                 stored += 1

@@ -285,18 +285,15 @@ class ConduitReplayBuffer:
     def _build(self, flat: dict[str, Any]) -> None:
         first = next((np.asarray(v) for v in flat.values() if v is not None), None)
         length = None if first is None or first.ndim == 0 else first.shape[0]
-        if self._sample_length is None:
-            self._sample_length = length
-        if self._batch_length is None:
-            self._batch_length = self._sample_length
-        # what was inferred is part of the configuration: an unpickled buffer must know it
-        self._config.update(sample_length=self._sample_length, batch_length=self._batch_length)
-        if length != self._sample_length:
-            raise SpecError("sample length", self._sample_length, length,
+        # inferred from this sample, kept only once it is stored (a refused first sample changes nothing)
+        sample_length = length if self._sample_length is None else self._sample_length
+        batch_length = sample_length if self._batch_length is None else self._batch_length
+        if length != sample_length:
+            raise SpecError("sample length", sample_length, length,
                             "send samples of the configured sample_length (SRL's sample_steps)")
-        if self._batch_length != self._sample_length:
-            raise ConfigError(f"{self.kind}.batch_length", f"equal to sample_length={self._sample_length}",
-                              self._batch_length,
+        if batch_length != sample_length:
+            raise ConfigError(f"{self.kind}.batch_length", f"equal to sample_length={sample_length}",
+                              batch_length,
                               "train on whole samples: SRL's own _slicing mixes steps of different samples "
                               "into one column when batch_length < sample_length (it sorts the flattened "
                               "gather indices), so Conduit refuses it instead of reproducing it")
@@ -309,13 +306,16 @@ class ConduitReplayBuffer:
             if arr.dtype.kind in "OUSV":
                 raise SpecError(name, "a numeric or bool array", f"dtype {arr.dtype}",
                                 "drop non-numeric fields before the replay buffer (SRL drops policy_name)")
-            if arr.ndim == 0 or arr.shape[0] != self._sample_length:
-                raise SpecError(f"{name}.shape", f"({self._sample_length}, ...) (time first)", arr.shape,
+            if arr.ndim == 0 or arr.shape[0] != sample_length:
+                raise SpecError(f"{name}.shape", f"({sample_length}, ...) (time first)", arr.shape,
                                 "send time-major samples of sample_length steps")
             fs = FieldSpec(name, tuple(arr.shape), torch.from_numpy(np.zeros(0, arr.dtype)).dtype,
                            allow_nonfinite=True)  # SRL stores what it is given
             template[name] = fs
             specs.append(fs)
+        self._sample_length, self._batch_length = sample_length, batch_length
+        # what was inferred is part of the configuration: an unpickled buffer must know it
+        self._config.update(sample_length=sample_length, batch_length=batch_length)
         self._template = template
         self._make_buffer(specs)
 

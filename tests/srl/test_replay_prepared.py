@@ -238,3 +238,19 @@ def test_the_trainer_workers_exit_joins_the_preparing_thread():
     close_buffer(worker)
     assert not thread.is_alive()
     close_buffer(types.SimpleNamespace())  # no buffer (or one without close): nothing to do
+
+
+def test_a_refused_first_sample_leaves_the_buffer_unbuilt_and_its_length_unlearned():
+    """Found in review (session 16): the sample length inferred from a first sample was kept even
+    when that sample was refused, so every later sample of another length was refused too."""
+    from rlsrl.base.namedarray import NamedArray
+
+    from conduit_core.errors import SpecError
+    from conduit_srl.replay_buffer import ConduitReplayBuffer
+    buf = ConduitReplayBuffer("simple_replay_buffer", max_size=8, batch_size=1, warmup_transitions=0)
+    bad = NamedArray(obs=np.zeros((8, 3), np.float32), extra=np.array([["a"]] * 8))
+    with pytest.raises(SpecError, match="extra"):
+        buf.put(bad)
+    buf.put(NamedArray(obs=np.zeros((4, 3), np.float32), extra=np.zeros((4, 1), np.float32)))
+    assert buf.qsize() == 4   # one sample of 4 steps stored (SRL counts steps)
+    buf.close()

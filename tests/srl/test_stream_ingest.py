@@ -198,3 +198,23 @@ def test_exactly_once_in_order_whatever_the_arrivals_limits_and_refusals(g, arri
     assert buf.items == [x for x in received if x not in refuse]       # each once, in the order received
     assert ing.counts.rejected == raised == len(refuse & set(received))
     assert ing.counts.put + ing.counts.rejected == src.next and ing.staged == 0
+
+
+@pytest.mark.parametrize("cls", [PutBuffer, BatchBuffer])
+def test_a_buffer_that_fails_for_another_reason_keeps_the_sample_staged(cls):
+    """Found in review (session 16): a closed or failing buffer's error made the first sample of the
+    group count as refused and leave the stage (and put_batch's own error was dropped for the
+    one-at-a-time retry). Only a refused sample (ValueError, TypeError) leaves; the rest stays."""
+    class Failing(cls):
+        def put(self, x):
+            raise ClosedError("the buffer is closed")
+
+        def put_batch(self, xs):
+            raise ClosedError("the buffer is closed")
+    src, buf = ListSource(), Failing()
+    ing = StreamIngest(g_ing=4, max_delay_s=60)
+    src.available = 4
+    with pytest.raises(ClosedError):
+        ing.pump(src, buf, 1024)
+    assert ing.counts.rejected == 0 and ing.staged == 4 and ing.counts.put == 0
+    invariant(ing)
