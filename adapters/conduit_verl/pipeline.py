@@ -17,7 +17,7 @@ concurrently with each other and with the (Python) reward manager and balancing.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -134,8 +134,14 @@ class GRPOIngestion:
             done = [_row_stages(c, self.stages) for c in chunks]
         else:
             futures = [self._pool.submit(_row_stages, c, self.stages) for c in chunks]
-            order = _balance_order(batch, self.stages.dp_size)  # meanwhile, on the caller's thread
-            done = [f.result() for f in futures]
+            try:
+                order = _balance_order(batch, self.stages.dp_size)  # meanwhile, on the caller's thread
+                done = [f.result() for f in futures]
+            except BaseException:   # no chunk is still running when the failure reaches the caller
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+                raise
         merged = DataProto.concat(done)
         # position p of the concat holds rollout row concat_rows[p]; verl's balanced order wants
         # rollout row order[q] at position q
@@ -150,3 +156,9 @@ class GRPOIngestion:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "GRPOIngestion":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

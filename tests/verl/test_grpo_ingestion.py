@@ -145,3 +145,28 @@ def test_delivery_refuses_a_new_layout_while_data_is_pending():
     dlv.ingest(b, version=1)    # once delivered, a new layout is fine
     assert len(dlv.deliver(1)[0][0]) == 4
     dlv.close()
+
+
+def test_a_failing_chunk_leaves_no_chunk_running_when_the_error_reaches_the_caller(model):
+    """Found in review (session 16): with overlap=True the first chunk's failure was raised while
+    the other chunks still ran on the pool's threads."""
+    import threading
+    import time
+    running, finished = [], []
+    lock = threading.Lock()
+
+    def slow_or_failing(data):
+        with lock:
+            running.append(1)
+        if data.non_tensor_batch["uid"][0] == "p0":
+            raise RuntimeError("a reward model error")
+        time.sleep(0.3)
+        with lock:
+            finished.append(1)
+        return reward_fn(data)
+    st = stages(model)
+    st.reward_fn = slow_or_failing
+    with GRPOIngestion(st, groups_per_chunk=2, overlap=True) as ing:
+        with pytest.raises(RuntimeError, match="reward model"):
+            ing(make_batch(n_prompts=6))
+        assert len(finished) == len(running) - 1   # every chunk that started had ended
