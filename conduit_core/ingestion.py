@@ -127,15 +127,6 @@ class IngestionPoint:
         with self._cond.mutex:   # the group's tickets, in order
             first_ticket = self.ticket
             self.ticket += len(rollouts)
-        if not self.hooks and len(rollouts) == 1:   # an env step's add: the steps below, for one
-            r = rollouts[0]
-            data, source, version = (r.data, r.source, r.policy_version) if isinstance(r, Rollout) else (r, 0, 0)
-            n, columns = self._buffer.spec.validate_and_encode(data)
-            self.commit([Encoded(first_ticket, source, version, n, n, columns)], timeout)   # (stored, or raises)
-            self.accepted_rows += n
-            self.committed_rows = self.accepted_rows
-            self._metrics.add_busy("ingest", time.perf_counter() - t0, items_in=n, items_out=n)
-            return [first_ticket]
         if self.hooks:
             group = []
             for ticket, r in enumerate(rollouts, first_ticket):

@@ -59,7 +59,9 @@ class MetricsRecorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._points: dict[str, ControlPointMetrics] = {}   # (one dict for good: blocked() holds it)
-        self.blocked = functools.partial(_Blocked, self._lock, self._points)   # the method below, in C
+        # blocked(point): a context that adds the time spent inside it to point's blocked time (a
+        # C-level partial of a plain object, not a generator: every data-plane call enters one)
+        self.blocked = functools.partial(_Blocked, self._lock, self._points)
         self.reset()
 
     def reset(self) -> None:
@@ -67,11 +69,6 @@ class MetricsRecorder:
             self._points.update({p: ControlPointMetrics() for p in self.POINTS})
             self.prefetch_hits = 0
             self.prefetch_discards = 0
-
-    def blocked(self, point: str) -> "_Blocked":   # (__init__ binds it per recorder as a C-level partial)
-        """A context that adds the time spent inside it to ``point``'s blocked time (a plain
-        object, not a generator: every data-plane call enters one)."""
-        return _Blocked(self._lock, self._points, point)
 
     def add_blocked(self, point: str, seconds: float) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """Shared builders for the core tests."""
 
 import numpy as np
+import torch
 
 from conduit_core import ExperienceSpec
 
@@ -20,3 +21,21 @@ def rollout(n: int, start: int = 0, *, done_at: int | None = None, source_tag: f
         term[done_at] = True
     return {"obs": obs, "action": (idx % 2).astype(np.int64), "reward": np.ones(n, np.float32),
             "next_obs": nxt, "terminated": term, "truncated": np.zeros(n, bool)}
+
+
+def assert_same_state(a, b, path="state"):
+    """Two ``state_dict()``s equal part by part (arrays by value), naming the first part that
+    differs; each buffer's own id for its writers' receipts (``...ingest.buffer``) is skipped."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), path
+        for k in a:
+            if not (path.endswith(".ingest") and k == "buffer"):
+                assert_same_state(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{path}[{i}]")
+    elif isinstance(a, (np.ndarray, torch.Tensor)):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), path
+    else:
+        assert a == b, (path, a, b)

@@ -8,7 +8,7 @@ import torch
 from conduit_core import (ClosedError, ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceTimeout, Fifo,
                           Prioritized, RateLimiter, Schedule, SpecError, Uniform, WorkerError)
 
-from .helpers import SPEC, rollout
+from .helpers import SPEC, assert_same_state, rollout
 
 
 def make(schedule, selector=None, capacity=1000, **kw):
@@ -270,22 +270,6 @@ def test_reschedule_keeps_everything_and_switches_workers():
     edp.close()
 
 
-def _state_equal(a, b, path="state"):
-    if isinstance(a, dict):
-        assert list(a) == list(b), path
-        for k in a:
-            if not (path.endswith(".ingest") and k == "buffer"):   # (each buffer's own id for writers' receipts)
-                _state_equal(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _state_equal(x, y, f"{path}[{i}]")
-    elif isinstance(a, (np.ndarray, torch.Tensor)):
-        assert np.array_equal(np.asarray(a), np.asarray(b)), path
-    else:
-        assert a == b, (path, a, b)
-
-
 @pytest.mark.parametrize("selector", [Uniform, Prioritized])
 def test_a_lone_rollout_without_hooks_is_stored_as_the_hooked_route_stores_it(selector):
     """``ingest_many([r])`` without hooks goes from the encode straight to the insert; the
@@ -306,7 +290,7 @@ def test_a_lone_rollout_without_hooks_is_stored_as_the_hooked_route_stores_it(se
                     edp.ingest_many([bad])
                 if edp is lone and err is CapacityError:
                     assert getattr(raised.value, "stored_tickets", []) == []
-        _state_equal(lone.state_dict(), hooked.state_dict())
+        assert_same_state(lone.state_dict(), hooked.state_dict())
         ml, mh = lone.metrics(), hooked.metrics()
         assert (ml.ingest.items_in, ml.ingest.items_out, ml.ingest.calls) == \
             (mh.ingest.items_in, mh.ingest.items_out, mh.ingest.calls) == (150, 150, 32)

@@ -5,28 +5,12 @@ and chunks of evicted episodes, checked add by add against the general route alo
 
 import numpy as np
 import pytest
-import torch
 
 from conduit_rllib.episode_ingest import EpisodeIngest
 from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
 
+from ..core.helpers import assert_same_state
 from .rllib_episodes import make_chunks
-
-
-def _same(a, b, path="state"):
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and list(a) == list(b), path
-        for k in a:
-            if not path.endswith(".ingest") or k != "buffer":   # (each buffer's own id for its writers' receipts)
-                _same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{path}[{i}]")
-    elif isinstance(a, (np.ndarray, torch.Tensor)):
-        assert np.array_equal(np.asarray(a), np.asarray(b)), path
-    else:
-        assert a == b, (path, a, b)
 
 
 def _buffer(capacity):
@@ -60,7 +44,7 @@ def test_an_env_steps_chunks_are_stored_as_the_general_route_stores_them(seed, c
             short.add(list(call))
             monkeypatch.setattr(EpisodeIngest, "_add_whole", lambda self, chunks: False)
             general.add(list(call))
-            _same(short.get_state(), general.get_state())
+            assert_same_state(short.get_state(), general.get_state())
         monkeypatch.undo()
         evicted = short.ledger.evicted_episodes
         a = short.sample(16, n_step=(1, 3), include_infos=True)
