@@ -16,7 +16,10 @@ dimension), with its row-length bounds; other values as SimpleStorage packs them
 ``NonTensorStack``, or a nested tensor when every value is a tensor). A missing (row, field)
 raises TQ's ``StorageKeyNotFoundError``, as SimpleStorage's does. A put is checked and its schema
 built before any unit is written; a put spread over several units is all or nothing (a unit that
-took its part gives it back when another refused, and the controller is told of none).
+took its part gives it back when another refused or the put was cancelled, and the controller is
+told of none; a cancel that comes while the controller is told lets that finish first). A
+checkpoint load is too: every unit reads its file aside, then all switch, and a unit that switched
+keeps its old rows until every unit has (``commit``/``finish``, else ``rollback``).
 
 A client on a unit's node moves the bytes through the unit's arenas in shared memory
 (``tq_shared_path``: one copy on put, one on get, only keys, offsets and lengths through the
@@ -183,19 +186,26 @@ class ConduitStorageManager(StorageManager):
                 continue
             part = columns if len(routes) == 1 else {n: c.select(pos) for n, c in columns.items()}
             refs.append(self.units[u].put.remote(keys, part))
-        done = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs], return_exceptions=True)
+        done, cancelled = await shared_path.settled(refs)
         failed = [d for d in done if isinstance(d, BaseException)]
-        if failed:   # all or nothing: the units that took their part give it back, then the error
+        if failed or cancelled:   # all or nothing: the units that took their part give it back, then the error
             back = [self.units[u].restore.remote(d) for (u, _, _), d in zip(routes, done)
                     if not isinstance(d, BaseException)]
-            undone = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in back], return_exceptions=True)
+            undone, _ = await shared_path.settled(back)
             lost = [e for e in undone if isinstance(e, BaseException)]
+            cause = failed[0] if failed else asyncio.CancelledError()
             if lost:
-                raise RuntimeError(f"put of {rows} rows failed on {len(failed)} unit(s) and could not be undone on "
-                                   f"{len(lost)}: {lost[0]!r}. Fix: the named units hold part of this put; clear "
-                                   "its keys or restart TransferQueue") from failed[0]
-            raise failed[0]
-        await self.notify_data_update(metadata.partition_ids[0], list(metadata.global_indexes), schema)
+                raise RuntimeError(f"put of {rows} rows {'failed on %d unit(s)' % len(failed) if failed else 'cancelled'}"
+                                   f" and could not be undone on {len(lost)}: {lost[0]!r}. Fix: the named units hold "
+                                   "part of this put; clear its keys or restart TransferQueue") from cause
+            raise cause
+        # the rows are stored: announced whole even if a cancel comes meanwhile (it reaches the caller
+        # after), so the controller never misses rows the units hold
+        announce = asyncio.ensure_future(
+            self.notify_data_update(metadata.partition_ids[0], list(metadata.global_indexes), schema))
+        _, cancelled = await shared_path.through_cancel(announce)
+        if cancelled:
+            raise asyncio.CancelledError()
 
     async def get_data(self, metadata: BatchMeta) -> TensorDict:
         if metadata.size == 0:
@@ -284,4 +294,23 @@ class ConduitStorageManager(StorageManager):
             await asyncio.gather(*[asyncio.wrap_future(u.abort.remote().future()) for u in self.units],
                                  return_exceptions=True)
             raise
-        await asyncio.gather(*[asyncio.wrap_future(u.commit.remote().future()) for u in self.units])
+        # all switch or none: a unit that switched keeps its old rows until every unit has, and goes
+        # back to them if one failed or the load was cancelled meanwhile
+        switched, cancelled = await shared_path.settled([u.commit.remote() for u in self.units])
+        failed = [d for d in switched if isinstance(d, BaseException)]
+        if failed or cancelled:
+            back, _ = await shared_path.settled([u.rollback.remote() for u in self.units])
+            lost = [e for e in back if isinstance(e, BaseException)]
+            cause = failed[0] if failed else asyncio.CancelledError()
+            if lost:
+                raise RuntimeError(f"a load of {manifest} failed and {len(lost)} unit(s) could not go back to the "
+                                   f"rows they held: {lost[0]!r}. Fix: load the checkpoint again, or restart "
+                                   "TransferQueue") from cause
+            raise cause
+        done, cancelled = await shared_path.settled([u.finish.remote() for u in self.units])
+        kept = [d for d in done if isinstance(d, BaseException)]
+        if kept:     # the load is whole; only the old rows' memory is still held
+            raise RuntimeError(f"{manifest} is loaded, but {len(kept)} unit(s) could not free the rows they held "
+                               f"before: {kept[0]!r}. Fix: restart TransferQueue to return that memory") from kept[0]
+        if cancelled:
+            raise asyncio.CancelledError()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import traceback
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,26 @@ GET_ATTEMPTS = 4   # a get re-asks when a segment went between the unit's answer
 
 async def _wait(refs) -> list:
     return await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs], return_exceptions=True)
+
+
+async def through_cancel(task: asyncio.Future) -> tuple[Any, bool]:
+    """``task``'s result, waited for through any cancel of this coroutine, and whether one came: a
+    cancel stops neither the units (they act on calls already sent) nor TQ's controller, so what
+    the task did, not the cancel, decides what the caller must undo before it lets the cancel through."""
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+
+
+async def settled(refs) -> tuple[list, bool]:
+    """Every call's outcome (its result or its exception), waited for through a cancel
+    (``through_cancel``), and whether one came."""
+    return await through_cancel(asyncio.ensure_future(_wait(refs)))
 
 
 def sizes_only(col: Column, pos: np.ndarray | None) -> Column:

@@ -2,7 +2,7 @@
 a ``RaggedStore`` with the calls a client makes, by the Ray-object path (``put``/``get``: the
 bytes travel in the call) or, for a client on its node, the shared-memory path (``reserve``,
 ``commit_put``/``abort_put``, ``locate``: the bytes go through its arenas, see ``tq_shared_path``),
-and a checkpoint's ``save``/``stage``/``commit``/``abort``."""
+and a checkpoint's ``save``/``stage``/``commit``/``finish``/``rollback``/``abort``."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ class StorageUnit:
         self.prefix = shm_prefix
         self.store = RaggedStore(slots=slots, arenas=self.arenas)
         self._staged: RaggedStore | None = None   # a checkpoint read aside, until every unit has one
+        self._previous: RaggedStore | None = None  # the rows before a load, until every unit switched
         self._tickets: dict[int, dict] = {}         # puts reserved, not yet committed or aborted
         self._next_ticket = 0
 
@@ -106,7 +107,7 @@ class StorageUnit:
         self._tickets.clear()
         self.arenas.close()
         # the arrays over the segments go too: a mapping lasts as long as an array views it
-        self.store, self._staged, self.arenas, self.prefix = RaggedStore(), None, None, None
+        self.store, self._staged, self._previous, self.arenas, self.prefix = RaggedStore(), None, None, None, None
         return n
 
     def _expire_tickets(self) -> None:
@@ -181,9 +182,28 @@ class StorageUnit:
         return len(self._staged)
 
     def commit(self) -> int:
-        """The second half of a load: the staged store becomes the live one (the old one's arenas go)."""
-        old, self.store, self._staged = self.store, self._staged, None
-        old.release()
+        """The second half of a load: the staged store becomes the live one. The old one is kept
+        until ``finish`` (every unit switched) or put back by ``rollback`` (one did not)."""
+        if self._staged is None:
+            raise ConfigError("staged checkpoint", "a unit file read by stage()", "none (never staged, aborted, "
+                              "or the unit restarted)", "load the checkpoint again")
+        self.finish()    # a load before this one that was never finished: its old rows go now
+        self._previous, self.store, self._staged = self.store, self._staged, None
+        return len(self.store)
+
+    def finish(self) -> None:
+        """Every unit switched: the rows held before the load (and their arenas) go."""
+        old, self._previous = self._previous, None
+        if old is not None:
+            old.release()
+
+    def rollback(self) -> int:
+        """A load that failed on another unit: back to the rows held before it (whichever half this
+        unit reached), the loaded ones dropped."""
+        self.abort()
+        if self._previous is not None:
+            loaded, self.store, self._previous = self.store, self._previous, None
+            loaded.release()
         return len(self.store)
 
     def abort(self) -> None:

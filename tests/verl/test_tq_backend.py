@@ -277,3 +277,113 @@ def asyncio_done():
     fut = asyncio.get_event_loop().create_future()
     fut.set_result(None)
     return fut
+
+
+class _Meta:   # the parts of BatchMeta the manager reads
+    def __init__(self, keys, fields=()):
+        self.global_indexes, self.size, self.field_names = list(keys), len(keys), list(fields)
+        self.partition_ids = ["p"]
+
+
+class _Call:
+    """``unit.<method>`` with something done just before the real call is sent."""
+    def __init__(self, method, before):
+        self.method, self.before = method, before
+
+    def remote(self, *a, **k):
+        self.before()
+        return self.method.remote(*a, **k)
+
+
+class _Unit:
+    """A real storage unit whose ``name`` call runs ``before`` first (fault injection)."""
+    def __init__(self, unit, name, before):
+        self._unit, self._name, self._before = unit, name, before
+
+    def __getattr__(self, attr):
+        method = getattr(self._unit, attr)
+        return _Call(method, self._before) if attr == self._name else method
+
+
+def _rows(units):
+    return [ray.get(u.stats.remote())["rows"] for u in units]
+
+
+@pytest.mark.parametrize("path", ["shared", "ray"])
+def test_a_put_cancelled_while_the_units_store_it_leaves_nothing(path):
+    """The caller's task is cancelled while the units take their parts (a timeout around the put):
+    every unit gives its part back before the cancel reaches the caller, and the controller is
+    told of none (before: the rows stayed stored and were never announced)."""
+    import asyncio
+    with tq_session("Conduit", 3, path=path):
+        manager = tq.get_client().storage_manager
+        units = list(manager.units)
+        announced = []
+
+        async def notify(*a, **k):
+            announced.append(a)
+        manager.notify_data_update = notify
+        asyncio.run(manager.put_data(TensorDict({"f": torch.ones(3)}, batch_size=3), _Meta([0, 1, 2])))
+        before, announced[:] = _rows(units), []
+        name = "commit_put" if path == "shared" else "put"
+        manager.units[2] = _Unit(units[2], name, lambda: asyncio.current_task().cancel())
+
+        async def put():
+            await manager.put_data(TensorDict({"f": torch.zeros(6), "g": torch.ones(6, 2)}, batch_size=6),
+                                   _Meta([0, 1, 2, 3, 4, 5]))
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(put())
+        manager.units[2] = units[2]
+        assert _rows(units) == before and announced == []
+        got = asyncio.run(manager.get_data(_Meta([0, 1, 2], ["f"])))
+        assert got["f"].tolist() == [1.0, 1.0, 1.0]
+        assert all("g" not in ray.get(u.stats.remote())["fields"] for u in units)
+
+
+def test_a_put_cancelled_while_it_is_announced_is_announced_whole():
+    """A cancel that comes once the rows are stored, while the controller is being told: the
+    announcement completes, then the cancel reaches the caller; the rows stay (the controller
+    knows of them), so no row is stored unannounced or announced unstored."""
+    import asyncio
+    with tq_session("Conduit", 2):
+        manager = tq.get_client().storage_manager
+        announced, tasks = [], []
+
+        async def notify(partition, indexes, schema):
+            tasks[0].cancel()                 # the caller's timeout fires while the controller is told
+            await asyncio.sleep(0.05)
+            announced.append(list(indexes))
+        manager.notify_data_update = notify
+
+        async def main():
+            tasks.append(asyncio.ensure_future(
+                manager.put_data(TensorDict({"f": torch.arange(4.0)}, batch_size=4), _Meta([0, 1, 2, 3]))))
+            await asyncio.wait(tasks)
+            return tasks[0]
+        task = asyncio.run(main())
+        assert task.cancelled()
+        assert announced == [[0, 1, 2, 3]] and _rows(manager.units) == [2, 2]
+
+
+def test_a_load_that_fails_on_one_unit_after_another_switched_changes_nothing(tmp_path):
+    """Two units; unit 1's commit fails (its staged rows are gone, as after a restart) after unit
+    0 has switched to the checkpoint's rows: unit 0 goes back, both hold what they held before the
+    load (before: unit 0 kept the checkpoint's rows, unit 1 its own: half a load)."""
+    import asyncio
+    with tq_session("Conduit", 2):
+        rng = np.random.default_rng(5)
+        keys = [f"h{i}" for i in range(8)]
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=rollout(rng, keys))
+        tq.save_checkpoint(tmp_path / "ckpt")
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=rollout(rng, keys))    # overwrite every row
+        live = tq.kv_batch_get(keys=keys, partition_id="train")
+        manager = tq.get_client().storage_manager
+        units = list(manager.units)
+        manager.units[1] = _Unit(units[1], "commit", lambda: ray.get(units[1].abort.remote()))
+        with pytest.raises(Exception, match="staged checkpoint"):
+            asyncio.run(manager.load_checkpoint(str(tmp_path / "ckpt")))
+        manager.units[1] = units[1]
+        assert_same(live, tq.kv_batch_get(keys=keys, partition_id="train"), "after a load failed half way")
+        tq.load_checkpoint(tmp_path / "ckpt")                 # the same checkpoint still loads afterwards
+        assert not all(torch.equal(live["input_ids"][i], tq.kv_batch_get(keys=keys, partition_id="train")
+                                   ["input_ids"][i]) for i in range(len(keys)))

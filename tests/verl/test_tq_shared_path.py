@@ -294,7 +294,15 @@ def test_a_checkpoint_loads_into_shared_arenas_and_frees_the_old_ones(tmp_path):
         assert set(unit.stats()["segments"]) == old
         unit.stage(str(tmp_path / "u.pkl"))
         assert unit.commit() == 3
+        assert old <= set(unit.stats()["segments"])       # kept until every unit has switched
+        unit.finish()
         assert not old & set(unit.stats()["segments"]) and len(unit.stats()["segments"]) == 1
+        at = unit.locate(np.array([1, 0]), ["x"])["fields"]["x"]
+        assert read_located(maps, at) == np.concatenate([np.arange(9), np.arange(3)]).astype(np.int32).tobytes()
+        loaded = set(unit.stats()["segments"])           # a load rolled back: the rows before it, and their
+        unit.stage(str(tmp_path / "u.pkl"))              # segments, are live again; the loaded ones go
+        assert unit.commit() == 3 and unit.rollback() == 3
+        assert set(unit.stats()["segments"]) == loaded
         at = unit.locate(np.array([1, 0]), ["x"])["fields"]["x"]
         assert read_located(maps, at) == np.concatenate([np.arange(9), np.arange(3)]).astype(np.int32).tobytes()
     assert not _memfds(f"cdtckpt{os.getpid()}")
