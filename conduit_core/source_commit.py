@@ -12,8 +12,8 @@
        rate limiter, migration dual write and shard-loss recovery are those of every insert.
        Each remote shard copies its prepared run into its own storage.
 
-The ledger (``CommitLedger``) remembers every committed (writer, ticket): a receipt sent
-twice is counted in ``duplicates`` and changes nothing. Once committed, the staging actor
+The ledger (``CommitLedger``) remembers every (writer, ticket) taken, compactly
+(``TakenReceipts``): a receipt sent twice is counted in ``duplicates`` and changes nothing. Once committed, the staging actor
 drops the rows (and refuses a late retry of that stage).
 """
 
@@ -30,6 +30,7 @@ import numpy as np
 from .errors import ConfigError, StagedRowsLost
 from .rate_gate import wait_to_insert
 from .source_writer import Receipt, SourceWriter
+from .taken_receipts import TakenReceipts
 
 log = logging.getLogger("conduit")
 
@@ -83,7 +84,7 @@ class CommitLedger:
     """Which receipts a buffer took (exactly once), and what it refused."""
 
     buffer: str = field(default_factory=lambda: uuid.uuid4().hex)
-    committed: dict = field(default_factory=dict)      # (writer, ticket) -> first seq (-1: declined)
+    taken: TakenReceipts = field(default_factory=TakenReceipts)   # committed, never accepted or declined
     pending: set = field(default_factory=set)          # being committed now (a concurrent retry waits it out)
     duplicates: int = 0
     never_accepted: int = 0                            # rows whose staging actor was gone at commit
@@ -91,18 +92,14 @@ class CommitLedger:
 
     def state(self) -> dict:
         """The ledger as plain values (saved in ``ExperienceBuffer.state_dict``): a receipt
-        committed before a checkpoint is a duplicate after the restore. ``committed`` rows:
-        (writer's index in ``writers``, ticket, first seq). Pending commits are not saved."""
-        writers = sorted({w for w, _ in self.committed})
-        index = {w: i for i, w in enumerate(writers)}
-        rows = [(index[w], t, s) for (w, t), s in self.committed.items()]
-        return {"buffer": self.buffer, "writers": writers, "duplicates": self.duplicates,
-                "never_accepted": self.never_accepted, "declined": self.declined,
-                "committed": np.asarray(rows, dtype=np.int64).reshape(-1, 3)}
+        committed before a checkpoint is a duplicate after the restore (``TakenReceipts.state``).
+        Pending commits are not saved."""
+        return {"buffer": self.buffer, "duplicates": self.duplicates, "never_accepted": self.never_accepted,
+                "declined": self.declined, **self.taken.state()}
 
     @staticmethod
     def check_state(state) -> "CommitLedger":
-        """A ledger from ``state()``'s output, validated (StateError naming the part)."""
+        """A ledger from ``state()``'s output (or an earlier version's), validated (StateError naming the part)."""
         from .errors import StateError
 
         def bad(part: str, expected: str, got) -> StateError:
@@ -110,22 +107,15 @@ class CommitLedger:
                               "another buffer; nothing was loaded")
         if not isinstance(state, Mapping):
             raise bad("", "a dict from CommitLedger.state()", type(state).__name__)
-        buffer, writers = state.get("buffer"), state.get("writers")
+        buffer = state.get("buffer")
         if not isinstance(buffer, str) or not buffer:
             raise bad("buffer", "the buffer id (a str)", repr(buffer))
-        if not isinstance(writers, (list, tuple)) or not all(isinstance(w, str) for w in writers):
-            raise bad("writers", "a list of writer ids (str)", type(writers).__name__)
-        rows = np.asarray(state.get("committed"))
-        if rows.ndim != 2 or rows.shape[1] != 3 or (rows.size and (rows.dtype.kind not in "iu" or rows[:, :2].min() < 0
-                                                                   or rows[:, 2].min() < -1
-                                                                   or rows[:, 0].max() >= len(writers))):
-            raise bad("committed", f"(writer index < {len(writers)}, ticket >= 0, seq >= -1) int rows",
-                      f"{rows.dtype} {rows.shape}")
+        taken = TakenReceipts.from_state(state, bad)
         counts = [state.get(k, 0) for k in ("duplicates", "never_accepted", "declined")]
         if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 0 for c in counts):
             raise bad("duplicates/never_accepted/declined", "ints >= 0", counts)
-        return CommitLedger(buffer=buffer, committed={(writers[int(w)], int(t)): int(s) for w, t, s in rows},
-                            duplicates=int(counts[0]), never_accepted=int(counts[1]), declined=int(counts[2]))
+        return CommitLedger(buffer=buffer, taken=taken, duplicates=int(counts[0]), never_accepted=int(counts[1]),
+                            declined=int(counts[2]))
 
 
 @dataclass
@@ -199,7 +189,7 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
             buf.check_open()
             seq, seen = buf.ring.inserted, set()
             for i, r in enumerate(receipts):   # every receipt's pulls at once, for the seqs it gets if none waits
-                if r.n and r.key not in ledger.committed and r.key not in seen and not buf.storage.pools:
+                if r.n and r.key not in ledger.taken and r.key not in seen and not buf.storage.pools:
                     seen.add(r.key)
                     rows = StagedRows(buf.spec, r)
                     ahead[i] = (seq, rows, begin_prepare(buf, rows, seq), tuple(buf.storage.parts))
@@ -209,7 +199,7 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
     except BaseException as exc:   # what was done before the failure stays done, and is reported with it
         exc.commit_report = report  # type: ignore[attr-defined]
         for i, (_, rows, _, _) in ahead.items():   # pieces pulled ahead for receipts not committed
-            if receipts[i].key not in ledger.committed:
+            if receipts[i].key not in ledger.taken:
                 for actor in rows.pulled_into:
                     release.setdefault(actor, set()).add(receipts[i].key)
         raise
@@ -232,9 +222,9 @@ def decline(buf, receipts: Iterable[Receipt]) -> int:
     ledger, release, rows = buf.ingest_ledger, {}, 0
     with buf.lock:
         for r in receipts:
-            if r.key in ledger.committed or r.key in ledger.pending:
+            if r.key in ledger.taken or r.key in ledger.pending:
                 continue
-            ledger.committed[r.key] = -1   # taken: never stored
+            ledger.taken.add(r.key)   # never stored
             ledger.declined += r.n
             rows += r.n
             release.setdefault(r.actor, set()).add(r.key)
@@ -252,12 +242,12 @@ def commit_one(buf, r: Receipt, ahead, timeout: float | None, report: CommitRepo
     buf.check_open()
     while r.key in ledger.pending:     # the same receipt committing in another thread: wait it out
         buf.lock.wait(0.05)
-    if r.key in ledger.committed:
+    if r.key in ledger.taken:
         ledger.duplicates += 1
         report.duplicates.append(r)
         return
     if r.n == 0:
-        ledger.committed[r.key] = buf.ring.inserted
+        ledger.taken.add(r.key)
         report.committed.append((r, buf.ring.inserted))
         return
     ledger.pending.add(r.key)
@@ -265,7 +255,7 @@ def commit_one(buf, r: Receipt, ahead, timeout: float | None, report: CommitRepo
     try:
         first = insert_staged(buf, r, rows, ahead, timeout)
     except StagedRowsLost as lost:
-        ledger.committed[r.key] = -1   # taken, never stored: a commit of it again is a duplicate, counted once
+        ledger.taken.add(r.key)   # never stored: a commit of it again is a duplicate, counted once
         ledger.never_accepted += r.n
         report.never_accepted.append((r, str(lost)))
         buf.ring.end_episode(r.source)   # the source's next rows must not link across the missing ones
@@ -276,7 +266,7 @@ def commit_one(buf, r: Receipt, ahead, timeout: float | None, report: CommitRepo
         for actor in rows.pulled_into:   # pieces pulled there and not written (a guess that missed)
             release.setdefault(actor, set()).add(r.key)
         buf.lock.notify_all()
-    ledger.committed[r.key] = first
+    ledger.taken.add(r.key)
     report.committed.append((r, first))
     release.setdefault(r.actor, set()).add(r.key)
 

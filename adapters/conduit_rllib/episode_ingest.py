@@ -226,16 +226,18 @@ class EpisodeIngest:
     def _commit_written(self, group: list[tuple[Rollout, Any]]) -> None:
         """Chunks env runners wrote: their receipts committed (each once), under the sources
         this plan gave their episodes. A chunk whose staged rows are gone is reported and
-        left out (the ledger records what the buffer took, at the seqs it took them)."""
+        left out (the commit's report says what the buffer took, at the seqs it took them)."""
         from dataclasses import replace
 
         from conduit_core import SemanticError
         buf = self.edp.buffer
         try:
             report = buf.commit([replace(ep.receipt, source=r.source) for r, ep in group])
-        except BaseException:   # what was stored before the failure is recorded, or a retry would skip it
+        except BaseException as exc:   # what was stored before the failure is recorded, or a retry would skip it
+            report = getattr(exc, "commit_report", None)   # what this commit stored before it failed
+            done = {rec.key: seq for rec, seq in report.committed} if report is not None else {}
             for r, ep in group:
-                seq = buf.ingest_ledger.committed.get(ep.receipt.key)
+                seq = done.get(ep.receipt.key)
                 if seq is not None and seq == self.added:
                     self._record(r, ep, ep.infos if self.store_infos else None, seq)
             raise

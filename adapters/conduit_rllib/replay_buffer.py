@@ -195,7 +195,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             raise ConfigError("add(written chunks)", "a buffer built with source_ingest=True by an earlier add()",
                               "no data plane yet" if self.edp is None else "source_ingest=False",
                               "enable source_ingest and let the first training step go through the driver")
-        taken, seen, chunks = self.edp.buffer.ingest_ledger.committed, set(), []
+        taken, seen, chunks = self.edp.buffer.ingest_ledger.taken, set(), []
         for c in written:
             if c.receipt.key in taken or c.receipt.key in seen:
                 self.ingest.duplicates += 1

@@ -34,7 +34,7 @@ def test_a_receipt_committed_before_a_checkpoint_is_a_duplicate_after_restore(lo
         r0, r1 = w.write(rollout(4, 0)), w.write(rollout(3, 100))
         assert [c.key for c, _ in buf.commit([r0]).committed] == [r0.key]
         state = buf.state_dict()
-        assert state["ingest"]["committed"].tolist() == [[0, r0.ticket, 0]]
+        assert state["ingest"]["floors"].tolist() == [r0.ticket + 1] and state["ingest"]["above"].size == 0
         new.load_state_dict(state)
         before = new.state_dict()
         report = new.commit([r0])                       # retried after the restore: taken once already
@@ -59,14 +59,14 @@ def test_a_damaged_ledger_state_is_refused_and_nothing_is_loaded(local_ray):
         w = buf.writer(source=1, shard=0)
         buf.commit([w.write(rollout(4, 0))])
         state = buf.state_dict()
-        state["ingest"] = dict(state["ingest"], committed=np.array([[5, 0, 0]]))   # writer index out of range
-        with pytest.raises(StateError, match="ingest.committed"):
+        state["ingest"] = dict(state["ingest"], above=np.array([[5, 0]]))   # writer index out of range
+        with pytest.raises(StateError, match="ingest.above"):
             new.load_state_dict(state)
-        assert len(new) == 0 and not new.ingest_ledger.committed
+        assert len(new) == 0 and not new.ingest_ledger.taken
         legacy = buf.state_dict()
         del legacy["ingest"]                             # a state written before the ledger was saved
         new.load_state_dict(legacy)
-        assert len(new) == 4 and not new.ingest_ledger.committed
+        assert len(new) == 4 and not new.ingest_ledger.taken
     finally:
         buf.close()
         new.close()
