@@ -63,6 +63,8 @@ class TakenReceipts:
         writers = state.get("writers")
         if not isinstance(writers, (list, tuple)) or not all(isinstance(w, str) for w in writers):
             raise bad("writers", "a list of writer ids (str)", type(writers).__name__)
+        if len(set(writers)) != len(writers):
+            raise bad("writers", "distinct writer ids", f"{len(writers) - len(set(writers))} repeated")
         taken = TakenReceipts()
         if "floors" not in state:   # the earlier form: every key listed
             rows = _int_rows(state.get("committed"), 3, len(writers), bad, "committed",
@@ -72,7 +74,7 @@ class TakenReceipts:
             for w, t in rows[:, :2].tolist():
                 taken.add((writers[w], t))
             return taken
-        floors = np.asarray(state.get("floors"))
+        floors = _array(state.get("floors"), bad, "floors")
         if floors.shape != (len(writers),) or (floors.size and (floors.dtype.kind not in "iu" or floors.min() < 0)):
             raise bad("floors", f"{len(writers)} ints >= 0 (one per writer)", f"{floors.dtype} {floors.shape}")
         rows = _int_rows(state.get("above"), 2, len(writers), bad, "above",
@@ -87,8 +89,17 @@ class TakenReceipts:
         return taken
 
 
+def _array(value, bad, part: str) -> np.ndarray:
+    if value is None:
+        raise bad(part, "present", "missing")
+    try:
+        return np.asarray(value)
+    except ValueError as exc:   # ragged rows
+        raise bad(part, "a rectangular int array", f"{type(value).__name__} ({exc})") from None
+
+
 def _int_rows(value, width: int, writers: int, bad, part: str, expected: str) -> np.ndarray:
-    rows = np.asarray(value if value is not None else np.zeros((0, width), np.int64))
+    rows = _array(value, bad, part)
     if rows.ndim != 2 or rows.shape[1] != width or (rows.size and (rows.dtype.kind not in "iu" or rows[:, :2].min() < 0
                                                                     or rows[:, 0].max() >= writers)):
         raise bad(part, expected, f"{rows.dtype} {rows.shape}")

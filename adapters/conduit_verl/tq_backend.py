@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -136,6 +137,25 @@ def _named_units() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- columns <-> values
+async def _undo_then_raise(undo_calls, failed: list, cancelled: bool, what: str, fix: str) -> None:
+    """After a failed or cancelled operation over several units: every undo call answered (through
+    a cancel), then the cancel if one came (a caller's timeout must see it; the failure, if any, is
+    its context), else the first failure; a unit that could not undo is named in a RuntimeError (or,
+    with a cancel, logged)."""
+    undone, again = await shared_path.settled(undo_calls)
+    cancelled = cancelled or again
+    lost = [e for e in undone if isinstance(e, BaseException)]
+    cause = failed[0] if failed else None
+    if lost:
+        error = RuntimeError(f"{what} and could not be undone on {len(lost)} unit(s): {lost[0]!r}. Fix: {fix}")
+        if not cancelled:
+            raise error from cause
+        logging.getLogger(__name__).error("conduit_verl: %s", error)
+    if cancelled:
+        raise asyncio.CancelledError() from cause
+    raise cause
+
+
 @StorageManagerFactory.register(BACKEND)
 class ConduitStorageManager(StorageManager):
     """The client side (one per process that holds a TQ client): routes rows to units by
@@ -189,22 +209,20 @@ class ConduitStorageManager(StorageManager):
         done, cancelled = await shared_path.settled(refs)
         failed = [d for d in done if isinstance(d, BaseException)]
         if failed or cancelled:   # all or nothing: the units that took their part give it back, then the error
-            back = [self.units[u].restore.remote(d) for (u, _, _), d in zip(routes, done)
-                    if not isinstance(d, BaseException)]
-            undone, _ = await shared_path.settled(back)
-            lost = [e for e in undone if isinstance(e, BaseException)]
-            cause = failed[0] if failed else asyncio.CancelledError()
-            if lost:
-                raise RuntimeError(f"put of {rows} rows {'failed on %d unit(s)' % len(failed) if failed else 'cancelled'}"
-                                   f" and could not be undone on {len(lost)}: {lost[0]!r}. Fix: the named units hold "
-                                   "part of this put; clear its keys or restart TransferQueue") from cause
-            raise cause
+            await _undo_then_raise([self.units[u].restore.remote(d) for (u, _, _), d in zip(routes, done)
+                                    if not isinstance(d, BaseException)], failed, cancelled,
+                                   f"put of {rows} rows {'failed on %d unit(s)' % len(failed) if failed else 'cancelled'}",
+                                   "the named units hold part of this put; clear its keys or restart TransferQueue")
         # the rows are stored: announced whole even if a cancel comes meanwhile (it reaches the caller
-        # after), so the controller never misses rows the units hold
-        announce = asyncio.ensure_future(
-            self.notify_data_update(metadata.partition_ids[0], list(metadata.global_indexes), schema))
-        _, cancelled = await shared_path.through_cancel(announce)
-        if cancelled:
+        # after), so the controller never misses rows the units hold; a failed announcement gives them back
+        try:
+            _, late = await shared_path.through_cancel(lambda: self.notify_data_update(
+                metadata.partition_ids[0], list(metadata.global_indexes), schema), again=False)
+        except Exception as exc:   # noqa: BLE001 - given back, then raised
+            await _undo_then_raise([self.units[u].restore.remote(d) for (u, _, _), d in zip(routes, done)], [exc],
+                                   cancelled, f"put of {rows} rows not announced to TQ's controller ({exc!r})",
+                                   "the named units hold rows TQ does not know of; clear its keys or restart TransferQueue")
+        if cancelled or late:
             raise asyncio.CancelledError()
 
     async def get_data(self, metadata: BatchMeta) -> TensorDict:
@@ -299,18 +317,16 @@ class ConduitStorageManager(StorageManager):
         switched, cancelled = await shared_path.settled([u.commit.remote() for u in self.units])
         failed = [d for d in switched if isinstance(d, BaseException)]
         if failed or cancelled:
-            back, _ = await shared_path.settled([u.rollback.remote() for u in self.units])
-            lost = [e for e in back if isinstance(e, BaseException)]
-            cause = failed[0] if failed else asyncio.CancelledError()
-            if lost:
-                raise RuntimeError(f"a load of {manifest} failed and {len(lost)} unit(s) could not go back to the "
-                                   f"rows they held: {lost[0]!r}. Fix: load the checkpoint again, or restart "
-                                   "TransferQueue") from cause
-            raise cause
+            await _undo_then_raise([u.rollback.remote() for u in self.units], failed, cancelled,
+                                   f"a load of {manifest} {'failed' if failed else 'cancelled'}",
+                                   "load the checkpoint again, or restart TransferQueue")
         done, cancelled = await shared_path.settled([u.finish.remote() for u in self.units])
         kept = [d for d in done if isinstance(d, BaseException)]
         if kept:     # the load is whole; only the old rows' memory is still held
-            raise RuntimeError(f"{manifest} is loaded, but {len(kept)} unit(s) could not free the rows they held "
-                               f"before: {kept[0]!r}. Fix: restart TransferQueue to return that memory") from kept[0]
+            error = RuntimeError(f"{manifest} is loaded, but {len(kept)} unit(s) could not free the rows they held "
+                                 f"before: {kept[0]!r}. Fix: restart TransferQueue to return that memory")
+            if not cancelled:
+                raise error from kept[0]
+            logging.getLogger(__name__).error("conduit_verl: %s", error)
         if cancelled:
             raise asyncio.CancelledError()

@@ -25,8 +25,9 @@ assemble a get through ``assemble`` (one copy into the returned arrays).
 from __future__ import annotations
 
 import asyncio
+import time
 import traceback
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
@@ -34,29 +35,49 @@ from conduit_core.ragged import Column, copy_segments, gather_segments
 
 GET_ATTEMPTS = 4   # a get re-asks when a segment went between the unit's answer and the open
 
+# how long a put or a load cancelled while its units work waits for their answers before it
+# gives up with an error (their state then unknown) instead of hanging on a stuck unit
+CANCEL_GRACE_S = 120.0
+
 
 async def _wait(refs) -> list:
     return await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs], return_exceptions=True)
 
 
-async def through_cancel(task: asyncio.Future) -> tuple[Any, bool]:
-    """``task``'s result, waited for through any cancel of this coroutine, and whether one came: a
-    cancel stops neither the units (they act on calls already sent) nor TQ's controller, so what
-    the task did, not the cancel, decides what the caller must undo before it lets the cancel through."""
-    cancelled = False
+async def through_cancel(start: Callable[[], Awaitable], *, again: bool = True,
+                         grace_s: float | None = None) -> tuple[Any, bool]:
+    """The outcome of ``start()``'s work, waited for through any cancel of this coroutine, and
+    whether one came: a cancel stops neither the units (they act on calls already sent) nor TQ's
+    controller, so what the work did, not the cancel, decides what the caller must undo before it
+    lets the cancel through. Once cancelled, the wait lasts ``grace_s`` more at most (then a
+    RuntimeError: what the units did is unknown). Where the event loop itself cancels the work
+    (it shuts down), ``start()`` is called again when ``again`` (asking a Ray call's outcome twice
+    is harmless), else the cancel goes through."""
+    grace_s = CANCEL_GRACE_S if grace_s is None else grace_s
+    task, cancelled, deadline = asyncio.ensure_future(start()), False, None
     while True:
         try:
-            return await asyncio.shield(task), cancelled
+            if deadline is None:
+                return await asyncio.shield(task), cancelled
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                raise RuntimeError(f"cancelled, and the storage units had not answered {grace_s:.0f} s later: what "
+                                   "they stored of this call is unknown. Fix: check the units (a stuck actor?), "
+                                   "then clear the keys or restart TransferQueue")
+            return task.result(), cancelled
         except asyncio.CancelledError:
-            if task.cancelled():
-                raise
             cancelled = True
+            deadline = deadline if deadline is not None else time.monotonic() + grace_s
+            if task.cancelled():
+                if not again:
+                    raise
+                task = asyncio.ensure_future(start())
 
 
-async def settled(refs) -> tuple[list, bool]:
+async def settled(refs, **kw) -> tuple[list, bool]:
     """Every call's outcome (its result or its exception), waited for through a cancel
     (``through_cancel``), and whether one came."""
-    return await through_cancel(asyncio.ensure_future(_wait(refs)))
+    return await through_cancel(lambda: _wait(refs), **kw)
 
 
 def sizes_only(col: Column, pos: np.ndarray | None) -> Column:

@@ -176,6 +176,7 @@ class StorageUnit:
             raise ConfigError(f"{path}", f"a Conduit unit file of schema version {STATE_VERSION}",
                               repr(saved.get("schema_version") if isinstance(saved, dict) else type(saved).__name__),
                               "load a checkpoint saved by this version of conduit_verl")
+        self.finish()    # a load before this one whose client never finished it: final now, its old rows go
         if self._staged is not None:
             self._staged.release()
         self._staged = RaggedStore.from_state(saved["store"], arenas=self.arenas)

@@ -61,7 +61,9 @@ def test_a_hole_keeps_only_the_tickets_after_it():
 @pytest.mark.parametrize("part,value,named", [
     ("floors", np.array([-1]), "ingest.floors"), ("floors", np.array([1, 2]), "ingest.floors"),
     ("above", np.array([[1, 5]]), "ingest.above"), ("above", np.array([[0, 0]]), "ingest.above"),
-    ("writers", [3], "ingest.writers")])
+    ("writers", [3], "ingest.writers"), ("writers", ["w", "w"], "ingest.writers"),   # (found in review:)
+    ("above", None, "ingest.above"), ("floors", None, "ingest.floors"),               # a part missing
+    ("above", [[0, 5], [1]], "ingest.above")])                                          # ragged rows
 def test_a_damaged_state_names_its_part(part, value, named):
     taken = TakenReceipts()
     for t in [0, 1, 4]:
@@ -69,3 +71,8 @@ def test_a_damaged_state_names_its_part(part, value, named):
     state = dict(CommitLedger(taken=taken).state(), **{part: value})
     with pytest.raises(StateError, match=named):
         CommitLedger.check_state(state)
+
+
+def test_a_state_of_the_earlier_form_without_its_rows_is_refused():
+    with pytest.raises(StateError, match="ingest.committed"):
+        CommitLedger.check_state({"buffer": "b", "writers": []})

@@ -387,3 +387,75 @@ def test_a_load_that_fails_on_one_unit_after_another_switched_changes_nothing(tm
         tq.load_checkpoint(tmp_path / "ckpt")                 # the same checkpoint still loads afterwards
         assert not all(torch.equal(live["input_ids"][i], tq.kv_batch_get(keys=keys, partition_id="train")
                                    ["input_ids"][i]) for i in range(len(keys)))
+
+
+def test_a_cancel_that_meets_a_unit_failure_reaches_the_caller_as_a_cancel():
+    """(Found in review.) One unit refuses its part while the caller's task is cancelled: the parts
+    taken are given back and the caller sees the cancel (its timeout must fire), not the refusal
+    (Ray objects: on the shared path the refusal comes at the reservation, before any unit stores)."""
+    import asyncio
+    with tq_session("Conduit", 3, path="ray"):
+        manager = tq.get_client().storage_manager
+        units = list(manager.units)
+
+        async def notify(*a, **k):
+            return None
+        manager.notify_data_update = notify
+        asyncio.run(manager.put_data(TensorDict({"f": torch.ones(2, dtype=torch.float32)}, batch_size=2),
+                                     _Meta([0, 3])))                 # unit 0 holds f as float32
+        before = _rows(units)
+        manager.units[1] = _Unit(units[1], "put", lambda: asyncio.current_task().cancel())
+        with pytest.raises(asyncio.CancelledError):                  # units 1, 2 take int64 rows; unit 0 refuses
+            asyncio.run(manager.put_data(TensorDict({"f": torch.arange(3)}, batch_size=3), _Meta([1, 2, 6])))
+        manager.units[1] = units[1]
+        assert _rows(units) == before
+
+
+def test_a_put_whose_announcement_fails_is_given_back():
+    """(Found in review.) TQ's controller cannot be told (no ACK, a closed client): the rows leave
+    the units again and the error reaches the caller (before: stored, never announced)."""
+    import asyncio
+    with tq_session("Conduit", 2):
+        manager = tq.get_client().storage_manager
+
+        async def notify(*a, **k):
+            raise TimeoutError("no ACK from controller")
+        manager.notify_data_update = notify
+        with pytest.raises(TimeoutError, match="no ACK"):
+            asyncio.run(manager.put_data(TensorDict({"f": torch.ones(4)}, batch_size=4), _Meta([0, 1, 2, 3])))
+        assert _rows(manager.units) == [0, 0]
+
+
+def test_waiting_through_a_cancel_is_bounded_and_outlives_the_loop_cancelling_the_wait():
+    """``through_cancel``: a cancel does not stop the wait for the units' answers, but a unit that
+    never answers ends it after the grace with an error (no hang); where the event loop cancels the
+    inner wait itself (it shuts down), the wait starts again and still gets the outcome."""
+    import asyncio
+    from conduit_verl import tq_shared_path as sp
+
+    async def never():
+        await asyncio.Event().wait()
+
+    async def cancel_soon(task):
+        await asyncio.sleep(0.01)
+        task.cancel()
+
+    async def stuck():
+        task = asyncio.current_task()
+        asyncio.ensure_future(cancel_soon(task))
+        return await sp.through_cancel(never, grace_s=0.2)
+    with pytest.raises(RuntimeError, match="had not answered"):
+        asyncio.run(stuck())
+
+    starts = []
+
+    async def answer():
+        starts.append(1)
+        if len(starts) == 1:                       # the first wait is cancelled from outside, as at shutdown
+            asyncio.current_task().cancel()
+        await asyncio.sleep(0.01)
+        return "stored"
+
+    async def restarted():
+        return await sp.through_cancel(answer)
+    assert asyncio.run(restarted()) == ("stored", True) and len(starts) == 2

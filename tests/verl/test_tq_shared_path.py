@@ -303,6 +303,13 @@ def test_a_checkpoint_loads_into_shared_arenas_and_frees_the_old_ones(tmp_path):
         unit.stage(str(tmp_path / "u.pkl"))              # segments, are live again; the loaded ones go
         assert unit.commit() == 3 and unit.rollback() == 3
         assert set(unit.stats()["segments"]) == loaded
+        # a load whose client never finished it is final once the next load begins (found in review:
+        # a rollback of the next load went back past it, to the rows before it)
+        unit.stage(str(tmp_path / "u.pkl"))
+        assert unit.commit() == 3
+        unit.stage(str(tmp_path / "u.pkl"))
+        assert len(unit.stats()["segments"]) == 2         # the live rows and the staged ones: the first load's old rows went
+        assert unit.rollback() == 3 and len(unit.stats()["segments"]) == 1
         at = unit.locate(np.array([1, 0]), ["x"])["fields"]["x"]
         assert read_located(maps, at) == np.concatenate([np.arange(9), np.arange(3)]).astype(np.int32).tobytes()
     assert not _memfds(f"cdtckpt{os.getpid()}")
