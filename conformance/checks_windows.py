@@ -219,3 +219,46 @@ def importance_weights(ctx) -> None:
     bad = np.flatnonzero(np.abs(got - want) > 1e-4 * np.maximum(1.0, want))
     ensure(bad.size == 0, f"{bad.size} weights are not (P(i)/P_min)^-beta: id {int(rows.ids[bad[0]]) if bad.size else 0} "
                           f"has {got[bad[0]] if bad.size else 0:.5g}, expected {want[bad[0]] if bad.size else 0:.5g}")
+
+
+@check("equivalence/priority_exponents_match_native", needs=("replay", "prioritized", "nstep", "native"))
+def priority_exponents_match_native(ctx) -> None:
+    """alpha and beta as the native path uses them, at values other than the suite's defaults and
+    at the framework's own defaults: with buffers built at each alpha (the framework's default and
+    others), the start items are drawn with the native path's distribution, and at each beta
+    (including none passed: each side's default) every delivered row's weight is the one the
+    native path gives the same item (an adapter that fixes alpha or ignores beta, or whose
+    defaults differ from the framework's, fails here)."""
+    rolls = episodes_for(ctx.seed + 3, n=24)
+    n_items = sum(len(r.ids) for r in rolls)
+    for alpha in (None, 0.3, 1.0):     # None: each side built with its own default alpha
+        kw = {} if alpha is None else {"alpha": alpha}
+        nat = ctx.harness.native_session(seed=ctx.seed, prioritized=True, **kw)
+        if nat is None:
+            raise CheckSkipped("the harness has no native prioritized path")
+        s = ctx.session(prioritized=True, **kw)
+        try:
+            for r in rolls:
+                s.ingest(r)
+                nat.ingest(r)
+            s.flush()
+            _give_priorities(s, n_items)
+            _give_priorities(nat, n_items)
+            a, b = _draw(nat, 4000, n_step=1), _draw(s, 4000, n_step=1)
+            p = two_sample_chi2(np.asarray(a.ids).astype(int).tolist(), np.asarray(b.ids).astype(int).tolist())
+            ensure(p > P_MIN, f"alpha={alpha if alpha is not None else 'default'}: start items are drawn differently "
+                              f"from the native path (chi-square p={p:.2e}): alpha not applied as the framework does")
+            for beta in (None, 0.0, 0.4, 1.0):
+                a, b = _draw(nat, 500, n_step=1, beta=beta), _draw(s, 500, n_step=1, beta=beta)
+                want = dict(zip(np.asarray(a.ids).astype(int).tolist(), np.asarray(a.weights, dtype=np.float64)))
+                got = dict(zip(np.asarray(b.ids).astype(int).tolist(), np.asarray(b.weights, dtype=np.float64)))
+                both = sorted(set(want) & set(got))
+                ensure(len(both) >= 10, f"only {len(both)} items drawn by both paths at beta={beta}")
+                off = [i for i in both if abs(got[i] - want[i]) > 1e-4 * max(1.0, abs(want[i]))]
+                ensure(not off, f"alpha={alpha if alpha is not None else 'default'}, beta="
+                                f"{beta if beta is not None else 'not passed'}: {len(off)} of {len(both)} items get "
+                                f"other weights than on the native path, e.g. item {off[0] if off else 0}: "
+                                f"{got[off[0]] if off else 0:.5g} vs {want[off[0]] if off else 0:.5g}")
+        finally:
+            s.close()
+            nat.close()

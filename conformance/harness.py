@@ -180,12 +180,13 @@ class Harness(ABC):
     capabilities: frozenset[str] = frozenset()
 
     @abstractmethod
-    def session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False, alpha: float = 0.6,
+    def session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False, alpha: float | None = None,
                 onpolicy: bool = False, mode: str = "sequential", staleness: int = 0) -> Session:
-        """A fresh session of the adapter's path."""
+        """A fresh session of the adapter's path (``alpha`` None: the buffer built with its own
+        default, which must be the framework's: ``priority_exponents_match_native`` compares them)."""
 
     def native_session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False,
-                       alpha: float = 0.6, onpolicy: bool = False) -> Session | None:
+                       alpha: float | None = None, onpolicy: bool = False) -> Session | None:
         """The framework's own path (the oracle), or None."""
         return None
 

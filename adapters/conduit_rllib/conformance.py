@@ -98,7 +98,8 @@ class ReplaySession(Session):
         return edp_delivered(out[0].batch)
 
     def deliver_rows(self, batch_size, *, n_step, gamma, beta=None) -> DeliveredRows:
-        return rows_of_batch(self.buf.sample(batch_size, n_step=n_step, gamma=gamma, beta=beta)[0].batch)
+        kw = {} if beta is None else {"beta": beta}   # none passed: the buffer's default, as for RLlib's
+        return rows_of_batch(self.buf.sample(batch_size, n_step=n_step, gamma=gamma, **kw)[0].batch)
 
     def deliver_sequences(self, batch_size, *, length, lookback=0, min_length=0):
         return sequences_of(self.buf.sample(**_sequence_args(batch_size, length, lookback, min_length)))
@@ -120,13 +121,18 @@ class ReplaySession(Session):
         self.buf.close()
 
 
+def _alpha(alpha: float | None) -> dict:
+    """None: the buffer's own default alpha (RLlib's 1.0 on both sides, checked by the suite)."""
+    return {} if alpha is None else {"alpha": alpha}
+
+
 class NativeReplaySession(Session):
     """RLlib's own episode replay buffer: the oracle."""
 
-    def __init__(self, capacity: int, seed: int, prioritized: bool, alpha: float):
+    def __init__(self, capacity: int, seed: int, prioritized: bool, alpha: float | None):
         from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
         from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
-        self.buf = (PrioritizedEpisodeReplayBuffer(capacity=capacity, alpha=alpha) if prioritized
+        self.buf = (PrioritizedEpisodeReplayBuffer(capacity=capacity, **_alpha(alpha)) if prioritized
                     else EpisodeReplayBuffer(capacity=capacity))
         self.buf.rng = np.random.default_rng(seed)
         self.k = 0
@@ -215,17 +221,17 @@ class RLlibHarness(Harness):
         import ray
         self.framework_version = ray.__version__
 
-    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0) -> Session:
         if onpolicy:
             return OnPolicySession(mode)
         from .replay_buffer import ConduitEpisodeReplayBuffer
-        buf = ConduitEpisodeReplayBuffer(capacity=capacity, prioritized=prioritized, alpha=alpha, beta=0.4,
+        buf = ConduitEpisodeReplayBuffer(capacity=capacity, prioritized=prioritized, **_alpha(alpha), beta=0.4,
                                          conduit={"mode": mode, "staleness": staleness, "seed": seed,
                                                   "reuse_outputs": 0})
         return ReplaySession(buf)
 
-    def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False):
+    def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False):
         return None if onpolicy else NativeReplaySession(capacity, seed, prioritized, alpha)
 
     def shared_rng_sessions(self, *, seed, capacity=10_000):

@@ -57,7 +57,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
     columns_of = staticmethod(episode_columns)  # the ingestion transform: an episode chunk -> columns
     sequence_rules = SequenceRules()            # RLlib's rules for slices of stored episodes
 
-    def __init__(self, capacity: int = 10000, *, prioritized: bool = False, alpha: float = 0.6,
+    def __init__(self, capacity: int = 10000, *, prioritized: bool = False, alpha: float = 1.0,
                  beta: float = 0.4, conduit: dict | None = None, batch_size_B: int = 16,
                  batch_length_T: int = 1, metrics_num_episodes_for_smoothing: int = 100, seed: int | None = None,
                  learner_shards: int = 1, **unused):
@@ -66,9 +66,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             if key not in ("type", "storage_unit", "replay_sequence_length", "replay_mode", "worker_side_prioritization"):
                 raise ConfigError(f"replay_buffer_config[{key!r}]", "a key Conduit's buffer understands",
                                   repr(key), "remove it or add support in conduit_rllib.replay_buffer")
-        self.capacity = int(capacity)
-        self.prioritized = bool(prioritized)
-        self.alpha, self.beta = float(alpha), float(beta)
+        self.capacity, self.prioritized = int(capacity), bool(prioritized)
+        self.alpha, self.beta = float(alpha), float(beta)   # alpha's default: RLlib's; beta: each sample() passes its own
         self.options = ConduitOptions.from_kwargs(dict(conduit or {}))
         self._seed = self.options.seed if self.options.seed is not None else (seed or 0)
         self.batch_size_B = batch_size_B
@@ -218,7 +217,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
 
     # --------------------------------------------------------------- delivery
     def sample(self, num_items: int | None = None, *, batch_size_B: int | None = None,
-               batch_length_T: int | None = None, n_step: int | tuple | None = None, beta: float | None = None,
+               batch_length_T: int | None = None, n_step: int | tuple | None = None, beta: float = 0.0,
                gamma: float = 0.99, include_infos: bool = False, include_extra_model_outputs: bool = False,
                sample_episodes: bool = True, to_numpy: bool = False, lookback: int = 0,
                min_batch_length_T: int = 0, **kwargs) -> list:
@@ -243,8 +242,9 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                 return self._sample_sequences(B, int(batch_length_T), n_step, int(lookback), int(min_batch_length_T))
         # RLlib's two buffers treat a window that runs past its episode's stored end
         # differently: the prioritized one redraws it, the uniform one delivers it shortened.
-        b = self.edp.deliver(B, n_step=n_step if n_step is not None else 1, gamma=gamma,
-                             beta=self.beta if beta is None else beta,
+        if beta is None and self.prioritized:   # RLlib's asserts beta >= 0.0 (a TypeError on None)
+            raise ConfigError("sample(beta=...)", "a float >= 0", "None", "pass one, or none for RLlib's 0.0")
+        b = self.edp.deliver(B, n_step=n_step if n_step is not None else 1, gamma=gamma, beta=beta or 0.0,
                              episode_end="redraw" if self.prioritized else "shorten",
                              fields=None if include_extra_model_outputs else self._core_fields)
         self.last_sampled = b

@@ -113,22 +113,22 @@ class SRLHarness(Harness):
         self.framework_version = getattr(rlsrl, "__version__", "b3b01ea")
 
     @staticmethod
-    def _args(kind: str, capacity: int, seed: int, alpha: float) -> dict:
+    def _args(kind: str, capacity: int, seed: int, alpha: float | None) -> dict:
         args = dict(max_size=capacity, batch_size=GET_SIZE, warmup_transitions=0, seed=seed, sample_length=1)
         if kind == "prioritized_replay_buffer":
-            args.update(alpha=alpha, beta=0.4)
+            args.update(beta=0.4, **({} if alpha is None else {"alpha": alpha}))   # None: each buffer's default
         else:
             args.update(batch_length=1)
         return args
 
-    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0) -> Session:
         from .buffers import make_buffer
         kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"
         return ReplaySession(make_buffer(kind, **self._args(kind, capacity, seed, alpha)),
                              stored_ids=conduit_stored_ids)
 
-    def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False):
+    def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False):
         from rlsrl.base.buffer import PrioritizedReplayBuffer, SimpleReplayBuffer
         _cpu_pinning()
         kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"

@@ -56,16 +56,36 @@ class ShortenedWindows(ConduitEpisodeReplayBuffer):
 
 
 class UnnormalisedWeights(ConduitEpisodeReplayBuffer):
-    def sample(self, *a, beta=None, **kw):
+    def sample(self, *a, beta=0.0, **kw):
         out = super().sample(*a, beta=beta, **kw)
         if not hasattr(out[0], "batch"):  # sequences (episodes): no weights to break
             return out
         b = out[0].batch
         if b.weights is not None:
             idx = self.edp.buffer.selector.index
-            beta = self.beta if beta is None else beta
             b.weights = b.weights * float((len(self) * idx.min / idx.total) ** -beta)  # (N P_i)^-beta, no max
         return out
+
+
+class BetaIgnored(ConduitEpisodeReplayBuffer):
+    """Weights with the beta the buffer was built with, whatever beta the call passes."""
+
+    def sample(self, *a, beta=0.0, **kw):
+        return super().sample(*a, beta=self.beta, **kw)
+
+
+class DefaultBetaNotRLlibs(ConduitEpisodeReplayBuffer):
+    """A call that passes no beta gets 0.4 (RLlib's prioritized buffer: 0.0)."""
+
+    def sample(self, *a, beta=0.4, **kw):
+        return super().sample(*a, beta=beta, **kw)
+
+
+class AlphaFixed(ConduitEpisodeReplayBuffer):
+    """alpha 0.6 however the buffer is built (RLlib's default is 1.0)."""
+
+    def __init__(self, *a, alpha=0.6, **kw):
+        super().__init__(*a, alpha=0.6, **kw)
 
 
 class PrioritiesOnWrongRows(ConduitEpisodeReplayBuffer):
@@ -109,6 +129,9 @@ MUTATIONS = {
     "drop_every_10th_transition": (lambda: _with_columns(_DropEvery10th()), "ingest/exactly_once"),
     "unnormalised_weights": (lambda: UnnormalisedWeights, "deliver/importance_weights"),
     "priorities_on_wrong_rows": (lambda: PrioritiesOnWrongRows, "deliver/prioritized_distribution"),
+    "beta_of_the_call_ignored": (lambda: BetaIgnored, "equivalence/priority_exponents_match_native"),
+    "default_beta_not_rllibs": (lambda: DefaultBetaNotRLlibs, "equivalence/priority_exponents_match_native"),
+    "alpha_fixed": (lambda: AlphaFixed, "equivalence/priority_exponents_match_native"),
     "eviction_per_step_not_per_episode": (lambda: RingEviction, "equivalence/eviction_matches_native"),
     "sequences_run_past_the_episode": (lambda: SequencesRunOn, "deliver/sequences_true"),
     "burn_in_rule_ignored": (lambda: BurnInIgnored, "deliver/sequences_true"),
@@ -122,15 +145,17 @@ class MutantHarness(RLlibHarness):
         super().__init__()
         self.make_cls = make_cls
 
-    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0):
         cls = self.make_cls()
-        return ReplaySession(cls(capacity=capacity, prioritized=prioritized, alpha=alpha, beta=0.4,
+        return ReplaySession(cls(capacity=capacity, prioritized=prioritized, **({} if alpha is None else {"alpha": alpha}),
+                                 beta=0.4,
                                  conduit={"mode": mode, "staleness": staleness, "seed": seed,
                                           "reuse_outputs": 0}))
 
 
 REPLAY_CHECKS = ["ingest/*", "deliver/*", "equivalence/nstep_matches_native", "equivalence/sequential_matches_native",
+                 "equivalence/priority_exponents_match_native",
                  "equivalence/eviction_matches_native", "equivalence/sequences_match_native",
                  "equivalence/exact_with_shared_rng"]
 
