@@ -176,9 +176,14 @@ def version_isolation(ctx: Ctx) -> None:
             s.ingest(r)
         s.flush()
         d = s.deliver(None, policy_version=1)
-    got = set(np.asarray(d.ids).astype(int).tolist())
+    delivered = np.asarray(d.ids).astype(int).tolist()
+    got = set(delivered)
     leaked = got & set(_ids(old).tolist())
     ensure(not leaked, f"data of policy version 0 was delivered to version 1 (ids {sorted(leaked)[:8]})")
+    want = sorted(_ids(new).tolist())   # and all of version 1's data, once (an empty delivery leaks nothing)
+    missing = sorted(set(want) - got)
+    ensure(sorted(delivered) == want, f"version 1 got {len(delivered)} rows, its data is {len(want)} rows"
+                                      + (f" (missing ids {missing[:8]})" if missing else " (some twice)"))
     if d.versions is not None:
         ensure(set(np.asarray(d.versions).tolist()) <= {1}, "delivered rows carry another policy version")
 

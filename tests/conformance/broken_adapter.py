@@ -16,14 +16,18 @@ FAULTS = {
     # fault: the checks it must fail (and no others)
     # losing or doubling accepted data also breaks the staleness bound (inserts missed for ever)
     # (and the exact shared-RNG check: other rows stored, other rows drawn)
+    # (and a newer policy version's delivery lacks the rows dropped: onpolicy/version_isolation)
     "drop": {"ingest/exactly_once", "equivalence/sequential_matches_native", "onpolicy/consume_once",
-             "offpolicy/staleness_bound", "equivalence/eviction_matches_native", "equivalence/exact_with_shared_rng"},
+             "offpolicy/staleness_bound", "equivalence/eviction_matches_native", "equivalence/exact_with_shared_rng",
+             "onpolicy/version_isolation"},
     "duplicate": {"ingest/exactly_once", "equivalence/sequential_matches_native", "onpolicy/consume_once",
                   "offpolicy/staleness_bound", "equivalence/eviction_matches_native",
                   "equivalence/exact_with_shared_rng"},
     # a reversed rollout leaves the ring in another order, so other steps are evicted first
     "reorder": {"ingest/source_order", "equivalence/eviction_matches_native", "equivalence/exact_with_shared_rng"},
     "leak_versions": {"onpolicy/version_isolation"},
+    # a newer version's data never delivered (an empty delivery leaks nothing: found in review)
+    "starve_new_versions": {"onpolicy/version_isolation"},
     "redeliver": {"onpolicy/consume_once"},
     "lose_state": {"state/round_trip"},
     "stale_prefetch": {"offpolicy/staleness_bound"},
@@ -68,6 +72,8 @@ class BrokenSession(example.AdapterSession):
         if isinstance(self.store, ConduitRolloutStore):
             if self.fault == "leak_versions":
                 return self._drain_all()
+            if self.fault == "starve_new_versions" and policy_version not in (None, 0):
+                return Delivered(ids=np.zeros(0, np.int64))
             if self.fault == "redeliver":
                 d = super().deliver(batch_size, policy_version=policy_version)
                 self._replay = getattr(self, "_replay", []) + [d.ids]
