@@ -3,7 +3,8 @@ steps to reach its return threshold as it needs natively: not more, and not fewe
 
 Faster learning is a semantic bug too (a data plane that delivers a different n-step
 distribution can make DQN learn faster), so the test is two-sided. Each seed runs both
-paths; a run that never reaches the threshold counts as its whole budget (censored).
+paths; a run that never reaches the threshold counts as its whole budget (censored), and a
+path that reaches it on no seed while the other reaches it on every seed fails outright.
 
 - the ratio of the median steps (Conduit / native) must lie within [1/R, R];
 - with 5 or more seeds, a two-sided Mann-Whitney U test must not reject equal
@@ -81,6 +82,13 @@ def convergence(ctx, workload: str, run) -> None:
     shown = lambda rs: "[" + ", ".join(f"{r.env_steps}" if r.reached else f">{budget} (not reached)"
                                          for r in rs) + "]"
     detail = f"env steps to the threshold over seeds {list(seeds())}: native {shown(native)}, Conduit {shown(conduit)}"
+    reached_n, reached_c = sum(r.reached for r in native), sum(r.reached for r in conduit)
+    # a censored run counts as the budget, which caps the ratio: a path that never reaches the
+    # threshold while the other always does fails however large the budget (found in review)
+    ensure(not (reached_n == len(native) and reached_c == 0),
+           f"Conduit never reaches the threshold, native does on every seed; {detail}")
+    ensure(not (reached_c == len(conduit) and reached_n == 0),
+           f"Conduit reaches the threshold on every seed, native on none (learns faster); {detail}")
     ensure(1 / bound <= ratio <= bound,
            f"Conduit {'learns faster' if ratio < 1 else 'learns slower'} than native: median ratio {ratio:.2f} "
            f"outside [{1 / bound:.2f}, {bound:.2f}]; {detail}")

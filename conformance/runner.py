@@ -92,12 +92,15 @@ def run_one(harness: Harness, chk, args: tuple, *, seed: int) -> tuple[str, str]
     missing = sorted(chk.needs - set(harness.capabilities))
     if missing:
         return "skip", f"needs capability {', '.join(missing)}"
+    declared = ", ".join(sorted(chk.needs))
     if args and args[1] is None:
-        return "skip", "the harness offers no convergence workload"
+        return "fail", (f"the harness declares {declared} but offers no convergence workload. Fix: return one "
+                        "from convergence_workloads(), or do not declare the capability")
     try:
         measured = chk.fn(Ctx(harness, seed), *args)  # a check may return what it measured, for the report
-    except CheckSkipped as exc:
-        return "skip", str(exc)
+    except CheckSkipped as exc:   # what the check needs is declared: a missing piece is a failure, not a skip
+        return "fail", (f"the harness declares {declared} but: {exc}. Fix: provide it, or do not declare "
+                        "the capability")
     except (CheckFailed, AssertionError) as exc:
         return "fail", str(exc) or type(exc).__name__
     except Exception as exc:  # noqa: BLE001 - an adapter crash is a failure of that check
