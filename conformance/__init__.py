@@ -14,7 +14,7 @@ as the oracle.
 
 from .harness import (ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence, Harness, Session,
                       SyntheticRollout)
-from .registry import REGISTRY, Check, CheckFailed, CheckSkipped
+from .registry import REGISTRY, Check, CheckFailed, CheckSkipped, NotApplicable
 from .report import Report
 from .runner import check_adapter, load_harness
 from .testing import ConformanceTests
@@ -25,5 +25,5 @@ from . import checks_windows as _windows  # noqa: E402,F401
 from . import checks_sequences as _sequences  # noqa: E402,F401
 from . import checks_convergence as _convergence  # noqa: E402,F401
 
-__all__ = ["Check", "CheckFailed", "CheckSkipped", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "DeliveredSequence", "Harness",
+__all__ = ["Check", "CheckFailed", "CheckSkipped", "NotApplicable", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "DeliveredSequence", "Harness",
            "REGISTRY", "Report", "Session", "SyntheticRollout", "check_adapter", "load_harness"]

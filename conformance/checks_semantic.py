@@ -9,7 +9,8 @@ import numpy as np
 from scipy import stats
 
 from .harness import Harness, Session, SyntheticRollout
-from .registry import CheckSkipped, check, ensure
+from .registry import CheckSkipped, NotApplicable, check, ensure
+from .stats import two_sample_chi2
 
 P_MIN = 1e-4  # chi-square tests: seeded, so deterministic; this only guards against a wrong distribution
 
@@ -316,3 +317,50 @@ def eviction_matches_native(ctx: Ctx) -> None:
                        f"capacity {capacity}, after rollout {i}: the adapter holds {a.size} transitions, the native "
                        f"path {b.size}; only the adapter holds {np.setdiff1d(a, b)[:6].tolist()}, only the native "
                        f"path {np.setdiff1d(b, a)[:6].tolist()} (whole-episode vs per-step eviction?)")
+
+
+@check("equivalence/prioritized_matches_native", needs=("native", "prioritized"))
+def prioritized_matches_native(ctx: Ctx) -> None:
+    """On the same items with the same priorities (each given through its own path's update),
+    prioritized batches are drawn as the native path draws them: the items (frequencies), the
+    batches (how many distinct items each holds: stratified and independent draws, with or without
+    replacement, give the same frequencies but not the same batches) and each item's weight."""
+    alpha, n, batch = 0.6, 60, 32
+    prio = lambda ids: 0.2 + (np.asarray(ids).astype(np.int64) % 7) * 0.5
+    nat = ctx.harness.native_session(seed=ctx.seed, prioritized=True, alpha=alpha)
+    if nat is None:
+        raise NotApplicable("the framework has no native prioritized path")
+    drawn = {}
+    with _closing(ctx.session(prioritized=True, alpha=alpha)) as s, _closing(nat):
+        for name, sess in (("Conduit", s), ("native", nat)):
+            sess.ingest(SyntheticRollout(np.arange(n)))
+            sess.flush()
+            seen: set = set()
+            for _ in range(300):   # every item gets its priority
+                d = sess.deliver(batch)
+                sess.update_priorities(d, prio(d.ids))
+                seen |= set(np.asarray(d.ids).astype(int).tolist())
+                if len(seen) == n:
+                    break
+            ensure(len(seen) == n, f"{name}: only {len(seen)} of {n} items were ever delivered")
+            ids, distinct, weight = [], [], {}
+            for _ in range(300):
+                d = sess.deliver(batch)
+                got = np.asarray(d.ids).astype(int).tolist()
+                ids += got
+                distinct.append(len(set(got)))
+                if d.weights is not None:
+                    weight.update(zip(got, np.asarray(d.weights, dtype=np.float64).tolist()))
+                sess.update_priorities(d, prio(got))
+            drawn[name] = (ids, distinct, weight)
+    p = two_sample_chi2(drawn["Conduit"][0], drawn["native"][0])
+    ensure(p > P_MIN, f"items are drawn with other frequencies than on the native path (chi-square p={p:.2e})")
+    p = two_sample_chi2(drawn["Conduit"][1], drawn["native"][1])
+    ensure(p > P_MIN, f"batches hold another number of distinct items than on the native path (chi-square "
+                      f"p={p:.2e}; mean {np.mean(drawn['Conduit'][1]):.2f} vs {np.mean(drawn['native'][1]):.2f}): "
+                      "e.g. independent draws where the framework stratifies, or the reverse")
+    want, got = drawn["native"][2], drawn["Conduit"][2]
+    both = sorted(set(want) & set(got))
+    off = [i for i in both if abs(got[i] - want[i]) > 1e-4 * max(1.0, abs(want[i]))]
+    ensure(not off, f"{len(off)} of {len(both)} items get other importance weights than on the native path, e.g. "
+                    f"item {off[0] if off else 0}: {got[off[0]] if off else 0:.5g} vs {want[off[0]] if off else 0:.5g}")

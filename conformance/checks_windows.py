@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .harness import DeliveredRows, Session, SyntheticRollout, reward_of
-from .registry import CheckSkipped, check, ensure
+from .registry import CheckSkipped, NotApplicable, check, ensure
 from .stats import two_sample_chi2
 
 P_MIN = 1e-3          # seeded draws; a right distribution fails this one time in a thousand
@@ -173,7 +173,7 @@ def nstep_matches_native(ctx) -> None:
     for prioritized in _selectors(ctx):
         nat = ctx.harness.native_session(seed=ctx.seed, prioritized=prioritized, alpha=ALPHA)
         if nat is None:
-            raise CheckSkipped(f"the harness has no native {'prioritized' if prioritized else 'uniform'} path")
+            raise NotApplicable(f"the framework has no native {'prioritized' if prioritized else 'uniform'} path")
         s = ctx.session(prioritized=prioritized, alpha=ALPHA)
         try:
             for r in rolls:
@@ -235,7 +235,7 @@ def priority_exponents_match_native(ctx) -> None:
         kw = {} if alpha is None else {"alpha": alpha}
         nat = ctx.harness.native_session(seed=ctx.seed, prioritized=True, **kw)
         if nat is None:
-            raise CheckSkipped("the harness has no native prioritized path")
+            raise NotApplicable("the framework has no native prioritized path")
         s = ctx.session(prioritized=True, **kw)
         try:
             for r in rolls:

@@ -13,7 +13,12 @@ class CheckFailed(AssertionError):
 
 
 class CheckSkipped(Exception):
-    """A check cannot run for this adapter; the message says why."""
+    """A check cannot run for this adapter; the message says why. Where the harness declares the
+    capabilities the check needs, the runner reports it as a failure (a piece is missing)."""
+
+
+class NotApplicable(CheckSkipped):
+    """The framework itself has no path of this kind (e.g. no native prioritized buffer): a skip."""
 
 
 @dataclass(frozen=True)

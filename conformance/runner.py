@@ -8,7 +8,7 @@ import time
 from typing import Iterable
 
 from .harness import Harness
-from .registry import REGISTRY, CheckFailed, CheckSkipped
+from .registry import REGISTRY, CheckFailed, CheckSkipped, NotApplicable
 from .report import CheckResult, Report
 
 KNOWN_ADAPTERS = {
@@ -98,6 +98,8 @@ def run_one(harness: Harness, chk, args: tuple, *, seed: int) -> tuple[str, str]
                         "from convergence_workloads(), or do not declare the capability")
     try:
         measured = chk.fn(Ctx(harness, seed), *args)  # a check may return what it measured, for the report
+    except NotApplicable as exc:
+        return "skip", str(exc)
     except CheckSkipped as exc:   # what the check needs is declared: a missing piece is a failure, not a skip
         return "fail", (f"the harness declares {declared} but: {exc}. Fix: provide it, or do not declare "
                         "the capability")

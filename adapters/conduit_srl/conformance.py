@@ -28,6 +28,10 @@ def transitions(columns: dict) -> list:
         def __init__(self, obs):
             super().__init__(obs=obs)
 
+    class Analyzed(NamedArray):   # SRL's prioritized put reads analyzed_result.ret (None: max priority)
+        def __init__(self, ret, value):
+            super().__init__(ret=ret, value=value)
+
     n = columns["obs"].shape[0]
     out = []
     for i in range(n):
@@ -37,6 +41,7 @@ def transitions(columns: dict) -> list:
             reward=np.asarray(columns["reward"][i:i + 1], dtype=np.float32).reshape(1, 1),
             done=np.asarray(columns["terminated"][i:i + 1]).reshape(1, 1),
             truncated=np.asarray(columns["truncated"][i:i + 1]).reshape(1, 1),
+            analyzed_result=Analyzed(ret=None, value=np.zeros((1, 1), np.float32)),
             policy_version_steps=np.zeros((1, 1), np.int64)))
     return out
 
@@ -145,6 +150,16 @@ def _cpu_pinning() -> None:
             return self
         pin_memory.__conduit_cpu__ = True
         torch.Tensor.pin_memory = pin_memory
+
+
+# Where the SRL adapter departs from SRL on purpose, with the reason (the suite's xfails).
+KNOWN_DEPARTURES = {
+    "equivalence/prioritized_matches_native": (
+        "SRL's PrioritizedReplayBuffer never draws the chunk at the highest stored index "
+        "(rlsrl/base/buffer.py _sample_proportional sums the tree with sum(0, total_chunks - 1), whose end is "
+        "exclusive: until the ring is full, the chunk put last); Conduit's adapter draws every stored chunk. An SRL "
+        "bug, not copied (docs §13)"),
+}
 
 
 def harness() -> SRLHarness:

@@ -88,6 +88,16 @@ class AlphaFixed(ConduitEpisodeReplayBuffer):
         super().__init__(*a, alpha=0.6, **kw)
 
 
+class StratifiedDraws(ConduitEpisodeReplayBuffer):
+    """One draw per equal slice of the priority mass (SRL's way) where RLlib draws independently:
+    the same frequencies per item, other batches."""
+
+    def _selector(self):
+        selector = super()._selector()
+        selector.stratified = self.prioritized
+        return selector
+
+
 class PrioritiesOnWrongRows(ConduitEpisodeReplayBuffer):
     def update_priorities(self, priorities, module_id=None):
         super().update_priorities(np.roll(np.asarray(priorities), 1), module_id)
@@ -132,6 +142,7 @@ MUTATIONS = {
     "beta_of_the_call_ignored": (lambda: BetaIgnored, "equivalence/priority_exponents_match_native"),
     "default_beta_not_rllibs": (lambda: DefaultBetaNotRLlibs, "equivalence/priority_exponents_match_native"),
     "alpha_fixed": (lambda: AlphaFixed, "equivalence/priority_exponents_match_native"),
+    "stratified_draws": (lambda: StratifiedDraws, "equivalence/prioritized_matches_native"),
     "eviction_per_step_not_per_episode": (lambda: RingEviction, "equivalence/eviction_matches_native"),
     "sequences_run_past_the_episode": (lambda: SequencesRunOn, "deliver/sequences_true"),
     "burn_in_rule_ignored": (lambda: BurnInIgnored, "deliver/sequences_true"),
@@ -155,7 +166,7 @@ class MutantHarness(RLlibHarness):
 
 
 REPLAY_CHECKS = ["ingest/*", "deliver/*", "equivalence/nstep_matches_native", "equivalence/sequential_matches_native",
-                 "equivalence/priority_exponents_match_native",
+                 "equivalence/priority_exponents_match_native", "equivalence/prioritized_matches_native",
                  "equivalence/eviction_matches_native", "equivalence/sequences_match_native",
                  "equivalence/exact_with_shared_rng"]
 

@@ -7,7 +7,7 @@ import pytest
 
 from conduit_conformance import check_adapter
 from conduit_srl.buffers import ConduitReplayBuffer
-from conduit_srl.conformance import ReplaySession, SRLHarness, conduit_stored_ids
+from conduit_srl.conformance import KNOWN_DEPARTURES, ReplaySession, SRLHarness, conduit_stored_ids
 
 
 class DropEvery10th(ConduitReplayBuffer):
@@ -52,15 +52,15 @@ class MutantHarness(SRLHarness):
         super().__init__()
         self.cls = cls
 
-    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0):
         kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"
         return ReplaySession(self.cls(kind, **self._args(kind, capacity, seed, alpha)), stored_ids=conduit_stored_ids)
 
 
 def test_unmutated_adapter_passes_every_applicable_check():
-    report = check_adapter(SRLHarness())
-    assert report.ok and {r.status for r in report.results} <= {"pass", "skip"}, report.table()
+    report = check_adapter(SRLHarness(), xfails=KNOWN_DEPARTURES)
+    assert report.ok and {r.status for r in report.results} <= {"pass", "skip", "xfail"}, report.table()
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
