@@ -7,7 +7,9 @@ its framework's own format (episodes, sample batches, ...) and pushes it through
 ingestion path; ``deliver`` returns the ids (and provenance) of what its delivery path
 would hand the learner.
 
-Capabilities a harness declares (checks needing a missing one are skipped, with why):
+Capabilities a harness declares (checks needing an undeclared one are skipped, with why; a check
+whose capabilities are all declared fails where a piece it needs is missing, unless the framework
+itself has no such path: ``NotApplicable``, a skip):
 
     replay       off-policy replay (uniform)          prioritized  prioritized replay
     onpolicy     FIFO, versioned, consume-once        state        state round trip
