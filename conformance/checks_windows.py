@@ -173,7 +173,8 @@ def nstep_matches_native(ctx) -> None:
     for prioritized in _selectors(ctx):
         nat = ctx.harness.native_session(seed=ctx.seed, prioritized=prioritized, alpha=ALPHA)
         if nat is None:
-            raise NotApplicable(f"the framework has no native {'prioritized' if prioritized else 'uniform'} path")
+            raise (NotApplicable if prioritized else CheckSkipped)(
+                f"the framework has no native {'prioritized' if prioritized else 'uniform'} path")
         s = ctx.session(prioritized=prioritized, alpha=ALPHA)
         try:
             for r in rolls:

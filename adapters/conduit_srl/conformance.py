@@ -112,6 +112,7 @@ class SRLHarness(Harness):
     version = "0.1.0"
     framework = "srl"
     capabilities = frozenset({"replay", "prioritized", "native", "state"})
+    known_departures = property(lambda self: KNOWN_DEPARTURES)
 
     def __init__(self):
         import rlsrl
@@ -134,8 +135,11 @@ class SRLHarness(Harness):
                              stored_ids=conduit_stored_ids)
 
     def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False):
+        import random
+
         from rlsrl.base.buffer import PrioritizedReplayBuffer, SimpleReplayBuffer
         _cpu_pinning()
+        random.seed(seed)   # SRL's prioritized buffer draws from Python's global random, which SRL never seeds
         kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"
         cls = PrioritizedReplayBuffer if prioritized else SimpleReplayBuffer  # SRL's own, even while enabled
         return ReplaySession(cls(**self._args(kind, capacity, seed, alpha)), stored_ids=srl_stored_ids)

@@ -65,7 +65,7 @@ class VerlHarness(Harness):
         import verl
         self.framework_version = verl.__version__
 
-    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0) -> Session:
         return OnPolicySession()
 

@@ -105,7 +105,7 @@ class BrokenHarness(example.AdapterHarness):
         assert fault in FAULTS, fault
         self.fault = fault
 
-    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0):
         if onpolicy:
             store = ConduitRolloutStore(capacity, obs_shape=example.OBS_SHAPE, mode=mode)
@@ -114,7 +114,7 @@ class BrokenHarness(example.AdapterHarness):
             if self.fault == "stale_prefetch" and mode == "overlapped":
                 staleness = 10 ** 9  # claims the bound it was asked for, enforces none
             store = ConduitReplayMemory(capacity, obs_shape=example.OBS_SHAPE, seed=seed, prioritized=prioritized,
-                                        alpha=alpha, mode=mode, staleness=staleness)
+                                        mode=mode, staleness=staleness, **({} if alpha is None else {"alpha": alpha}))
             if self.fault == "stale_prefetch" and mode == "overlapped":
                 import time
                 orig = store.edp.ingestion.commit

@@ -90,12 +90,22 @@ class AlphaFixed(ConduitEpisodeReplayBuffer):
 
 class StratifiedDraws(ConduitEpisodeReplayBuffer):
     """One draw per equal slice of the priority mass (SRL's way) where RLlib draws independently:
-    the same frequencies per item, other batches."""
+    the same frequencies per item, other batches. (1-step draws go the route without redraws, which
+    takes a stratified selector: a 1-step window never runs past its episode.)"""
 
     def _selector(self):
         selector = super()._selector()
         selector.stratified = self.prioritized
         return selector
+
+    def sample(self, num_items=None, *, n_step=None, gamma=0.99, beta=0.0, **kw):
+        if kw.get("batch_length_T") or n_step not in (None, 1):
+            return super().sample(num_items, n_step=n_step, gamma=gamma, beta=beta, **kw)
+        b = self.edp.deliver(int(num_items or kw.get("batch_size_B") or self.batch_size_B), n_step=1, gamma=gamma,
+                             beta=beta, episode_end="shorten")
+        self.last_sampled = b
+        from conduit_rllib.replay_buffer import DeliveredBatch
+        return [DeliveredBatch(b)]
 
 
 class PrioritiesOnWrongRows(ConduitEpisodeReplayBuffer):
@@ -151,6 +161,10 @@ MUTATIONS = {
 }
 
 
+CAUGHT_BY = {"stratified_draws": ("distinct items",), "beta_of_the_call_ignored": ("weights",),
+             "default_beta_not_rllibs": ("weights",), "alpha_fixed": ("alpha",)}
+
+
 class MutantHarness(RLlibHarness):
     def __init__(self, make_cls):
         super().__init__()
@@ -182,4 +196,6 @@ def test_the_suite_catches_the_mutation(mutation):
     report = check_adapter(MutantHarness(make_cls), select=REPLAY_CHECKS)
     failed = {r.id for r in report.results if r.status == "fail"}
     assert catcher in failed, f"{mutation} was not caught by {catcher}:\n{report.table()}"
+    # caught by what the check measures, not by a crash on the way
+    assert all(w in report.by_id()[catcher].detail for w in CAUGHT_BY.get(mutation, ())), report.table()
     print(f"\n{mutation}: caught by {sorted(failed)}")

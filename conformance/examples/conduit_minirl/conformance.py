@@ -88,14 +88,15 @@ class AdapterHarness(Harness):
     capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
                               "shared_rng"})
 
-    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False,
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0) -> Session:
         if onpolicy:
             return AdapterSession(ConduitRolloutStore(capacity, obs_shape=OBS_SHAPE, mode=mode))
+        kw = {} if alpha is None else {"alpha": alpha}   # None: the memory's own default (the suite compares it)
         return AdapterSession(ConduitReplayMemory(capacity, obs_shape=OBS_SHAPE, seed=seed, prioritized=prioritized,
-                                                  alpha=alpha, mode=mode, staleness=staleness))
+                                                  mode=mode, staleness=staleness, **kw))
 
-    def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=0.6, onpolicy=False):
+    def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False):
         return None if (prioritized or onpolicy) else NativeSession(capacity, seed)
 
     def shared_rng_sessions(self, *, seed, capacity=10_000):
