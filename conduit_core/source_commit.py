@@ -13,8 +13,8 @@
        Each remote shard copies its prepared run into its own storage.
 
 The ledger (``CommitLedger``) remembers every (writer, ticket) taken, compactly
-(``TakenReceipts``): a receipt sent twice is counted in ``duplicates`` and changes nothing. Once committed, the staging actor
-drops the rows (and refuses a late retry of that stage).
+(``TakenReceipts``): a receipt sent twice is counted in ``duplicates`` and changes nothing.
+Once committed, the staging actor drops the rows (and refuses a late retry of that stage).
 """
 
 from __future__ import annotations

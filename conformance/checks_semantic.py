@@ -126,6 +126,18 @@ def rejects_bad_input(ctx: Ctx) -> None:
         ensure(len(s.stored_ids()) == len(before) + 3, "ingestion did not keep working after a rejected rollout")
 
 
+def _give_priorities(s: Session, n: int, prio, *, batch: int = 32, tries: int = 200) -> None:
+    """Deliver until every one of the ``n`` stored items got ``prio(id)`` through the path's own update."""
+    seen: set = set()
+    for _ in range(tries):
+        d = s.deliver(batch)
+        s.update_priorities(d, prio(d.ids))
+        seen |= set(np.asarray(d.ids).astype(int).tolist())
+        if len(seen) == n:
+            return
+    ensure(False, f"only {len(seen)} of {n} items were ever delivered")
+
+
 @check("deliver/uniform_distribution", needs=("replay",))
 def uniform_distribution(ctx: Ctx) -> None:
     """Uniform replay delivers every stored transition equally often (chi-square)."""
@@ -148,14 +160,7 @@ def prioritized_distribution(ctx: Ctx) -> None:
     with _closing(ctx.session(prioritized=True, alpha=alpha)) as s:
         s.ingest(SyntheticRollout(np.arange(30)))
         s.flush()
-        seen = set()
-        for _ in range(200):  # give every item its priority
-            d = s.deliver(32)
-            s.update_priorities(d, prio(d.ids))
-            seen |= set(np.asarray(d.ids).astype(int).tolist())
-            if len(seen) == 30:
-                break
-        ensure(len(seen) == 30, f"only {len(seen)} of 30 items were ever delivered")
+        _give_priorities(s, 30, prio)
         counts = np.zeros(30)
         for _ in range(200):
             d = s.deliver(64)
@@ -339,14 +344,7 @@ def prioritized_matches_native(ctx: Ctx) -> None:
         for name, sess in (("Conduit", s), ("native", nat)):
             sess.ingest(SyntheticRollout(np.arange(n)))
             sess.flush()
-            seen: set = set()
-            for _ in range(300):   # every item gets its priority
-                d = sess.deliver(batch)
-                sess.update_priorities(d, prio(d.ids))
-                seen |= set(np.asarray(d.ids).astype(int).tolist())
-                if len(seen) == n:
-                    break
-            ensure(len(seen) == n, f"{name}: only {len(seen)} of {n} items were ever delivered")
+            _give_priorities(sess, n, prio, batch=batch, tries=300)
             ids, distinct, weight = [], [], {}
             for _ in range(300):
                 d = draw(sess)

@@ -107,12 +107,22 @@ def srl_stored_ids(buffer) -> np.ndarray:
     return ids[order].astype(np.int64)
 
 
+# Where the SRL adapter departs from SRL on purpose, with the reason (the suite's xfails).
+KNOWN_DEPARTURES = {
+    "equivalence/prioritized_matches_native": (
+        "SRL's PrioritizedReplayBuffer never draws the chunk at the highest stored index "
+        "(rlsrl/base/buffer.py _sample_proportional sums the tree with sum(0, total_chunks - 1), whose end is "
+        "exclusive: until the ring is full, the chunk put last); Conduit's adapter draws every stored chunk. An SRL "
+        "bug, not copied (docs §13)"),
+}
+
+
 class SRLHarness(Harness):
     name = "conduit_srl"
     version = "0.1.0"
     framework = "srl"
     capabilities = frozenset({"replay", "prioritized", "native", "state"})
-    known_departures = property(lambda self: KNOWN_DEPARTURES)
+    known_departures = KNOWN_DEPARTURES
 
     def __init__(self):
         import rlsrl
@@ -154,16 +164,6 @@ def _cpu_pinning() -> None:
             return self
         pin_memory.__conduit_cpu__ = True
         torch.Tensor.pin_memory = pin_memory
-
-
-# Where the SRL adapter departs from SRL on purpose, with the reason (the suite's xfails).
-KNOWN_DEPARTURES = {
-    "equivalence/prioritized_matches_native": (
-        "SRL's PrioritizedReplayBuffer never draws the chunk at the highest stored index "
-        "(rlsrl/base/buffer.py _sample_proportional sums the tree with sum(0, total_chunks - 1), whose end is "
-        "exclusive: until the ring is full, the chunk put last); Conduit's adapter draws every stored chunk. An SRL "
-        "bug, not copied (docs §13)"),
-}
 
 
 def harness() -> SRLHarness:

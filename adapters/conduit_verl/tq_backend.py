@@ -137,6 +137,13 @@ def _named_units() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- columns <-> values
+def _raise_unless_cancelled(error: Exception, cause, cancelled: bool) -> None:
+    """``error`` for the caller; logged instead when a cancel must reach it (its timeout must fire)."""
+    if not cancelled:
+        raise error from cause
+    logging.getLogger(__name__).error("conduit_verl: %s", error)
+
+
 async def _undo_then_raise(undo_calls, failed: list, cancelled: bool, what: str, fix: str) -> None:
     """After a failed or cancelled operation over several units: every undo call answered (through
     a cancel), then the cancel if one came (a caller's timeout must see it; the failure, if any, is
@@ -147,10 +154,8 @@ async def _undo_then_raise(undo_calls, failed: list, cancelled: bool, what: str,
     lost = [e for e in undone if isinstance(e, BaseException)]
     cause = failed[0] if failed else None
     if lost:
-        error = RuntimeError(f"{what} and could not be undone on {len(lost)} unit(s): {lost[0]!r}. Fix: {fix}")
-        if not cancelled:
-            raise error from cause
-        logging.getLogger(__name__).error("conduit_verl: %s", error)
+        _raise_unless_cancelled(RuntimeError(f"{what} and could not be undone on {len(lost)} unit(s): {lost[0]!r}. "
+                                             f"Fix: {fix}"), cause, cancelled)
     if cancelled:
         raise asyncio.CancelledError() from cause
     raise cause
@@ -323,10 +328,8 @@ class ConduitStorageManager(StorageManager):
         done, cancelled = await shared_path.settled([u.finish.remote() for u in self.units])
         kept = [d for d in done if isinstance(d, BaseException)]
         if kept:     # the load is whole; only the old rows' memory is still held
-            error = RuntimeError(f"{manifest} is loaded, but {len(kept)} unit(s) could not free the rows they held "
-                                 f"before: {kept[0]!r}. Fix: restart TransferQueue to return that memory")
-            if not cancelled:
-                raise error from kept[0]
-            logging.getLogger(__name__).error("conduit_verl: %s", error)
+            _raise_unless_cancelled(RuntimeError(f"{manifest} is loaded, but {len(kept)} unit(s) could not free the "
+                                                 f"rows they held before: {kept[0]!r}. Fix: restart TransferQueue to "
+                                                 "return that memory"), kept[0], cancelled)
         if cancelled:
             raise asyncio.CancelledError()

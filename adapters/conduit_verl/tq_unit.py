@@ -188,7 +188,6 @@ class StorageUnit:
         if self._staged is None:
             raise ConfigError("staged checkpoint", "a unit file read by stage()", "none (never staged, aborted, "
                               "or the unit restarted)", "load the checkpoint again")
-        self.finish()    # a load before this one that was never finished: its old rows go now
         self._previous, self.store, self._staged = self.store, self._staged, None
         return len(self.store)
 

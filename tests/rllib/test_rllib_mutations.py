@@ -198,4 +198,4 @@ def test_the_suite_catches_the_mutation(mutation):
     assert catcher in failed, f"{mutation} was not caught by {catcher}:\n{report.table()}"
     # caught by what the check measures, not by a crash on the way
     assert all(w in report.by_id()[catcher].detail for w in CAUGHT_BY.get(mutation, ())), report.table()
-    print(f"\n{mutation}: caught by {sorted(failed)}")
+    print(f"\n{mutation}: caught by {sorted(failed)}; {catcher}: {report.by_id()[catcher].detail}")
