@@ -98,7 +98,7 @@ class ExperienceBuffer:
         self.ingest_ledger = source_commit.CommitLedger()   # receipts of writers at the source, each taken once
         self._cond = BufferCondition()
         self.lock = self._cond   # the buffer's lock and condition, for its parts (read-only)
-        self._closed = False
+        self.closed = False   # (read-only for others: hot paths test it without a Python call)
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
 
     # ------------------------------------------------------------ properties
@@ -208,7 +208,7 @@ class ExperienceBuffer:
     # ------------------------------------------------- layout changes (migration.py)
     def check_open(self) -> None:
         """Raise ClosedError if the buffer is closed."""
-        if self._closed:
+        if self.closed:
             raise ClosedError("the buffer is closed. Fix: build a new one; state_dict() before close() keeps the data.")
 
     def live_range(self) -> tuple[int, int]:
@@ -370,17 +370,13 @@ class ExperienceBuffer:
     # ----------------------------------------------------------------- close
     def close(self) -> None:
         with self._cond:
-            if self._closed:
+            if self.closed:
                 return
-            self._closed = True
+            self.closed = True
             self.storage.close()
             self.ring.close()
             self.ring.meta = {}
             self._cond.notify_all()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
 
 def replay(*, spec: ExperienceSpec, capacity: int, seed: int = 0, **kw) -> ExperienceBuffer:

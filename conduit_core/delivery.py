@@ -210,20 +210,22 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
     overwritten since they were delivered are skipped. ``abs_floor``: priorities given as
     TD errors, each stored as ``max(|p|, abs_floor)`` (RLlib floors at 1e-12). Returns how
     many were updated."""
-    if abs_floor is not None and (isinstance(abs_floor, (bool, np.bool_))
-                                  or not isinstance(abs_floor, (int, float, np.integer, np.floating))
-                                  or not 0.0 <= abs_floor < math.inf):
+    if abs_floor is not None and not (type(abs_floor) is float and 0.0 <= abs_floor < math.inf) and (
+            isinstance(abs_floor, (bool, np.bool_)) or not isinstance(abs_floor, (int, float, np.integer, np.floating))
+            or not 0.0 <= abs_floor < math.inf):
         raise ConfigError("abs_floor", "None or a finite number >= 0", repr(abs_floor),
                           "e.g. abs_floor=1e-12 for |TD error| priorities, or None to store them as given")
     if seqs is not None and type(slots) is np.ndarray and type(seqs) is np.ndarray \
             and type(priorities) is np.ndarray:   # a delivered batch's own arrays: one native call
         with buf.lock.mutex:
-            buf.check_open()
+            if buf.closed:
+                buf.check_open()
+            stored_seqs = buf.ring.meta["seq"]
             if abs_floor is None:
-                done = buf.selector.update_delivered(slots, seqs, priorities, buf.meta["seq"])
+                done = buf.selector.update_delivered(slots, seqs, priorities, stored_seqs)
             else:
                 try:
-                    done = buf.selector.update_delivered(slots, seqs, priorities, buf.meta["seq"],
+                    done = buf.selector.update_delivered(slots, seqs, priorities, stored_seqs,
                                                          abs_floor=float(abs_floor))
                 except TypeError:   # a selector written before abs_floor: the route below floors
                     done = None

@@ -14,12 +14,14 @@ interleave and the RNG sequence equals a sequential run's.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from .batch import Batch
 from .buffer import ExperienceBuffer
 from .errors import SpecError
 from .prepared_deliveries import DeliveryRequest, PreparedBatch
+from .sampling_args import PLAIN_FIELDS, PLAIN_N_STEP, replay_args
 
 
 class DeliveryOperator:
@@ -31,9 +33,11 @@ class DeliveryOperator:
     request and returns them as ``PreparedBatch``es stamped with the guard versions given.
     """
 
-    def __init__(self, buffer: ExperienceBuffer, hooks: list[Callable[[Batch], Batch]]):
+    def __init__(self, buffer: ExperienceBuffer, hooks: list[Callable[[Batch], Batch]], *, metrics=None,
+                 op_lock=None, cond=None):
         self._buffer = buffer
         self.hooks = hooks
+        self._metrics, self._op_lock, self._cond = metrics, op_lock, cond   # (deliver_now's)
 
     def run(self, request: DeliveryRequest, timeout: float | None, *, granularity: int, speculative: bool,
             rows_committed: int, priority_version: int) -> list[PreparedBatch]:
@@ -64,19 +68,30 @@ class DeliveryOperator:
             raise
         return out
 
-    def draw_now(self, n: int, *, n_step, gamma: float, beta, device, episode_end: str, fields,
-                 timeout: float | None) -> Batch:
-        """One replay batch handed out at once (a sequential schedule drawing one batch per
-        call, no delivery hooks: the caller judged that), without a request or a prepared
-        entry; as ``run`` does, a failure leaves nothing counted as sampled."""
+    def deliver_now(self, n: int, *, n_step, gamma: float, beta, device, episode_end: str, fields,
+                    timeout: float | None) -> Batch:
+        """One replay batch drawn and handed out by the calling thread, without a request or a
+        prepared entry: the data plane's route for a sequential schedule drawing one batch per
+        call with no delivery hook (the caller judged that). Under the delivery lock; the call's
+        time goes to the metrics in one step; as ``run`` does, a failure leaves nothing counted
+        as sampled. Needs the data plane's ``metrics``, ``op_lock`` and ``cond``."""
+        if type(fields) not in PLAIN_FIELDS or type(n_step) not in PLAIN_N_STEP:
+            fields, n_step = replay_args(fields, n_step)   # (one form for every route)
         buffer = self._buffer
-        sampled_before = buffer.counts.sampled
-        try:
-            return buffer.sample(n, device=device, n_step=n_step, gamma=gamma, beta=beta, timeout=timeout,
-                                 episode_end=episode_end, fields=fields)
-        except BaseException:
-            buffer.rollback_selection(None, items=buffer.counts.sampled - sampled_before, restore_rng=False)
-            raise
+        t0 = time.perf_counter()
+        with self._op_lock:
+            sampled_before = buffer.counts.sampled
+            try:
+                batch = buffer.sample(n, device=device, n_step=n_step, gamma=gamma, beta=beta, timeout=timeout,
+                                      episode_end=episode_end, fields=fields)
+            except BaseException:
+                buffer.rollback_selection(None, items=buffer.counts.sampled - sampled_before, restore_rng=False)
+                self._metrics.add_blocked("deliver", time.perf_counter() - t0)
+                raise
+        self._metrics.add_call("deliver", time.perf_counter() - t0, items_out=n)
+        with self._cond.mutex:
+            self._cond.notify_all()
+        return batch
 
     def _draw(self, request: DeliveryRequest, n: int, timeout: float | None) -> Batch:
         buffer = self._buffer

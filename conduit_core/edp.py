@@ -78,14 +78,20 @@ class ExperienceDataPlane:
         # the ingestion part (its ``commit`` is the ingestion operator the worker and inline stores call)
         self.ingestion = IngestionPoint(buffer=buffer, hooks=list(ingest_hooks or []), schedule=self.schedule,
                                          metrics=self._metrics, cond=self._cond, errors=self._errors)
-        self._delivery = DeliveryOperator(buffer, list(delivery_hooks or []))
+        self._delivery = DeliveryOperator(buffer, list(delivery_hooks or []), metrics=self._metrics,
+                                          op_lock=self._op_lock, cond=self._cond)
         self._prepared = PreparedDeliveries(buffer=buffer, metrics=self._metrics, cond=self._cond)
         self._priority_version = 0
-        self._closed = False
+        self.closed = False   # (read-only for others)
         self._transformer = None  # kept across reschedules to the same worker kind (a child costs ~1 s)
         self._thread: BackgroundWorker | None = None  # the overlapped schedule's worker thread
+        self._choose_route()
         if self.schedule.is_overlapped:
             self._start_worker()
+
+    def _choose_route(self) -> None:   # deliver()'s short route: sequential, 1 batch per call, no hook
+        self._draws_now = (self.schedule.draws_at_once and not self._delivery.hooks
+                           and not self.buffer.selector.consumes)
 
     # ---------------------------------------------------------------- hooks
     def add_ingest_hook(self, hook: Callable[[list[Rollout]], list[Rollout]]) -> None:
@@ -95,6 +101,7 @@ class ExperienceDataPlane:
     def add_delivery_hook(self, hook: Callable[[Batch], Batch]) -> None:
         self._require_no_worker("add_delivery_hook")
         self._delivery.hooks.append(hook)
+        self._choose_route()
 
     def _require_no_worker(self, what: str) -> None:
         if self._thread is not None:
@@ -142,6 +149,10 @@ class ExperienceDataPlane:
         (``episode_end``: 'shorten' or 'redraw' windows cut by an episode's end; see ``ExperienceBuffer.sample``)
         or as sequences of ``sequence_length``. FIFO: the next ``batch_size`` items of ``policy_version`` (``None``:
         everything of that version accepted so far). ``fields``: only these of the spec's fields (replay; None: all)."""
+        if self._draws_now and batch_size is not None and not sequence_length and episode_end in EPISODE_END_RULES \
+                and not (self.closed or self._errors.kept):   # sequential replay, no hook: drawn by this call
+            return self._delivery.deliver_now(batch_size, n_step=n_step, gamma=gamma, beta=beta, device=self.device,
+                                              episode_end=episode_end, fields=fields, timeout=timeout)
         with self._metrics.blocked("deliver"):
             self._check_usable()
             if episode_end not in EPISODE_END_RULES:
@@ -153,17 +164,6 @@ class ExperienceDataPlane:
                                   "pass batch_size=...; only FIFO delivery may take everything")
             if type(fields) not in PLAIN_FIELDS or type(n_step) not in PLAIN_N_STEP:
                 fields, n_step = replay_args(fields, n_step)   # one form for both routes below
-            if kind == "sample" and self.schedule.draws_at_once and not self._delivery.hooks:
-                # sequential (nothing accepted is unstored), nothing prepared ahead, no hook: draw now
-                with self._op_lock:
-                    t0 = time.perf_counter()
-                    batch = self._delivery.draw_now(batch_size, n_step=n_step, gamma=gamma, beta=beta,
-                                                    device=self.device, episode_end=episode_end, fields=fields,
-                                                    timeout=timeout)
-                    self._metrics.add_busy("deliver", time.perf_counter() - t0, items_out=batch_size)
-                with self._cond.mutex:
-                    self._cond.notify_all()
-                return batch
             req = DeliveryRequest(kind, batch_size, n_step, gamma, beta, sequence_length, policy_version, self.device,
                                   episode_end, fields)
             if kind == "take":
@@ -209,14 +209,18 @@ class ExperienceDataPlane:
     # ------------------------------------------------------------- priorities
     def update_priorities(self, batch: Batch, priorities: Any, *, abs_floor: float | None = None) -> int:
         """New priorities for a delivered batch's rows, skipping rows overwritten since (``abs_floor``: buffer's)."""
-        with self._metrics.blocked("priorities"):
-            self._check_usable()
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()   # (no wait inside: the call's time is both blocked and busy)
+        try:
+            if self.closed or self._thread is not None or self._errors.kept:
+                self._check_usable()
             with self._cond.mutex:
                 n = self.buffer.update_priorities(batch.slots, priorities, seqs=batch.seqs, abs_floor=abs_floor)
                 self._priority_version += 1
-            self._metrics.add_busy("priorities", time.perf_counter() - t0, items_in=n)
-            return n
+        except BaseException:
+            self._metrics.add_blocked("priorities", time.perf_counter() - t0)
+            raise
+        self._metrics.add_call("priorities", time.perf_counter() - t0, items_in=n)
+        return n
 
     def reschedule(self, schedule: Schedule) -> None:
         """Switch to another schedule without losing anything: flush what was accepted, stop
@@ -242,6 +246,7 @@ class ExperienceDataPlane:
         with self._cond:
             self._prepared.reset_locked()
             self.schedule = self.ingestion.schedule = schedule
+            self._choose_route()   # (the old worker is joined; a new one starts below)
             self.buffer.reserve_prepared_outputs(schedule.max_prepared)
         if schedule.is_overlapped:
             self._start_worker()
@@ -288,10 +293,8 @@ class ExperienceDataPlane:
         self._thread.start()
 
     # ------------------------------------------------------- rows and losses
-    @property
-    def losses(self):
-        """Remote shards lost so far, with their rows (``ExperienceBuffer.losses``)."""
-        return self.buffer.losses
+    losses = property(lambda self: self.buffer.losses,
+                      doc="Remote shards lost so far, with their rows (``ExperienceBuffer.losses``).")
 
     def evict(self, seqs) -> int:
         """Remove stored rows by seq (``ExperienceBuffer.evict``), after storing what was
@@ -317,7 +320,7 @@ class ExperienceDataPlane:
             self._errors.raise_locked()
 
     def _check_usable(self) -> None:
-        if self._closed:
+        if self.closed:
             raise ClosedError("the data plane is closed. Fix: build a new ExperienceDataPlane.")
         if self._thread is not None and not self._thread.is_alive() and not self._thread.stop_requested:
             raise WorkerError("the background worker is gone. Fix: close() and build a new data plane.")
@@ -355,7 +358,7 @@ class ExperienceDataPlane:
     def close(self, *, flush: bool = True, timeout: float | None = None) -> None:
         """Store what was accepted (``flush``), stop and join the worker (and its process),
         then free the buffer's memory, shared segments included. Idempotent."""
-        if self._closed:
+        if self.closed:
             return
         first_error: BaseException | None = None
         if flush and self._thread is not None:
@@ -374,7 +377,7 @@ class ExperienceDataPlane:
                 first_error = first_error or WorkerError("the worker thread did not stop in time")
         if self._transformer is not None:
             self._transformer.close()
-        self._closed = True
+        self.closed = True
         self._prepared.forget()
         self.buffer.close()
         with self._cond:
@@ -388,10 +391,6 @@ class ExperienceDataPlane:
         """The ingestion child's process id with ``worker='process'`` (else None): for
         monitoring, and for tests that kill it."""
         return getattr(self._transformer, "pid", None)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def __enter__(self) -> "ExperienceDataPlane":
         return self

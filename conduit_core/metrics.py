@@ -76,6 +76,17 @@ class MetricsRecorder:
             m.blocked_s += seconds
             m.calls += 1
 
+    def add_call(self, point: str, seconds: float, *, items_in: int = 0, items_out: int = 0) -> None:
+        """A call that did its work without waiting: ``seconds`` both blocked and busy, in one
+        step (a hot path's one metrics call in place of ``blocked()`` and ``add_busy``)."""
+        with self._lock:
+            m = self._points[point]
+            m.blocked_s += seconds
+            m.busy_s += seconds
+            m.calls += 1
+            m.items_in += items_in
+            m.items_out += items_out
+
     def add_busy(self, point: str, seconds: float, *, items_in: int = 0, items_out: int = 0) -> None:
         with self._lock:
             m = self._points[point]

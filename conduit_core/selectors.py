@@ -231,6 +231,7 @@ class Prioritized(Selector):
     def bind(self, capacity):
         super().bind(capacity)
         self.index = PriorityIndex(capacity)
+        self._trees = self.index.trees()   # (fixed for the index's life: the update's hot path reads it)
 
     def rebind(self, capacity, old_slots, new_slots):
         priorities = self.index.get(old_slots).copy()
@@ -269,7 +270,7 @@ class Prioritized(Selector):
     def update_delivered(self, slots, seqs, priorities, stored_seqs, *, abs_floor=None):
         if not self.index.use_c:
             return None
-        args = (*self.index.trees(), stored_seqs, slots, seqs, priorities, self.alpha, self.eps)
+        args = (*self._trees, stored_seqs, slots, seqs, priorities, self.alpha, self.eps)
         if abs_floor is None:
             got = _c_set_delivered(*args)
         else:

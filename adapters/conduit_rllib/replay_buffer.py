@@ -288,8 +288,8 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
 
     def update_priorities(self, priorities, module_id=None) -> None:
         """RLlib's call: priorities for the rows of the last sample."""
-        if self.last_sampled is not None:
-            self.update_priorities_of(self.last_sampled, priorities)
+        if self.last_sampled is not None and self.prioritized:   # (update_priorities_of, one call less)
+            self.edp.update_priorities(self.last_sampled, np.asarray(priorities), abs_floor=RLLIB_MIN_PRIORITY)
 
     def update_priorities_of(self, batch, priorities) -> None:
         """Priorities for the rows of a delivered core ``Batch`` (any earlier one; rows
