@@ -16,6 +16,8 @@ timeout and end in a clear error, never a hang.
 
 from __future__ import annotations
 
+from functools import partial
+
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -296,19 +298,16 @@ class ExperienceBuffer:
         return self._out is not None and fields is None and device is None and self.storage.fills_outputs()
 
     def window_outputs(self, batch_size: int, fields=None, device=None):
-        """(take_into, the output pool's next ``WindowOutputs``) for ``batch_size`` n-step windows
-        of ``fields`` (``EpisodeWalk.window_columns``'s ``pooled``), or None where the batch is
-        fresh (no pool, a device's batch, storage that cannot take into outputs). Not handed out
-        until ``took_window_outputs``: a draw that fails uses up no entry."""
+        """(take_into, the output pool's next ``WindowOutputs``, the walk's ``window_plan(fields)``,
+        took) for ``batch_size`` n-step windows of ``fields`` (``EpisodeWalk.window_columns``'s
+        ``pooled``), or None where the batch is fresh (no pool, a device's batch, storage that
+        cannot take into outputs). Not handed out until ``took()``: a draw that fails uses up no entry."""
         if self._out is None or device is not None or not self.storage.takes_into():
             return None
-        _, last, first = self.walk.window_plan(fields)
-        return self.storage.take_into, self._out.windows(batch_size, first + last)
-
-    def took_window_outputs(self, batch_size: int, fields=None) -> None:
-        """The entry ``window_outputs(batch_size, fields)`` gave went out with a batch."""
-        _, last, first = self.walk.window_plan(fields)
-        self._out.took_windows(batch_size, first + last)
+        plan = self.walk.window_plan(fields)
+        names = plan[2] + plan[1]
+        return self.storage.take_into, self._out.windows(batch_size, names), plan, partial(
+            self._out.took_windows, batch_size, names)
 
     def gather(self, slots: np.ndarray, device=None, fields=None) -> dict[str, torch.Tensor]:
         """Decoded rows at ``slots`` (lock held), into the reused outputs when the buffer keeps them."""

@@ -59,7 +59,8 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     # the columns come from the output pool for a plain 1-step gather of every field on the host
     # and for host windows drawn with the redraw rule (window_outputs); the others are fresh
     with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
-        buf.check_open()
+        if buf.closed:
+            buf.check_open()
         size = wait_to_sample(buf, batch_size, timeout)
         pooled = n_step is None and buf.gathers_pooled(fields, device)
         weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.fills_weights_out else None
@@ -95,11 +96,11 @@ def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, siz
         pooled = buf.window_outputs(batch_size, fields, device)   # (steps and weights written in place)
         slots, weights, ret, last, steps = walk.sample_windows(
             ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True,
-            out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]))
+            out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]), stored=size)
         data = walk.window_columns(buf.gather, slots, ret, last, steps, device, fields,
                                    take=buf.storage.take_fresh, pooled=pooled)
         if pooled is not None:   # drawn: the entry goes out with the batch
-            buf.took_window_outputs(batch_size, fields)
+            pooled[3]()
             if weights is not None:
                 weights = pooled[1].weights_tensor()
         return slots, weights, data

@@ -96,13 +96,13 @@ class EpisodeWalk:
         names) -> host columns or None: a one-pass route for host batches, tried before ``gather``.
         ``pooled``: (take_into, the output pool's ``WindowOutputs``) whose walk arrays hold
         ``steps``: the columns go into its arrays (host batches)."""
-        names, last_fields, first_fields = self.window_plan(fields)
-        if pooled is not None:
-            take_into, entry = pooled
+        if pooled is not None:   # (buffer.window_outputs: the plan comes with the entry)
+            take_into, entry, (names, last_fields, first_fields), _ = pooled
             take_into(slots, first_fields, entry.columns)
             take_into(cur, last_fields, entry.columns)
             entry.walk["reward"][:] = ret   # (float64 -> float32 as ret.astype(np.float32) rounds)
             return entry.hand_out(names)
+        names, last_fields, first_fields = self.window_plan(fields)
         data = last = None
         if take is not None and device is None:
             data, last = take(slots, first_fields), take(cur, last_fields)
@@ -116,7 +116,8 @@ class EpisodeWalk:
         return {name: data[name] for name in (*names, "n_step")}
 
     def sample_windows(self, ring, storage, selector, rng, batch_size: int, n_step, gamma: float,
-                       beta: float | None, *, redraw: bool, out: tuple[np.ndarray, np.ndarray] | None = None):
+                       beta: float | None, *, redraw: bool, out: tuple[np.ndarray, np.ndarray] | None = None,
+                       stored: int | None = None):
         """Select ``batch_size`` items and walk their n-step windows in one native pass.
 
         Returns (start slots, weights or None, discounted return, last slot, steps); weights
@@ -124,7 +125,8 @@ class EpisodeWalk:
         ``redraw`` an item whose window is cut short by its episode's stored end is drawn
         again, n included (RLlib's PrioritizedEpisodeReplayBuffer rule); without it the
         shorter window is delivered with its true length. Uniforms come from the buffer's
-        RNG in pools; the C walk and the Python reference consume them identically."""
+        RNG in pools; the C walk and the Python reference consume them identically. ``stored``:
+        the buffer's size, where the caller has it under the same lock."""
         if not self._n_step_fields_ok:
             self.check_n_step_fields()
         span = self._n_step_ranges.get(n_step)
@@ -135,9 +137,9 @@ class EpisodeWalk:
         n_lo, n_hi = span
         prioritized = selector.weighted
         if prioritized:
-            sums, mins, tsize = selector.index.trees()
+            sums, mins, tsize = selector.trees
             beta = selector.beta if beta is None else float(beta)
-            lo, count = 0, ring.inserted - ring.lo() - ring.holes
+            lo, count = 0, ring.inserted - ring.lo() - ring.holes if stored is None else stored
         else:
             sums, mins, tsize = _NO_TREE[0], _NO_TREE[1], 1
             beta = 0.0

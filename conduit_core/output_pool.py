@@ -131,4 +131,8 @@ class WindowOutputs:
         return out
 
     def weights_tensor(self) -> torch.Tensor:
-        return handed_out(("weights",), self.walk, self.walk_tensors)["weights"]
+        """The walk's weights as ``handed_out`` gives them (inline: a delivery's hot path)."""
+        t, a = self.walk_tensors["weights"], self.walk["weights"]
+        if t.shape != a.shape or t.requires_grad:
+            t = self.walk_tensors["weights"] = torch.from_numpy(a)
+        return t

@@ -52,6 +52,7 @@ class Selector(ABC):
     # Selection follows per-row priorities the learner updates: it draws ring slots from its
     # own index (not positions in the live window), delivers importance weights, and a batch
     # drawn before a priority update is not the one the framework would draw after it.
+    # A weighted selector keeps ``trees`` (sum tree, min tree, leaf offset), which the fused walk reads.
     weighted: bool = False
     # Not weighted: ``select`` returns positions among the stored rows, oldest first.
     # ``order_free``: its distribution is the same under any reordering of the rows (plain
@@ -231,7 +232,7 @@ class Prioritized(Selector):
     def bind(self, capacity):
         super().bind(capacity)
         self.index = PriorityIndex(capacity)
-        self._trees = self.index.trees()   # (fixed for the index's life: the update's hot path reads it)
+        self.trees = self.index.trees()   # (sum, min, leaf offset): fixed for the index's life; read-only
 
     def rebind(self, capacity, old_slots, new_slots):
         priorities = self.index.get(old_slots).copy()
@@ -270,7 +271,7 @@ class Prioritized(Selector):
     def update_delivered(self, slots, seqs, priorities, stored_seqs, *, abs_floor=None):
         if not self.index.use_c:
             return None
-        args = (*self._trees, stored_seqs, slots, seqs, priorities, self.alpha, self.eps)
+        args = (*self.trees, stored_seqs, slots, seqs, priorities, self.alpha, self.eps)
         if abs_floor is None:
             got = _c_set_delivered(*args)
         else:
