@@ -75,13 +75,13 @@ class DeliveryOperator:
         call with no delivery hook (the caller judged that). Under the delivery lock; the call's
         time goes to the metrics in one step; as ``run`` does, a failure leaves nothing counted
         as sampled. Needs the data plane's ``metrics``, ``op_lock`` and ``cond``."""
-        if type(fields) not in PLAIN_FIELDS or type(n_step) not in PLAIN_N_STEP:
-            fields, n_step = replay_args(fields, n_step)   # (one form for every route)
         buffer = self._buffer
         t0 = time.perf_counter()
         with self._op_lock:
             sampled_before = buffer.counts.sampled
             try:
+                if type(fields) not in PLAIN_FIELDS or type(n_step) not in PLAIN_N_STEP:
+                    fields, n_step = replay_args(fields, n_step)   # (one form for every route)
                 batch = buffer.sample(n, device=device, n_step=n_step, gamma=gamma, beta=beta, timeout=timeout,
                                       episode_end=episode_end, fields=fields)
             except BaseException:

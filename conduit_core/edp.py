@@ -124,10 +124,10 @@ class ExperienceDataPlane:
         """Accept several rollouts at once (granularity g_ing: one operator call for the group,
         so hooks can vectorise across them). Items are dicts of columns or ``Rollout``s
         (with their own source and policy_version). Returns their tickets."""
-        if not self.schedule.is_overlapped:
-            with self._metrics.blocked("ingest"):
+        if self._draws_now or not self.schedule.is_overlapped:   # (the first: sequential, without a call)
+            if self.closed or self._errors.kept:
                 self._check_usable()
-                return self.ingestion.ingest_many_inline(rollouts, timeout)
+            return self.ingestion.ingest_many_inline(rollouts, timeout)   # (it records the call's time)
         return [self.ingest(r.data if isinstance(r, Rollout) else r,
                             source=r.source if isinstance(r, Rollout) else 0,
                             policy_version=r.policy_version if isinstance(r, Rollout) else 0, timeout=timeout)

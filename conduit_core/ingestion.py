@@ -121,33 +121,43 @@ class IngestionPoint:
 
     def ingest_many_inline(self, rollouts: list[Mapping[str, Any] | Rollout], timeout: float | None) -> list[int]:
         """Accept and store several rollouts in one operator call (sequential schedule), so
-        hooks can vectorise across them. Returns their tickets."""
+        hooks can vectorise across them. Returns their tickets. Records the call's time in the
+        metrics in one step, as blocked and busy alike (a failed call: blocked only)."""
         t0 = time.perf_counter()
-        rollouts = list(rollouts)   # (any iterable: its length is the tickets it takes)
-        with self._cond.mutex:   # the group's tickets, in order
-            first_ticket = self.ticket
-            self.ticket += len(rollouts)
-        if self.hooks:
-            group = []
-            for ticket, r in enumerate(rollouts, first_ticket):
-                r = r if isinstance(r, Rollout) else Rollout(data=r)
-                group.append(Rollout(r.data, r.source, r.policy_version, ticket, as_numpy_rows(r.data), r.info))
-            enc = encode_rollouts(self._buffer.spec, self.hooks, group)
-            accepted = group   # rows as accepted (a hook may change a rollout's rows)
-        else:   # no hook can change a rollout: each encoded straight from what came
-            accepted = enc = encode_unhooked(self._buffer.spec, rollouts, first_ticket)
-        rows = sum(r.rows for r in accepted) if len(accepted) > 1 else (accepted[0].rows if accepted else 0)
-        try:
-            self.commit(enc, timeout)
-        except BaseException as exc:
-            # the rollouts stored before the failure stay stored, and are counted as such
-            stored = set(getattr(exc, "stored_tickets", ()))
-            self.accepted_rows += sum(r.rows for r in accepted if r.ticket in stored)
-            self.committed_rows = self.accepted_rows
+        try:   # (a call that fails counts as a call, blocked for its time)
+            rollouts = list(rollouts)   # (any iterable: its length is the tickets it takes)
+            with self._cond.mutex:   # the group's tickets, in order
+                first_ticket = self.ticket
+                self.ticket += len(rollouts)
+            if self.hooks:
+                group = []
+                for ticket, r in enumerate(rollouts, first_ticket):
+                    r = r if isinstance(r, Rollout) else Rollout(data=r)
+                    group.append(Rollout(r.data, r.source, r.policy_version, ticket, as_numpy_rows(r.data), r.info))
+                enc = encode_rollouts(self._buffer.spec, self.hooks, group)
+                accepted = group   # rows as accepted (a hook may change a rollout's rows)
+            else:   # no hook can change a rollout: each encoded straight from what came
+                accepted = enc = encode_unhooked(self._buffer.spec, rollouts, first_ticket)
+            rows = sum(r.rows for r in accepted) if len(accepted) > 1 else (accepted[0].rows if accepted else 0)
+            try:
+                if len(enc) == 1 and enc[0].n <= self._buffer.ring.capacity:   # (commit's lone case, inline)
+                    e = enc[0]
+                    self._buffer.add_encoded(e.columns, e.n, source=e.source, policy_version=e.policy_version,
+                                             timeout=timeout)
+                else:
+                    self.commit(enc, timeout)
+            except BaseException as exc:
+                # the rollouts stored before the failure stay stored, and are counted as such
+                stored = set(getattr(exc, "stored_tickets", ()))
+                self.accepted_rows += sum(r.rows for r in accepted if r.ticket in stored)
+                self.committed_rows = self.accepted_rows
+                raise
+        except BaseException:
+            self._metrics.add_blocked("ingest", time.perf_counter() - t0)
             raise
         self.accepted_rows += rows
         self.committed_rows = self.accepted_rows
-        self._metrics.add_busy("ingest", time.perf_counter() - t0, items_in=rows,
+        self._metrics.add_call("ingest", time.perf_counter() - t0, items_in=rows,
                                items_out=rows if enc is accepted else sum(e.n for e in enc))
         return [e.ticket for e in enc]
 

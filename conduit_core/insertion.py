@@ -32,7 +32,8 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
         priorities = buf.selector.check_initial_priorities(n, priorities)  # before anything is written
     source, policy_version = int(source), int(policy_version)
     with buf.lock.mutex:   # the condition's own RLock, entered in C (the hot path; notify works under it)
-        buf.check_open()
+        if buf.closed:
+            buf.check_open()
         if buf.rate_limiter.samples_per_insert is not None or buf.selector.consumes:   # (else: nothing to wait for)
             wait_to_insert(buf, n, timeout)
         ring, storage = buf.ring, buf.storage

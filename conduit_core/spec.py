@@ -228,6 +228,10 @@ class ExperienceSpec:
         read for them first (an Atari stack is read once, not twice); such a value gets
         ``validate``'s error all the same."""
         if self._all_identity:
+            if self._native_check is not None and type(batch) is dict:   # (validate's first step, inline)
+                checked = _c_check_columns(batch, self._native_check)
+                if checked is not None:
+                    return checked
             return self.validate(batch)   # validate's dict is a fresh one
         n, cols = self.validate(batch, _codec_checks_finite=True)
         try:

@@ -104,7 +104,8 @@ def episode_columns(ep) -> dict[str, np.ndarray]:
         trunc[-1] = ep.is_truncated
     return {"obs": obs[:-1], "next_obs": obs[1:], "action": act,
             "reward": rew.astype(np.float32, copy=False),
-            "terminated": term, "truncated": trunc, **extra_model_output_columns(ep, n)}
+            "terminated": term, "truncated": trunc,
+            **(extra_model_output_columns(ep, n) if ep.extra_model_outputs else {})}
 
 
 # Affine normalisations frameworks apply to uint8 pixels, tried in order: x = q / d + offset.
