@@ -1,7 +1,8 @@
 """Session helpers for adapters built on conduit_core's ExperienceDataPlane.
 
-``EDPReader`` reads back what a data plane stored and delivered (ids are ``obs[:, 0]``),
-so an adapter's Session only has to implement its own ingestion and delivery calls.
+These read back what a data plane stored and delivered (ids are ``obs[:, 0]``; the
+delivered rows' contents under the suite's names, ``Delivered.rows``), so an adapter's
+Session only has to implement its own ingestion and delivery calls.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import numpy as np
 
 from conduit_core import Batch, ExperienceDataPlane
 
-from .harness import Delivered
+from .harness import ROW_FIELDS, Delivered
 
 
 def stored_ids(edp: ExperienceDataPlane, id_field: str = "obs") -> np.ndarray:
@@ -34,9 +35,24 @@ def stored_ids_of_buffer(buffer, id_field: str = "obs") -> np.ndarray:
     return ids.astype(np.int64)
 
 
-def delivered(batch: Batch, id_field: str = "obs") -> Delivered:
+def rows_of(columns, names: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """``Delivered.rows`` from the columns a learner receives (tensors or arrays): ``names`` maps
+    each suite key (``ROW_FIELDS``) to the framework's column name (None: the same names); a
+    column the learner does not get is left out. Copied: delivered batches may reuse their memory."""
+    names = names or {k: k for k in ROW_FIELDS}
+    out = {}
+    for key, col in names.items():
+        if col in columns:
+            v = columns[col]
+            out[key] = np.array(v.detach().cpu().numpy() if hasattr(v, "detach") else v, copy=True)
+    return out
+
+
+def delivered(batch: Batch, id_field: str = "obs", names: dict[str, str] | None = None) -> Delivered:
+    """A Batch the learner receives as it is; ``names``: see ``rows_of``."""
     col = batch[id_field]
     ids = col.reshape(batch.size, -1)[:, 0] if batch.size else col.new_zeros(0)
     ids = ids.cpu().numpy().astype(np.int64)
     return Delivered(ids=ids, versions=batch.versions, weights=None if batch.weights is None else
-                     batch.weights.cpu().numpy(), inserted_at_selection=batch.inserted_at_selection, handle=batch)
+                     batch.weights.cpu().numpy(), inserted_at_selection=batch.inserted_at_selection, handle=batch,
+                     rows=rows_of(batch, names))

@@ -5,7 +5,7 @@ observations carry a unique id (``obs[:, 0]``), so the suite can tell exactly wh
 transitions were stored and delivered. The adapter converts a SyntheticRollout into
 its framework's own format (episodes, sample batches, ...) and pushes it through its
 ingestion path; ``deliver`` returns the ids (and provenance) of what its delivery path
-would hand the learner.
+would hand the learner, and the rows' contents as the learner sees them (``Delivered.rows``).
 
 Capabilities a harness declares (checks needing an undeclared one are skipped, with why; a check
 whose capabilities are all declared fails where a piece it needs is missing, unless the framework
@@ -31,6 +31,8 @@ import numpy as np
 CAPABILITIES = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
                           "nstep", "sequences", "shared_rng"})
 OBS_DIM = 4
+# the columns a SyntheticRollout has, and the keys of Delivered.rows (a harness maps its framework's names to these)
+ROW_FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
 
 
 def reward_of(ids) -> np.ndarray:
@@ -75,13 +77,20 @@ class SyntheticRollout:
 
 @dataclass
 class Delivered:
-    """What the learner would get: transition ids in row order, plus provenance when known."""
+    """What the learner would get: transition ids in row order, plus provenance when known.
+
+    ``rows``: the delivered rows' contents as the learner receives them, row-aligned with ``ids``:
+    ``{key: array with one entry per row}``, keys among ``ROW_FIELDS`` (the framework's own names
+    mapped to these; a field the learner does not get is left out), converted only in dtype and
+    shape, never in value. ``deliver/rows_intact`` and ``onpolicy/rows_intact`` require it and compare
+    every row with ``SyntheticRollout.columns()`` of its id, exactly."""
 
     ids: np.ndarray
     versions: np.ndarray | None = None
     weights: np.ndarray | None = None
     inserted_at_selection: int | None = None   # for the staleness bound
     handle: Any = None                          # the adapter's own batch, for priority updates
+    rows: dict[str, np.ndarray] | None = None   # what the learner gets, by ROW_FIELDS key (see above)
 
 
 @dataclass

@@ -17,7 +17,10 @@ import torch
 from conduit_conformance import (ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence, Harness, Session,
                          SyntheticRollout)
 from conduit_conformance.edp_session import delivered as edp_delivered
+from conduit_conformance.edp_session import rows_of
 from conduit_conformance.edp_session import stored_ids as edp_stored_ids
+
+from .columns import RLLIB_COLUMNS
 
 
 def to_episode(r: SyntheticRollout, episode_id: str):
@@ -53,6 +56,21 @@ def rows_of_batch(batch) -> DeliveredRows:
                          weights=(np.ones(batch.size) if batch.weights is None
                                   else batch.weights.numpy().astype(np.float64)),
                          handle=batch)
+
+
+def learner_delivered(batch) -> Delivered:
+    """A batch DQN's learner trains on: ``Delivered.rows`` read from what RLlib's learner gets,
+    the output of ``ConduitLearnerConnector`` (RLlib's column names: obs, new_obs, actions,
+    rewards, terminateds, truncateds), not from the Conduit batch before it."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from .learner import ConduitLearnerConnector
+    from .replay_buffer import DeliveredBatch
+    connector = ConduitLearnerConnector(inner=None, device="cpu", log_provenance=False)
+    columns = connector(rl_module=None, batch=None, episodes=[DeliveredBatch(batch)])[DEFAULT_MODULE_ID]
+    d = edp_delivered(batch)
+    d.rows = rows_of(columns, RLLIB_COLUMNS)
+    return d
 
 
 def sequences_of(eps) -> list[DeliveredSequence]:
@@ -95,7 +113,7 @@ class ReplaySession(Session):
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
         out = self.buf.sample(batch_size, n_step=1, gamma=0.99)
-        return edp_delivered(out[0].batch)
+        return learner_delivered(out[0].batch)
 
     def deliver_rows(self, batch_size, *, n_step, gamma, beta=None) -> DeliveredRows:
         kw = {} if beta is None else {"beta": beta}   # none passed: the buffer's default, as for RLlib's
@@ -191,7 +209,9 @@ class OnPolicySession(Session):
             self.path.edp.flush()
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
-        return edp_delivered(self.path.deliver(policy_version=policy_version or 0))
+        """The delivered train batch, whose columns PPO's minibatches are cut from (RLlib's names:
+        obs, actions, rewards, terminateds; the harness hands no next_obs or truncateds to PPO)."""
+        return edp_delivered(self.path.deliver(policy_version=policy_version or 0), names=RLLIB_COLUMNS)
 
     def stored_ids(self):
         return edp_stored_ids(self.path.edp) if self.path.edp is not None else np.zeros(0, np.int64)

@@ -46,6 +46,16 @@ def transitions(columns: dict) -> list:
     return out
 
 
+def rows_of_sample(sample) -> dict[str, np.ndarray]:
+    """``Delivered.rows`` of one SRL get, as SRL's trainer reads it: the time-major ``[T=1, B, ...]``
+    sample's step, per row (``done`` is the terminal flag ``transitions`` wrote ``terminated`` to)."""
+    step = lambda x: np.asarray(x)[0]
+    b = step(sample.obs.obs).shape[0]
+    return {"obs": step(sample.obs.obs), "action": step(sample.action).reshape(b),
+            "reward": step(sample.reward).reshape(b), "terminated": step(sample.done).reshape(b),
+            "truncated": step(sample.truncated).reshape(b)}
+
+
 class ReplaySession(Session):
     """One SRL replay buffer (Conduit's or SRL's own) driven as SRL's trainer worker drives it."""
 
@@ -61,15 +71,17 @@ class ReplaySession(Session):
             self.buffer.put(s)
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
-        ids, weights, gets = [], [], []
+        ids, weights, gets, rows = [], [], [], []
         for _ in range(-(-(batch_size or GET_SIZE) // GET_SIZE)):
             entry = self.buffer.get()
             ids.append(np.asarray(entry.sample.obs.obs)[0, :, 0])
             w = entry.sample.metadata.get("sampling_weight")
             weights.append(np.ones(len(ids[-1]), np.float32) if w is None else np.asarray(w))
             gets.append(entry.sampling_indices)
+            rows.append(rows_of_sample(entry.sample))
         return Delivered(ids=np.concatenate(ids).astype(np.int64)[:batch_size],
-                         weights=np.concatenate(weights)[:batch_size], handle=gets)
+                         weights=np.concatenate(weights)[:batch_size], handle=gets,
+                         rows={k: np.concatenate([r[k] for r in rows])[:batch_size] for k in rows[0]})
 
     def update_priorities(self, delivered, priorities) -> None:
         pr = np.asarray(priorities, dtype=np.float64)

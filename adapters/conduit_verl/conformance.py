@@ -14,6 +14,10 @@ import torch
 from conduit_conformance import Delivered, Harness, Session, SyntheticRollout
 
 
+# the suite's columns -> the DataProto tensors update_actor reads (one token per response here)
+VERL_NAMES = {"obs": "input_ids", "action": "responses", "reward": "token_level_scores"}
+
+
 def to_dataproto(columns: dict, source: int):
     from verl import DataProto
     n = columns["obs"].shape[0]
@@ -43,9 +47,14 @@ class OnPolicySession(Session):
         if self.delivery.edp is None:
             return Delivered(ids=np.zeros(0, np.int64))
         shards, pad = self.delivery.deliver(policy_version or 0)
-        ids = torch.cat([s.batch["input_ids"][:, 0] for s in shards]) if shards and len(shards[0]) else torch.zeros(0)
-        ids = ids[: len(ids) - pad] if pad else ids
-        return Delivered(ids=ids.numpy().astype(np.int64))
+        if not (shards and len(shards[0])):
+            return Delivered(ids=np.zeros(0, np.int64))
+        keep = lambda t: t[: len(t) - pad] if pad else t     # verl drops the padding after the update
+        cols = {k: keep(torch.cat([s.batch[k] for s in shards])).numpy() for k in VERL_NAMES.values()}
+        n = cols["input_ids"].shape[0]
+        return Delivered(ids=cols["input_ids"][:, 0].astype(np.int64),
+                         rows={key: cols[name].reshape(n, -1) if key == "obs" else cols[name].reshape(n)
+                               for key, name in VERL_NAMES.items()})
 
     def stored_ids(self):
         from conduit_conformance.edp_session import stored_ids

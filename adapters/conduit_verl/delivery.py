@@ -16,7 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from conduit_core import ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Fifo
+from conduit_core import (ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Fifo,
+                          ShardSpec, Tier)
 
 ROW_ID = "conduit_row"
 
@@ -63,6 +64,12 @@ class UpdateBatchDelivery:
                 # a GPU target: the data plane delivers onto it (host tiers through page-locked
                 # staging and an asynchronous copy; a device tier without leaving the GPU)
                 self.edp = ExperienceDataPlane(buffer=buf, device=None if self.device.type == "cpu" else self.device)
+            elif len(plane.buffer) + n > plane.buffer.capacity:
+                # pending rows (a version ingested in parts, or versions waiting) that would outgrow the
+                # plane: it grows, keeping them. The FIFO would otherwise hold this insert until a delivery
+                # that comes only after it (RateLimitTimeout after 60 s; onpolicy/rows_intact found it)
+                grown = 2 * (len(plane.buffer) + n)
+                plane.migrate(shards=[ShardSpec(Tier.parse(self.tier), grown)], capacity=grown, background=False)
             side = self._side.setdefault(version, {})
             offset = len(next(iter(side.values()))) if side else self._rows.get(version, 0)
             cols = {k: v for k, v in batch.batch.items()}

@@ -6,8 +6,10 @@ Each fault breaks one promise; the suite must fail exactly the checks that guard
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from conduit_conformance import ConvergenceResult, Delivered
+from conduit_conformance.edp_session import delivered
 from conduit_conformance.examples import minirl as fw
 from conduit_conformance.examples.conduit_minirl import conformance as example
 from conduit_conformance.examples.conduit_minirl.memory import ConduitReplayMemory, ConduitRolloutStore
@@ -39,6 +41,8 @@ FAULTS = {
     "ignore_priorities": {"deliver/prioritized_distribution"},
     "accept_bad_input": {"ingest/rejects_bad_input"},
     "corrupt_rewards": {"convergence/bandit"},
+    # the right ids with wrong contents: delivery's collation takes each row's reward from the next row
+    "neighbour_rewards": {"deliver/rows_intact", "onpolicy/rows_intact"},
 }
 
 
@@ -50,16 +54,20 @@ class BrokenSession(example.AdapterSession):
         self.n_ingested = 0
 
     def ingest(self, rollout):
+        # the faults drop, reorder or double whole transitions; each one's contents stay as produced
         self.n_ingested += 1
-        if self.fault == "drop" and self.n_ingested % 3 == 0 and len(rollout.ids) > 0:
-            rollout = type(rollout)(rollout.ids[:-1], rollout.source, rollout.policy_version, rollout.terminated)
-            if len(rollout.ids) == 0:
-                return
+        steps = example.to_transitions(rollout)
+        if self.fault == "drop" and self.n_ingested % 3 == 0:
+            steps = steps[:-1]
         if self.fault == "reorder" or (self.fault == "overlap_reorder" and self.mode == "overlapped"):
-            rollout = type(rollout)(rollout.ids[::-1], rollout.source, rollout.policy_version, rollout.terminated)
-        super().ingest(rollout)
-        if self.fault == "duplicate" and self.n_ingested == 2:
-            super().ingest(rollout)
+            steps = steps[::-1]
+        for _ in range(2 if self.fault == "duplicate" and self.n_ingested == 2 else 1):
+            if not steps:
+                return
+            if isinstance(self.store, ConduitRolloutStore):
+                self.store.push(steps, policy_version=rollout.policy_version, source=rollout.source)
+            else:
+                self.store.push(steps, source=rollout.source)
 
     def ingest_raw(self, columns, *, source=0):
         if self.fault == "accept_bad_input":  # 'fixes' the shape silently instead of refusing
@@ -76,17 +84,18 @@ class BrokenSession(example.AdapterSession):
                 return Delivered(ids=np.zeros(0, np.int64))
             if self.fault == "redeliver":
                 d = super().deliver(batch_size, policy_version=policy_version)
-                self._replay = getattr(self, "_replay", []) + [d.ids]
-                return Delivered(ids=np.concatenate(self._replay))
+                self._replay = getattr(self, "_replay", []) + [d]
+                return Delivered(ids=np.concatenate([x.ids for x in self._replay]),
+                                 rows={k: np.concatenate([x.rows[k] for x in self._replay]) for k in d.rows})
             return super().deliver(batch_size, policy_version=policy_version)
         d = super().deliver(batch_size)
-        if self.fault == "skew":
-            d.ids = np.minimum(d.ids, np.max(d.ids) // 2)
+        if self.fault == "skew":  # favours old rows: each row past half the batch's largest id becomes its oldest
+            pick = np.where(d.ids > np.max(d.ids) // 2, np.argmin(d.ids), np.arange(d.ids.size))
+            d.ids, d.rows = d.ids[pick], {k: v[pick] for k, v in d.rows.items()}
         return d
 
     def _drain_all(self):
-        b = self.store.edp.buffer.take(None)  # every version, not only the learner's
-        return Delivered(ids=b["obs"][:, 0].numpy().astype(np.int64) if b.size else np.zeros(0, np.int64))
+        return delivered(self.store.edp.buffer.take(None))  # every version, not only the learner's
 
     def update_priorities(self, d, priorities):
         if self.fault != "ignore_priorities":
@@ -96,6 +105,19 @@ class BrokenSession(example.AdapterSession):
         super().load_state(state)
         if self.fault == "lose_state":
             self.store.edp.buffer.rng = np.random.default_rng(12345)  # the RNG was not restored
+
+
+def _shift_rewards(store) -> None:
+    """The store's delivery call hands the learner each row's reward from the row after it
+    (a collation off by one): the ids, and so every id-reading check, stay right."""
+    name = "drain" if isinstance(store, ConduitRolloutStore) else "sample"
+    deliver = getattr(store, name)
+
+    def shifted(*args, **kwargs):
+        batch = deliver(*args, **kwargs)
+        batch["reward"] = torch.roll(batch["reward"], -1)
+        return batch
+    setattr(store, name, shifted)
 
 
 class BrokenHarness(example.AdapterHarness):
@@ -109,7 +131,6 @@ class BrokenHarness(example.AdapterHarness):
                 mode="sequential", staleness=0):
         if onpolicy:
             store = ConduitRolloutStore(capacity, obs_shape=example.OBS_SHAPE, mode=mode)
-            return BrokenSession(store, self.fault, mode)
         else:
             if self.fault == "stale_prefetch" and mode == "overlapped":
                 staleness = 10 ** 9  # claims the bound it was asked for, enforces none
@@ -122,6 +143,8 @@ class BrokenHarness(example.AdapterHarness):
                     time.sleep(0.002)
                     return _orig(enc, timeout)
                 store.edp.ingestion.commit = slow_commit  # the ingestion part's public operator
+        if self.fault == "neighbour_rewards":
+            _shift_rewards(store)
         return BrokenSession(store, self.fault, mode)
 
     def shared_rng_sessions(self, *, seed, capacity=10_000):

@@ -96,7 +96,14 @@ def test_scaffolded_adapter_passes_the_suite_out_of_the_box(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, env={**__import__("os").environ,
                                                                           "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "12 passed" in r.stdout
+    assert "15 passed" in r.stdout
+
+
+def test_the_pytest_base_class_runs_every_registered_check():
+    """ConformanceTests' parameters are read when conformance.testing is imported: a check module
+    not imported by then was never run from pytest (the n-step, sequence and row checks were not)."""
+    from conduit_conformance.testing import _ids
+    assert set(_ids("convergence")) == set(REGISTRY)
 
 
 class TestExampleAdapterThroughTheBaseClass(ConformanceTests):

@@ -31,6 +31,12 @@ def _next_obs_late(ep):
     return c
 
 
+def _action_of_the_next_step(ep):
+    c = episode_columns(ep)
+    c["action"] = np.concatenate([c["action"][1:], c["action"][-1:]])
+    return c
+
+
 class _DropEvery10th:
     def __init__(self):
         self.seen = 0
@@ -147,6 +153,8 @@ MUTATIONS = {
     "truncation_as_terminal": (lambda: _with_columns(_truncation_as_terminal), "deliver/nstep_rows_true"),
     "next_obs_one_step_late": (lambda: _with_columns(_next_obs_late), "deliver/nstep_rows_true"),
     "drop_every_10th_transition": (lambda: _with_columns(_DropEvery10th()), "ingest/exactly_once"),
+    # n-step rows carry no action: only the rows the learner gets show it
+    "action_of_the_next_step": (lambda: _with_columns(_action_of_the_next_step), "deliver/rows_intact"),
     "unnormalised_weights": (lambda: UnnormalisedWeights, "deliver/importance_weights"),
     "priorities_on_wrong_rows": (lambda: PrioritiesOnWrongRows, "deliver/prioritized_distribution"),
     "beta_of_the_call_ignored": (lambda: BetaIgnored, "equivalence/priority_exponents_match_native"),
@@ -162,7 +170,8 @@ MUTATIONS = {
 
 
 CAUGHT_BY = {"stratified_draws": ("distinct items",), "beta_of_the_call_ignored": ("weights",),
-             "default_beta_not_rllibs": ("weights",), "alpha_fixed": ("alpha",)}
+             "default_beta_not_rllibs": ("weights",), "alpha_fixed": ("alpha",),
+             "action_of_the_next_step": ("action of the row with id", "expected")}
 
 
 class MutantHarness(RLlibHarness):

@@ -39,11 +39,21 @@ class RngNotRestored(ConduitReplayBuffer):
         self._buffer.rng = np.random.default_rng(12345)
 
 
+class RewardsOfTheNextRow(ConduitReplayBuffer):
+    """Each row of a get carries the next row's reward (the ids, obs[:, 0], stay right)."""
+
+    def get(self):
+        entry = super().get()
+        entry.sample.reward = np.roll(np.asarray(entry.sample.reward), -1, axis=1)   # [T, B, 1]: along B
+        return entry
+
+
 MUTATIONS = {
     "drop_every_10th_put": (DropEvery10th, "ingest/exactly_once"),
     "priorities_on_wrong_rows": (PrioritiesOnWrongRows, "deliver/prioritized_distribution"),
     "keeps_oldest_when_full": (KeepsOldestWhenFull, "equivalence/eviction_matches_native"),
     "rng_not_restored": (RngNotRestored, "state/round_trip"),
+    "rewards_of_the_next_row": (RewardsOfTheNextRow, "deliver/rows_intact"),
 }
 
 

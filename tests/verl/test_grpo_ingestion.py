@@ -147,6 +147,28 @@ def test_delivery_refuses_a_new_layout_while_data_is_pending():
     dlv.close()
 
 
+def test_a_version_ingested_in_many_parts_outgrows_the_first_parts_capacity():
+    """Found by onpolicy/rows_intact: the plane was sized from the first part (max(4n, 64) rows), so
+    a version ingested in parts of 5 rows blocked its 13th part (the FIFO waited for a delivery that
+    comes only after the last part; RateLimitTimeout after 60 s). It grows now, pending rows kept in order."""
+    from conduit_verl.delivery import UpdateBatchDelivery
+    from verl import DataProto
+    dlv = UpdateBatchDelivery(dp_size=1)
+    part = lambda k: DataProto.from_dict(tensors={"x": torch.arange(5 * k, 5 * k + 5).float()[:, None]},
+                                         non_tensors={"uid": np.array([f"u{k}"] * 5, dtype=object)})
+    try:
+        for v in (0, 1):                          # each version in 20 parts, 100 rows
+            for k in range(20 * v, 20 * v + 20):
+                dlv.ingest(part(k), version=v)
+            (shard,), pad = dlv.deliver(v)
+            parts = range(20 * v, 20 * v + 20)
+            assert pad == 0 and shard.batch["x"][:, 0].tolist() == [5 * k + i for k in parts for i in range(5)]
+            assert list(shard.non_tensor_batch["uid"]) == [f"u{k}" for k in parts for _ in range(5)]
+        assert len(dlv.edp.buffer) == 0
+    finally:
+        dlv.close()
+
+
 def test_a_failing_chunk_leaves_no_chunk_running_when_the_error_reaches_the_caller(model):
     """Found in review (session 16): with overlap=True the first chunk's failure was raised while
     the other chunks still ran on the pool's threads."""

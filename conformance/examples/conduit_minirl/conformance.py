@@ -43,6 +43,8 @@ class AdapterSession(Session):
         self.store.edp.flush()
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
+        # STAGE MAP: Delivered.rows are the columns your learner gets, under the suite's names
+        # (minirl's learner gets the Batch as is; else delivered(batch, names={"reward": "rewards", ...}))
         if isinstance(self.store, ConduitRolloutStore):
             return delivered(self.store.drain(policy_version or 0))
         return delivered(self.store.sample(batch_size))
