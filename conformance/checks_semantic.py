@@ -258,9 +258,19 @@ def state_round_trip(ctx: Ctx) -> None:
         b.close()
 
 
+def _batch_shape(ids) -> tuple[int, int]:
+    """(distinct items, in-order neighbours: positions whose item is the previous one's id + 1) of
+    one batch: how its items were drawn together, which per-item frequencies do not show."""
+    ids = np.asarray(ids).astype(np.int64)
+    return len(set(ids.tolist())), int(np.count_nonzero(np.diff(ids) == 1))
+
+
 @check("equivalence/sequential_matches_native", needs=("native", "replay"))
 def sequential_matches_native(ctx: Ctx) -> None:
-    """Sequential mode stores what the native path stores and samples from the same distribution."""
+    """Sequential mode stores what the native path stores and samples from the same distribution:
+    the items (frequencies over batches) and the batches themselves (distinct items per batch:
+    with vs without replacement, stratified draws; in-order neighbours per batch: runs of
+    consecutive steps, a sorted gather), which pooled frequencies cannot tell apart."""
     rolls = ctx.rollouts(n_rollouts=10)
     nat = ctx.harness.native_session(seed=ctx.seed)
     if nat is None:
@@ -277,10 +287,19 @@ def sequential_matches_native(ctx: Ctx) -> None:
         for _ in range(120):
             ca += np.bincount(np.asarray(s.deliver(64).ids).astype(np.int64), minlength=n)[:n]
             cb += np.bincount(np.asarray(nat.deliver(64).ids).astype(np.int64), minlength=n)[:n]
+        # batches smaller than the stored items, so that with and without replacement differ
+        shapes = {name: [_batch_shape(sess.deliver(16).ids) for _ in range(300)] for name, sess in
+                  (("adapter", s), ("native", nat))}
     table = np.vstack([ca, cb])
     table = table[:, table.sum(axis=0) > 0]
     p = stats.chi2_contingency(table).pvalue
     ensure(p > P_MIN, f"delivered frequencies differ from the native path's (chi-square p={p:.2e})")
+    for k, what in ((0, "distinct items"), (1, "in-order neighbours (an item right after its predecessor step)")):
+        a, b = [x[k] for x in shapes["adapter"]], [x[k] for x in shapes["native"]]
+        p = two_sample_chi2(a, b)
+        ensure(p > P_MIN, f"batches of 16 hold another number of {what} than on the native path (chi-square "
+                          f"p={p:.2e}; mean {np.mean(a):.2f} vs {np.mean(b):.2f}): the items of a batch are drawn "
+                          "together otherwise (with/without replacement, stratified, runs, or reordered)")
 
 
 @check("equivalence/overlap_same_multiset", needs=("overlap",))

@@ -56,6 +56,16 @@ from .delivery_plan import check_delivery
 REPLAY_KINDS = ("simple_replay_buffer", "prioritized_replay_buffer")
 
 
+def slot_order(slots) -> np.ndarray | None:
+    """The order that puts a batch's chunks by ring slot (stable: a chunk drawn twice keeps its
+    draws' order), or None where they already are: SRL's buffers deliver a get's chunks so (a
+    slot here is SRL's storage index: one chunk per slot, the same ring size)."""
+    slots = np.asarray(slots)
+    if slots.size < 2 or bool((slots[1:] >= slots[:-1]).all()):
+        return None
+    return np.argsort(slots, kind="stable")
+
+
 class ConduitReplayBuffer:
     """``simple_replay_buffer`` / ``prioritized_replay_buffer`` on an :class:`ExperienceBuffer` whose
     items are whole samples (chunks of ``sample_length`` steps)."""
@@ -171,9 +181,11 @@ class ConduitReplayBuffer:
         request = DeliveryRequest("sample", int(batch_size or self._batch_size),
                                   beta=self._beta if self.prioritized else None)
         p, reuses = self._delivery.deliver(request, on_handout=self._count_replays)
-        if self.prioritized:
+        if self.prioritized:   # (the chunks in slot order, as the sample holds them: _prepare)
+            seqs, order = np.asarray(p.batch.seqs, dtype=np.int64), slot_order(p.batch.slots)
+            seqs = seqs if order is None else seqs[order]
             return samples.replay_entry(reuses_left=-1, sample=p.prepared, receive_time=-1,
-                                        sampling_indices=np.asarray(p.batch.seqs, dtype=np.int64), reuses=reuses)
+                                        sampling_indices=seqs, reuses=reuses)
         return samples.replay_entry(reuses_left=-1, sample=p.prepared, receive_time=-1, reuses=reuses)
 
     def _count_replays(self, batch) -> float:
@@ -188,13 +200,18 @@ class ConduitReplayBuffer:
 
     def _prepare(self, batch):
         """SRL's sample for a batch: time-major ``[T, B, ...]`` fields, rebuilt as put (ahead, in the
-        preparing thread, or on the training thread)."""
+        preparing thread, or on the training thread), its chunks in slot order as SRL's own buffers
+        hand them out (``_slicing`` sorts the gather indices; the prioritized one sorts its draws)."""
+        order = slot_order(batch.slots)
+        pick = None if order is None else torch.from_numpy(order)
         columns = dict.fromkeys(self._template)
         for name in batch:
-            columns[name] = batch[name].transpose(0, 1).contiguous().numpy()  # [B, T, ...] -> [T, B, ...]
+            t = batch[name].transpose(0, 1)   # [B, T, ...] -> [T, B, ...]
+            columns[name] = (t if pick is None else t[:, pick]).contiguous().numpy()
         sample = self._codec.rebuild(columns)
         if self.prioritized:
-            sample.register_metadata(sampling_weight=batch.weights.numpy().astype(np.float32))
+            w = batch.weights.numpy().astype(np.float32)
+            sample.register_metadata(sampling_weight=w if order is None else w[order])
         return sample
 
     def update_priorities(self, idxes, priorities) -> int:

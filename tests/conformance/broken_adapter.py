@@ -43,13 +43,18 @@ FAULTS = {
     "corrupt_rewards": {"convergence/bandit"},
     # the right ids with wrong contents: delivery's collation takes each row's reward from the next row
     "neighbour_rewards": {"deliver/rows_intact", "onpolicy/rows_intact"},
+    # uniform replay's batches drawn otherwise with the same per-item frequencies (found in review:
+    # the frequency checks pool over batches): no item twice in a batch where the framework draws
+    # with replacement; a batch sorted by id (a gather ordered for locality, then handed out so)
+    "distinct_batches": {"equivalence/sequential_matches_native", "equivalence/exact_with_shared_rng"},
+    "sorted_batches": {"equivalence/sequential_matches_native", "equivalence/exact_with_shared_rng"},
 }
 
 
 class BrokenSession(example.AdapterSession):
-    def __init__(self, store, fault: str, mode: str = "sequential"):
+    def __init__(self, store, fault: str, mode: str = "sequential", prioritized: bool = False):
         super().__init__(store)
-        self.fault = fault
+        self.fault, self.prioritized = fault, prioritized
         self.mode = mode
         self.n_ingested = 0
 
@@ -88,7 +93,16 @@ class BrokenSession(example.AdapterSession):
                 return Delivered(ids=np.concatenate([x.ids for x in self._replay]),
                                  rows={k: np.concatenate([x.rows[k] for x in self._replay]) for k in d.rows})
             return super().deliver(batch_size, policy_version=policy_version)
+        if self.fault == "distinct_batches" and not self.prioritized:   # the first draw of each item, topped up
+            d = super().deliver(4 * batch_size)
+            _, first = np.unique(d.ids, return_index=True)
+            pick = np.concatenate([np.sort(first), np.setdiff1d(np.arange(d.ids.size), first)])[:batch_size]
+            d.ids, d.rows = d.ids[pick], {k: v[pick] for k, v in d.rows.items()}
+            return d
         d = super().deliver(batch_size)
+        if self.fault == "sorted_batches" and not self.prioritized:
+            pick = np.argsort(d.ids, kind="stable")
+            d.ids, d.rows = d.ids[pick], {k: v[pick] for k, v in d.rows.items()}
         if self.fault == "skew":  # favours old rows: each row past half the batch's largest id becomes its oldest
             pick = np.where(d.ids > np.max(d.ids) // 2, np.argmin(d.ids), np.arange(d.ids.size))
             d.ids, d.rows = d.ids[pick], {k: v[pick] for k, v in d.rows.items()}
@@ -145,7 +159,7 @@ class BrokenHarness(example.AdapterHarness):
                 store.edp.ingestion.commit = slow_commit  # the ingestion part's public operator
         if self.fault == "neighbour_rewards":
             _shift_rewards(store)
-        return BrokenSession(store, self.fault, mode)
+        return BrokenSession(store, self.fault, mode, prioritized=prioritized)
 
     def shared_rng_sessions(self, *, seed, capacity=10_000):
         import random
