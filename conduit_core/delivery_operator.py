@@ -33,11 +33,9 @@ class DeliveryOperator:
     request and returns them as ``PreparedBatch``es stamped with the guard versions given.
     """
 
-    def __init__(self, buffer: ExperienceBuffer, hooks: list[Callable[[Batch], Batch]], *, metrics=None,
-                 op_lock=None, cond=None):
+    def __init__(self, buffer: ExperienceBuffer, hooks: list[Callable[[Batch], Batch]]):
         self._buffer = buffer
         self.hooks = hooks
-        self._metrics, self._op_lock, self._cond = metrics, op_lock, cond   # (deliver_now's)
 
     def run(self, request: DeliveryRequest, timeout: float | None, *, granularity: int, speculative: bool,
             rows_committed: int, priority_version: int) -> list[PreparedBatch]:
@@ -68,31 +66,6 @@ class DeliveryOperator:
             raise
         return out
 
-    def deliver_now(self, n: int, *, n_step, gamma: float, beta, device, episode_end: str, fields,
-                    timeout: float | None) -> Batch:
-        """One replay batch drawn and handed out by the calling thread, without a request or a
-        prepared entry: the data plane's route for a sequential schedule drawing one batch per
-        call with no delivery hook (the caller judged that). Under the delivery lock; the call's
-        time goes to the metrics in one step; as ``run`` does, a failure leaves nothing counted
-        as sampled. Needs the data plane's ``metrics``, ``op_lock`` and ``cond``."""
-        buffer = self._buffer
-        t0 = time.perf_counter()
-        with self._op_lock:
-            sampled_before = buffer.counts.sampled
-            try:
-                if type(fields) not in PLAIN_FIELDS or type(n_step) not in PLAIN_N_STEP:
-                    fields, n_step = replay_args(fields, n_step)   # (one form for every route)
-                batch = buffer.sample(n, device=device, n_step=n_step, gamma=gamma, beta=beta, timeout=timeout,
-                                      episode_end=episode_end, fields=fields)
-            except BaseException:
-                buffer.rollback_selection(None, items=buffer.counts.sampled - sampled_before, restore_rng=False)
-                self._metrics.add_blocked("deliver", time.perf_counter() - t0)
-                raise
-        self._metrics.add_call("deliver", time.perf_counter() - t0, items_out=n)
-        with self._cond.mutex:
-            self._cond.notify_all()
-        return batch
-
     def _draw(self, request: DeliveryRequest, n: int, timeout: float | None) -> Batch:
         buffer = self._buffer
         if request.kind == "sequences":
@@ -122,3 +95,37 @@ def split_rows(batch: Batch, size: int) -> list[Batch]:
                          weights=None if batch.weights is None else batch.weights[s:e],
                          inserted_at_selection=batch.inserted_at_selection))
     return out
+
+
+class InlineDelivery:
+    """One replay batch drawn and handed out by the calling thread, without a request, a prepared
+    entry or the operator: the data plane's route for a sequential schedule drawing one batch per
+    call with no delivery hook (the data plane judges that). Under the delivery lock ``op_lock``;
+    the call's time goes to ``metrics`` in one step (blocked from the call, busy from the lock);
+    as ``DeliveryOperator.run`` does, a failure leaves nothing counted as sampled; ``cond`` is
+    notified after (a waiting ingest may go on)."""
+
+    def __init__(self, buffer: ExperienceBuffer, *, metrics, op_lock, cond):
+        self._buffer, self._metrics, self._op_lock, self._cond = buffer, metrics, op_lock, cond
+
+    def deliver(self, n: int, *, n_step, gamma: float, beta, device, episode_end: str, fields,
+                timeout: float | None) -> Batch:
+        buffer = self._buffer
+        called = time.perf_counter()
+        with self._op_lock:
+            t0 = time.perf_counter()
+            sampled_before = buffer.counts.sampled
+            try:
+                if type(fields) not in PLAIN_FIELDS or type(n_step) not in PLAIN_N_STEP:
+                    fields, n_step = replay_args(fields, n_step)   # (one form for every route)
+                batch = buffer.sample(n, device=device, n_step=n_step, gamma=gamma, beta=beta, timeout=timeout,
+                                      episode_end=episode_end, fields=fields)
+            except BaseException:
+                buffer.rollback_selection(None, items=buffer.counts.sampled - sampled_before, restore_rng=False)
+                self._metrics.add_blocked("deliver", time.perf_counter() - called)
+                raise
+        done = time.perf_counter()
+        self._metrics.add_call("deliver", done - called, done - t0, items_out=n)
+        with self._cond.mutex:
+            self._cond.notify_all()
+        return batch

@@ -37,7 +37,7 @@ from .batch import Batch
 from .buffer import ExperienceBuffer
 from .background_errors import BackgroundErrors, combine_shutdown_errors
 from .background_worker import BackgroundWorker
-from .delivery_operator import DeliveryOperator
+from .delivery_operator import DeliveryOperator, InlineDelivery
 from .errors import ClosedError, ConfigError, WorkerError
 from .hooks import Rollout
 from .ingestion import IngestionPoint
@@ -78,18 +78,19 @@ class ExperienceDataPlane:
         # the ingestion part (its ``commit`` is the ingestion operator the worker and inline stores call)
         self.ingestion = IngestionPoint(buffer=buffer, hooks=list(ingest_hooks or []), schedule=self.schedule,
                                          metrics=self._metrics, cond=self._cond, errors=self._errors)
-        self._delivery = DeliveryOperator(buffer, list(delivery_hooks or []), metrics=self._metrics,
-                                          op_lock=self._op_lock, cond=self._cond)
+        self._delivery = DeliveryOperator(buffer, list(delivery_hooks or []))
+        self._inline_delivery = InlineDelivery(buffer, metrics=self._metrics, op_lock=self._op_lock, cond=self._cond)
         self._prepared = PreparedDeliveries(buffer=buffer, metrics=self._metrics, cond=self._cond)
         self._priority_version = 0
         self.closed = False   # (read-only for others)
         self._transformer = None  # kept across reschedules to the same worker kind (a child costs ~1 s)
         self._thread: BackgroundWorker | None = None  # the overlapped schedule's worker thread
-        self._choose_route()
+        self._choose_routes()
         if self.schedule.is_overlapped:
             self._start_worker()
 
-    def _choose_route(self) -> None:   # deliver()'s short route: sequential, 1 batch per call, no hook
+    def _choose_routes(self) -> None:   # the short routes: ingest inline; deliver drawn in the call
+        self._inline_ingest = not self.schedule.is_overlapped
         self._draws_now = (self.schedule.draws_at_once and not self._delivery.hooks
                            and not self.buffer.selector.consumes)
 
@@ -101,7 +102,7 @@ class ExperienceDataPlane:
     def add_delivery_hook(self, hook: Callable[[Batch], Batch]) -> None:
         self._require_no_worker("add_delivery_hook")
         self._delivery.hooks.append(hook)
-        self._choose_route()
+        self._choose_routes()
 
     def _require_no_worker(self, what: str) -> None:
         if self._thread is not None:
@@ -124,9 +125,10 @@ class ExperienceDataPlane:
         """Accept several rollouts at once (granularity g_ing: one operator call for the group,
         so hooks can vectorise across them). Items are dicts of columns or ``Rollout``s
         (with their own source and policy_version). Returns their tickets."""
-        if self._draws_now or not self.schedule.is_overlapped:   # (the first: sequential, without a call)
+        if self._inline_ingest:
             if self.closed or self._errors.kept:
-                self._check_usable()
+                with self._metrics.blocked("ingest"):   # (a refused call counts, as on every route)
+                    self._check_usable()
             return self.ingestion.ingest_many_inline(rollouts, timeout)   # (it records the call's time)
         return [self.ingest(r.data if isinstance(r, Rollout) else r,
                             source=r.source if isinstance(r, Rollout) else 0,
@@ -151,8 +153,8 @@ class ExperienceDataPlane:
         everything of that version accepted so far). ``fields``: only these of the spec's fields (replay; None: all)."""
         if self._draws_now and batch_size is not None and not sequence_length and episode_end in EPISODE_END_RULES \
                 and not (self.closed or self._errors.kept):   # sequential replay, no hook: drawn by this call
-            return self._delivery.deliver_now(batch_size, n_step=n_step, gamma=gamma, beta=beta, device=self.device,
-                                              episode_end=episode_end, fields=fields, timeout=timeout)
+            return self._inline_delivery.deliver(batch_size, n_step=n_step, gamma=gamma, beta=beta, device=self.device,
+                                                 episode_end=episode_end, fields=fields, timeout=timeout)
         with self._metrics.blocked("deliver"):
             self._check_usable()
             if episode_end not in EPISODE_END_RULES:
@@ -246,7 +248,7 @@ class ExperienceDataPlane:
         with self._cond:
             self._prepared.reset_locked()
             self.schedule = self.ingestion.schedule = schedule
-            self._choose_route()   # (the old worker is joined; a new one starts below)
+            self._choose_routes()   # (the old worker is joined; a new one starts below)
             self.buffer.reserve_prepared_outputs(schedule.max_prepared)
         if schedule.is_overlapped:
             self._start_worker()
@@ -293,8 +295,7 @@ class ExperienceDataPlane:
         self._thread.start()
 
     # ------------------------------------------------------- rows and losses
-    losses = property(lambda self: self.buffer.losses,
-                      doc="Remote shards lost so far, with their rows (``ExperienceBuffer.losses``).")
+    losses = property(lambda self: self.buffer.losses, doc="Remote shards lost so far (``ExperienceBuffer.losses``).")
 
     def evict(self, seqs) -> int:
         """Remove stored rows by seq (``ExperienceBuffer.evict``), after storing what was

@@ -94,8 +94,9 @@ class EpisodeWalk:
         done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``
         (``fields``: only these of the spec's fields, ``n_step`` always). ``take`` (slots,
         names) -> host columns or None: a one-pass route for host batches, tried before ``gather``.
-        ``pooled``: (take_into, the output pool's ``WindowOutputs``) whose walk arrays hold
-        ``steps``: the columns go into its arrays (host batches)."""
+        ``pooled``: ``ExperienceBuffer.window_outputs``'s (take_into, the output pool's
+        ``WindowOutputs`` whose walk arrays hold ``steps``, its window plan, took): the columns go
+        into its arrays (host batches)."""
         if pooled is not None:   # (buffer.window_outputs: the plan comes with the entry)
             take_into, entry, (names, last_fields, first_fields), _ = pooled
             take_into(slots, first_fields, entry.columns)

@@ -76,13 +76,16 @@ class MetricsRecorder:
             m.blocked_s += seconds
             m.calls += 1
 
-    def add_call(self, point: str, seconds: float, *, items_in: int = 0, items_out: int = 0) -> None:
-        """A call that did its work without waiting: ``seconds`` both blocked and busy, in one
-        step (a hot path's one metrics call in place of ``blocked()`` and ``add_busy``)."""
+    def add_call(self, point: str, blocked_s: float, busy_s: float | None = None, *, items_in: int = 0,
+                 items_out: int = 0) -> None:
+        """A call's ``add_blocked`` and ``add_busy`` in one step (a hot path's one metrics call in
+        place of ``blocked()`` and ``add_busy``); ``busy_s`` None: the same as ``blocked_s`` (the
+        calling thread did the work the whole time, a rate limit's wait included, as ``add_busy``
+        counts it on the other routes)."""
         with self._lock:
             m = self._points[point]
-            m.blocked_s += seconds
-            m.busy_s += seconds
+            m.blocked_s += blocked_s
+            m.busy_s += blocked_s if busy_s is None else busy_s
             m.calls += 1
             m.items_in += items_in
             m.items_out += items_out

@@ -288,7 +288,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
 
     def update_priorities(self, priorities, module_id=None) -> None:
         """RLlib's call: priorities for the rows of the last sample."""
-        if self.last_sampled is not None and self.prioritized:   # (update_priorities_of, one call less)
+        if self.last_sampled is not None and self.prioritized:   # update_priorities_of's call, inline: a hot path
             self.edp.update_priorities(self.last_sampled, np.asarray(priorities), abs_floor=RLLIB_MIN_PRIORITY)
 
     def update_priorities_of(self, batch, priorities) -> None:
