@@ -61,7 +61,9 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
         if buf.closed:
             buf.check_open()
-        size = wait_to_sample(buf, batch_size, timeout)
+        size, limiter = buf.size, buf.rate_limiter
+        if limiter.samples_per_insert is not None or size < limiter.min_size:   # (else wait_to_sample returns size)
+            size = wait_to_sample(buf, batch_size, timeout)
         pooled = n_step is None and buf.gathers_pooled(fields, device)
         weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.fills_weights_out else None
         if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
