@@ -17,7 +17,6 @@ timeout and end in a clear error, never a hang.
 from __future__ import annotations
 
 from functools import partial
-
 from typing import Any, Mapping, Sequence
 
 import numpy as np

@@ -211,7 +211,7 @@ class ExperienceDataPlane:
     # ------------------------------------------------------------- priorities
     def update_priorities(self, batch: Batch, priorities: Any, *, abs_floor: float | None = None) -> int:
         """New priorities for a delivered batch's rows, skipping rows overwritten since (``abs_floor``: buffer's)."""
-        t0 = time.perf_counter()   # (no wait inside: the call's time is both blocked and busy)
+        t0 = time.perf_counter()   # (blocked and busy alike: the call waits for nothing but the lock)
         try:
             if self.closed or self._thread is not None or self._errors.kept:
                 self._check_usable()
