@@ -17,6 +17,10 @@ import numpy as np
 from conduit_conformance import Delivered, Harness, Session, SyntheticRollout
 
 GET_SIZE = 8
+# SRL's prioritized buffer never draws the chunk in its last filled slot (below, KNOWN_DEPARTURES'
+# former entry): its native session puts this chunk last, before the first get, so that the one
+# chunk SRL cannot draw is one the suite never asked for, and the suite's chunks compare in full
+SENTINEL_ID = (1 << 24) - 1   # exact in float32; never one of the suite's ids
 
 
 def transitions(columns: dict) -> list:
@@ -57,20 +61,38 @@ def rows_of_sample(sample) -> dict[str, np.ndarray]:
 
 
 class ReplaySession(Session):
-    """One SRL replay buffer (Conduit's or SRL's own) driven as SRL's trainer worker drives it."""
+    """One SRL replay buffer (Conduit's or SRL's own) driven as SRL's trainer worker drives it.
+    ``sentinel``: put ``SENTINEL_ID``'s chunk after the suite's chunks, before the first get (SRL's
+    prioritized buffer: the one chunk it cannot draw is then not one of the suite's)."""
 
-    def __init__(self, buffer, *, stored_ids):
+    def __init__(self, buffer, *, stored_ids, sentinel: bool = False):
         self.buffer = buffer
         self._stored_ids = stored_ids
+        self._sentinel = "due" if sentinel else None   # None, "due" (before the next get) or "put"
 
     def ingest(self, rollout: SyntheticRollout) -> None:
         self.ingest_raw(rollout.columns(), source=rollout.source)
 
     def ingest_raw(self, columns, *, source: int = 0) -> None:
+        if self._sentinel == "put":
+            raise RuntimeError("the SRL harness's native prioritized session puts its sentinel chunk before the "
+                               "first get: a chunk put after it would make the sentinel drawable. Fix: ingest "
+                               "everything before delivering from this session (the suite's checks do)")
         for s in transitions(columns):
             self.buffer.put(s)
 
+    def _put_sentinel(self) -> None:
+        obs = np.zeros((1, 4), np.float32)
+        obs[0, 0] = SENTINEL_ID
+        cols = {"obs": obs, "next_obs": obs.copy(), "action": np.zeros(1, np.int64),
+                "reward": np.zeros(1, np.float32), "terminated": np.zeros(1, bool), "truncated": np.zeros(1, bool)}
+        for s in transitions(cols):
+            self.buffer.put(s)
+        self._sentinel = "put"
+
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
+        if self._sentinel == "due":
+            self._put_sentinel()
         ids, weights, gets, rows = [], [], [], []
         for _ in range(-(-(batch_size or GET_SIZE) // GET_SIZE)):
             entry = self.buffer.get()
@@ -92,7 +114,8 @@ class ReplaySession(Session):
             self.buffer.update_priorities(idx, pr[k * GET_SIZE:(k + 1) * GET_SIZE])
 
     def stored_ids(self):
-        return self._stored_ids(self.buffer)
+        ids = self._stored_ids(self.buffer)
+        return ids[ids != SENTINEL_ID] if self._sentinel == "put" else ids
 
     def state(self):
         return pickle.dumps(self.buffer)
@@ -119,14 +142,13 @@ def srl_stored_ids(buffer) -> np.ndarray:
     return ids[order].astype(np.int64)
 
 
-# Where the SRL adapter departs from SRL on purpose, with the reason (the suite's xfails).
-KNOWN_DEPARTURES = {
-    "equivalence/prioritized_matches_native": (
-        "SRL's PrioritizedReplayBuffer never draws the chunk at the highest stored index "
-        "(rlsrl/base/buffer.py _sample_proportional sums the tree with sum(0, total_chunks - 1), whose end is "
-        "exclusive: until the ring is full, the chunk put last); Conduit's adapter draws every stored chunk. An SRL "
-        "bug, not copied (docs §13)"),
-}
+# Where the SRL adapter departs from SRL on purpose, with the reason (the suite's xfails). SRL's
+# PrioritizedReplayBuffer never draws the chunk at the highest stored index (rlsrl/base/buffer.py
+# _sample_proportional sums the tree with sum(0, total_chunks - 1), whose end is exclusive: until the
+# ring is full, the chunk put last); Conduit's adapter draws every stored chunk (an SRL bug, not copied,
+# docs §13; tests/srl_venv/test_buffers_vs_srl.py shows it). The native prioritized session puts a
+# sentinel chunk last (SENTINEL_ID), so equivalence/prioritized_matches_native compares the rest.
+KNOWN_DEPARTURES: dict[str, str] = {}
 
 
 class SRLHarness(Harness):
@@ -164,7 +186,8 @@ class SRLHarness(Harness):
         random.seed(seed)   # SRL's prioritized buffer draws from Python's global random, which SRL never seeds
         kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"
         cls = PrioritizedReplayBuffer if prioritized else SimpleReplayBuffer  # SRL's own, even while enabled
-        return ReplaySession(cls(**self._args(kind, capacity, seed, alpha)), stored_ids=srl_stored_ids)
+        return ReplaySession(cls(**self._args(kind, capacity, seed, alpha)), stored_ids=srl_stored_ids,
+                             sentinel=prioritized)
 
 
 def _cpu_pinning() -> None:
