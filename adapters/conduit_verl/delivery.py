@@ -65,8 +65,8 @@ class UpdateBatchDelivery:
                 # staging and an asynchronous copy; a device tier without leaving the GPU)
                 self.edp = ExperienceDataPlane(buffer=buf, device=None if self.device.type == "cpu" else self.device)
             elif len(plane.buffer) + n > plane.buffer.capacity:
-                # pending rows (a version ingested in parts, or versions waiting) that would outgrow the
-                # plane: it grows, keeping them. The FIFO would otherwise hold this insert until a delivery
+                # pending rows (a version ingested in several parts) that would outgrow the plane: it
+                # grows, keeping them. The FIFO would otherwise hold this insert until a delivery
                 # that comes only after it (RateLimitTimeout after 60 s; onpolicy/rows_intact found it)
                 grown = 2 * (len(plane.buffer) + n)
                 plane.migrate(shards=[ShardSpec(Tier.parse(self.tier), grown)], capacity=grown, background=False)
