@@ -5,9 +5,9 @@ The core buffer stores, draws (uniform without replacement, or stratified propor
 the priorities; this class is SRL's ``Buffer`` interface over it: SRL's arguments and readiness
 rule, SRL's initial priority from a sample's TD errors, ``update_priorities`` by the
 ``sampling_indices`` SRL passes back, replay counts, and SRL's ``ReplayEntry`` with its samples
-rebuilt time-major ``[T, B, ...]``, a get's chunks in slot order as SRL's buffers hand them out. ``put`` runs on the trainer worker's main thread, ``get`` and
-``update_priorities`` on its training thread; SRL's own buffers have no lock, this one is
-thread-safe, and ``get`` never blocks.
+rebuilt time-major ``[T, B, ...]``, a get's chunks in slot order as SRL's buffers hand them out.
+``put`` runs on the trainer worker's main thread, ``get`` and ``update_priorities`` on its
+training thread; SRL's own buffers have no lock, this one is thread-safe, and ``get`` never blocks.
 
 Delivery (``conduit_core.prepared_replay``): ``delivery`` is the core's ``Schedule`` (the
 scheduler's choice; default sequential: every ``get`` draws, gathers and rebuilds on the training
