@@ -86,17 +86,17 @@ class ReplaySession(Session):
         out of SRL's min tree, which normalises the weights (with its initial priority there, every
         suite priority above it would get other weights). Reads SRL's private fields, as
         ``srl_stored_ids`` does: the oracle's own state, not the adapter's."""
-        buf = self.buffer
-        if buf._total_chunks >= buf._max_size:
-            raise RuntimeError(f"the SRL harness's sentinel needs a free slot: {buf._total_chunks} chunks fill the "
-                               f"native buffer's {buf._max_size}. Fix: build the session with a larger capacity")
+        buffer = self.buffer
+        if buffer._total_chunks >= buffer._max_size:
+            raise RuntimeError(f"the SRL harness's sentinel needs a free slot: {buffer._total_chunks} chunks fill the "
+                               f"native buffer's {buffer._max_size}. Fix: build the session with a larger capacity")
         obs = np.zeros((1, 4), np.float32)
         obs[0, 0] = SENTINEL_ID
         cols = {"obs": obs, "next_obs": obs.copy(), "action": np.zeros(1, np.int64),
                 "reward": np.zeros(1, np.float32), "terminated": np.zeros(1, bool), "truncated": np.zeros(1, bool)}
         for s in transitions(cols):
-            buf.put(s)
-        buf._min_tree[(buf._ptr - 1) % buf._max_size] = float("inf")
+            buffer.put(s)
+        buffer._min_tree[(buffer._ptr - 1) % buffer._max_size] = float("inf")
         self._sentinel = "put"
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:

@@ -27,6 +27,7 @@ ALLOWED_IN_ADAPTERS = {
     # SRL's buffers offer no way to list what they hold; the suite's oracle reads it
     ("conduit_srl/conformance.py", "buffer._total_chunks"), ("conduit_srl/conformance.py", "buffer._buffer"),
     ("conduit_srl/conformance.py", "buffer._max_size"), ("conduit_srl/conformance.py", "buffer._ptr"),
+    ("conduit_srl/conformance.py", "buffer._min_tree"),   # the oracle's sentinel leaves SRL's min tree
     # a trainer worker subclass runs SRL's own configure step first
     ("conduit_srl/trainer_worker.py", "TrainerWorker._configure"),
     # verl's trainers: the parent's own advantage stage, called for the fallback path
