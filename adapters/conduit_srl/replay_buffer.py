@@ -181,12 +181,11 @@ class ConduitReplayBuffer:
         request = DeliveryRequest("sample", int(batch_size or self._batch_size),
                                   beta=self._beta if self.prioritized else None)
         p, reuses = self._delivery.deliver(request, on_handout=self._count_replays)
-        if self.prioritized:   # (the chunks in slot order, as the sample holds them: _prepare)
-            seqs, order = np.asarray(p.batch.seqs, dtype=np.int64), slot_order(p.batch.slots)
-            seqs = seqs if order is None else seqs[order]
-            return samples.replay_entry(reuses_left=-1, sample=p.prepared, receive_time=-1,
+        sample, seqs = p.prepared
+        if self.prioritized:
+            return samples.replay_entry(reuses_left=-1, sample=sample, receive_time=-1,
                                         sampling_indices=seqs, reuses=reuses)
-        return samples.replay_entry(reuses_left=-1, sample=p.prepared, receive_time=-1, reuses=reuses)
+        return samples.replay_entry(reuses_left=-1, sample=sample, receive_time=-1, reuses=reuses)
 
     def _count_replays(self, batch) -> float:
         """At hand-out (the lock held): the batch's mean replay count; the uniform kind counts a
@@ -199,9 +198,11 @@ class ConduitReplayBuffer:
         return reuses
 
     def _prepare(self, batch):
-        """SRL's sample for a batch: time-major ``[T, B, ...]`` fields, rebuilt as put (ahead, in the
-        preparing thread, or on the training thread), its chunks in slot order as SRL's own buffers
-        hand them out (``_slicing`` sorts the gather indices; the prioritized one sorts its draws)."""
+        """SRL's sample for a batch and, for the prioritized kind, its ``sampling_indices`` (the
+        chunks' seqs in the sample's order; else None): time-major ``[T, B, ...]`` fields, rebuilt as
+        put (ahead, in the preparing thread, or on the training thread), its chunks in slot order as
+        SRL's own buffers hand them out (``_slicing`` sorts the gather indices; the prioritized one
+        sorts its draws)."""
         order = slot_order(batch.slots)
         pick = None if order is None else torch.from_numpy(order)
         columns = dict.fromkeys(self._template)
@@ -209,10 +210,12 @@ class ConduitReplayBuffer:
             t = batch[name].transpose(0, 1)   # [B, T, ...] -> [T, B, ...]
             columns[name] = (t if pick is None else t[:, pick]).contiguous().numpy()
         sample = self._codec.rebuild(columns)
-        if self.prioritized:
-            w = batch.weights.numpy().astype(np.float32)
-            sample.register_metadata(sampling_weight=w if order is None else w[order])
-        return sample
+        if not self.prioritized:
+            return sample, None
+        w = batch.weights.numpy().astype(np.float32)
+        sample.register_metadata(sampling_weight=w if order is None else w[order])
+        seqs = np.asarray(batch.seqs, dtype=np.int64)
+        return sample, (seqs if order is None else seqs[order])
 
     def update_priorities(self, idxes, priorities) -> int:
         """Priorities for delivered chunks, by their ``sampling_indices``; a chunk overwritten since is
