@@ -78,6 +78,16 @@ def run_arm(arm: str, kind: str, n: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def measure(kind: str, n: int) -> dict:
+    """Both arms for one workload ('cartpole' or 'atari'), each filled with ``n`` transitions in a
+    fresh process: ``{"n", "rllib", "conduit"[, "ratio"]}`` (an arm that failed holds its error)."""
+    arms = {arm: run_arm(arm, kind, n) for arm in ("rllib", "conduit")}
+    w = {"n": n, **arms}
+    if all("bytes_per_transition" in x for x in arms.values()):
+        w["ratio"] = arms["conduit"]["bytes_per_transition"] / arms["rllib"]["bytes_per_transition"]
+    return w
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_replay_rss", description=__doc__.split("\n\n")[0])
     p.add_argument("--cartpole", type=int, default=1_000_000, help="transitions (and capacity), CartPole")
@@ -88,11 +98,8 @@ def main(argv=None) -> dict:
     for kind, n in (("cartpole", a.cartpole), ("atari", a.atari)):
         if n <= 0:
             continue
-        arms = {arm: run_arm(arm, kind, n) for arm in ("rllib", "conduit")}
-        w = report["workloads"][kind] = {"n": n, **arms}
-        if all("bytes_per_transition" in x for x in arms.values()):
-            w["ratio"] = arms["conduit"]["bytes_per_transition"] / arms["rllib"]["bytes_per_transition"]
-        for arm, x in arms.items():
+        w = report["workloads"][kind] = measure(kind, n)
+        for arm, x in ((arm, w[arm]) for arm in ("rllib", "conduit")):
             what = (f"{x['bytes_per_transition']:,.0f} B per transition ({x['rss_bytes'] / 2**20:,.0f} MB for "
                     f"{x['transitions']:,})" if "bytes_per_transition" in x else f"failed: {x.get('error')}")
             print(f"{kind:8s} {arm:8s} {what}")

@@ -72,6 +72,9 @@ def run(workload: str, argv: list[str] | None) -> dict:
                    help="env steps per iteration (dqn-atari; ~25 training steps of ~0.6 s each on CPU)")
     p.add_argument("--out", default=f"out/bench_rllib_{workload}")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--rss-fill", type=int, default=None,
+                   help="transitions each replay buffer is filled with, in a fresh process, for the replay memory "
+                        "by RSS (default: the bench's capacity, at most 20,000 for Atari; 0: skip)")
     a = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _init_ray()
@@ -105,13 +108,15 @@ def run(workload: str, argv: list[str] | None) -> dict:
             rec[s]["steps"].append(timer.steps)
     bar.close()
     memory = {s: buffer_bytes_per_transition(algo) for s, algo in algos.items()}
+    capacity = algos["rllib"].config.replay_buffer_config.get("capacity") if workload in RSS_KIND else None
     for algo in algos.values():
         algo.stop()
+    rss = replay_rss(workload, capacity, a.rss_fill)
     report = {
         "workload": f"rllib-{workload}", "args": vars(a), "systems": rec,
         "exposed_ratio": _ratio(rec["conduit"]["exposed_ms"], rec["rllib"]["exposed_ms"]),
         "iteration_ratio": _ratio(rec["conduit"]["iter_s"], rec["rllib"]["iter_s"]),
-        "versions": _versions(), "buffer_bytes_per_transition": memory,
+        "versions": _versions(), "buffer_bytes_per_transition": memory, "replay_rss": rss,
     }
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "report.json"), "w") as fh:
@@ -122,9 +127,30 @@ def run(workload: str, argv: list[str] | None) -> dict:
     return report
 
 
+# the replay memory by RSS: bench_replay_rss's workload for each bench, and its largest fill
+RSS_KIND = {"dqn": "cartpole", "dqn-atari": "atari"}
+RSS_FILL_LIMIT = {"cartpole": 1_000_000, "atari": 20_000}   # Atari: RLlib's float32 stacks take 115 KB each
+
+
+def replay_rss(workload: str, capacity: int | None, fill: int | None) -> dict | None:
+    """Replay memory per transition by resident memory (``bench_replay_rss``): each buffer of the
+    bench's kind filled with ``fill`` transitions (default: the bench's capacity, up to
+    ``RSS_FILL_LIMIT``) in a fresh process, the same episodes for both. What a user's process
+    holds: RLlib's episode objects and trees, Conduit's columns, metadata, trees and frame pool.
+    None for a workload without replay, or ``fill`` 0."""
+    kind = RSS_KIND.get(workload)
+    if kind is None or fill == 0 or (fill is None and not capacity):
+        return None
+    from .bench_replay_rss import measure
+    n = fill if fill is not None else min(int(capacity), RSS_FILL_LIMIT[kind])
+    return {"kind": kind, **measure(kind, n)}
+
+
 def buffer_bytes_per_transition(algo) -> float | None:
-    """Replay memory per stored transition: RLlib's episodes (observations held per step,
-    lookback included) or Conduit's columns plus its frame pool, per buffer slot."""
+    """Replay memory per stored transition as the arrays count it (kept in the report; the
+    printed figure is ``replay_rss``'s): RLlib's episodes' observation, action and reward arrays
+    only (not its Python objects or priority trees) or Conduit's columns, metadata and frame
+    pool per slot of its ring, reserved whether filled or not. Not comparable with each other."""
     buf = getattr(algo, "local_replay_buffer", None)
     if buf is None:
         return None
@@ -167,12 +193,15 @@ def render(report: dict) -> str:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in br.items() if k != "exposed")
         lines.append(f"  {s:8s} exposed {statistics.median(rec[s]['exposed_ms']):7.3f} ms/step ({parts})  "
                      f"iteration {statistics.median(rec[s]['iter_s']):6.2f} s")
-    mem = report.get("buffer_bytes_per_transition") or {}
-    if mem.get("rllib") and mem.get("conduit"):
+    rss = report.get("replay_rss") or {}
+    if "ratio" in rss:
         fmt = lambda b: f"{b / 1e3:.1f} KB" if b >= 1000 else f"{b:.0f} B"
-        lines.append(f"  replay memory per transition: rllib {fmt(mem['rllib'])}, conduit {fmt(mem['conduit'])} "
-                     f"-> {mem['conduit'] / mem['rllib']:.3f}x (conduit: reserved per slot: columns, "
-                     "metadata and frame pool)")
+        per = lambda arm: fmt(rss[arm]["bytes_per_transition"])
+        lines.append(f"  replay memory per transition by RSS: rllib {per('rllib')}, conduit {per('conduit')} "
+                     f"-> {rss['ratio']:.3f}x (each buffer filled with {rss['n']:,} transitions in a fresh "
+                     "process: conduit bench replay-rss)")
+    elif rss:
+        lines.append(f"  replay memory by RSS: failed ({rss.get('rllib', {}).get('error') or rss.get('conduit')})")
     e, it = report["exposed_ratio"], report["iteration_ratio"]
     if e:
         lines.append(f"  exposed experience-path latency, conduit/rllib: {e['median']:.3f}x "

@@ -61,7 +61,8 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
         if buf.closed:
             buf.check_open()
-        size, limiter = buf.size, buf.rate_limiter
+        # buf.size inline for a selector that does not consume: the stored rows (ring.lo() inline too)
+        size, limiter = ring.inserted - max(ring.inserted - ring.capacity, ring.floor, 0) - ring.holes, buf.rate_limiter
         if limiter.samples_per_insert is not None or size < limiter.min_size:   # (else wait_to_sample returns size)
             size = wait_to_sample(buf, batch_size, timeout)
         pooled = n_step is None and buf.gathers_pooled(fields, device)
@@ -75,7 +76,8 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
             slots, weights, data = _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size,
                                          weights_out)
         buf.counts.sampled += batch_size
-        cond.notify_all()
+        if cond.waiters:
+            cond.notify_all()
         seqs, versions = ring.gather_meta(slots)
         if weights_out is not None and weights is weights_out[0]:   # written in place: hand the entry out
             buf.took_pooled_weights(batch_size)

@@ -126,6 +126,8 @@ class InlineDelivery:
                 raise
         done = time.perf_counter()
         self._metrics.add_call("deliver", done - called, done - t0, items_out=n)
-        with self._cond.mutex:
-            self._cond.notify_all()
+        cond = self._cond
+        with cond.mutex:
+            if cond.waiters:
+                cond.notify_all()
         return batch

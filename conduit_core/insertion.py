@@ -61,7 +61,9 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
         buf.selector.on_insert(start, n, min(ring.inserted, cap))
         if priorities is not None:
             buf.selector.set_initial_priorities((start + np.arange(n)) % buf.capacity, priorities)
-        buf.lock.notify_all()
+        cond = buf.lock
+        if cond.waiters:
+            cond.notify_all()
         return first
 
 

@@ -16,11 +16,14 @@ class BufferCondition(threading.Condition):
     for rows, a producer for room), and almost always nobody waits: ``notify_all`` then returns
     at once instead of walking the standard library's notify (~0.6 us per insert). Called with
     the lock held, as ``threading.Condition`` requires, so the waiter list cannot change under it.
-    ``mutex`` is that lock, for hot paths: ``with cond:`` enters it through a Python method."""
+    ``mutex`` is that lock, for hot paths: ``with cond:`` enters it through a Python method; and
+    ``waiters`` the waiter list, for hot paths too: ``if cond.waiters: cond.notify_all()`` (the lock
+    held) costs no call when nobody waits."""
 
     def __init__(self):
         self.mutex = threading.RLock()   # ``with cond.mutex:`` holds the same lock, entered in C
         super().__init__(self.mutex)
+        self.waiters = self._waiters   # (the standard library's deque; it never replaces it)
 
     def notify_all(self) -> None:
         if self._waiters:
