@@ -36,7 +36,7 @@ class DeliveryCounts:
 def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
            n_step: int | tuple[int, int] | None = None, gamma: float = 0.99,
            beta: float | None = None, timeout: float | None = None,
-           fields: Sequence[str] | None = None, episode_end: str = "shorten") -> Batch:
+           fields: Sequence[str] | None = None, episode_end: str = "shorten", in_slot_order: bool = False) -> Batch:
     """Select ``batch_size`` items (uniform or prioritized) and gather them, decoded,
     on ``device``. With ``n_step`` (an int, or ``(lo, hi)`` drawn per item from
     ``[lo, hi)`` as RLlib does), ``reward`` is the discounted n-step return within the
@@ -48,13 +48,21 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     delivers the shorter window (RLlib's uniform ``EpisodeReplayBuffer`` draws these);
     'redraw' draws the item and its n again, so every delivered window has its full n
     (RLlib's ``PrioritizedEpisodeReplayBuffer``). The two are different distributions
-    over the same data, and they change how fast DQN learns: pick the framework's."""
+    over the same data, and they change how fast DQN learns: pick the framework's.
+
+    ``in_slot_order`` (1-step draws): the batch's items sorted by ring slot, stably (an item
+    drawn twice keeps its draws' order), weights with them; the draw itself is the same. For a
+    framework that hands its batches out so (SRL sorts its gather indices): the gather reads
+    the ring in order and the adapter need not permute the batch after it."""
     if buf.selector.consumes:
         raise ConfigError("selector", "uniform or prioritized for sample()", "fifo",
                           "use take() to consume FIFO (on-policy) data")
     if isinstance(n_step, list):
         n_step = tuple(n_step)
     buf.sampling_checks.check(buf, batch_size, n_step, gamma, beta, episode_end, fields)
+    if in_slot_order and n_step is not None:
+        raise ConfigError("in_slot_order", "1-step draws (n_step=None)", f"n_step={n_step!r}",
+                          "sample n-step windows in draw order (in_slot_order=False)")
     ring, cond = buf.ring, buf.lock
     # the columns come from the output pool for a plain 1-step gather of every field on the host
     # and for host windows drawn with the redraw rule (window_outputs); the others are fresh
@@ -70,11 +78,11 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
             slots, weights, data = buf.run_storage(
                 lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, buf.size,
-                              weights_out),
+                              weights_out, in_slot_order),
                 then=lambda: wait_to_sample(buf, batch_size, timeout))
         else:
             slots, weights, data = _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size,
-                                         weights_out)
+                                         weights_out, in_slot_order)
         buf.counts.sampled += batch_size
         if cond.waiters:
             cond.notify_all()
@@ -88,13 +96,19 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
                      inserted_at_selection=ring.inserted)
 
 
-def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size, weights_out=None):
+def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size, weights_out=None,
+          in_slot_order=False):
     """One draw of ``sample`` (the lock held; ``size`` items stored): (slots, importance weights
     or None, columns). A plain draw's weights go into ``weights_out`` (array, tensor) if given."""
     ring, walk, selector = buf.ring, buf.walk, buf.selector
     if n_step is None:
         slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta,
                                       None if weights_out is None else weights_out[0])
+        if in_slot_order and slots.size > 1 and not bool((slots[1:] >= slots[:-1]).all()):
+            order = np.argsort(slots, kind="stable")
+            slots = slots[order]
+            if weights is not None:
+                weights[:] = weights[order]   # (in place: a pooled weights array stays the one handed out)
         return slots, weights, buf.gather(slots, device, fields)
     if episode_end == "redraw":
         pooled = buf.window_outputs(batch_size, fields, device)   # (steps and weights written in place)

@@ -50,7 +50,9 @@ class DeliveryOperator:
         total = request.batch_size * granularity
         out = []
         try:
-            if granularity == 1 or buffer.selector.independent_items:
+            # (a batch in slot order is sorted on its own: one sorted draw split would hand the
+            # lowest slots to the first batch)
+            if granularity == 1 or (buffer.selector.independent_items and not request.in_slot_order):
                 big = self._draw(request, total, timeout)
                 batches = split_rows(big, request.batch_size) if granularity > 1 else [big]
             else:   # each batch its own draw (a failure part way undoes them all, below)
@@ -71,7 +73,8 @@ class DeliveryOperator:
         if request.kind == "sequences":
             return buffer.sample_sequences(n, request.length, device=request.device, timeout=timeout)
         return buffer.sample(n, device=request.device, n_step=request.n_step, gamma=request.gamma, beta=request.beta,
-                             timeout=timeout, episode_end=request.episode_end, fields=request.fields)
+                             timeout=timeout, episode_end=request.episode_end, fields=request.fields,
+                             in_slot_order=request.in_slot_order)
 
     def run_hooks(self, batch: Batch) -> Batch:
         for hook in self.hooks:

@@ -39,6 +39,7 @@ class DeliveryRequest:
     device: str | None = None
     episode_end: str = "shorten"
     fields: tuple[str, ...] | None = None  # only these of the spec's fields (None: all)
+    in_slot_order: bool = False    # a sample's items sorted by ring slot (``ExperienceBuffer.sample``)
 
 
 @dataclass

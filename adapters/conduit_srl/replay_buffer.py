@@ -179,7 +179,7 @@ class ConduitReplayBuffer:
             raise ConfigError("get", "a buffer with chunks (not empty())", "nothing put yet",
                               "get only when empty() is False, as SRL's trainer does")
         request = DeliveryRequest("sample", int(batch_size or self._batch_size),
-                                  beta=self._beta if self.prioritized else None)
+                                  beta=self._beta if self.prioritized else None, in_slot_order=True)
         p, reuses = self._delivery.deliver(request, on_handout=self._count_replays)
         sample, seqs = p.prepared
         if self.prioritized:
@@ -202,7 +202,8 @@ class ConduitReplayBuffer:
         chunks' seqs in the sample's order; else None): time-major ``[T, B, ...]`` fields, rebuilt as
         put (ahead, in the preparing thread, or on the training thread), its chunks in slot order as
         SRL's own buffers hand them out (``_slicing`` sorts the gather indices; the prioritized one
-        sorts its draws)."""
+        sorts its draws). ``get`` draws them so (``in_slot_order``: the gather reads the ring in order
+        and nothing is permuted here); a batch drawn otherwise is put in that order here."""
         order = slot_order(batch.slots)
         pick = None if order is None else torch.from_numpy(order)
         columns = dict.fromkeys(self._template)
