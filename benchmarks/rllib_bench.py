@@ -76,6 +76,9 @@ def run(workload: str, argv: list[str] | None) -> dict:
                    help="transitions each replay buffer is filled with, in a fresh process, for the replay memory "
                         "by RSS (default: the bench's capacity, at most 20,000 for Atari; 0: skip)")
     a = p.parse_args(argv)
+    if a.rss_fill is not None and 0 < a.rss_fill < 200:
+        p.error(f"--rss-fill: expected 0 (skip) or at least 200 transitions (one episode of the fill), "
+                f"got {a.rss_fill}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _init_ray()
     from tqdm import tqdm
@@ -143,7 +146,10 @@ def replay_rss(workload: str, capacity: int | None, fill: int | None) -> dict | 
         return None
     from .bench_replay_rss import measure
     n = fill if fill is not None else min(int(capacity), RSS_FILL_LIMIT[kind])
-    return {"kind": kind, **measure(kind, n)}
+    try:
+        return {"kind": kind, **measure(kind, n)}
+    except Exception as exc:   # (a timeout): the run's timings are still written and printed
+        return {"kind": kind, "n": n, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def buffer_bytes_per_transition(algo) -> float | None:
@@ -201,7 +207,8 @@ def render(report: dict) -> str:
                      f"-> {rss['ratio']:.3f}x (each buffer filled with {rss['n']:,} transitions in a fresh "
                      "process: conduit bench replay-rss)")
     elif rss:
-        lines.append(f"  replay memory by RSS: failed ({rss.get('rllib', {}).get('error') or rss.get('conduit')})")
+        why = rss.get("error") or rss.get("rllib", {}).get("error") or rss.get("conduit", {}).get("error")
+        lines.append(f"  replay memory by RSS: failed ({why})")
     e, it = report["exposed_ratio"], report["iteration_ratio"]
     if e:
         lines.append(f"  exposed experience-path latency, conduit/rllib: {e['median']:.3f}x "

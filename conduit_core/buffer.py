@@ -111,7 +111,7 @@ class ExperienceBuffer:
         """Items currently stored (for FIFO: not yet consumed)."""
         if self.selector.consumes:
             return self.ring.queued()
-        return self.ring.inserted - self.ring.lo() - self.ring.holes
+        return self.ring.stored_count()
 
     @property
     def capacity(self) -> int:

@@ -69,8 +69,7 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
         if buf.closed:
             buf.check_open()
-        # buf.size inline for a selector that does not consume: the stored rows (ring.lo() inline too)
-        size, limiter = ring.inserted - max(ring.inserted - ring.capacity, ring.floor, 0) - ring.holes, buf.rate_limiter
+        size, limiter = ring.stored_count(), buf.rate_limiter   # (buf.size for a selector that does not consume)
         if limiter.samples_per_insert is not None or size < limiter.min_size:   # (else wait_to_sample returns size)
             size = wait_to_sample(buf, batch_size, timeout)
         pooled = n_step is None and buf.gathers_pooled(fields, device)

@@ -107,6 +107,10 @@ class Ring:
         """Seq of the oldest row that may still be stored."""
         return max(self.inserted - self.capacity, self.floor, 0)
 
+    def stored_count(self) -> int:
+        """Rows stored now in the live window (``lo()`` inline: a delivery's hot path asks)."""
+        return self.inserted - max(self.inserted - self.capacity, self.floor, 0) - self.holes
+
     def live(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         """Which of ``slots`` (holding ``seqs`` in the metadata) hold a stored row."""
         return (seqs >= self.lo()) & (seqs < self.inserted) & (seqs % self.capacity == slots)

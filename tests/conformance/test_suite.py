@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conduit_conformance import REGISTRY, ConformanceTests, check_adapter, load_harness
+from conduit_conformance.checks_convergence import SEEDS_ENV
 from conduit_conformance.examples.conduit_minirl.conformance import harness as example_harness
 
 from .broken_adapter import FAULTS, BrokenHarness
@@ -34,7 +35,8 @@ def test_correct_adapter_passes_every_check():
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_broken_adapter_fails_exactly_the_checks_guarding_the_broken_promise(fault):
+def test_broken_adapter_fails_exactly_the_checks_guarding_the_broken_promise(fault, monkeypatch):
+    monkeypatch.setenv(SEEDS_ENV, "0,1")   # the CI seeds, whatever the caller's environment asks for
     report = check_adapter(BrokenHarness(fault), level="convergence")
     assert failed(report) == FAULTS[fault], report.table()
 
