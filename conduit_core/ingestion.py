@@ -159,7 +159,7 @@ class IngestionPoint:
         self.committed_rows = self.accepted_rows
         self._metrics.add_call("ingest", time.perf_counter() - t0, items_in=rows,
                                items_out=rows if enc is accepted else sum(e.n for e in enc))
-        return [e.ticket for e in enc]
+        return [enc[0].ticket] if len(enc) == 1 else [e.ticket for e in enc]   # (the lone case: no frame)
 
     def commit(self, encoded: list[Encoded], timeout: float | None) -> None:
         """Store encoded rollouts in order. A rollout larger than the buffer fails the call

@@ -102,9 +102,11 @@ class EpisodeIngest:
         add: one chunk, or two where an episode ended): none of their episodes is evicted by the
         plan, no stored episode is cut early by the ring, one ingestion operator call takes them
         all; without the general route's lists and groups. False (nothing done) otherwise."""
-        if len(chunks) > self.edp.schedule.ingest_granularity or any(
-                getattr(ep, "receipt", None) is not None for ep, *_ in chunks):
+        if len(chunks) > self.edp.schedule.ingest_granularity:
             return False
+        for ep, *_ in chunks:   # (a loop, not a generator: every env step's add comes here)
+            if getattr(ep, "receipt", None) is not None:
+                return False
         total = sum(n for *_, n in chunks) if len(chunks) > 1 else chunks[0][3]
         evict = () if self.ledger.rows + total <= self.capacity else \
             self.ledger.plan([(src, n) for _, _, src, n in chunks], self.capacity)[0]

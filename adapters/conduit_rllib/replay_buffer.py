@@ -15,6 +15,7 @@ slices, the ``[B, T]`` batch form); the fast path's delivery is here.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -156,13 +157,14 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         the uniform one (an episode evicted mid-call restarts with its next chunk)."""
         if not isinstance(episodes, (list, tuple)):
             episodes = [episodes]
-        written = [getattr(ep, "receipt", None) is not None for ep in episodes]
-        if any(written):   # chunks env runners wrote at the source (source_ingest.py)
-            if not all(written):   # a runner without a writer yet (e.g. restarted): runs of each kind, in order
-                k = written.index(not written[0])
-                self.add(episodes[:k])
-                return self.add(episodes[k:])
-            return self._add_written(episodes)
+        for ep in episodes:   # (a loop, not a comprehension: every env step's add comes here)
+            if getattr(ep, "receipt", None) is not None:   # chunks env runners wrote at the source (source_ingest.py)
+                written = [getattr(c, "receipt", None) is not None for c in episodes]
+                if not all(written):   # a runner without a writer yet (e.g. restarted): runs of each kind, in order
+                    k = written.index(not written[0])
+                    self.add(episodes[:k])
+                    return self.add(episodes[k:])
+                return self._add_written(episodes)
         chunks = []
         source_of = self.ingest.source_of
         for ep in episodes:
@@ -394,7 +396,5 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             self.edp.close()
 
     def __del__(self):  # the worker thread is a daemon; still, free shared memory promptly
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
