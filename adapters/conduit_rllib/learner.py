@@ -46,13 +46,24 @@ class ConduitLearnerConnector(ConnectorV2):
                 metrics.log_value((self.module_id, FIRST_SEQ_KEY), int(delivered.seqs[0]), reduce="min", window=1)
             dev = self.device
             weights = delivered.weights
-            if dev.type == "cpu" and all(v.is_cpu for v in delivered.values()) and (weights is None or weights.is_cpu):
-                moved = delivered.items()   # a CPU learner's batch, delivered on the host: nothing to move
-            else:
-                moved = [(k, v if v.device == dev else v.to(dev, non_blocking=True)) for k, v in delivered.items()]
-                weights = None if weights is None else weights.to(dev, non_blocking=True)
-            cols = {RLLIB_COLUMNS.get(k, k): v for k, v in moved if not k.startswith(EXTRA)}
-            extras = [(k[len(EXTRA):], v) for k, v in moved if k.startswith(EXTRA)]
+            # a CPU learner's batch, delivered on the host: nothing to move (loops, not comprehensions:
+            # each would be a frame on every update's path)
+            stay = dev.type == "cpu" and (weights is None or weights.is_cpu)
+            if stay:
+                for v in delivered.values():
+                    if not v.is_cpu:
+                        stay = False
+                        break
+            if not stay and weights is not None:
+                weights = weights.to(dev, non_blocking=True)
+            cols, extras = {}, []
+            for k, v in delivered.items():
+                if not stay and v.device != dev:
+                    v = v.to(dev, non_blocking=True)
+                if k.startswith(EXTRA):
+                    extras.append((k[len(EXTRA):], v))
+                else:
+                    cols[RLLIB_COLUMNS.get(k, k)] = v
             if extras:  # include_extra_model_outputs: each under its key, nesting rebuilt (AddColumnsFrom...)
                 cols.update({k: v for k, v in unflatten(extras).items() if k not in cols})
             if weights is not None:

@@ -1,0 +1,41 @@
+"""ConduitLearnerConnector: a DeliveredBatch becomes the learner's columns under RLlib's names,
+moved to the learner's device only where it is not there already."""
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ray.rllib")
+
+from conduit_core import Batch  # noqa: E402
+from conduit_rllib.learner import ConduitLearnerConnector  # noqa: E402
+from conduit_rllib.replay_buffer import DeliveredBatch  # noqa: E402
+
+
+def delivered(weights=True):
+    data = {"obs": torch.arange(8.0).reshape(4, 2), "action": torch.tensor([0, 1, 1, 0]),
+            "reward": torch.ones(4), "extra_model_outputs.q.a": torch.zeros(4)}
+    return Batch(data, slots=np.arange(4), seqs=np.arange(4), versions=np.zeros(4, np.int64),
+                 weights=torch.full((4,), 0.5) if weights else None, inserted_at_selection=4)
+
+
+def run(device, batch):
+    conn = ConduitLearnerConnector(inner=None, device=device, log_provenance=False)
+    return conn(rl_module=None, batch={}, episodes=[DeliveredBatch(batch)])["default_policy"]
+
+
+def test_a_host_batch_for_a_cpu_learner_is_handed_over_as_is():
+    b = delivered()
+    cols = run("cpu", b)
+    assert set(cols) == {"obs", "actions", "rewards", "q", "weights"}
+    assert cols["obs"] is b["obs"] and cols["weights"] is b.weights   # nothing copied
+    assert set(cols["q"]) == {"a"} and cols["q"]["a"] is b["extra_model_outputs.q.a"]
+
+
+def test_a_batch_for_another_device_is_moved_column_by_column():
+    b = delivered(weights=False)
+    cols = run("meta", b)
+    assert {k: v.device.type for k, v in cols.items() if k != "q"} == dict.fromkeys(
+        ("obs", "actions", "rewards", "weights"), "meta")
+    assert cols["q"]["a"].device.type == "meta" and cols["obs"].shape == (4, 2)
+    assert cols["weights"].shape == (4,)   # no weights delivered: ones, on the learner's device
