@@ -76,7 +76,7 @@ def run(workload: str, argv: list[str] | None) -> dict:
                    help="transitions each replay buffer is filled with, in a fresh process, for the replay memory "
                         "by RSS (default: the bench's capacity, at most 20,000 for Atari; 0: skip)")
     a = p.parse_args(argv)
-    if a.rss_fill is not None and 0 < a.rss_fill < 200:
+    if a.rss_fill is not None and a.rss_fill != 0 and a.rss_fill < 200:
         p.error(f"--rss-fill: expected 0 (skip) or at least 200 transitions (one episode of the fill), "
                 f"got {a.rss_fill}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -207,7 +207,8 @@ def render(report: dict) -> str:
                      f"-> {rss['ratio']:.3f}x (each buffer filled with {rss['n']:,} transitions in a fresh "
                      "process: conduit bench replay-rss)")
     elif rss:
-        why = rss.get("error") or rss.get("rllib", {}).get("error") or rss.get("conduit", {}).get("error")
+        why = rss.get("error") or rss.get("rllib", {}).get("error") or rss.get("conduit", {}).get("error") \
+            or "no error recorded"
         lines.append(f"  replay memory by RSS: failed ({why})")
     e, it = report["exposed_ratio"], report["iteration_ratio"]
     if e:

@@ -14,7 +14,8 @@ from conduit_rllib.replay_buffer import DeliveredBatch  # noqa: E402
 
 def delivered(weights=True):
     data = {"obs": torch.arange(8.0).reshape(4, 2), "action": torch.tensor([0, 1, 1, 0]),
-            "reward": torch.ones(4), "extra_model_outputs.q.a": torch.zeros(4)}
+            "reward": torch.ones(4), "extra_model_outputs.q.a": torch.zeros(4),
+            "extra_model_outputs.obs": torch.full((4,), 7.0)}   # a name clash: the stored column wins
     return Batch(data, slots=np.arange(4), seqs=np.arange(4), versions=np.zeros(4, np.int64),
                  weights=torch.full((4,), 0.5) if weights else None, inserted_at_selection=4)
 
@@ -28,14 +29,29 @@ def test_a_host_batch_for_a_cpu_learner_is_handed_over_as_is():
     b = delivered()
     cols = run("cpu", b)
     assert set(cols) == {"obs", "actions", "rewards", "q", "weights"}
-    assert cols["obs"] is b["obs"] and cols["weights"] is b.weights   # nothing copied
+    assert cols["obs"] is b["obs"] and cols["weights"] is b.weights   # nothing copied, the clash's loser dropped
     assert set(cols["q"]) == {"a"} and cols["q"]["a"] is b["extra_model_outputs.q.a"]
 
 
-def test_a_batch_for_another_device_is_moved_column_by_column():
-    b = delivered(weights=False)
+@pytest.mark.parametrize("weights", [True, False])
+def test_a_batch_for_another_device_is_moved_column_by_column(weights):
+    b = delivered(weights=weights)
+    b["reward"] = b["reward"].to("meta")   # already there: handed over as is
     cols = run("meta", b)
     assert {k: v.device.type for k, v in cols.items() if k != "q"} == dict.fromkeys(
         ("obs", "actions", "rewards", "weights"), "meta")
-    assert cols["q"]["a"].device.type == "meta" and cols["obs"].shape == (4, 2)
-    assert cols["weights"].shape == (4,)   # no weights delivered: ones, on the learner's device
+    assert cols["q"]["a"].device.type == "meta" and cols["obs"].shape == (4, 2) and cols["weights"].shape == (4,)
+    assert cols["rewards"] is b["reward"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: a batch partly on it, for a CPU learner")
+@pytest.mark.parametrize("off_host", ["column", "weights"])
+def test_a_cpu_learner_given_a_batch_partly_elsewhere_gets_it_all_on_the_host(off_host):
+    b = delivered()
+    if off_host == "column":
+        b["obs"] = b["obs"].to("cuda")
+    else:
+        b.weights = b.weights.to("cuda")
+    cols = run("cpu", b)
+    for k, v in cols.items():
+        assert all(x.device.type == "cpu" for x in (v.values() if k == "q" else (v,))), k
