@@ -99,7 +99,12 @@ def _cmd_probe(args: list[str]) -> int:
     t = probe(nbytes=a.mib << 20)
     if a.remote_node:
         import ray
-        ray.init(address=a.ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            ray.init(address=a.ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        except ConnectionError as exc:
+            raise SystemExit(f"conduit probe --remote-node: no Ray cluster at --ray-address={a.ray_address} ({exc}). "
+                             "Fix: start the cluster first (ray start --head; each node with --resources "
+                             "'{\"NAME\": 1}') or pass its address") from None
         try:
             t = with_remote_nodes(t, a.remote_node)
         finally:

@@ -308,6 +308,8 @@ def fixed_plan(kind: str, workload: Workload, topology: Topology) -> Plan:
         order, why = gpus, "all GPUs' memory, evenly"
     else:
         raise ConfigError("baseline", f"one of {BASELINES}", repr(kind), "pick a known baseline")
+    if not order:   # all-gpus on a topology without GPUs (e.g. a CPU machine's probe)
+        raise CapacityError(f"baseline {kind}: this topology has no GPU tier")
     for t in order:
         if t not in [x.name for x in topology.tiers]:
             raise CapacityError(f"baseline {kind}: this topology has no tier {t!r}")

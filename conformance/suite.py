@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from .runner import load_harness, load_xfails
-from .testing import ConformanceTests
+# absolute: pytest's --pyargs may import this file as ``conformance.suite``, and relative imports
+# would then make a second copy of the suite's classes (a harness would not be a Harness)
+from conduit_conformance.runner import load_harness, load_xfails
+from conduit_conformance.testing import ConformanceTests
 
 
 class TestConformance(ConformanceTests):

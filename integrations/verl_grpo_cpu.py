@@ -1,6 +1,6 @@
 """GRPO with verl's functions on a CPU, the post-generation path through Conduit: a reference run.
 
-    python integrations/verl_grpo_cpu.py [--iterations 40] [--sequential]
+    python integrations/verl_grpo_cpu.py [--iterations 200] [--sequential]
 
 A tiny random Qwen2 (2 layers) and a character tokenizer, both built offline, learn "a+b=" sums
 (a, b in 0..4). Per iteration:

@@ -15,7 +15,6 @@ slices, the ``[B, T]`` batch form); the fast path's delivery is here.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import numpy as np
@@ -331,8 +330,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
     def eviction_report(self) -> dict:
         """Episodes and steps evicted; ``early``: episodes evicted because the ring would have
         cut them (not RLlib's rule: raise ``ring_slack`` if this is not 0)."""
-        return {"episodes": self.ledger.evicted_episodes, "steps": self.ledger.evicted_rows,
-                "early": self.ledger.early_episodes}
+        return {"episodes": self.ledger.evicted_episodes, "steps": self.ledger.evicted_rows, "early": self.ledger.early_episodes}
 
     # ------------------------------------------------------------------ state
     def get_state(self) -> dict[str, Any]:
@@ -396,5 +394,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             self.edp.close()
 
     def __del__(self):  # the worker thread is a daemon; still, free shared memory promptly
-        with contextlib.suppress(Exception):
+        try:   # (not contextlib: at interpreter exit the module may be gone already)
             self.close()
+        except Exception:
+            pass

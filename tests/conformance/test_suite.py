@@ -86,6 +86,16 @@ def test_cli_prints_table_writes_report_and_sets_exit_code(tmp_path):
     assert r.returncode != 0
 
 
+def test_the_documented_pytest_entry_point_runs_the_suite(tmp_path):
+    """``pytest --conduit-adapter=NAME --pyargs conduit_conformance.suite`` (writing-an-adapter.md),
+    from a user's own folder: pytest imported suite.py as ``conformance.suite`` and its relative
+    imports made a second Harness class, so every test errored (found by trying the docs)."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                        "--conduit-adapter=example", "--pyargs", "conduit_conformance.suite"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and " passed" in r.stdout and " error" not in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
+
+
 def test_load_harness_errors_are_clear():
     with pytest.raises(ValueError, match="module:factory"):
         load_harness("nope")

@@ -115,6 +115,16 @@ def test_every_baseline_runs_on_the_presets():
             assert best.total_s <= fixed_plan(b, w, t).total_s + 1e-12
 
 
+def test_the_gpu_baselines_on_a_machine_without_gpus_say_so():
+    """(all-gpus divided by the GPU count: a ZeroDivisionError on a CPU machine's probe, found by
+    running the README's ``conduit plan`` here)"""
+    host_only = Topology("cpu", (TierInfo("host", "pageable", int(64e9)),), (Link("host", "host", 10.0, 1.0),), cores=2)
+    w = Workload(transition_bytes=7000, capacity=1_000_000, batch_size=32)
+    for b in ("all-gpus", "single-gpu"):
+        with pytest.raises(CapacityError, match="no GPU tier|no tier"):
+            fixed_plan(b, w, host_only)
+
+
 # ------------------------------------------------------------------ migration
 def ids_in_order(buf):
     stt = buf.state_dict()
