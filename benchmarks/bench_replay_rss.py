@@ -99,7 +99,8 @@ def main(argv=None) -> dict:
         if n <= 0:
             continue
         w = report["workloads"][kind] = measure(kind, n)
-        for arm, x in ((arm, w[arm]) for arm in ("rllib", "conduit")):
+        for arm in ("rllib", "conduit"):
+            x = w[arm]
             what = (f"{x['bytes_per_transition']:,.0f} B per transition ({x['rss_bytes'] / 2**20:,.0f} MB for "
                     f"{x['transitions']:,})" if "bytes_per_transition" in x else f"failed: {x.get('error')}")
             print(f"{kind:8s} {arm:8s} {what}")

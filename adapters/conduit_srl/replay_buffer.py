@@ -56,16 +56,6 @@ from .delivery_plan import check_delivery
 REPLAY_KINDS = ("simple_replay_buffer", "prioritized_replay_buffer")
 
 
-def slot_order(slots) -> np.ndarray | None:
-    """The order that puts a batch's chunks by ring slot (stable: a chunk drawn twice keeps its
-    draws' order), or None where they already are: SRL's buffers deliver a get's chunks so (a
-    slot here is SRL's storage index: one chunk per slot, the same ring size)."""
-    slots = np.asarray(slots)
-    if slots.size < 2 or bool((slots[1:] >= slots[:-1]).all()):
-        return None
-    return np.argsort(slots, kind="stable")
-
-
 class ConduitReplayBuffer:
     """``simple_replay_buffer`` / ``prioritized_replay_buffer`` on an :class:`ExperienceBuffer` whose
     items are whole samples (chunks of ``sample_length`` steps)."""
@@ -199,24 +189,18 @@ class ConduitReplayBuffer:
 
     def _prepare(self, batch):
         """SRL's sample for a batch and, for the prioritized kind, its ``sampling_indices`` (the
-        chunks' seqs in the sample's order; else None): time-major ``[T, B, ...]`` fields, rebuilt as
-        put (ahead, in the preparing thread, or on the training thread), its chunks in slot order as
-        SRL's own buffers hand them out (``_slicing`` sorts the gather indices; the prioritized one
-        sorts its draws). ``get`` draws them so (``in_slot_order``: the gather reads the ring in order
-        and nothing is permuted here); a batch drawn otherwise is put in that order here."""
-        order = slot_order(batch.slots)
-        pick = None if order is None else torch.from_numpy(order)
+        chunks' seqs; else None): time-major ``[T, B, ...]`` fields, rebuilt as put (ahead, in the
+        preparing thread, or on the training thread). Its chunks come in slot order, as SRL's own
+        buffers hand them out (``_slicing`` sorts the gather indices; the prioritized one sorts its
+        draws): ``get``'s request draws them so (``in_slot_order``), before the gather."""
         columns = dict.fromkeys(self._template)
         for name in batch:
-            t = batch[name].transpose(0, 1)   # [B, T, ...] -> [T, B, ...]
-            columns[name] = (t if pick is None else t[:, pick]).contiguous().numpy()
+            columns[name] = batch[name].transpose(0, 1).contiguous().numpy()   # [B, T, ...] -> [T, B, ...]
         sample = self._codec.rebuild(columns)
         if not self.prioritized:
             return sample, None
-        w = batch.weights.numpy().astype(np.float32)
-        sample.register_metadata(sampling_weight=w if order is None else w[order])
-        seqs = np.asarray(batch.seqs, dtype=np.int64)
-        return sample, (seqs if order is None else seqs[order])
+        sample.register_metadata(sampling_weight=batch.weights.numpy().astype(np.float32))
+        return sample, np.asarray(batch.seqs, dtype=np.int64)
 
     def update_priorities(self, idxes, priorities) -> int:
         """Priorities for delivered chunks, by their ``sampling_indices``; a chunk overwritten since is
