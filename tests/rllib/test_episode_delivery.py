@@ -23,10 +23,10 @@ def filled(prioritized: bool, seed: int = 5, **kw):
     from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
     chunks, truth = make_chunks(seed, with_extras=True, **kw)
     if prioritized:
-        native = PrioritizedEpisodeReplayBuffer(capacity=10_000, alpha=0.6, seed=seed)
+        native = PrioritizedEpisodeReplayBuffer(capacity=10_000, alpha=0.6)
     else:
         native = EpisodeReplayBuffer(capacity=10_000)
-        native.rng = np.random.default_rng(seed)
+    native.rng = np.random.default_rng(seed)  # RLlib 2.60 ignores seed= (its rng is default_rng(None))
     ours = ConduitEpisodeReplayBuffer(capacity=10_000, prioritized=prioritized, seed=seed + 1)
     for c in chunks:
         native.add([c])

@@ -42,7 +42,8 @@ def concat(rows):
 def prioritized_pair(seed, *, priorities=False):
     from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
     chunks, truth = make_chunks(seed)
-    native = PrioritizedEpisodeReplayBuffer(capacity=10_000, alpha=0.6, seed=seed)
+    native = PrioritizedEpisodeReplayBuffer(capacity=10_000, alpha=0.6)
+    native.rng = np.random.default_rng(seed)  # RLlib 2.60 ignores seed= (its rng is default_rng(None))
     conduit = ConduitEpisodeReplayBuffer(capacity=10_000, prioritized=True, alpha=0.6, seed=seed + 1)
     fill(native, conduit, chunks)
     if priorities:
