@@ -39,6 +39,7 @@ from .shard_loss import ShardLoss, ShardLossRecovery
 from .spec import ExperienceSpec
 from .shards import ShardSpec
 from .storage import ColumnarStorage
+from .window_draw import PooledWindowDraw
 from .tiers import Tier
 
 __all__ = ["ExperienceBuffer", "ShardLoss", "prioritized_replay", "queue", "replay"]
@@ -101,6 +102,8 @@ class ExperienceBuffer:
         self.lock = self._cond   # the buffer's lock and condition, for its parts (read-only)
         self.closed = False   # (read-only for others: hot paths test it without a Python call)
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
+        # redraw-rule windows into that pool in one frame (None: no pool; see window_draw.py)
+        self.pooled_windows = None if self._out is None else PooledWindowDraw(self, self._out)
 
     # ------------------------------------------------------------ properties
     def __len__(self) -> int:

@@ -44,6 +44,14 @@ def n_step_range(n_step) -> tuple[int, int]:
     return lo, hi
 
 
+def windows_too_short(tries: int, filled: int, b: int, n_lo: int, n_hi: int) -> SemanticError:
+    """The redraw rule gave up: too few stored windows fit their episodes."""
+    return SemanticError(
+        f"n_step: {tries} draws found only {filled} of {b} items whose n-step window ({n_lo}.."
+        f"{n_hi - 1} steps) fits in its stored episode; the stored episodes are too short for "
+        "this n. Fix: sample with a smaller n_step, store longer episodes, or use episode_end='shorten'.")
+
+
 class EpisodeWalk:
     """n-step windows and sequences, walked over the episode links of a ring."""
 
@@ -160,11 +168,7 @@ class EpisodeWalk:
         filled, tries, limit = 0, 0, 64 * b + 4096
         while filled < b:
             if tries > limit:
-                raise SemanticError(
-                    f"n_step: {tries} draws found only {filled} of {b} items whose n-step window ({n_lo}.."
-                    f"{n_hi - 1} steps) fits in its stored episode; the stored episodes are too short for "
-                    "this n. Fix: sample with a smaller n_step, store longer episodes, or use "
-                    "episode_end='shorten'.")
+                raise windows_too_short(tries, filled, b, n_lo, n_hi)
             u = rng.random(per_try * (b - filled) * (2 if redraw else 1) + (16 if redraw else 0))
             args = (prioritized, sums, mins, tsize, lo, count, ring.capacity, ring.meta["seq"],
                     ring.meta["next_seq"], u, n_lo, n_hi, float(gamma), beta, redraw,

@@ -252,11 +252,20 @@ class ColumnarStorage:
         array made (the caller hands out their tensor views). Only where ``takes_into``."""
         plan = self._into_plans.get(names)
         if plan is None:
-            views = dict(self._copy_targets)
-            plan = self._into_plans[names] = tuple((name, views[name]) for name in names)
+            plan = self.into_plan(names)
         if _c_gather_rows is None or not _c_gather_rows(slots, plan, out):
             for name, view in plan:   # (numpy names a slot out of range)
                 view.take(slots, axis=0, out=out[name])
+
+    def into_plan(self, names: tuple[str, ...]) -> tuple[tuple[str, np.ndarray], ...]:
+        """``take_into``'s (name, stored column) pairs for ``names``, as the native gather takes
+        them (only where ``takes_into``): a caller that draws many batches keeps it for this
+        storage's life and gathers without the call."""
+        plan = self._into_plans.get(names)
+        if plan is None:
+            views = dict(self._copy_targets)
+            plan = self._into_plans[names] = tuple((name, views[name]) for name in names)
+        return plan
 
     def walk_views(self, done_fields: tuple[str, ...]) -> tuple[np.ndarray, ...] | None:
         """What the native n-step walk reads: the float32 ``reward`` column and the two bool

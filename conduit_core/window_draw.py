@@ -1,0 +1,138 @@
+"""n-step windows drawn with the redraw rule straight into the output pool: a sequential
+replay step's delivery (RLlib's prioritized DQN asks for one each training step) in one
+Python frame around its native calls.
+
+Why a route of its own: with the caches cold after the learner's update, each Python frame
+of a delivery costs a few microseconds, and ``ExperienceBuffer.sample``'s general route takes
+about two dozen of them to draw one batch of windows (argument forms, the pool's entry, the
+window plan, the walk, two gathers, the hand-out; measured in docs/benchmarks.md §2). This
+route does the same work with the same native calls and the same draws of the buffer's RNG,
+keeping what it can reuse (the plans, the walk's views, its scratch arrays) for the storage's
+life. ``delivery.sample``'s redraw branch is the reference: tests/core/test_window_draw.py
+compares the two batch by batch (values, weights, provenance, RNG state, counts) across inserts,
+priority updates, wraps, a migration and the fallbacks.
+
+It applies where the general route would fill the output pool: host batches of one plain host
+shard, the native walk and gather built, no rate limit to wait on, no remote shard that may be
+lost. Elsewhere ``sample`` returns None before anything changed, and the caller takes
+``ExperienceBuffer.sample``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .batch import Batch
+from .episodes import _NO_TREE, n_step_range, windows_too_short
+
+try:
+    from ._sumtree import sample_windows as _c_sample_windows
+    from ._rows import gather_rows as _c_gather_rows
+except ImportError:  # pragma: no cover (the general route walks and gathers in numpy)
+    _c_sample_windows = _c_gather_rows = None
+
+
+class PooledWindowDraw:
+    """One buffer's redraw-rule window deliveries into its output pool (see the module docstring).
+
+    Public contract: ``sample(batch_size, n_step, gamma, beta, fields)`` returns the ``Batch``
+    that ``buffer.sample(batch_size, n_step=n_step, gamma=gamma, beta=beta, fields=fields,
+    episode_end='redraw')`` would, or None (nothing drawn, nothing changed) where this route does
+    not apply. Arguments in the forms ``sampling_args.replay_args`` gives; the caller serialises
+    deliveries (the data plane's delivery lock), as for ``sample``."""
+
+    def __init__(self, buffer, pool):
+        self._buffer, self._pool = buffer, pool
+        self._storage = None   # the storage the plans below were made for (a migration swaps it)
+        self._plans: dict = {}    # (batch size, fields, n_step) -> what a draw of those reuses
+        self._scratch: dict = {}  # batch size -> (returns, last slots): read by this draw only
+
+    def _plan(self, storage, walk, key: tuple):
+        """What draws of ``key`` = (batch size, fields, n_step) reuse from ``storage``, or None
+        where the route does not apply to it (fixed for the storage's life: one host shard of
+        plain columns, which a lost shard's replacement keeps, never a storage that may lose one)."""
+        if storage is not self._storage:
+            self._storage, self._plans = storage, {}
+        if storage.may_lose_shards or not storage.takes_into():
+            return None
+        views = storage.walk_views(walk.done_fields)
+        if views is None:
+            return None
+        walk.check_n_step_fields()   # (the spec is fixed: once per plan)
+        batch_size, fields, n_step = key
+        names, last_fields, first_fields = walk.window_plan(fields)
+        n_lo, n_hi = n_step_range(n_step)
+        if len(self._plans) >= 64:
+            self._plans.clear()
+        plan = self._plans[key] = (names, first_fields + last_fields, storage.into_plan(first_fields),
+                                   storage.into_plan(last_fields), views, n_lo, n_hi)
+        return plan
+
+    def sample(self, batch_size: int, n_step, gamma: float, beta, fields) -> Batch | None:
+        buf = self._buffer
+        if _c_sample_windows is None or _c_gather_rows is None:
+            return None
+        buf.sampling_checks.check(buf, batch_size, n_step, gamma, beta, "redraw", fields)
+        ring, selector, walk, rng, pool = buf.ring, buf.selector, buf.walk, buf.rng, self._pool
+        cond = buf.lock
+        with cond.mutex:   # (entered in C; what delivery.sample holds)
+            if buf.closed:
+                buf.check_open()
+            storage, limiter = buf.storage, buf.rate_limiter
+            size = ring.stored_count()
+            if limiter.samples_per_insert is not None or size < limiter.min_size:
+                return None   # (the general route waits for rows)
+            key = (batch_size, fields, n_step)
+            plan = self._plans.get(key) if storage is self._storage else None
+            if plan is None:
+                plan = self._plan(storage, walk, key)
+                if plan is None:
+                    return None   # (the general route recovers shards, or gathers fresh)
+            names, pooled, first_plan, last_plan, views, n_lo, n_hi = plan
+            if selector.weighted:
+                sums, mins, tsize = selector.trees
+                beta = selector.beta if beta is None else float(beta)
+                lo, count = 0, size
+            else:
+                sums, mins, tsize = _NO_TREE[0], _NO_TREE[1], 1
+                beta = 0.0
+                lo = ring.lo()
+                count = ring.inserted - lo
+            b = batch_size
+            entry = pool.windows(b, pooled)
+            scratch = self._scratch.get(b)
+            if scratch is None:
+                scratch = self._scratch[b] = (np.empty(b, dtype=np.float64), np.empty(b, dtype=np.int64))
+            ret, last = scratch
+            slots = np.empty(b, dtype=np.int64)
+            walked = entry.walk
+            weights, steps = walked["weights"], walked["n_step"]
+            meta = ring.meta
+            seq, next_seq = meta["seq"], meta["next_seq"]
+            per_try = 2 if n_hi - n_lo > 1 else 1
+            filled, tries, limit = 0, 0, 64 * b + 4096
+            while filled < b:   # (EpisodeWalk.sample_windows's loop, draw for draw)
+                if tries > limit:
+                    raise windows_too_short(tries, filled, b, n_lo, n_hi)
+                u = rng.random(per_try * (b - filled) * 2 + 16)
+                filled, used = _c_sample_windows(selector.weighted, sums, mins, tsize, lo, count, ring.capacity, seq,
+                                                 next_seq, *views, u, n_lo, n_hi, float(gamma), beta, True, slots,
+                                                 weights, ret, last, steps, filled)
+                tries += used // per_try
+            columns = entry.columns
+            if not _c_gather_rows(slots, first_plan, columns):
+                for name, view in first_plan:
+                    view.take(slots, axis=0, out=columns[name])
+            if not _c_gather_rows(last, last_plan, columns):
+                for name, view in last_plan:
+                    view.take(last, axis=0, out=columns[name])
+            walked["reward"][:] = ret   # (float64 -> float32 as window_columns rounds it)
+            data = entry.hand_out(names)
+            pool.took_windows(b, pooled)
+            out_weights = entry.weights_tensor() if selector.weighted else None
+            buf.counts.sampled += b
+            if cond.waiters:
+                cond.notify_all()
+            seqs, versions = ring.gather_meta(slots)
+            return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=out_weights,
+                         inserted_at_selection=ring.inserted)
