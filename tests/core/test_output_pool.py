@@ -222,6 +222,15 @@ def test_a_window_draw_that_fails_leaves_the_held_batch_alone():
     buf.close()
 
 
+def prepared_ahead(edp, timeout=10.0):
+    """Until the worker has prepared as deep as its schedule lets it (a fixed sleep is too short
+    on a loaded machine)."""
+    end = time.monotonic() + timeout
+    while len(edp._prepared) < edp.schedule.depth and time.monotonic() < end:
+        time.sleep(0.002)
+    assert len(edp._prepared) == edp.schedule.depth, "the worker prepared nothing ahead"
+
+
 @pytest.mark.parametrize("n_step, end", [(None, "shorten"), ((2, 4), "redraw")])
 def test_batches_prepared_and_discarded_never_overwrite_the_one_the_learner_holds(n_step, end):
     """Found in review: with staleness 0 every priority update discards the prepared batches,
@@ -234,10 +243,10 @@ def test_batches_prepared_and_discarded_never_overwrite_the_one_the_learner_hold
         held = edp.deliver(8, n_step=n_step, episode_end=end)
         kept = {k: v.clone() for k, v in held.items()}
         for _ in range(3):
-            time.sleep(0.2)   # the worker prepares ahead meanwhile
+            prepared_ahead(edp)   # the worker prepares ahead meanwhile
             edp.update_priorities(held, rng.random(8) * 5 + 0.1)   # stale: discarded at the next deliver
             nxt = edp.deliver(8, n_step=n_step, episode_end=end)
-            time.sleep(0.2)   # ... and refills
+            prepared_ahead(edp)   # ... and refills
             assert all(torch.equal(held[k], kept[k]) for k in kept)   # held survives one more delivery
             held, kept = nxt, {k: v.clone() for k, v in nxt.items()}
         assert edp.metrics().prefetch_discards > 0

@@ -59,12 +59,23 @@ class Owner:
             self.replay.priorities_updated_locked()
 
     def settle(self, timeout=0.3):
-        """Let the worker prepare what it wants to (so gets meet prepared batches)."""
+        """Let the worker prepare what it wants to (so gets meet prepared batches); returns as soon
+        as it has. A test that counts hits waits longer (``settle(10)``): a loaded machine's
+        worker can take more than 0.3 s, and there the worker always fills its depth."""
         if not self.replay.schedule.is_overlapped:
             return
         end = time.monotonic() + timeout
         while time.monotonic() < end and len(self.replay) < self.replay.schedule.depth:
             time.sleep(0.001)
+
+
+def wait_reported(replay, timeout=10.0):
+    """Until the preparing thread's failure is kept for a caller (a fixed sleep is too short on a
+    loaded machine); the worker reports it after letting go of the delivery lock."""
+    end = time.monotonic() + timeout
+    while not replay._errors and time.monotonic() < end:
+        time.sleep(0.002)
+    assert replay._errors, "the preparing thread reported no failure"
 
 
 def run(owner, ops):
@@ -110,11 +121,11 @@ def test_prepared_batches_are_handed_out_when_nothing_changed_and_discarded_afte
     o = Owner(Schedule.overlapped(delivery_granularity=2, depth=2))
     o.put(8)
     o.get()
-    o.settle()
+    o.settle(10)
     o.get()
     m = o.replay.metrics()
     assert m.prefetch_hits == 1 and m.prefetch_discards == 0
-    o.settle()
+    o.settle(10)
     o.put(1)  # the prepared batches no longer see every stored row: stale at staleness 0
     o.get()
     assert o.replay.metrics().prefetch_discards >= 1
@@ -127,11 +138,11 @@ def test_staleness_lets_a_prepared_batch_miss_that_many_rows():
     o = Owner(Schedule.overlapped(delivery_granularity=1, depth=1, staleness=2))
     o.put(8)
     o.get()
-    o.settle()
+    o.settle(10)
     o.put(2)
     o.get()
     assert o.replay.metrics().prefetch_hits == 1
-    o.settle()
+    o.settle(10)
     o.put(3)
     hits = o.replay.metrics().prefetch_hits
     o.get()
@@ -174,7 +185,7 @@ def test_a_failure_in_the_preparing_thread_reaches_the_next_deliver_and_its_draw
     end = time.monotonic() + 2
     while not tried and time.monotonic() < end:
         time.sleep(0.002)
-    time.sleep(0.05)  # the worker reports after it lets go of the delivery lock
+    wait_reported(o.replay)  # the worker reports after it lets go of the delivery lock
     with pytest.raises(WorkerError, match="injected prepare failure") as info:
         o.get()
     assert isinstance(info.value.__cause__, RuntimeError)
@@ -200,7 +211,7 @@ def test_close_joins_the_worker_and_raises_a_failure_not_yet_raised(monkeypatch)
 
     monkeypatch.setattr(o.buffer, "sample", failing)
     o.get()
-    time.sleep(0.1)
+    wait_reported(o.replay)
     with pytest.raises(WorkerError, match="injected draw failure"):
         o.replay.close()
     assert not mine[0].is_alive()

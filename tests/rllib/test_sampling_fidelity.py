@@ -183,6 +183,7 @@ def test_eviction_at_small_capacity_matches_rllib(capacity, fragment_split):
     from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
     chunks, truth = make_chunks(21, episodes=40, split_every=fragment_split)
     native = PrioritizedEpisodeReplayBuffer(capacity=capacity, alpha=0.6)
+    native.rng = np.random.default_rng(21)  # RLlib 2.60 ignores seed= (its rng is default_rng(None))
     conduit = ConduitEpisodeReplayBuffer(capacity=capacity, prioritized=True, seed=1)
     for c in chunks:
         native.add([c])

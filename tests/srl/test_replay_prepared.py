@@ -175,7 +175,9 @@ def test_a_failure_in_the_preparing_thread_reaches_get_and_close_joins(monkeypat
 
     b._delivery._prepare = failing  # the preparing thread's rebuild fails (fault injection)
     b.get()
-    time.sleep(0.1)
+    end = time.monotonic() + 10   # until the failure is kept (a fixed sleep is too short on a loaded machine)
+    while not b._delivery._errors and time.monotonic() < end:
+        time.sleep(0.002)
     with pytest.raises(WorkerError, match="injected rebuild failure"):
         b.get()
     worker = b._delivery._thread
