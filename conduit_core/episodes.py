@@ -27,7 +27,8 @@ except ImportError:  # pragma: no cover
     _c_nstep = _c_sample_windows = None
 
 EPISODE_END_RULES = ("shorten", "redraw")
-_NO_TREE = (np.zeros(2), np.full(2, np.inf))  # what the uniform walk passes for the trees it does not read
+NATIVE_WALK = _c_sample_windows is not None   # draw_windows walks in C over a storage's walk_views
+NO_TREE = (np.zeros(2), np.full(2, np.inf))  # what the uniform walk passes for the trees it does not read
 
 
 def n_step_range(n_step) -> tuple[int, int]:
@@ -50,6 +51,44 @@ def windows_too_short(tries: int, filled: int, b: int, n_lo: int, n_hi: int) -> 
         f"n_step: {tries} draws found only {filled} of {b} items whose n-step window ({n_lo}.."
         f"{n_hi - 1} steps) fits in its stored episode; the stored episodes are too short for "
         "this n. Fix: sample with a smaller n_step, store longer episodes, or use episode_end='shorten'.")
+
+
+def window_source(ring, selector, beta, stored: int | None) -> tuple[tuple, float]:
+    """What a window draw selects from, as ``draw_windows`` takes it: ((prioritized, sum tree, min
+    tree, tree size, lo, count, the ring's capacity, seq and next_seq arrays), beta). A weighted
+    selector draws from its trees over the ``stored`` rows (the buffer's size, holes left out;
+    None: asked of the ring), with ``beta`` or its own; a uniform one over the ring's live seqs
+    ``[lo, lo + count)``, weights 1."""
+    meta = ring.meta
+    if selector.weighted:
+        sums, mins, tsize = selector.trees
+        count = ring.inserted - ring.lo() - ring.holes if stored is None else stored
+        return ((True, sums, mins, tsize, 0, count, ring.capacity, meta["seq"], meta["next_seq"]),
+                selector.beta if beta is None else float(beta))
+    lo = ring.lo()
+    return (False, NO_TREE[0], NO_TREE[1], 1, lo, ring.inserted - lo, ring.capacity, meta["seq"], meta["next_seq"]), 0.0
+
+
+def draw_windows(views, rng, source: tuple, n_lo: int, n_hi: int, gamma: float, beta: float, redraw: bool,
+                 out: tuple, *, reference=None) -> None:
+    """Fill ``out`` = (slots, weights, returns, last slots, steps) with ``len(slots)`` windows drawn
+    from ``source`` (``window_source``'s): the native walk over ``views`` (``ColumnarStorage.walk_views``), or
+    ``reference`` (the same arguments, operation for operation) where there are none. Uniforms
+    come from ``rng`` in pools sized for the redraws to come, so every route consumes the RNG
+    alike; a draw that keeps finding too few windows that fit gives up (``windows_too_short``)."""
+    slots = out[0]
+    b = slots.shape[0]
+    per_try = 2 if n_hi - n_lo > 1 else 1
+    filled, tries, limit = 0, 0, 64 * b + 4096
+    while filled < b:
+        if tries > limit:
+            raise windows_too_short(tries, filled, b, n_lo, n_hi)
+        u = rng.random(per_try * (b - filled) * (2 if redraw else 1) + (16 if redraw else 0))
+        if views is not None:
+            filled, used = _c_sample_windows(*source, *views, u, n_lo, n_hi, gamma, beta, redraw, *out, filled)
+        else:
+            filled, used = reference(*source, u, n_lo, n_hi, gamma, beta, redraw, *out, filled)
+        tries += used // per_try
 
 
 class EpisodeWalk:
@@ -144,16 +183,8 @@ class EpisodeWalk:
             if len(self._n_step_ranges) < 64:
                 self._n_step_ranges[n_step] = span
         n_lo, n_hi = span
-        prioritized = selector.weighted
-        if prioritized:
-            sums, mins, tsize = selector.trees
-            beta = selector.beta if beta is None else float(beta)
-            lo, count = 0, ring.inserted - ring.lo() - ring.holes if stored is None else stored
-        else:
-            sums, mins, tsize = _NO_TREE[0], _NO_TREE[1], 1
-            beta = 0.0
-            lo = ring.lo()
-            count = ring.inserted - lo
+        source, beta = window_source(ring, selector, beta, stored)
+        prioritized = source[0]
         b = int(batch_size)
         slots = np.empty(b, dtype=np.int64)
         ret = np.empty(b, dtype=np.float64)
@@ -163,21 +194,11 @@ class EpisodeWalk:
             steps = np.empty(b, dtype=np.int64)
         else:
             weights, steps = out
-        per_try = 2 if n_hi - n_lo > 1 else 1
         views = storage.walk_views(self.done_fields) if _c_sample_windows is not None else None
-        filled, tries, limit = 0, 0, 64 * b + 4096
-        while filled < b:
-            if tries > limit:
-                raise windows_too_short(tries, filled, b, n_lo, n_hi)
-            u = rng.random(per_try * (b - filled) * (2 if redraw else 1) + (16 if redraw else 0))
-            args = (prioritized, sums, mins, tsize, lo, count, ring.capacity, ring.meta["seq"],
-                    ring.meta["next_seq"], u, n_lo, n_hi, float(gamma), beta, redraw,
-                    slots, weights, ret, last, steps, filled)
-            if views is not None:
-                filled, used = _c_sample_windows(*args[:9], *views, *args[9:])
-            else:
-                filled, used = self.sample_windows_reference(storage, selector, *args)
-            tries += used // per_try
+        reference = None if views is not None else (
+            lambda *args: self.sample_windows_reference(storage, selector, *args))
+        draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, redraw, (slots, weights, ret, last, steps),
+                     reference=reference)
         return slots, (weights if prioritized else None), ret, last, steps
 
     def sample_windows_reference(self, storage, selector, prioritized, sums, mins, tsize, lo, count, cap, seq, next_seq, u, n_lo,

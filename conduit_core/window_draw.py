@@ -23,13 +23,12 @@ from __future__ import annotations
 import numpy as np
 
 from .batch import Batch
-from .episodes import _NO_TREE, n_step_range, windows_too_short
+from .episodes import NATIVE_WALK, draw_windows, n_step_range, window_source
 
 try:
-    from ._sumtree import sample_windows as _c_sample_windows
     from ._rows import gather_rows as _c_gather_rows
-except ImportError:  # pragma: no cover (the general route walks and gathers in numpy)
-    _c_sample_windows = _c_gather_rows = None
+except ImportError:  # pragma: no cover (the general route gathers in numpy)
+    _c_gather_rows = None
 
 
 class PooledWindowDraw:
@@ -55,9 +54,9 @@ class PooledWindowDraw:
             self._storage, self._plans = storage, {}
         if storage.may_lose_shards or not storage.takes_into():
             return None
-        views = storage.walk_views(walk.done_fields)
+        views = storage.walk_views(walk.done_fields) if NATIVE_WALK else None
         if views is None:
-            return None
+            return None   # (the general route walks in numpy)
         walk.check_n_step_fields()   # (the spec is fixed: once per plan)
         batch_size, fields, n_step = key
         names, last_fields, first_fields = walk.window_plan(fields)
@@ -70,8 +69,8 @@ class PooledWindowDraw:
 
     def sample(self, batch_size: int, n_step, gamma: float, beta, fields) -> Batch | None:
         buf = self._buffer
-        if _c_sample_windows is None or _c_gather_rows is None:
-            return None
+        if _c_gather_rows is None or buf.selector.consumes:
+            return None   # (the general route gathers in numpy; it refuses FIFO selectors, naming take())
         buf.sampling_checks.check(buf, batch_size, n_step, gamma, beta, "redraw", fields)
         ring, selector, walk, rng, pool = buf.ring, buf.selector, buf.walk, buf.rng, self._pool
         cond = buf.lock
@@ -89,15 +88,7 @@ class PooledWindowDraw:
                 if plan is None:
                     return None   # (the general route recovers shards, or gathers fresh)
             names, pooled, first_plan, last_plan, views, n_lo, n_hi = plan
-            if selector.weighted:
-                sums, mins, tsize = selector.trees
-                beta = selector.beta if beta is None else float(beta)
-                lo, count = 0, size
-            else:
-                sums, mins, tsize = _NO_TREE[0], _NO_TREE[1], 1
-                beta = 0.0
-                lo = ring.lo()
-                count = ring.inserted - lo
+            source, beta = window_source(ring, selector, beta, size)
             b = batch_size
             entry = pool.windows(b, pooled)
             scratch = self._scratch.get(b)
@@ -106,19 +97,8 @@ class PooledWindowDraw:
             ret, last = scratch
             slots = np.empty(b, dtype=np.int64)
             walked = entry.walk
-            weights, steps = walked["weights"], walked["n_step"]
-            meta = ring.meta
-            seq, next_seq = meta["seq"], meta["next_seq"]
-            per_try = 2 if n_hi - n_lo > 1 else 1
-            filled, tries, limit = 0, 0, 64 * b + 4096
-            while filled < b:   # (EpisodeWalk.sample_windows's loop, draw for draw)
-                if tries > limit:
-                    raise windows_too_short(tries, filled, b, n_lo, n_hi)
-                u = rng.random(per_try * (b - filled) * 2 + 16)
-                filled, used = _c_sample_windows(selector.weighted, sums, mins, tsize, lo, count, ring.capacity, seq,
-                                                 next_seq, *views, u, n_lo, n_hi, float(gamma), beta, True, slots,
-                                                 weights, ret, last, steps, filled)
-                tries += used // per_try
+            draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, True,
+                         (slots, walked["weights"], ret, last, walked["n_step"]))
             columns = entry.columns
             if not _c_gather_rows(slots, first_plan, columns):
                 for name, view in first_plan:
@@ -129,7 +109,7 @@ class PooledWindowDraw:
             walked["reward"][:] = ret   # (float64 -> float32 as window_columns rounds it)
             data = entry.hand_out(names)
             pool.took_windows(b, pooled)
-            out_weights = entry.weights_tensor() if selector.weighted else None
+            out_weights = entry.weights_tensor() if source[0] else None
             buf.counts.sampled += b
             if cond.waiters:
                 cond.notify_all()

@@ -10,8 +10,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conduit_core import (AffineCodec, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Prioritized, RateLimiter, Schedule,
-                          SemanticError, ShardSpec, Uniform)
+from conduit_core import (AffineCodec, ClosedError, ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec,
+                          Fifo, Prioritized, RateLimiter, Schedule, SemanticError, ShardSpec, Uniform)
 
 from .helpers import SPEC, rollout
 
@@ -70,37 +70,73 @@ def test_the_route_hands_out_the_reference_batches(selector, n_step, beta, field
     route.close(), ref.close()
 
 
+FIELD_SETS = [None, ("obs",), ("reward",), ("next_obs", "obs", "reward"), ("terminated", "action"), ()]
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), prioritized=st.booleans(), batch=st.integers(1, 40),
-       n_lo=st.integers(1, 4), span=st.integers(0, 3), gamma=st.floats(0.0, 1.0), capacity=st.integers(24, 90))
+       n_lo=st.integers(1, 4), span=st.integers(0, 3), gamma=st.floats(0.0, 1.0), capacity=st.integers(24, 90),
+       fields=st.sampled_from(FIELD_SETS))
 def test_any_schedule_of_inserts_draws_and_updates_matches_the_reference(seed, prioritized, batch, n_lo, span, gamma,
-                                                                        capacity):
+                                                                        capacity, fields):
+    """Inserts, evictions (ring holes), pool growth (reserve), priority updates and draws in any
+    order; the route's buffer sometimes draws by the general route (both take entries from the
+    same pool rings), and the batch before each draw must still hold what it held."""
     selector = (lambda: Prioritized(alpha=0.7)) if prioritized else Uniform
     route, ref = twins(selector, capacity=capacity)
     ops = np.random.default_rng(seed)
     n_step = n_lo if span == 0 else (n_lo, n_lo + span)
-    start = insert([route, ref], ops, 0)   # (an empty buffer's sample waits for rows: both routes)
+    held = None
+    start = insert([route, ref], ops, 0)
     try:
         for _ in range(12):
             for _ in range(int(ops.integers(0, 3))):
                 start = insert([route, ref], ops, start)
+            if ops.random() < 0.25 and len(ref) > 2:
+                seqs = ops.integers(ref.inserted - len(ref), ref.inserted, 2)
+                route.evict(seqs), ref.evict(seqs)
+            if ops.random() < 0.15:
+                k = int(ops.integers(1, 3))
+                route.reserve_prepared_outputs(k), ref.reserve_prepared_outputs(k)
+            if len(ref) == 0:   # (an empty buffer's sample waits for rows: both routes)
+                continue
+            general = ops.random() < 0.25
             try:
-                b = ref.sample(batch, n_step=n_step, gamma=gamma, beta=0.4, episode_end="redraw")
+                b = ref.sample(batch, n_step=n_step, gamma=gamma, beta=0.4, fields=fields, episode_end="redraw")
             except SemanticError as e:   # too few windows fit: the route refuses the same, counting nothing
                 with pytest.raises(SemanticError, match="too short"):
-                    route.pooled_windows.sample(batch, n_step, gamma, 0.4, None)
+                    route.pooled_windows.sample(batch, n_step, gamma, 0.4, fields)
                 assert "too short" in str(e)
                 assert_same_buffers(route, ref)
                 continue
-            a = route.pooled_windows.sample(batch, n_step, gamma, 0.4, None)
+            a = route.sample(batch, n_step=n_step, gamma=gamma, beta=0.4, fields=fields, episode_end="redraw") \
+                if general else route.pooled_windows.sample(batch, n_step, gamma, 0.4, fields)
             assert_same_batch(a, b)
             assert_same_buffers(route, ref)
+            if held is not None:   # valid for reuse_outputs=2 more deliveries: this one did not touch it
+                assert_same_batch(*held)
+            held = (a, a.clone())
             if prioritized:
                 p = ops.random(batch) * 3 + 0.01
                 route.update_priorities(a.slots, p, seqs=a.seqs)
                 ref.update_priorities(b.slots, p, seqs=b.seqs)
     finally:
         route.close(), ref.close()
+
+
+def test_a_closed_buffer_and_a_fifo_one_get_the_general_routes_answers():
+    route, ref = twins(Uniform)
+    for buf in (route, ref):
+        buf.add(rollout(30))
+        buf.close()
+    with pytest.raises(ClosedError):
+        route.pooled_windows.sample(8, 3, 0.9, None, None)
+    fifo = ExperienceBuffer(spec=SPEC, capacity=64, selector=Fifo(), seed=7, reuse_outputs=2)
+    fifo.add(rollout(30))
+    assert fifo.pooled_windows.sample(8, 3, 0.9, None, None) is None   # sample() names take() for FIFO
+    with pytest.raises(ConfigError, match="take"):
+        fifo.sample(8, n_step=3, episode_end="redraw")
+    fifo.close()
 
 
 def test_where_the_route_does_not_apply_it_returns_none_and_changes_nothing():
