@@ -11,6 +11,9 @@
   arguments (the same code with warm caches), us per call.
 - ``--replay-adds``: the ``add()`` calls of the measured iterations, recorded, replayed into a
   fresh buffer of the same configuration in a tight loop, us per call (CartPole).
+- ``--route-ab``: the recorded ``add()`` calls replayed, each followed (once 100 are in) by a
+  ``sample()`` by the window route (``conduit_core.window_draw``) and one by the general route, in
+  turns, cold (``--cold-replay MB``, default 64), us per call and their ratio per replay (CartPole).
 - ``--split``: both systems, built as the bench builds them, iterations in turns: seconds per
   iteration spent in the env runner's ``sample`` and in ``learner_group.update``.
 - ``--cold-replay MB``: the recorded ``add()`` calls replayed into a fresh buffer, each followed
@@ -22,6 +25,7 @@
     python -m benchmarks.rllib_conduit_path --workload dqn-atari --iters 3 --sections
     python -m benchmarks.rllib_conduit_path --workload dqn-atari --split --iters 3
     python -m benchmarks.rllib_conduit_path --workload dqn --iters 3 --cold-replay 64
+    python -m benchmarks.rllib_conduit_path --workload dqn --iters 2 --route-ab
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def conduit_arm(a) -> dict:
         return timed_sample(*args, **kw)
 
     def add(episodes, *args, **kw):
-        if a.replay_adds or a.cold_replay:
+        if a.replay_adds or a.cold_replay or a.route_ab:
             adds.append(copy.deepcopy(episodes))   # before the buffer takes them (outside the timer)
         return timed_add(episodes, *args, **kw)
     buf.sample, buf.add = sample, add
@@ -113,7 +117,7 @@ def conduit_arm(a) -> dict:
             return (time.perf_counter() - t) / n * 1e6
         loop(min(200, a.tight))
         out["tight_sample_update_us"] = sorted(loop(a.tight) for _ in range(5))
-    if (a.replay_adds or a.cold_replay) and adds:
+    if (a.replay_adds or a.cold_replay or a.route_ab) and adds:
         from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
         rb = algo.config.replay_buffer_config
 
@@ -134,6 +138,8 @@ def conduit_arm(a) -> dict:
         if a.cold_replay:
             out["cold_replay"] = {f"{mb} MB" if mb else "warm": cold_replay(rb, adds, last, mb)
                                   for mb in (0, a.cold_replay)}
+        if a.route_ab:
+            out["route_ab"] = route_ab(rb, adds, last, a.cold_replay or 64)
     algo.stop()
     return out
 
@@ -170,6 +176,44 @@ def cold_replay(rb: dict, adds: list, last: dict, flush_mb: int, reps: int = 5) 
     runs = runs[1:]
     return {"add_us": statistics.median(r[0] for r in runs), "sample_us": statistics.median(r[1] for r in runs),
             "adds": len(adds)}
+
+
+def route_ab(rb: dict, adds: list, last: dict, flush_mb: int, reps: int = 5) -> dict:
+    """``sample()`` us per call by the data plane's window route (``PooledWindowDraw``) and by
+    the general route (``ExperienceBuffer.sample``) in turns, call by call on the same buffers
+    (the recorded adds replayed, a write over ``flush_mb`` MB before each timed call; which
+    route goes first alternates): per replay, and the route/general ratio per replay."""
+    from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
+    junk = np.ones(max(flush_mb, 1) << 20, dtype=np.uint8)
+    rng = np.random.default_rng(0)
+    n = last["kw"].get("num_items", 32)
+    out: dict = {"route_us": [], "general_us": []}
+    for _ in range(reps):
+        buf = ConduitEpisodeReplayBuffer(capacity=rb["capacity"], prioritized=True, alpha=rb["alpha"],
+                                         beta=rb["beta"], conduit=rb.get("conduit"))
+        spent, calls = {"route": 0.0, "general": 0.0}, 0
+        for i, eps in enumerate(copy.deepcopy(adds)):
+            buf.add(eps)
+            if i < 100:
+                continue
+            core = buf.edp.buffer
+            route = core.pooled_windows
+            for kind in (("route", "general") if i % 2 else ("general", "route")):
+                core.pooled_windows = route if kind == "route" else None   # None: the general route
+                if flush_mb:
+                    junk[::64] += 1
+                t = time.perf_counter()
+                buf.sample(*last["args"], **last["kw"])
+                spent[kind] += time.perf_counter() - t
+                buf.update_priorities(rng.random(n))
+            core.pooled_windows = route
+            calls += 1
+        buf.close()
+        out["route_us"].append(spent["route"] / max(calls, 1) * 1e6)
+        out["general_us"].append(spent["general"] / max(calls, 1) * 1e6)
+    out["ratio"] = [r / g for r, g in zip(out["route_us"], out["general_us"])]
+    out["median_ratio"] = statistics.median(out["ratio"])
+    return out
 
 
 def split(a) -> dict:
@@ -215,6 +259,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--split", action="store_true", help="both systems: env sampling vs learner update per iteration")
     p.add_argument("--cold-replay", type=int, default=0, metavar="MB",
                    help="replay the adds (+ samples) with a write over MB megabytes before each call")
+    p.add_argument("--route-ab", action="store_true",
+                   help="sample() by the window route and by the general route in turns (cold: --cold-replay MB, "
+                        "default 64)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.warmup is None:
