@@ -24,6 +24,7 @@ from . import checks_semantic as _semantic  # noqa: E402,F401
 from . import checks_windows as _windows  # noqa: E402,F401
 from . import checks_sequences as _sequences  # noqa: E402,F401
 from . import checks_rows as _rows  # noqa: E402,F401
+from . import checks_freshness as _freshness  # noqa: E402,F401
 from . import checks_convergence as _convergence  # noqa: E402,F401
 
 __all__ = ["Check", "CheckFailed", "CheckSkipped", "NotApplicable", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "DeliveredSequence", "Harness",

@@ -60,8 +60,9 @@ def _closing(session):
 
 @check("ingest/exactly_once")
 def exactly_once(ctx: Ctx) -> None:
-    """Every ingested transition is stored exactly once: nothing lost, nothing doubled."""
-    rolls = ctx.rollouts()
+    """Every ingested transition is stored exactly once: nothing lost, nothing doubled. Rollouts of
+    1 to 64 steps: a fault at some position of a push (every 10th row dropped) shows."""
+    rolls = ctx.rollouts(max_len=64)
     with _closing(ctx.default_session()) as s:
         for r in rolls:
             s.ingest(r)
@@ -113,8 +114,15 @@ def rejects_bad_input(ctx: Ctx) -> None:
             from conduit_core import SpecError
             msg = str(exc)
             clear = "expected" in msg.lower() and "fix" in msg.lower()
-            # Conduit's SpecError names the field (an adapter may have renamed obs) by contract;
+            # Conduit's SpecError names the field (an adapter may have renamed obs) by contract, not
+            # another of the rollout's columns, with an expectation the value does not meet;
             # another error type must name 'obs' itself
+            if isinstance(exc, SpecError):
+                others = {"next_obs", "action", "reward", "terminated", "truncated"}
+                ensure(str(exc.field) not in others and exc.expected != exc.actual,
+                       f"the error for obs of the wrong shape names field {exc.field!r}, expected "
+                       f"{exc.expected!r}, actual {exc.actual!r}: it must name the field that is wrong (obs, or "
+                       "the adapter's name for it) and an expectation its value does not meet")
             ensure(clear and (isinstance(exc, SpecError) or "obs" in msg),
                    f"the error for obs of the wrong shape must be a conduit_core.SpecError, or name the field "
                    f"('obs'), and say what was expected and how to fix it; got {type(exc).__name__}: {msg!r}")

@@ -165,17 +165,23 @@ class Session(ABC):
         raise NotImplementedError
 
     def update_priorities(self, delivered: Delivered | DeliveredRows, priorities: np.ndarray) -> None:
-        raise NotImplementedError
+        """New priorities for a delivered batch's rows, through the adapter's own update (capability
+        'prioritized')."""
+        raise NotImplementedError(f"{type(self).__name__} has no update_priorities (capability 'prioritized' "
+                                  "needs it). Fix: implement Session.update_priorities(delivered, priorities), or "
+                                  "do not declare 'prioritized'")
 
     @abstractmethod
     def stored_ids(self) -> np.ndarray:
         """Ids of every stored (not yet consumed / not evicted) transition, in insertion order."""
 
     def state(self) -> Any:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} has no state (capability 'state' needs state() and "
+                                  "load_state()). Fix: implement both, or do not declare 'state'")
 
     def load_state(self, state: Any) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} has no load_state (capability 'state' needs state() and "
+                                  "load_state()). Fix: implement both, or do not declare 'state'")
 
     def close(self) -> None:
         pass

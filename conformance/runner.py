@@ -7,7 +7,7 @@ import importlib
 import time
 from typing import Iterable
 
-from .harness import Harness
+from .harness import CAPABILITIES, Harness
 from .registry import REGISTRY, CheckFailed, CheckSkipped, NotApplicable
 from .report import CheckResult, Report
 
@@ -27,6 +27,10 @@ def load_harness(spec: str) -> Harness:
                          "Fix: pass e.g. conduit_myfw.conformance:harness")
     mod_name, attr = target.split(":", 1)
     obj = getattr(_import_adapter_module(mod_name), attr)
+    if isinstance(obj, type) and not issubclass(obj, Harness):
+        raise TypeError(f"adapter: {target} is the class {obj.__name__}, expected a conformance.Harness (a subclass, "
+                        "an instance, or a function returning one). Fix: point at your Harness, e.g. "
+                        f"{mod_name}:harness")
     harness = obj() if callable(obj) and not isinstance(obj, Harness) else obj
     if not isinstance(harness, Harness):
         raise TypeError(f"adapter: {target} gave {type(harness).__name__}, expected a conformance.Harness")
@@ -70,8 +74,18 @@ def load_xfails(path: str | None) -> dict[str, str]:
     return out
 
 
+def check_capabilities(harness: Harness) -> None:
+    """A misspelt capability would only skip the checks it names, silently: refused here."""
+    unknown = sorted(set(harness.capabilities) - CAPABILITIES)
+    if unknown:
+        raise ValueError(f"{type(harness).__name__}.capabilities: expected names among {sorted(CAPABILITIES)}, got "
+                         f"{unknown}. Fix: spell them as listed (docs/writing-an-adapter.md, capabilities), or "
+                         "remove them")
+
+
 def expand(harness: Harness, level: str) -> list[tuple[str, object, tuple]]:
     """(result id, check, extra args) for every check at or below ``level``."""
+    check_capabilities(harness)
     levels = ("semantic",) if level == "semantic" else ("semantic", "convergence")
     out = []
     for cid, chk in REGISTRY.items():

@@ -34,8 +34,9 @@ def scaffold(name: str, dest: str | os.PathLike = ".") -> Path:
     (target / "README.md").write_text(
         f"# {pkg}\n\nScaffolded by `conduit new-adapter {name}`. It targets the example framework `minirl`\n"
         "and passes the conformance suite as is. To adapt it to your framework:\n\n"
-        "1. Replace every line marked `STAGE MAP` (imports, `to_columns`, `to_transitions`) with your\n"
-        "   framework's experience types and calls.\n"
+        "1. Replace every line marked `STAGE MAP` (imports, `to_columns`, `to_transitions`, the native\n"
+        "   session, the framework's name, the convergence workload) with your framework's experience\n"
+        "   types and calls.\n"
         "2. Adjust the declared `capabilities` in `conformance.py` to what your adapter supports.\n"
         f"3. Run `pytest {pkg}/tests` or `conduit conformance {pkg}.conformance:harness`.\n\n"
         "See docs/writing-an-adapter.md in the Conduit repository.\n")

@@ -19,6 +19,7 @@ import pytest
 # every check module, before the ids are read below: a module missing here is never run from pytest
 # (the n-step, sequence and row checks were not, until the row checks' session found it)
 from . import checks_convergence as _convergence  # noqa: F401  (fills the registry)
+from . import checks_freshness as _freshness  # noqa: F401
 from . import checks_rows as _rows  # noqa: F401
 from . import checks_semantic as _semantic  # noqa: F401
 from . import checks_sequences as _sequences  # noqa: F401

@@ -3,7 +3,7 @@
 Actors ``push`` lists of transitions; an off-policy learner ``sample``s transition lists
 from a ``ReplayMemory``; an on-policy learner ``drain``s a ``RolloutStore`` per policy
 version. Storage is a Python list of tuples: per-transition objects on every path, the
-pattern Conduit replaces. Its adapter lives in ``minirl_adapter.py``.
+pattern Conduit replaces. Its adapter is the package ``conduit_minirl`` next to this file.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ FAULTS = {
     "redeliver": {"onpolicy/consume_once"},
     "lose_state": {"state/round_trip"},
     "stale_prefetch": {"offpolicy/staleness_bound"},
-    "skew": {"deliver/uniform_distribution", "deliver/prioritized_distribution",
+    "skew": {"deliver/uniform_distribution", "deliver/prioritized_distribution", "deliver/sees_newest",
              "equivalence/sequential_matches_native", "equivalence/exact_with_shared_rng"},
     # the shared RNG stream consumed once more than the framework does (e.g. a warm-up draw)
     "rng_drift": {"equivalence/exact_with_shared_rng"},
@@ -46,7 +46,8 @@ FAULTS = {
     # faster (slower) (the newer/older of two was caught on only 13/17 of 20 seed pairs: found in review)
     "newest_of_three": {"deliver/uniform_distribution", "equivalence/sequential_matches_native",
                         "equivalence/exact_with_shared_rng", "convergence/bandit"},
-    "oldest_of_three": {"deliver/uniform_distribution", "equivalence/sequential_matches_native",
+    # (the oldest of three almost never hands out the newest push: deliver/sees_newest fails it too)
+    "oldest_of_three": {"deliver/uniform_distribution", "equivalence/sequential_matches_native", "deliver/sees_newest",
                         "equivalence/exact_with_shared_rng", "convergence/bandit"},
     # the right ids with wrong contents: delivery's collation takes each row's reward from the next row
     "neighbour_rewards": {"deliver/rows_intact", "onpolicy/rows_intact"},
@@ -55,6 +56,15 @@ FAULTS = {
     # with replacement; a batch sorted by id (a gather ordered for locality, then handed out so)
     "distinct_batches": {"equivalence/sequential_matches_native", "equivalence/exact_with_shared_rng"},
     "sorted_batches": {"equivalence/sequential_matches_native", "equivalence/exact_with_shared_rng"},
+    # found by a user trying the docs: each delivery hands out the batch drawn at the call before
+    # (a prefetch the sequential schedule did not ask for), uniform and intact but one push late
+    "stale_by_one": {"deliver/sees_newest", "offpolicy/staleness_bound", "state/round_trip",
+                     "equivalence/exact_with_shared_rng"},
+    # every 10th transition of a push lost (positions 9, 19, ...: a rollout of at most 9 steps never shows it)
+    "drop_tenth": {"ingest/exactly_once", "deliver/uniform_distribution", "deliver/prioritized_distribution",
+                   "equivalence/exact_with_shared_rng"},
+    # bad obs refused with an error that names another field ("reward") and no unmet expectation
+    "wrong_field_error": {"ingest/rejects_bad_input"},
 }
 
 
@@ -74,6 +84,8 @@ class BrokenSession(example.AdapterSession):
         steps = example.to_transitions(rollout)
         if self.fault == "drop" and self.n_ingested % 3 == 0:
             steps = steps[:-1]
+        if self.fault == "drop_tenth":
+            steps = [t for i, t in enumerate(steps) if i % 10 != 9]
         if self.fault == "reorder" or (self.fault == "overlap_reorder" and self.mode == "overlapped"):
             steps = steps[::-1]
         for _ in range(2 if self.fault == "duplicate" and self.n_ingested == 2 else 1):
@@ -85,6 +97,9 @@ class BrokenSession(example.AdapterSession):
                 self.store.push(steps, source=rollout.source)
 
     def ingest_raw(self, columns, *, source=0):
+        if self.fault == "wrong_field_error" and columns["obs"].shape[1:] != (4,):
+            from conduit_core import SpecError
+            raise SpecError("reward", "float32", "float32", "nothing to fix")
         if self.fault == "accept_bad_input":  # 'fixes' the shape silently instead of refusing
             columns = dict(columns)
             obs = columns["obs"]
@@ -110,6 +125,8 @@ class BrokenSession(example.AdapterSession):
             d.ids, d.rows = d.ids[pick], {k: v[pick] for k, v in d.rows.items()}
             return d
         d = super().deliver(batch_size)
+        if self.fault == "stale_by_one":   # hands out the batch drawn at the call before (drawn ahead)
+            d, self._ahead = getattr(self, "_ahead", None) or d, d
         if self.fault == "sorted_batches" and not self.prioritized:
             pick = np.argsort(d.ids, kind="stable")
             d.ids, d.rows = d.ids[pick], {k: v[pick] for k, v in d.rows.items()}

@@ -99,6 +99,30 @@ def test_the_documented_pytest_entry_point_runs_the_suite(tmp_path):
 def test_load_harness_errors_are_clear():
     with pytest.raises(ValueError, match="module:factory"):
         load_harness("nope")
+    # a Session class given where a Harness is expected (found by a user trying the docs)
+    with pytest.raises(TypeError, match="expected a conformance.Harness.*Fix"):
+        load_harness("conduit_conformance.examples.conduit_minirl.conformance:AdapterSession")
+
+
+def test_a_misspelt_capability_is_refused_naming_the_valid_ones():
+    harness = example_harness()
+    harness.capabilities = frozenset({"replay", "prioritised"})   # (an instance attribute: this harness only)
+    with pytest.raises(ValueError, match=r"capabilities.*'prioritised'.*Fix"):
+        check_adapter(harness)
+
+
+def test_a_session_without_update_priorities_or_state_says_which_capability_needs_them():
+    from conduit_conformance.harness import Session
+
+    class Minimal(Session):   # what an adapter declaring 'prioritized' or 'state' may forget
+        def ingest(self, rollout): ...
+        def deliver(self, batch_size, *, policy_version=None): ...
+        def stored_ids(self): ...
+    with pytest.raises(NotImplementedError, match="Minimal has no update_priorities.*'prioritized'.*Fix"):
+        Minimal().update_priorities(None, None)
+    for call in (lambda s: s.state(), lambda s: s.load_state(None)):
+        with pytest.raises(NotImplementedError, match="capability 'state'.*Fix"):
+            call(Minimal())
 
 
 def test_scaffolded_adapter_passes_the_suite_out_of_the_box(tmp_path):
@@ -108,7 +132,7 @@ def test_scaffolded_adapter_passes_the_suite_out_of_the_box(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, env={**__import__("os").environ,
                                                                           "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "15 passed" in r.stdout
+    assert "16 passed" in r.stdout
 
 
 def test_the_pytest_base_class_runs_every_registered_check():

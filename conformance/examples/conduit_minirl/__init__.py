@@ -12,6 +12,6 @@ Stage map (framework stage -> Conduit control point):
     RolloutStore.drain(version)      -> delivery   (that version only, consumed once)
 """
 
-from .memory import ConduitReplayMemory, ConduitRolloutStore
+from .memory import ConduitReplayMemory, ConduitRolloutStore   # STAGE MAP: your adapter's classes
 
 __all__ = ["ConduitReplayMemory", "ConduitRolloutStore"]

@@ -66,7 +66,8 @@ class AdapterSession(Session):
 
 
 class NativeSession(Session):
-    """The framework's own ReplayMemory: the oracle for equivalence checks."""
+    """The framework's own ReplayMemory: the oracle for equivalence checks. STAGE MAP: your
+    framework's own buffer, pushed and sampled as its training loop does."""
 
     def __init__(self, capacity: int, seed: int):
         self.mem = fw.ReplayMemory(capacity, seed=seed)
@@ -85,7 +86,7 @@ class NativeSession(Session):
 class AdapterHarness(Harness):
     name = "conduit_minirl"
     version = "0.1"
-    framework = "minirl"
+    framework = "minirl"   # STAGE MAP: your framework's name (the report's header)
     framework_version = fw.__version__
     capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
                               "shared_rng"})
@@ -113,7 +114,9 @@ class AdapterHarness(Harness):
 
 
 def run_bandit(path: str, seed: int) -> ConvergenceResult:
-    """minirl's reference workload, natively or with its memory replaced by Conduit's."""
+    """minirl's reference workload, natively or with its memory replaced by Conduit's. STAGE MAP:
+    a workload of your framework whose learning speed depends on what is delivered
+    (docs/writing-an-adapter.md)."""
     if path == "native":
         reached, steps, returns = fw.train_bandit(fw.ReplayMemory(10_000, seed=seed), seed=seed)
         return ConvergenceResult(reached, steps, returns)
