@@ -119,7 +119,7 @@ def rejects_bad_input(ctx: Ctx) -> None:
             # another error type must name 'obs' itself
             if isinstance(exc, SpecError):
                 others = {"next_obs", "action", "reward", "terminated", "truncated"}
-                ensure(str(exc.field) not in others and exc.expected != exc.actual,
+                ensure(str(exc.field) not in others and repr(exc.expected) != repr(exc.actual),
                        f"the error for obs of the wrong shape names field {exc.field!r}, expected "
                        f"{exc.expected!r}, actual {exc.actual!r}: it must name the field that is wrong (obs, or "
                        "the adapter's name for it) and an expectation its value does not meet")
