@@ -25,7 +25,7 @@ def sees_newest(ctx) -> None:
     rolls = ctx.rollouts(n_rollouts=80, max_len=9)
     hits = expected = 0.0
     with _closing(ctx.session(mode="sequential", staleness=0)) as s:
-        stored, steps = 0, 0
+        stored, steps, first = 0, 0, True
         for r in rolls:
             s.ingest(r)
             s.flush()
@@ -33,13 +33,16 @@ def sees_newest(ctx) -> None:
             if stored < WARM_ROWS:
                 continue
             d = s.deliver(BATCH)
+            if first:   # not counted: a path that draws ahead has nothing drawn yet at its first call
+                first = False
+                continue
             hits += int(np.isin(np.asarray(d.ids).astype(np.int64), r.ids).sum())
             expected += BATCH * len(r.ids) / len(s.stored_ids())
             steps += 1
             if steps == STEPS:
                 break
-    # uniform draws give ~expected hits (>= 20 here; none at all has probability below e^-20); a path
-    # one delivery behind gives none, whatever the seed
+    # uniform draws give ~expected hits (>= 18 over seeds 0-4999; none at all has probability below 1e-7,
+    # the suite's per-batch bound); a path one delivery behind gives none after its first call, whatever the seed
     ensure(hits > 0, f"in {steps} deliveries, each right after a rollout was ingested, no batch held a transition "
                      f"of that rollout (uniform draws would hold about {expected:.0f}): batches are drawn before the "
                      "last ingest (stale by at least one push in the sequential schedule), or the sampler starves "

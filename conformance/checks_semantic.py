@@ -119,9 +119,10 @@ def rejects_bad_input(ctx: Ctx) -> None:
             # another error type must name 'obs' itself
             if isinstance(exc, SpecError):
                 others = {"next_obs", "action", "reward", "terminated", "truncated"}
-                ensure(str(exc.field) not in others and repr(exc.expected) != repr(exc.actual),
-                       f"the error for obs of the wrong shape names field {exc.field!r}, expected "
-                       f"{exc.expected!r}, actual {exc.actual!r}: it must name the field that is wrong (obs, or "
+                field, expected, actual = (getattr(exc, a, None) for a in ("field", "expected", "actual"))
+                ensure(str(field) not in others and repr(expected) != repr(actual),
+                       f"the error for obs of the wrong shape names field {field!r}, expected "
+                       f"{expected!r}, actual {actual!r}: it must name the field that is wrong (obs, or "
                        "the adapter's name for it) and an expectation its value does not meet")
             ensure(clear and (isinstance(exc, SpecError) or "obs" in msg),
                    f"the error for obs of the wrong shape must be a conduit_core.SpecError, or name the field "

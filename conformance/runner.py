@@ -34,6 +34,7 @@ def load_harness(spec: str) -> Harness:
     harness = obj() if callable(obj) and not isinstance(obj, Harness) else obj
     if not isinstance(harness, Harness):
         raise TypeError(f"adapter: {target} gave {type(harness).__name__}, expected a conformance.Harness")
+    check_capabilities(harness)   # (at load too: the CLI reports load errors cleanly)
     return harness
 
 

@@ -104,6 +104,16 @@ def test_load_harness_errors_are_clear():
         load_harness("conduit_conformance.examples.conduit_minirl.conformance:AdapterSession")
 
 
+def test_a_delivery_drawn_one_call_ahead_is_caught_at_every_seed():
+    """A prefetching path's first batch is fresh (nothing drawn ahead yet): counted, it let a stale
+    adapter pass at most seeds (found in review); the check leaves that call out."""
+    for seed in range(20):
+        stale = check_adapter(BrokenHarness("stale_by_one"), seed=seed, select=["deliver/sees_newest"])
+        fresh = check_adapter(example_harness(), seed=seed, select=["deliver/sees_newest"])
+        assert [r.status for r in stale.results] == ["fail"], (seed, stale.table())
+        assert [r.status for r in fresh.results] == ["pass"], (seed, fresh.table())
+
+
 def test_a_misspelt_capability_is_refused_naming_the_valid_ones():
     harness = example_harness()
     harness.capabilities = frozenset({"replay", "prioritised"})   # (an instance attribute: this harness only)
