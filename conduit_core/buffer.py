@@ -102,7 +102,7 @@ class ExperienceBuffer:
         self.lock = self._cond   # the buffer's lock and condition, for its parts (read-only)
         self.closed = False   # (read-only for others: hot paths test it without a Python call)
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
-        # redraw-rule windows into that pool in one frame (None: no pool; see window_draw.py)
+        # redraw-rule windows into that pool in a few frames (None: no pool; see window_draw.py)
         self.pooled_windows = None if self._out is None else PooledWindowDraw(self, self._out)
 
     # ------------------------------------------------------------ properties

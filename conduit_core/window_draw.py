@@ -1,13 +1,13 @@
 """n-step windows drawn with the redraw rule straight into the output pool: a sequential
-replay step's delivery (RLlib's prioritized DQN asks for one each training step) in one
-Python frame around its native calls.
+replay step's delivery (RLlib's prioritized DQN asks for one each training step) in a few
+Python frames around its native calls.
 
 Why a route of its own: with the caches cold after the learner's update, each Python frame
 of a delivery costs a few microseconds, and ``ExperienceBuffer.sample``'s general route takes
 about two dozen of them to draw one batch of windows (argument forms, the pool's entry, the
 window plan, the walk, two gathers, the hand-out; measured in docs/benchmarks.md §2). This
-route does the same work with the same native calls and the same draws of the buffer's RNG,
-keeping what it can reuse (the plans, the walk's views, its scratch arrays) for the storage's
+route does the same work with the same native calls, through the same redraw loop
+(``episodes.draw_windows``, so the buffer's RNG is drawn alike by construction), keeping what it can reuse (the plans, the walk's views, its scratch arrays) for the storage's
 life. ``delivery.sample``'s redraw branch is the reference: tests/core/test_window_draw.py
 compares the two batch by batch (values, weights, provenance, RNG state, counts) across inserts,
 priority updates, wraps, a migration and the fallbacks.
