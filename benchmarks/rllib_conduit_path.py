@@ -26,6 +26,7 @@
     python -m benchmarks.rllib_conduit_path --workload dqn-atari --split --iters 3
     python -m benchmarks.rllib_conduit_path --workload dqn --iters 3 --cold-replay 64
     python -m benchmarks.rllib_conduit_path --workload dqn --iters 2 --route-ab
+    python -m benchmarks.rllib_conduit_path --workload dqn --iters 1 --frames
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import functools
 import json
 import statistics
 import time
@@ -64,6 +66,30 @@ def _timed_methods(targets: list[tuple[type, str]], totals: dict, counts: dict) 
         setattr(cls, name, wrapper)
 
 
+def count_frames(buf, names=("add", "sample", "update_priorities")) -> dict:
+    """Wrap the buffer's calls so that each counts the Python frames and C calls it runs
+    (``sys.setprofile`` inside the call only): returns {call: [calls, frames, C calls]}."""
+    import sys
+    counts: dict = {n: [0, 0, 0] for n in names}
+    for name in names:
+        fn = getattr(buf, name)
+
+        def counted(*a, _fn=fn, _c=counts[name], **k):
+            def prof(frame, event, arg):
+                if event == "call":
+                    _c[1] += 1
+                elif event == "c_call":
+                    _c[2] += 1
+            _c[0] += 1
+            sys.setprofile(prof)
+            try:
+                return _fn(*a, **k)
+            finally:
+                sys.setprofile(None)
+        setattr(buf, name, functools.update_wrapper(counted, fn))   # (__wrapped__: the timed call below it)
+    return counts
+
+
 def section_targets() -> list[tuple[type, str]]:
     from conduit_core import framestack, spec, storage
     return [(spec.ExperienceSpec, "validate"), (spec.ExperienceSpec, "encode"),
@@ -93,6 +119,7 @@ def conduit_arm(a) -> dict:
             adds.append(copy.deepcopy(episodes))   # before the buffer takes them (outside the timer)
         return timed_add(episodes, *args, **kw)
     buf.sample, buf.add = sample, add
+    frames = count_frames(buf) if a.frames else None
     timer.reset()
     totals.clear()
     counts.clear()
@@ -100,6 +127,9 @@ def conduit_arm(a) -> dict:
     for _ in range(a.iters):
         algo.train()
     out: dict = {"iteration_s": (time.perf_counter() - t0) / a.iters}
+    if frames is not None:   # (times in this run include the profiler's: take them from a run without it)
+        out["per_call"] = {n: {"python_frames": f / max(c, 1), "c_calls": cc / max(c, 1)}
+                           for n, (c, f, cc) in frames.items()}
     steps = timer.calls["sample"]
     out["steps"] = steps
     out["ms_per_step"] = {k: v / steps * 1e3 for k, v in timer.seconds.items()}
@@ -262,6 +292,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--route-ab", action="store_true",
                    help="sample() by the window route and by the general route in turns (cold: --cold-replay MB, "
                         "default 64)")
+    p.add_argument("--frames", action="store_true",
+                   help="Python frames and C calls per add/sample/update_priorities call (their times are then "
+                        "the profiler's)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.warmup is None:

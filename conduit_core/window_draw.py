@@ -63,7 +63,8 @@ class PooledWindowDraw:
         n_lo, n_hi = n_step_range(n_step)
         if len(self._plans) >= 64:
             self._plans.clear()
-        plan = self._plans[key] = (names, first_fields + last_fields, storage.into_plan(first_fields),
+        plan = self._plans[key] = (names, first_fields + last_fields, first_fields, last_fields,
+                                   storage.into_plan(first_fields),
                                    storage.into_plan(last_fields), views, n_lo, n_hi)
         return plan
 
@@ -87,7 +88,7 @@ class PooledWindowDraw:
                 plan = self._plan(storage, walk, key)
                 if plan is None:
                     return None   # (the general route recovers shards, or gathers fresh)
-            names, pooled, first_plan, last_plan, views, n_lo, n_hi = plan
+            names, pooled, first_fields, last_fields, first_plan, last_plan, views, n_lo, n_hi = plan
             source, beta = window_source(ring, selector, beta, size)
             b = batch_size
             entry = pool.windows(b, pooled)
@@ -100,12 +101,10 @@ class PooledWindowDraw:
             draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, True,
                          (slots, walked["weights"], ret, last, walked["n_step"]))
             columns = entry.columns
-            if not _c_gather_rows(slots, first_plan, columns):
-                for name, view in first_plan:
-                    view.take(slots, axis=0, out=columns[name])
+            if not _c_gather_rows(slots, first_plan, columns):   # (take_into names a slot out of range)
+                storage.take_into(slots, first_fields, columns)
             if not _c_gather_rows(last, last_plan, columns):
-                for name, view in last_plan:
-                    view.take(last, axis=0, out=columns[name])
+                storage.take_into(last, last_fields, columns)
             walked["reward"][:] = ret   # (float64 -> float32 as window_columns rounds it)
             data = entry.hand_out(names)
             pool.took_windows(b, pooled)
