@@ -222,6 +222,11 @@ class ExperienceSpec:
                 out[name] = codec.encode(name, c)
         return out
 
+    def native_row_check(self) -> tuple | None:
+        """The plan ``_rows.check_columns(batch, plan)`` checks a batch against where every
+        field is stored as it comes (no codec), else None; its answer is ``validate``'s."""
+        return self._native_check if self._all_identity else None
+
     def validate_and_encode(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
         """``validate`` then ``encode``: (rows, stored columns); stores nothing. A field whose
         verified codec refuses NaN/inf in its own pass (``Codec.refuses_nonfinite``) is not

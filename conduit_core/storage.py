@@ -226,6 +226,11 @@ class ColumnarStorage:
                       out=None if out is None else out.reshape((-1, *view.shape[1:])))
         return torch.from_numpy(res).view(*slots.shape, *view.shape[1:])
 
+    def row_copy_targets(self) -> tuple | None:
+        """``(name, ring column)`` per field where every field is a plain numpy column of one
+        host shard (what ``_rows.copy_rows`` copies a batch into, as ``write`` does), else None."""
+        return self._copy_targets
+
     def fills_outputs(self) -> bool:
         """Whether ``gather`` writes host rows into the ``out`` arrays it is given (one host
         shard); other layouts return fresh tensors and leave ``out`` untouched."""

@@ -25,16 +25,6 @@ RLLIB_COLUMNS = {"obs": "obs", "next_obs": "new_obs", "action": "actions", "rewa
 EXTRA = "extra_model_outputs."
 
 
-def _steps(buf, n: int):
-    """The chunk's own items of an InfiniteLookbackBuffer, skipping its lookback, without
-    RLlib's per-call getter machinery (numpy'd episodes hold one array per column)."""
-    data = getattr(buf, "data", None)
-    if isinstance(data, np.ndarray):
-        lb = buf.lookback
-        return data[lb:lb + n]
-    return None
-
-
 def _extra_leaves(key: str, value) -> list:
     """An extra model output (an array, or a nesting of them) as ``EXTRA``-prefixed flat names."""
     return flatten({key: value}, prefix=EXTRA) if isinstance(value, dict) else [(EXTRA + key, value)]
@@ -44,9 +34,12 @@ def extra_model_output_columns(ep, n: int) -> dict[str, np.ndarray]:
     """The chunk's extra model outputs, one row per step, as ``EXTRA``-prefixed flat columns."""
     out: dict[str, np.ndarray] = {}
     for key, buf in ep.extra_model_outputs.items():
-        steps = _steps(buf, n)
-        value = steps if steps is not None else ep.get_extra_model_outputs(key, slice(0, n))
-        for name, leaf in _extra_leaves(key, value):
+        data = getattr(buf, "data", None)   # (``_steps`` and ``_extra_leaves``, inline for one array: every add comes here)
+        if type(data) is np.ndarray:
+            lb = buf.lookback
+            out[EXTRA + key] = data[lb:lb + n]
+            continue
+        for name, leaf in _extra_leaves(key, ep.get_extra_model_outputs(key, slice(0, n))):
             out[name] = np.asarray(leaf)
     return out
 

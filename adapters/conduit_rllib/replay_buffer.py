@@ -165,7 +165,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
                     return self.add(episodes[k:])
                 return self._add_written(episodes)
         chunks = []
-        source_of = self.ingest.source_of
+        ingest = self.ingest
         for ep in episodes:
             n = len(ep)
             if n == 0:
@@ -173,13 +173,14 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             cols = self.columns_of(ep)
             if self.edp is None:
                 self._build(cols)
-            else:
+            elif cols.keys() != self._spec_fields:   # (the usual add: one comparison in C)
                 self._check_extras(cols)
             ctx = self.context
             if ctx.observation_space is None and ctx.action_space is None and ctx.agent_id is None \
                     and ctx.module_id is None:   # empty: the first chunk, or the first after a restore
                 self.context = EpisodeContext(ep.observation_space, ep.action_space, ep.agent_id, ep.module_id)
-            chunks.append((ep, cols, source_of(ep), n))
+            src = ingest.sources.get(ep.id_)   # (``ingest.source_of``'s lookup, inline)
+            chunks.append((ep, cols, ingest.source_of(ep) if src is None else src, n))
         if not chunks:
             return
         if self.prioritized:
@@ -206,8 +207,7 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
             (self.ingest.add_as_prioritized if self.prioritized else self.ingest.add_as_uniform)(chunks)
 
     def _check_extras(self, cols: dict) -> None:
-        if cols.keys() == self._spec_fields:   # the usual add: one comparison in C
-            return
+        """Called where a chunk's columns are not the spec's fields: the extra outputs differ, named."""
         want = self._extra_fields
         have = {k for k in cols if k.startswith(EXTRA)}
         if have != want:
