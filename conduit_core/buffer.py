@@ -39,7 +39,7 @@ from .shard_loss import ShardLoss, ShardLossRecovery
 from .spec import ExperienceSpec
 from .shards import ShardSpec
 from .storage import ColumnarStorage
-from .lone_insert import LoneInsert
+from .inline_insert import InlineInsert
 from .window_draw import PooledWindowDraw
 from .tiers import Tier
 
@@ -105,7 +105,7 @@ class ExperienceBuffer:
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
         # redraw-rule windows into that pool in a few frames (None: no pool; see window_draw.py)
         self.pooled_windows = None if self._out is None else PooledWindowDraw(self, self._out)
-        self.lone_insert = LoneInsert(self)   # one rollout's insert in a few frames (see lone_insert.py)
+        self.inline_insert = InlineInsert(self)   # an ingest call's rollouts stored in a few frames (inline_insert.py)
 
     # ------------------------------------------------------------ properties
     def __len__(self) -> int:

@@ -126,19 +126,12 @@ class IngestionPoint:
         t0 = time.perf_counter()
         try:   # (a call that fails counts as a call, blocked for its time)
             rollouts = list(rollouts)   # (any iterable: its length is the tickets it takes)
-            if len(rollouts) == 1 and not self.hooks:   # one rollout: the buffer's short route, if it applies
-                r = rollouts[0]
-                stored = self._buffer.lone_insert.insert(r.data, int(r.source), int(r.policy_version)) \
-                    if type(r) is Rollout else self._buffer.lone_insert.insert(r, 0, 0)
-                if stored is not None:   # (else nothing was checked or changed: the route below)
-                    with self._cond.mutex:
-                        ticket = self.ticket
-                        self.ticket += 1
-                    rows = stored[1]
-                    self.accepted_rows += rows
-                    self.committed_rows = self.accepted_rows
+            if not self.hooks:   # the buffer's short route, where it applies (else nothing changed: below)
+                stored = self._insert_inline(rollouts)
+                if stored is not None:
+                    tickets, rows = stored
                     self._metrics.add_call("ingest", time.perf_counter() - t0, items_in=rows, items_out=rows)
-                    return [ticket]
+                    return tickets
             with self._cond.mutex:   # the group's tickets, in order
                 first_ticket = self.ticket
                 self.ticket += len(rollouts)
@@ -173,6 +166,37 @@ class IngestionPoint:
         self._metrics.add_call("ingest", time.perf_counter() - t0, items_in=rows,
                                items_out=rows if enc is accepted else sum(e.n for e in enc))
         return [enc[0].ticket] if len(enc) == 1 else [e.ticket for e in enc]   # (the lone case: no frame)
+
+    def _insert_inline(self, rollouts: list) -> tuple[list[int], int] | None:
+        """``ingest_many_inline``'s rollouts through ``buffer.inline_insert`` (no hook can change
+        them): (their tickets, rows), the tickets taken and the rows counted once they are stored;
+        None where the route does not apply (nothing taken, counted or stored)."""
+        if len(rollouts) == 1:   # (an env step's add: no comprehension, which is a frame)
+            r = rollouts[0]
+            parts = [(r.data, int(r.source), int(r.policy_version)) if type(r) is Rollout else (r, 0, 0)]
+        else:
+            parts = [(r.data, int(r.source), int(r.policy_version)) if type(r) is Rollout else (r, 0, 0)
+                     for r in rollouts]
+        try:
+            stored = self._buffer.inline_insert.insert(parts)
+        except BaseException as exc:   # (a copy that failed: the rollouts before it are stored, as commit says)
+            k = getattr(exc, "stored_parts", 0)
+            with self._cond.mutex:
+                first_ticket = self.ticket
+                self.ticket += len(parts)
+            exc.stored_tickets = list(range(first_ticket, first_ticket + k))  # type: ignore[attr-defined]
+            self.accepted_rows += sum(as_numpy_rows(data) for data, _, _ in parts[:k])
+            self.committed_rows = self.accepted_rows
+            raise
+        if stored is None:
+            return None
+        with self._cond.mutex:
+            first_ticket = self.ticket
+            self.ticket += len(stored)
+        rows = stored[0][1] if len(stored) == 1 else sum(n for _, n in stored)
+        self.accepted_rows += rows
+        self.committed_rows = self.accepted_rows
+        return [first_ticket] if len(stored) == 1 else list(range(first_ticket, first_ticket + len(stored))), rows
 
     def commit(self, encoded: list[Encoded], timeout: float | None) -> None:
         """Store encoded rollouts in order. A rollout larger than the buffer fails the call

@@ -1,8 +1,9 @@
-"""``LoneInsert`` (one rollout of plain host columns stored in a few frames) against the route
-it stands in for, ``ExperienceBuffer.add``: twin buffers given the same rollouts, evictions and
-priority updates must hold the same state after every insert (rows in every slot, metadata and
-episode links, open episodes, holes, priorities and their trees); where the route does not apply
-it checks nothing and changes nothing, and the data plane's general route answers."""
+"""``InlineInsert`` (an ingest call's rollouts of plain host columns stored in a few frames)
+against the routes it stands in for, ``ExperienceBuffer.add`` (one rollout) and
+``add_encoded_many`` (several): twin buffers given the same rollouts, evictions and priority
+updates must hold the same state after every call (rows in every slot, metadata and episode
+links, open episodes, holes, priorities and their trees); where the route does not apply it
+changes nothing, and the data plane's general route answers."""
 
 import numpy as np
 import pytest
@@ -49,16 +50,34 @@ def assert_same_live_state(route, ref):
     assert_same_state(route.stored_columns(seqs), ref.stored_columns(seqs))
 
 
-def insert(route, ref, ops, start, capacity):
+def one_rollout(ops, start, capacity):
     n = int(ops.integers(1, capacity + 1)) if ops.random() < 0.1 else int(ops.integers(1, min(9, capacity + 1)))
     done = int(ops.integers(0, n)) if ops.random() < 0.5 else None
     r = rollout(n, start, done_at=done)
     r["reward"] = ops.random(n).astype(np.float32)
     if ops.random() < 0.2:
         r["truncated"][-1] = True
-    src, version = int(ops.integers(0, 3)), int(ops.integers(0, 5))
-    assert route.lone_insert.insert(r, src, version) == (ref.add(r, source=src, policy_version=version), n)
-    return start + n
+    return r, int(ops.integers(0, 3)), int(ops.integers(0, 5))
+
+
+def insert(route, ref, ops, start, capacity):
+    """One call of one to three rollouts (a group fits the ring, as the route requires)."""
+    parts = []
+    for _ in range(int(ops.integers(1, 4)) if ops.random() < 0.4 else 1):
+        r, src, version = one_rollout(ops, start, capacity)
+        if sum(len(p[0]["reward"]) for p in parts) + len(r["reward"]) > capacity:
+            break
+        parts.append((r, src, version))
+        start += len(r["reward"])
+    if len(parts) == 1:
+        r, src, version = parts[0]
+        want = [(ref.add(r, source=src, policy_version=version), len(r["reward"]))]
+    else:
+        enc = [ref.encode(r) for r, _, _ in parts]
+        firsts = ref.add_encoded_many([(cols, n, src, v) for (n, cols), (_, src, v) in zip(enc, parts)])
+        want = [(f, n) for f, (n, _) in zip(firsts, enc)]
+    assert route.inline_insert.insert(parts) == want
+    return start
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -87,7 +106,7 @@ def test_any_schedule_of_inserts_evictions_and_updates_leaves_the_references_sta
 def declined(buf, data, source=0, version=0):
     """The route declines ``data``, with the buffer's state as it was."""
     before = buf.state_dict()
-    assert buf.lone_insert.insert(data, source, version) is None
+    assert buf.inline_insert.insert([(data, source, version)]) is None
     assert_same_state(buf.state_dict(), before)
 
 
@@ -121,7 +140,7 @@ def test_buffers_the_route_does_not_apply_to_decline_untouched():
         buf.close()
     closed = ExperienceBuffer(spec=SPEC, capacity=32, seed=0)
     closed.close()
-    assert closed.lone_insert.insert(rollout(3), 0, 0) is None
+    assert closed.inline_insert.insert([(rollout(3), 0, 0)]) is None
 
 
 def test_the_route_follows_a_migration_to_the_new_storage():
@@ -133,13 +152,13 @@ def test_the_route_follows_a_migration_to_the_new_storage():
             for _ in range(12):
                 r = rollout(5, start, done_at=4 if start % 2 else None)
                 start += 5
-                got = route.buffer.lone_insert.insert(r, 1, 2)
+                got = route.buffer.inline_insert.insert([(r, 1, 2)])
                 first = ref.buffer.add(r, source=1, policy_version=2)
                 if shards is None:   # two shards: not the route's layout (it declines, untouched)
                     assert got is None
                     route.buffer.add(r, source=1, policy_version=2)
                 else:
-                    assert got == (first, 5)
+                    assert got == [(first, 5)]
                 assert_same_live_state(route.buffer, ref.buffer)
             if shards is not None:
                 for p in planes:
@@ -153,8 +172,8 @@ class Spy:
     """Counts the route's answers (stored / declined) on a data plane's buffer."""
 
     def __init__(self, buf):
-        self.answers, self._insert = [], buf.lone_insert.insert
-        buf.lone_insert.insert = self
+        self.answers, self._insert = [], buf.inline_insert.insert
+        buf.inline_insert.insert = self
 
     def __call__(self, *a):
         got = self._insert(*a)
@@ -168,7 +187,7 @@ def test_the_data_planes_ingest_many_takes_the_route_and_counts_as_the_general_r
     and bad input go the general route (the error it names, nothing stored)."""
     route, ref = (ExperienceDataPlane(buffer=b, schedule=Schedule.sequential()) for b in twins(Prioritized))
     spy = Spy(route.buffer)
-    ref.buffer.lone_insert.insert = lambda *a: None
+    ref.buffer.inline_insert.insert = lambda *a: None
     try:
         start = 0
         for i in range(20):
@@ -185,7 +204,9 @@ def test_the_data_planes_ingest_many_takes_the_route_and_counts_as_the_general_r
         for p in (route, ref):
             with pytest.raises(SpecError, match="action"):
                 p.ingest_many([bad])
-        assert spy.answers.count(True) == 20 and spy.answers[-1] is False
+            with pytest.raises(SpecError, match="action"):   # a group: refused before any of it is stored
+                p.ingest_many([rollout(2, start), Rollout(bad, source=1)])
+        assert spy.answers.count(True) == 24 and spy.answers[-2:] == [False, False]   # (the pairs too)
         for a, b in ((route.ingestion, ref.ingestion),):
             assert (a.ticket, a.accepted_rows, a.committed_rows) == (b.ticket, b.accepted_rows, b.committed_rows)
         ma, mb = route.metrics(), ref.metrics()
@@ -228,5 +249,43 @@ def test_initial_priorities_and_a_misuse_still_take_the_buffers_checks():
     buf = ExperienceBuffer(spec=SPEC, capacity=16, selector=Uniform())
     with pytest.raises(ConfigError):
         buf.add(rollout(2), priorities=[1.0, 2.0])   # (add's own argument: the route never takes priorities)
-    assert buf.lone_insert.insert(rollout(2), 0, 0) == (0, 2)
+    assert buf.inline_insert.insert([(rollout(2), 0, 0)]) == [(0, 2)]
     buf.close()
+
+
+def test_a_copy_that_fails_midway_leaves_what_the_general_route_leaves(monkeypatch):
+    """A rollout's copy fails after the first of a group was copied (forced: the native copy
+    declines and the storage's own write raises on its second call): the first stays stored and
+    is named in the error's ``stored_tickets``, on both routes alike, and both count the same."""
+    import conduit_core.inline_insert as inline
+    monkeypatch.setattr(inline, "_c_copy_rows", lambda *a: False)
+    route, ref = (ExperienceDataPlane(buffer=b, schedule=Schedule.sequential()) for b in twins(Prioritized))
+    ref.buffer.inline_insert.insert = lambda *a: None
+    spy = Spy(route.buffer)
+    try:
+        for p in (route, ref):
+            p.ingest_many([rollout(4)])
+            storage, calls = p.buffer.storage, []
+            write = storage.write
+
+            def failing(*a, _write=write, _calls=calls):
+                _calls.append(1)
+                if len(_calls) == 2:
+                    raise MemoryError("injected")
+                return _write(*a)
+            storage.write = failing
+        pair = [Rollout(rollout(3, 4), source=1), Rollout(rollout(2, 7), source=2)]
+        errors = []
+        for p in (route, ref):
+            with pytest.raises(MemoryError) as e:
+                p.ingest_many(pair)
+            errors.append(e.value)
+        assert errors[0].stored_tickets == errors[1].stored_tickets == [1]
+        assert spy.answers == [True]   # (the failed call raised: no answer)
+        for a, b in ((route.ingestion, ref.ingestion),):
+            assert (a.ticket, a.accepted_rows, a.committed_rows) == (b.ticket, b.accepted_rows, b.committed_rows) \
+                == (3, 7, 7)
+        assert_same_live_state(route.buffer, ref.buffer)
+        assert len(route.buffer) == 7
+    finally:
+        route.close(), ref.close()
