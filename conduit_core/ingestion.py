@@ -173,10 +173,12 @@ class IngestionPoint:
         None where the route does not apply (nothing taken, counted or stored)."""
         if len(rollouts) == 1:   # (an env step's add: no comprehension, which is a frame)
             r = rollouts[0]
-            parts = [(r.data, int(r.source), int(r.policy_version)) if type(r) is Rollout else (r, 0, 0)]
+            parts = [(r.data, r.source, r.policy_version) if type(r) is Rollout else (r, 0, 0)]
         else:
-            parts = [(r.data, int(r.source), int(r.policy_version)) if type(r) is Rollout else (r, 0, 0)
-                     for r in rollouts]
+            parts = [(r.data, r.source, r.policy_version) if type(r) is Rollout else (r, 0, 0) for r in rollouts]
+        for _, source, version in parts:   # (anything but plain ints: the general route converts or names it)
+            if type(source) is not int or type(version) is not int:
+                return None
         try:
             stored = self._buffer.inline_insert.insert(parts)
         except BaseException as exc:   # (a copy that failed: the rollouts before it are stored, as commit says)
@@ -184,7 +186,8 @@ class IngestionPoint:
             with self._cond.mutex:
                 first_ticket = self.ticket
                 self.ticket += len(parts)
-            exc.stored_tickets = list(range(first_ticket, first_ticket + k))  # type: ignore[attr-defined]
+            if len(parts) > 1:   # (commit's name for them; a lone rollout's route names none)
+                exc.stored_tickets = list(range(first_ticket, first_ticket + k))  # type: ignore[attr-defined]
             self.accepted_rows += sum(as_numpy_rows(data) for data, _, _ in parts[:k])
             self.committed_rows = self.accepted_rows
             raise

@@ -41,20 +41,23 @@ class InlineInsert:
 
     def __init__(self, buffer):
         self._buffer = buffer
-        self._storage = None   # the storage the plan below was made for (a migration swaps it)
-        self._plan = None      # (the spec's native check, the storage's copy targets) or None
+        # (storage, plan): the plan, (the spec's native check, the storage's copy targets) or None,
+        # made for that storage (a migration swaps it). One tuple, replaced whole: a caller on
+        # another thread never pairs one storage's targets with another storage.
+        self._planned = (None, None)
 
-    def _make_plan(self, storage):
-        self._storage = storage
+    def _plan_for(self, storage):
         check = self._buffer.spec.native_row_check()
         targets = storage.row_copy_targets()
-        self._plan = None if check is None or targets is None or _c_copy_rows is None else (check, targets)
-        return self._plan
+        plan = None if check is None or targets is None or _c_copy_rows is None else (check, targets)
+        self._planned = (storage, plan)
+        return plan
 
     def insert(self, parts: list) -> list[tuple[int, int]] | None:
         buf = self._buffer
         storage = buf.storage
-        plan = self._plan if storage is self._storage else self._make_plan(storage)
+        planned = self._planned
+        plan = planned[1] if planned[0] is storage else self._plan_for(storage)
         if plan is None:
             return None
         check, targets = plan
@@ -83,7 +86,8 @@ class InlineInsert:
                     stored.append((at, n))
                     at += n
             except BaseException as exc:   # the rollouts copied before it stay stored, as _insert_together leaves them
-                exc.stored_parts = len(stored)  # type: ignore[attr-defined]
+                if len(checked) > 1:   # (add_encoded, a lone rollout's route, names none)
+                    exc.stored_parts = len(stored)  # type: ignore[attr-defined]
                 raise
             finally:
                 if stored:
