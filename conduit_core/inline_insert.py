@@ -2,8 +2,9 @@
 native calls: an env step's insert (RLlib's DQN adds one episode chunk per training step, two
 where an episode ended).
 
-Why a route of its own: with the caches cold after the learner's update, each Python frame of
-an insert costs a few microseconds, and the general route (``ingestion.ingest_many_inline`` ->
+Why a route of its own: with the caches cold after the learner's update, every Python frame of
+an insert costs time (the dozen this route removes were 5-10% of RLlib's ``add()``, measured by
+turns: docs/benchmarks.md section 2), and the general route (``ingestion.ingest_many_inline`` ->
 ``encode_unhooked`` -> ``spec.validate_and_encode`` per rollout -> ``insertion.add_encoded`` or
 ``add_encoded_many`` -> ``storage.write`` -> ``ring.write`` -> ``ring.advance`` ->
 ``selector.on_insert``) takes a dozen of them for one rollout of a few rows and two dozen for
