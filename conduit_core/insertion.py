@@ -80,7 +80,7 @@ def add_encoded_many(buf, parts: list, *, timeout: float | None = None) -> list[
     ``stored_parts``, as one by one would have left them."""
     total = sum(p[1] for p in parts)
     if len(parts) >= 2 and total <= buf.capacity:
-        firsts = _insert_together(buf, parts)
+        firsts = insert_together(buf, parts)
         if firsts is not None:
             return firsts
     firsts = []
@@ -93,16 +93,20 @@ def add_encoded_many(buf, parts: list, *, timeout: float | None = None) -> list[
     return firsts
 
 
-def _insert_together(buf, parts: list) -> list[int] | None:
-    """The one insert, or None (nothing done) where one by one could wait or evict."""
+def insert_together(buf, parts: list) -> list[int] | None:
+    """Encoded rollouts ``(columns, n, source, policy_version)`` in one insert (one lock, each
+    rollout's rows copied and its metadata written, the ring advanced once), or None (nothing
+    done) where one by one could wait or evict. ``add_encoded_many``'s route for two or more, and
+    ``inline_insert``'s for any number."""
+    total = parts[0][1] if len(parts) == 1 else sum(p[1] for p in parts)   # (a generator is a frame)
     with buf.lock.mutex:
-        buf.check_open()
-        # judged here, not before the lock: a migration (dual writer) or a new layout may have come in since
-        if buf.storage.pools or buf.dual_writer is not None or buf.storage.may_lose_shards \
-                or buf.selector.consumes or buf.rate_limiter.samples_per_insert is not None \
-                or sum(p[1] for p in parts) > buf.capacity:
-            return None
+        if buf.closed:
+            buf.check_open()
         ring, storage = buf.ring, buf.storage
+        # judged here, not before the lock: a migration (dual writer) or a new layout may have come in since
+        if storage.pools or buf.dual_writer is not None or storage.may_lose_shards \
+                or buf.selector.consumes or buf.rate_limiter.samples_per_insert is not None or total > ring.capacity:
+            return None
         cap, first = ring.capacity, ring.inserted
         firsts, at, failure = [], first, None
         for cols, n, _, _ in parts:
@@ -115,7 +119,8 @@ def _insert_together(buf, parts: list) -> list[int] | None:
             firsts.append(at)
             at += n
         stored = at - first
-        ring.holes -= ring.holes_leaving(stored)   # only the rows written: a failed rollout changes nothing more
+        if ring.holes:   # only the rows written: a failed rollout changes nothing more
+            ring.holes -= ring.holes_leaving(stored)
         for (cols, n, src, v), at in zip(parts, firsts):
             if n:
                 ring.write(at, n, cols, buf.done_fields, int(src), int(v))
@@ -124,7 +129,8 @@ def _insert_together(buf, parts: list) -> list[int] | None:
             buf.selector.on_insert(first % cap, stored, min(ring.inserted, cap))
             buf.lock.notify_all()
         if failure is not None:
-            failure.stored_parts = len(firsts)  # type: ignore[attr-defined]
+            if len(parts) > 1:   # (add_encoded, a lone rollout's route, names none)
+                failure.stored_parts = len(firsts)  # type: ignore[attr-defined]
             raise failure
         return firsts
 
