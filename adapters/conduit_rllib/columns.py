@@ -33,6 +33,13 @@ def _extra_leaves(key: str, value) -> list:
 def extra_model_output_columns(ep, n: int) -> dict[str, np.ndarray]:
     """The chunk's extra model outputs, one row per step, as ``EXTRA``-prefixed flat columns."""
     out: dict[str, np.ndarray] = {}
+    add_extra_model_output_columns(out, ep, n)
+    return out
+
+
+def add_extra_model_output_columns(out: dict, ep, n: int) -> None:
+    """``extra_model_output_columns`` written into ``out`` (``episode_columns``' dict: no
+    second dict to build and unpack on every add)."""
     for key, buf in ep.extra_model_outputs.items():
         data = getattr(buf, "data", None)   # (``_steps`` and ``_extra_leaves``, inline for one array: every add comes here)
         if type(data) is np.ndarray:
@@ -41,7 +48,6 @@ def extra_model_output_columns(ep, n: int) -> dict[str, np.ndarray]:
             continue
         for name, leaf in _extra_leaves(key, ep.get_extra_model_outputs(key, slice(0, n))):
             out[name] = np.asarray(leaf)
-    return out
 
 
 def episode_infos(ep, n: int) -> list:
@@ -77,28 +83,60 @@ def chunk_lookback_row(ep) -> dict | None:
 
 def episode_columns(ep) -> dict[str, np.ndarray]:
     """One episode chunk as columns (length = number of steps in the chunk), its extra
-    model outputs included."""
+    model outputs included.
+
+    Every env step's ``add()`` comes here with the caches cold after the learner's update,
+    where each numpy call is microseconds: obs and next_obs are sliced straight from RLlib's
+    array, and a chunk whose episode goes on shares one read-only all-False array for its
+    done flags (``_not_done``) in place of building two (0.72x the time per call, cold:
+    docs/benchmarks.md section 2)."""
     n = len(ep)
     o, a, r = ep.observations, ep.actions, ep.rewards   # (``_steps`` of each, inline: every add comes here)
     od, ad, rd = getattr(o, "data", None), getattr(a, "data", None), getattr(r, "data", None)
     if type(od) is np.ndarray and type(ad) is np.ndarray and type(rd) is np.ndarray \
             and od.shape[0] >= o.lookback + n + 1:
-        obs, act, rew = od[o.lookback:o.lookback + n + 1], ad[a.lookback:a.lookback + n], rd[r.lookback:r.lookback + n]
+        lb = o.lookback
+        obs, next_obs = od[lb:lb + n], od[lb + 1:lb + n + 1]
+        act, rew = ad[a.lookback:a.lookback + n], rd[r.lookback:r.lookback + n]
     else:
-        obs = np.asarray(ep.get_observations(slice(0, n + 1)))
+        both = np.asarray(ep.get_observations(slice(0, n + 1)))
+        obs, next_obs = both[:-1], both[1:]
         act = np.asarray(ep.get_actions(slice(0, n)))
         rew = np.asarray(ep.get_rewards(slice(0, n)))
     if obs.dtype == object:
         raise SpecError("observations", "a Box observation space (one array per step)", "a nested/Dict space",
                         "flatten the observations (e.g. a FlattenObservations connector) before Conduit")
-    term, trunc = np.zeros((2, n), dtype=bool)   # (two rows of one array: one allocation)
-    if n:
-        term[-1] = ep.is_terminated
-        trunc[-1] = ep.is_truncated
-    return {"obs": obs[:-1], "next_obs": obs[1:], "action": act,
-            "reward": rew.astype(np.float32, copy=False),
-            "terminated": term, "truncated": trunc,
-            **(extra_model_output_columns(ep, n) if ep.extra_model_outputs else {})}
+    if n and not ep.is_terminated and not ep.is_truncated:
+        term = trunc = _not_done(n)
+    else:
+        term, trunc = np.zeros((2, n), dtype=bool)   # (two rows of one array: one allocation)
+        if n:
+            term[-1] = ep.is_terminated
+            trunc[-1] = ep.is_truncated
+    cols = {"obs": obs, "next_obs": next_obs, "action": act, "reward": rew.astype(np.float32, copy=False),
+            "terminated": term, "truncated": trunc}
+    if ep.extra_model_outputs:
+        add_extra_model_output_columns(cols, ep, n)
+    return cols
+
+
+_NOT_DONE: dict[int, np.ndarray] = {}
+
+
+_NOT_DONE_LONGEST = 256   # (longer chunks are rare and long: the cache stays under 33 KB)
+
+
+def _not_done(n: int) -> np.ndarray:
+    """``n`` False flags, one read-only array per length, shared by every chunk of that length
+    whose episode goes on (the buffer copies its rows; nothing may write into a caller's columns)."""
+    flags = _NOT_DONE.get(n)
+    if flags is None:
+        if n > _NOT_DONE_LONGEST:
+            return np.zeros(n, dtype=bool)
+        flags = np.zeros(n, dtype=bool)
+        flags.flags.writeable = False
+        flags = _NOT_DONE.setdefault(n, flags)
+    return flags
 
 
 # Affine normalisations frameworks apply to uint8 pixels, tried in order: x = q / d + offset.

@@ -151,6 +151,37 @@ def test_episode_chunks_become_columns_exactly(ray_session):
         algo.stop()
 
 
+def test_chunk_columns_match_rllibs_getters_and_shared_flags_stay_false():
+    """Every column of every chunk (ongoing, terminated, truncated, split, 1 to 300 steps, with
+    extras) against RLlib's own getters; the read-only flags an ongoing chunk shares are never
+    written, by the columns or by a buffer storing them."""
+    from conduit_rllib.columns import episode_columns
+    from tests.rllib.rllib_episodes import make_chunks
+    chunks, _ = make_chunks(3, episodes=30, lengths=(1, 300), open_last=6, split_every=3, with_extras=True)
+    assert {c.is_terminated for c in chunks} == {True, False} and any(c.is_truncated for c in chunks)
+    rb = ConduitEpisodeReplayBuffer(capacity=20_000, prioritized=True, alpha=0.6)
+    shared = []
+    for ep in chunks:
+        c, n = episode_columns(ep), len(ep)
+        np.testing.assert_array_equal(c["obs"], np.asarray(ep.get_observations(slice(0, n))))
+        np.testing.assert_array_equal(c["next_obs"], np.asarray(ep.get_observations(slice(1, n + 1))))
+        np.testing.assert_array_equal(c["action"], np.asarray(ep.get_actions(slice(0, n))))
+        np.testing.assert_array_equal(c["reward"], np.asarray(ep.get_rewards(slice(0, n)), dtype=np.float32))
+        np.testing.assert_array_equal(c["extra_model_outputs.logp"],
+                                      np.asarray(ep.get_extra_model_outputs("logp", slice(0, n))))
+        want_term, want_trunc = np.zeros(n, bool), np.zeros(n, bool)
+        want_term[-1], want_trunc[-1] = ep.is_terminated, ep.is_truncated
+        np.testing.assert_array_equal(c["terminated"], want_term)
+        np.testing.assert_array_equal(c["truncated"], want_trunc)
+        assert c["reward"].dtype == np.float32 and c["terminated"].dtype == c["truncated"].dtype == np.bool_
+        if not c["terminated"].flags.writeable:
+            shared.append(c["terminated"])
+        rb.add([ep])
+    assert shared and all(not f.any() for f in shared)
+    assert len(rb) == sum(len(c) for c in chunks)
+    rb.close()
+
+
 @pytest.mark.parametrize("schedule", ["sequential", "overlapped"])
 def test_ingest_granularity_groups_episodes_per_operator_call(ray_session, schedule):
     algo = small_dqn(mode=schedule, ingest_granularity=3).build_algo()
