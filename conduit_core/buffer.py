@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from .buffer_state import capture_state, check_state, restore_state
+from .buffer_state import capture_state, check_state_for, restore_state, same_layout, state_layout
 from .episodes import EpisodeWalk
 from .errors import CapacityError, ClosedError, ConfigError
 from . import insertion, source_commit
@@ -343,7 +343,6 @@ class ExperienceBuffer:
             self.counts.sampled -= items
             self._cond.notify_all()
 
-
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: data, metadata, selector, counters, RNG.
@@ -357,13 +356,15 @@ class ExperienceBuffer:
         part is checked (spec, capacity, selector, counters against the data, metadata,
         priorities, frame pools, RNG) before the first byte of this buffer changes, so a
         damaged state raises ``StateError`` and leaves the buffer as it was."""
-        checked = check_state(state, spec=self.spec, capacity=self.capacity, selector=self.selector,
-                              pools=self.storage.pools, rng_kind=type(self.rng.bit_generator).__name__)
+        layout = state_layout(self)
+        checked = check_state_for(self, state, layout)   # (outside the lock: a big state's checks stall no caller)
         with self._cond:
             self.check_open()
             if self.dual_writer is not None:   # its copy would bring rows of before the load back at finish()
                 raise ConfigError("load_state_dict", "no migration in progress", "a migration copying the buffer",
                                   "wait for the migration to finish (its handle's wait()), then load")
+            if not same_layout(state_layout(self), layout):   # a migration finished during the checks:
+                checked = check_state_for(self, state, state_layout(self))   # checked again for what it built
             if self.storage.may_lose_shards:   # a shard lost mid-load: replaced, and the whole load runs again
                 self.run_storage(lambda: restore_state(self, checked))
             else:

@@ -60,6 +60,11 @@ def check_state(state: Mapping[str, Any], *, spec: ExperienceSpec, capacity: int
         got = state["selector"].get("name") if isinstance(state["selector"], Mapping) else state["selector"]
         raise StateError(f"selector: expected {selector.name}, got {got}. "
                          "Fix: build the buffer with the same selector.")
+    for key, value in selector.to_config().items():   # (beta: only the weights' default, passed per sample)
+        if key not in ("name", "beta") and key in state["selector"] and state["selector"][key] != value:
+            raise StateError(f"selector.{key}: expected {value!r} (this buffer's), got {state['selector'][key]!r}. "
+                             "Fix: build the buffer with the selector settings the state was saved with (stored "
+                             "priorities and draws depend on them); nothing was loaded")
     raw = state["counters"]
     if not isinstance(raw, Mapping):
         raise bad("counters", "a dict of ints", type(raw).__name__)
@@ -127,6 +132,22 @@ def check_state(state: Mapping[str, Any], *, spec: ExperienceSpec, capacity: int
     ingest = CommitLedger.check_state(state["ingest"]) if "ingest" in state else None
     return {"data": enc, "meta": meta, "counters": c, "stored": stored, "pools": saved_pools, "open_tail": open_tail,
             "rng": state["rng"], "selector_state": state["selector_state"], "ingest": ingest}
+
+
+def state_layout(buf) -> tuple:
+    """What ``check_state`` checks a state against besides the spec: (capacity, selector, frame
+    pools). A migration replaces them; ``same_layout`` tells whether one finished in between."""
+    return buf.capacity, buf.selector, buf.storage.pools
+
+
+def same_layout(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and a[1] is b[1] and a[2] is b[2]
+
+
+def check_state_for(buf, state: Mapping[str, Any], layout: tuple) -> dict:
+    """``check_state`` against ``buf``'s spec and RNG kind and the ``layout`` given."""
+    return check_state(state, spec=buf.spec, capacity=layout[0], selector=layout[1], pools=layout[2],
+                       rng_kind=type(buf.rng.bit_generator).__name__)
 
 
 def capture_state(buf) -> dict:

@@ -138,10 +138,28 @@ def insert_together(buf, parts: list) -> list[int] | None:
 def evict_for_frames(buf, pending: list, n: int) -> None:
     """Evict (oldest first) the rows whose frames the pending frame writes overwrite."""
     a = max(buf.ring.lo(), buf.ring.inserted + n - buf.capacity)  # rows that survive the ring
-    new_floor = first_surviving_seq(pending, buf.storage.host_view, a, buf.ring.inserted, buf.capacity)
+    new_floor = first_surviving_seq(pending, lambda name: stored_ids(buf.storage, name), a, buf.ring.inserted,
+                                    buf.capacity)
     if new_floor <= a:
         return
     if buf.selector.consumes and new_floor > buf.ring.head:
         raise CapacityError(f"frame pool full: storing this rollout would evict {new_floor - buf.ring.head} "
                             "unconsumed on-policy rows. Fix: consume first or raise frame_budget.")
     buf.selector.on_evict(buf.ring.raise_floor(a, new_floor))
+
+
+class _GatheredIds:
+    """A pooled field's stored frame ids read slot by slot through the storage's gather: a
+    layout of several shards has no one array to index (``first_surviving_seq`` reads a few)."""
+
+    def __init__(self, storage, name: str):
+        self._storage, self._name = storage, name
+
+    def __getitem__(self, slot: int) -> int:
+        return int(self._storage.gather_stored(self._name, np.array([slot], dtype=np.int64))[0])
+
+
+def stored_ids(storage, name: str):
+    """Field ``name``'s stored values by slot: the host column itself, or a reader that gathers."""
+    view = storage.host_view(name)
+    return view if view is not None else _GatheredIds(storage, name)

@@ -29,6 +29,9 @@ _ARRAY = "__conduit_array__"
 
 
 def _flatten(obj: Any, arrays: list[np.ndarray], paths: list[str], path: str = "") -> Any:
+    """The JSON tree of ``obj``, its arrays moved to ``arrays``. numpy scalars become Python's
+    (bool, int, float) and tuples lists: a state holds plain values, and these are the forms
+    JSON has (env infos saved by an adapter come back in them)."""
     if isinstance(obj, torch.Tensor):
         obj = obj.detach().cpu().numpy()
     if isinstance(obj, np.ndarray):
@@ -38,19 +41,25 @@ def _flatten(obj: Any, arrays: list[np.ndarray], paths: list[str], path: str = "
     if isinstance(obj, dict):
         for k in obj:
             if not isinstance(k, str):
-                raise StateError(f"state key {k!r}: expected str keys, got {type(k).__name__}. "
+                raise StateError(f"state key {k!r} at {path or '<root>'}: expected str keys, got {type(k).__name__}. "
                                  "Fix: convert keys to strings in state_dict().")
+            if k == _ARRAY:
+                raise StateError(f"state key {k!r} at {path or '<root>'}: expected any other name, got the name "
+                                 "this format reserves for its array references. Fix: rename that key.")
         return {k: _flatten(v, arrays, paths, f"{path}.{k}" if path else k) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_flatten(v, arrays, paths, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, np.bool_):
+        return bool(obj)
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, (np.floating,)):
         return float(obj)
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    raise StateError(f"state value of type {type(obj).__name__}: expected arrays, numbers, strings, lists, dicts. "
-                     "Fix: convert it in state_dict().")
+    raise StateError(f"state value at {path or '<root>'}: expected arrays, numbers, strings, lists or dicts, got "
+                     f"{type(obj).__module__}.{type(obj).__qualname__}. Fix: convert it in state_dict() (for an "
+                     "env info: return plain values from the env).")
 
 
 def dumps(state: dict) -> bytes:
@@ -113,11 +122,14 @@ def loads(blob: bytes | memoryview) -> dict:
 
     def build(node: Any) -> Any:
         if isinstance(node, dict) and _ARRAY in node:
-            ref = refs[node[_ARRAY]]
-            raw = mv[base + ref["offset"]: base + ref["offset"] + ref["nbytes"]]
+            try:
+                ref = refs[node[_ARRAY]]
+                raw = mv[base + ref["offset"]: base + ref["offset"] + ref["nbytes"]]
+            except (IndexError, KeyError, TypeError) as exc:
+                raise _damaged(f"array reference {node[_ARRAY]!r}", f"it names no array of the file ({exc!r})") from None
             try:
                 return np.frombuffer(raw, dtype=np.dtype(node["dtype"])).reshape(node["shape"]).copy()
-            except (ValueError, TypeError) as exc:
+            except (KeyError, ValueError, TypeError) as exc:
                 raise _damaged(f"array {ref.get('path', node[_ARRAY])}", f"dtype/shape do not fit its bytes ({exc})")
         if isinstance(node, dict):
             return {k: build(v) for k, v in node.items()}

@@ -1,13 +1,17 @@
 """Saving the replay buffer with the algorithm's checkpoint (RLlib 2.60's new stack drops it).
 
-``save_to_path`` writes RLlib's checkpoint as usual, then the buffer's state beside it
-as ``conduit_replay_buffer.bin`` (Conduit's pickle-free format, a checksum per section),
-through the same pyarrow filesystem RLlib writes to. ``restore_from_path`` (used by
+``save_to_path`` encodes the buffer's state first (a state that cannot be saved fails
+before anything is written), writes RLlib's checkpoint as usual, then the buffer's state
+beside it as ``conduit_replay_buffer.bin`` (Conduit's pickle-free format, a checksum per
+section), through the same pyarrow filesystem RLlib writes to: written whole under a
+temporary name, then moved over the old file, so an earlier checkpoint's buffer is never
+left empty or torn. ``restore_from_path`` (used by
 ``Algorithm.from_checkpoint`` and ``algo.restore_from_path``) reads and checks that file
 and loads the buffer (all or nothing) *before* RLlib restores anything: a missing,
 truncated or damaged buffer file fails the restore with ``StateError`` and the algorithm
 is left as it was. ``conduit_rllib.enable(config, restore_missing_buffer=True)`` restores
-a checkpoint that has no buffer file with an empty buffer instead, and logs a warning.
+a checkpoint that has no buffer file with an empty buffer instead (the rows it held are
+dropped, as the rest of the algorithm goes back to the checkpoint), and logs a warning.
 """
 
 from __future__ import annotations
@@ -34,27 +38,33 @@ class BufferCheckpointMixin:
     """Mixed into an RLlib Algorithm subclass; touches nothing but checkpoints."""
 
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False):
-        path = super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
+        # the buffer's bytes first: a state that cannot be saved fails the call before RLlib writes
+        # anything, so the checkpoint already at ``path`` stays whole (algorithm and buffer alike)
         buf = getattr(self, "local_replay_buffer", None)
-        if buf is not None and hasattr(buf, "get_state"):
+        blob = state_io.dumps(buf.get_state()) if buf is not None and hasattr(buf, "get_state") else None
+        path = super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
+        if blob is not None:
             fs, where = _fs(path, filesystem)
-            with fs.open_output_stream(f"{where}/{BUFFER_FILE}") as fh:
-                fh.write(state_io.dumps(buf.get_state()))
+            final, tmp = f"{where}/{BUFFER_FILE}", f"{where}/{BUFFER_FILE}.tmp"
+            with fs.open_output_stream(tmp) as fh:   # written whole, then moved over the old file
+                fh.write(blob)
+            fs.move(tmp, final)
         return path
 
     def restore_from_path(self, path, *args, **kwargs):
         buf = getattr(self, "local_replay_buffer", None)
         if buf is not None and hasattr(buf, "set_state") and kwargs.get("component") is None:
             state = self._read_buffer_state(path, kwargs.get("filesystem"), buf)
-            if state is not None:
-                prior = buf.get_state()   # put back if RLlib's own restore fails after the buffer's
-                buf.set_state(state)  # all or nothing; before RLlib's own restore changes anything
-                try:
-                    super().restore_from_path(path, *args, **kwargs)
-                except BaseException:
-                    buf.set_state(prior)
-                    raise
-                return
+            if state is None:   # no buffer file, and restore_missing_buffer=True: the buffer restarts empty
+                state = buf.empty_state()
+            prior = buf.get_state()   # put back if RLlib's own restore fails after the buffer's
+            buf.set_state(state)  # all or nothing; before RLlib's own restore changes anything
+            try:
+                super().restore_from_path(path, *args, **kwargs)
+            except BaseException:
+                buf.set_state(prior)
+                raise
+            return
         super().restore_from_path(path, *args, **kwargs)
 
     @staticmethod

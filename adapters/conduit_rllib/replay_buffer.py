@@ -15,13 +15,10 @@ slices, the ``[B, T]`` batch form); the fast path's delivery is here.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
 
-from conduit_core import (Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Prioritized,
-                          StateError, Uniform)
+from conduit_core import Batch, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, Uniform
 
 from .columns import EXTRA, episode_columns, spec_for
 from .delivered_episodes import EpisodeContext
@@ -29,6 +26,7 @@ from .episode_ingest import EpisodeIngest
 from .episode_ledger import EpisodeLedger
 from .info_store import InfoStore
 from .options import ConduitOptions
+from .replay_state import ReplayStateMixin
 from .sample_forms import batch_form, check_infos_stored, episodes_of, sequence_slices
 from .sequences import SequenceRules
 
@@ -51,7 +49,7 @@ class DeliveredBatch:
         return self.batch.size
 
 
-class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
+class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffer):
     """Uniform or prioritized replay on the Conduit data plane (RLlib's semantics)."""
 
     columns_of = staticmethod(episode_columns)  # the ingestion transform: an episode chunk -> columns
@@ -331,63 +329,6 @@ class ConduitEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):
         """Episodes and steps evicted; ``early``: episodes evicted because the ring would have
         cut them (not RLlib's rule: raise ``ring_slack`` if this is not 0)."""
         return {"episodes": self.ledger.evicted_episodes, "steps": self.ledger.evicted_rows, "early": self.ledger.early_episodes}
-
-    # ------------------------------------------------------------------ state
-    def get_state(self) -> dict[str, Any]:
-        """Everything to continue exactly; numpy arrays and plain values (no pickle needed)."""
-        # the ingestion's part: sources, next_source, added, source_ids, lookback_rows
-        return {"conduit_rllib": 1, "edp": None if self.edp is None else self.edp.state_dict(),
-                "spec": None if self.edp is None else self.edp.buffer.spec.to_config(), **self._adapter_state()}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore ``get_state``'s output, all or nothing: the adapter's own parts (ingestion,
-        ledger, infos, counters) are loaded first and put back as they were if anything after
-        fails; the core's part is loaded last and is itself all or nothing."""
-        if not isinstance(state, dict) or state.get("conduit_rllib") != 1:
-            raise StateError("replay buffer state: expected a conduit_rllib state (version 1). "
-                             "Fix: restore a checkpoint written with conduit_rllib enabled.")
-        before = self._adapter_state()
-        built = False
-        try:
-            self._load_adapter_state(state)
-            if state["edp"] is not None:
-                if self.edp is None:
-                    self._build_for(ExperienceSpec.from_config(state["spec"]))
-                    built = True
-                self.edp.load_state_dict(state["edp"])
-            elif self.edp is not None:   # a state saved before the first add: the buffer is empty again
-                self.edp.close()         # (the data plane is built anew by the next add, as at the start)
-                self.edp, self.tuner = None, None
-        except BaseException as exc:
-            if built:   # a data plane built for this load goes with it
-                self.edp.close()
-                self.edp, self.tuner = None, None
-            self._load_adapter_state(before)
-            if isinstance(exc, (KeyError, TypeError, ValueError, IndexError)):
-                raise StateError(f"replay buffer state: a damaged part ({type(exc).__name__}: {exc}). Fix: restore "
-                                 "a checkpoint this version wrote; nothing was loaded") from exc
-            raise
-
-    def _adapter_state(self) -> dict[str, Any]:
-        return {**self.ingest.state(), "sampled": self._sampled, "ledger": self.ledger.state(),
-                "infos": self.infos.state(self.ledger.stored_seqs() if self.options.store_infos
-                                          else np.zeros(0, np.int64)),
-                "sequence_rng": self._sequence_rng.bit_generator.state}
-
-    def _load_adapter_state(self, state: dict[str, Any]) -> None:
-        if "ledger" not in state:
-            raise StateError("replay buffer state: expected 'ledger' (the stored episodes), it is missing (a state "
-                             "older than it). Fix: restore a checkpoint this version wrote; nothing was loaded")
-        self.ingest.load(state)
-        self._sampled = int(state["sampled"])
-        self.ledger.load(state["ledger"])
-        if "infos" in state:
-            self.infos.load(state["infos"])
-        else:   # written before 2026-11-30, without infos: the restored rows get RLlib's default, {}
-            seqs = self.ledger.stored_seqs() if self.options.store_infos else np.zeros(0, np.int64)
-            self.infos.load({"seqs": seqs.tolist(), "obs": [{}] * len(seqs), "next": [{}] * len(seqs)})
-        if "sequence_rng" in state:
-            self._sequence_rng.bit_generator.state = state["sequence_rng"]
 
     def close(self) -> None:
         if self.edp is not None:
