@@ -115,12 +115,12 @@ class BackgroundWorker(threading.Thread):
                 err.__cause__ = exc
                 err.rejected_tickets = tickets  # type: ignore[attr-defined]
                 self._errors.report_locked(err)
-        finally:
+        finally:   # the metrics first: a flush() that sees the group stored sees its counts too
+            self._metrics.add_busy("ingest", time.perf_counter() - t0,
+                                   items_in=sum(r.rows for r in group), items_out=out_items)
             with self._cond:
                 self._ingestion.group_done_locked(group)
                 self._cond.notify_all()
-        self._metrics.add_busy("ingest", time.perf_counter() - t0,
-                               items_in=sum(r.rows for r in group), items_out=out_items)
 
     def _prefetch(self, request: DeliveryRequest) -> None:
         """Run the delivery operator for ``request`` and queue its batches; their validity is
@@ -134,12 +134,13 @@ class BackgroundWorker(threading.Thread):
                 t0 = time.perf_counter()
                 try:
                     prepared = self._run_delivery_operator(request, PREFETCH_TIMEOUT_S)
+                    self._metrics.add_busy("deliver", time.perf_counter() - t0,
+                                           items_out=sum(p.items for p in prepared))   # (before it can be taken)
                     with self._cond:
                         self._prepared.add_locked(prepared)
                 finally:
                     with self._cond:
                         self._prepared.prefetch_finished_locked()
-            self._metrics.add_busy("deliver", time.perf_counter() - t0, items_out=sum(p.items for p in prepared))
         except Exception as exc:  # noqa: BLE001
             if isinstance(exc, RateLimitError):
                 return  # not allowed yet; the caller's own deliver will wait or raise

@@ -48,10 +48,11 @@ from .sampling_args import PLAIN_FIELDS, PLAIN_N_STEP, replay_args
 from .schedule import Schedule
 from .episodes import EPISODE_END_RULES
 from .workers import make_transformer
+from .edp_placement import PlacementMixin
 from .edp_state import EDP_STATE_VERSION, checked_counters
 
 
-class ExperienceDataPlane:
+class ExperienceDataPlane(PlacementMixin):
     """The facade adapters drive. Keyword-only; see the module docstring."""
 
     def __init__(self, *, buffer: ExperienceBuffer, schedule: Schedule | None = None,
@@ -124,16 +125,24 @@ class ExperienceDataPlane:
     def ingest_many(self, rollouts: list[Mapping[str, Any] | Rollout], *, timeout: float | None = None) -> list[int]:
         """Accept several rollouts at once (granularity g_ing: one operator call for the group,
         so hooks can vectorise across them). Items are dicts of columns or ``Rollout``s
-        (with their own source and policy_version). Returns their tickets."""
+        (with their own source and policy_version). Returns their tickets. A call that fails part
+        way names what it took: ``stored_tickets`` (sequential) or ``accepted_tickets`` (queued)."""
         if self._inline_ingest:
             if self.closed or self._errors.kept:
                 with self._metrics.blocked("ingest"):   # (a refused call counts, as on every route)
                     self._check_usable()
             return self.ingestion.ingest_many_inline(rollouts, timeout)   # (it records the call's time)
-        return [self.ingest(r.data if isinstance(r, Rollout) else r,
-                            source=r.source if isinstance(r, Rollout) else 0,
-                            policy_version=r.policy_version if isinstance(r, Rollout) else 0, timeout=timeout)
-                for r in rollouts]
+        tickets: list[int] = []
+        try:
+            for r in rollouts:
+                tickets.append(self.ingest(r.data if isinstance(r, Rollout) else r,
+                                           source=r.source if isinstance(r, Rollout) else 0,
+                                           policy_version=r.policy_version if isinstance(r, Rollout) else 0,
+                                           timeout=timeout))
+        except BaseException as exc:   # the ones before it were accepted (queued): named, so a retry sends only the rest
+            exc.accepted_tickets = tickets  # type: ignore[attr-defined]
+            raise
+        return tickets
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every accepted rollout is stored (visible to delivery)."""
@@ -234,54 +243,31 @@ class ExperienceDataPlane:
         self._check_usable()
         if schedule == self.schedule:
             return
-        self.flush()
-        if self._thread is not None:
+        with self._cond:   # rollouts that come during the switch are refused, not left queued for no worker
+            self.ingestion.refusing = "reschedule"
+        try:
+            self.flush()
+            if self._thread is not None:
+                with self._cond:
+                    self._thread.request_stop_locked()
+                self._thread.join(timeout=self.schedule.timeout)
+                self._thread = None
+            keep = (self._transformer is not None and schedule.is_overlapped
+                    and schedule.worker == self.schedule.worker and schedule.timeout == self.schedule.timeout)
+            if self._transformer is not None and not keep:
+                self._transformer.close()
+                self._transformer = None
             with self._cond:
-                self._thread.request_stop_locked()
-            self._thread.join(timeout=self.schedule.timeout)
-            self._thread = None
-        keep = (self._transformer is not None and schedule.is_overlapped and schedule.worker == self.schedule.worker
-                and schedule.timeout == self.schedule.timeout)
-        if self._transformer is not None and not keep:
-            self._transformer.close()
-            self._transformer = None
-        with self._cond:
-            self._prepared.reset_locked()
-            self.schedule = self.ingestion.schedule = schedule
-            self._choose_routes()   # (the old worker is joined; a new one starts below)
-            self.buffer.reserve_prepared_outputs(schedule.max_prepared)
+                self._prepared.reset_locked()
+                self.schedule = self.ingestion.schedule = schedule
+                self._choose_routes()   # (the old worker is joined; a new one starts below)
+                self.buffer.reserve_prepared_outputs(schedule.max_prepared)
+        finally:
+            with self._cond:
+                self.ingestion.refusing = None
         if schedule.is_overlapped:
             self._start_worker()
         self._raise_error()
-
-    # -------------------------------------------------------------- placement
-    def migrate(self, *, shards, capacity: int | None = None, background: bool = True,
-                max_hold_s: float = 0.002, chunk_bytes: int | None = None):
-        """Move the buffer to ``shards`` (optionally growing ``capacity``) while ingestion and
-        delivery go on. Returns a handle whose ``wait()`` joins the copy (background), or
-        None after a blocking migration. Prepared deliveries are dropped (their rows may move).
-        In the background, each chunk of the copy holds the buffer's lock about ``max_hold_s``
-        (the longest a delivery or insert waits for it); ``chunk_bytes`` fixes the chunk size
-        instead. A blocking migration copies in the largest chunks, since everything waits
-        for it anyway."""
-        from .migration import MAX_CHUNK_BYTES, BackgroundMigration, begin_migration
-        self._check_usable()
-        with self._cond:
-            self._prepared.drop_locked()
-        m = begin_migration(self.buffer, shards=shards, capacity=capacity, max_hold_s=max_hold_s,
-                            chunk_bytes=chunk_bytes if background else MAX_CHUNK_BYTES, start=not background)
-        if background:
-            return BackgroundMigration(m)
-        m.finish()
-        return None
-
-    def replan(self, plan, topology, *, background: bool = True, max_hold_s: float = 0.002,
-               chunk_bytes: int | None = None):
-        """Carry out a placement ``Plan`` (see placement.plan) on ``topology``: one shard per
-        assigned tier (a 'remote' tier's name is the Ray custom resource of its node)."""
-        from .placement import shard_specs
-        return self.migrate(shards=shard_specs(plan, topology), capacity=sum(a.slots for a in plan.assignments),
-                            background=background, max_hold_s=max_hold_s, chunk_bytes=chunk_bytes)
 
     # ----------------------------------------------------------------- worker
     def _start_worker(self) -> None:
@@ -362,6 +348,9 @@ class ExperienceDataPlane:
         if self.closed:
             return
         first_error: BaseException | None = None
+        with self._cond:   # from here a rollout that comes is refused: what is queued is all there is to store
+            self.ingestion.refusing = "close"
+            self._cond.notify_all()
         if flush and self._thread is not None:
             try:
                 self.flush(timeout)
@@ -374,8 +363,10 @@ class ExperienceDataPlane:
                 self.ingestion.drop_queued_locked()
         if self._thread is not None:
             self._thread.join(timeout=self.schedule.timeout)
-            if self._thread.is_alive():  # pragma: no cover - defensive
-                first_error = first_error or WorkerError("the worker thread did not stop in time")
+            if self._thread.is_alive():   # its memory stays: freed under a running worker, a store would write into freed pages
+                raise WorkerError(f"close(): the worker thread did not stop within {self.schedule.timeout:g} s (a "
+                                  "hook or a store still running); the buffer was left open. Fix: call close() again "
+                                  "once it returns") from first_error
         if self._transformer is not None:
             self._transformer.close()
         self.closed = True

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 from .background_errors import BackgroundErrors
 from .buffer import ExperienceBuffer
-from .errors import CapacityError, ExperienceTimeout, SpecError
+from .errors import CapacityError, ClosedError, ConfigError, ExperienceTimeout, SpecError
 from .hooks import Rollout
 from .metrics import MetricsRecorder
 from .rate_gate import BufferCondition
@@ -66,6 +66,10 @@ class IngestionPoint:
         self.accepted_rows = 0
         self.committed_rows = 0
         self.busy = False
+        # set under the condition by close() and reschedule() before they drain the queue: a rollout
+        # that comes after is refused (ClosedError / ConfigError), never queued for a worker that is leaving
+        self.refusing: str | None = None
+        self.enqueued = self.finished = 0         # rollouts queued, and taken off the queue stored or failed
 
     def ingest(self, data: Mapping[str, Any], *, source: int, policy_version: int, timeout: float | None) -> int:
         """Accept one rollout: stored before returning (sequential) or queued (overlapped)."""
@@ -83,28 +87,12 @@ class IngestionPoint:
         rollout = Rollout(data=data, source=int(source), policy_version=int(policy_version),
                           ticket=ticket, rows=rows)
         if not self.schedule.is_overlapped:
-            t0 = time.perf_counter()
-            self.accepted_rows += rows
-            try:
-                if validated is not None:  # no hooks: encode what was validated, once
-                    n, cols = validated
-                    enc = [Encoded(ticket, rollout.source, rollout.policy_version, rows, n,
-                                   self._buffer.spec.encode(cols))]
-                else:
-                    enc = InlineTransformer(self._buffer.spec, self.hooks).transform([rollout])
-                self.commit(enc, timeout)
-            except BaseException:
-                self.accepted_rows -= rows  # rejected, not accepted
-                raise
-            finally:
-                self.committed_rows = self.accepted_rows
-            self._metrics.add_busy("ingest", time.perf_counter() - t0, items_in=rows,
-                                   items_out=sum(e.n for e in enc))
-            return ticket
+            return self._store_now(rollout, validated, timeout)
         limit = self.schedule.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         with self._cond:
-            while len(self.pending) >= self.schedule.queue_size:
+            while self.refusing is None and self.schedule.is_overlapped and \
+                    len(self.pending) >= self.schedule.queue_size:
                 self._errors.raise_locked()
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -113,11 +101,42 @@ class IngestionPoint:
                         f"{limit:g} s. Fix: the learner must deliver (rate limits / FIFO space), or raise "
                         "Schedule.queue_size.")
                 self._cond.wait(min(left, 0.05))
-            self.pending.append(rollout)
+            if self.refusing is not None:
+                raise self.refusal_locked()
+            if self.schedule.is_overlapped:   # (checked under the lock: a reschedule may have come in between)
+                self.pending.append(rollout)
+                self.enqueued += 1
+                self.accepted_rows += rows
+                self._metrics.set_queue("ingest", len(self.pending))
+                self._cond.notify_all()
+                return ticket
+        return self._store_now(rollout, validated, timeout)   # no worker to queue for now: stored here
+
+    def _store_now(self, rollout: Rollout, validated, timeout: float | None) -> int:
+        """``ingest``'s sequential route: the rollout stored before returning. Its rows count as
+        accepted while it is stored (a prepared batch drawn meanwhile is stale) and as committed
+        once it is; both counts under the lock, as other callers may be storing too."""
+        t0 = time.perf_counter()
+        rows = rollout.rows
+        with self._cond.mutex:
             self.accepted_rows += rows
-            self._metrics.set_queue("ingest", len(self.pending))
-            self._cond.notify_all()
-        return ticket
+        try:
+            if validated is not None:  # no hooks: encode what was validated, once
+                n, cols = validated
+                enc = [Encoded(rollout.ticket, rollout.source, rollout.policy_version, rows, n,
+                               self._buffer.spec.encode(cols))]
+            else:
+                enc = InlineTransformer(self._buffer.spec, self.hooks).transform([rollout])
+            self.commit(enc, timeout)
+        except BaseException:
+            with self._cond.mutex:
+                self.accepted_rows -= rows  # rejected, not accepted
+            raise
+        with self._cond.mutex:
+            self.committed_rows += rows
+        self._metrics.add_busy("ingest", time.perf_counter() - t0, items_in=rows,
+                               items_out=sum(e.n for e in enc))
+        return rollout.ticket
 
     def ingest_many_inline(self, rollouts: list[Mapping[str, Any] | Rollout], timeout: float | None) -> list[int]:
         """Accept and store several rollouts in one operator call (sequential schedule), so
@@ -155,14 +174,17 @@ class IngestionPoint:
             except BaseException as exc:
                 # the rollouts stored before the failure stay stored, and are counted as such
                 stored = set(getattr(exc, "stored_tickets", ()))
-                self.accepted_rows += sum(r.rows for r in accepted if r.ticket in stored)
-                self.committed_rows = self.accepted_rows
+                done = sum(r.rows for r in accepted if r.ticket in stored)
+                with self._cond.mutex:   # (counts under the lock: other callers may be storing too)
+                    self.accepted_rows += done
+                    self.committed_rows += done
                 raise
         except BaseException:
             self._metrics.add_blocked("ingest", time.perf_counter() - t0)
             raise
-        self.accepted_rows += rows
-        self.committed_rows = self.accepted_rows
+        with self._cond.mutex:
+            self.accepted_rows += rows
+            self.committed_rows += rows
         self._metrics.add_call("ingest", time.perf_counter() - t0, items_in=rows,
                                items_out=rows if enc is accepted else sum(e.n for e in enc))
         return [enc[0].ticket] if len(enc) == 1 else [e.ticket for e in enc]   # (the lone case: no frame)
@@ -183,22 +205,23 @@ class IngestionPoint:
             stored = self._buffer.inline_insert.insert(parts)
         except BaseException as exc:   # (a copy that failed: the rollouts before it are stored, as commit says)
             k = getattr(exc, "stored_parts", 0)
+            done = sum(as_numpy_rows(data) for data, _, _ in parts[:k])
             with self._cond.mutex:
                 first_ticket = self.ticket
                 self.ticket += len(parts)
+                self.accepted_rows += done
+                self.committed_rows += done
             if len(parts) > 1:   # (commit's name for them; a lone rollout's route names none)
                 exc.stored_tickets = list(range(first_ticket, first_ticket + k))  # type: ignore[attr-defined]
-            self.accepted_rows += sum(as_numpy_rows(data) for data, _, _ in parts[:k])
-            self.committed_rows = self.accepted_rows
             raise
         if stored is None:
             return None
-        with self._cond.mutex:
+        rows = stored[0][1] if len(stored) == 1 else sum(n for _, n in stored)
+        with self._cond.mutex:   # (tickets and counts in one hold: other callers may be storing too)
             first_ticket = self.ticket
             self.ticket += len(stored)
-        rows = stored[0][1] if len(stored) == 1 else sum(n for _, n in stored)
-        self.accepted_rows += rows
-        self.committed_rows = self.accepted_rows
+            self.accepted_rows += rows
+            self.committed_rows += rows
         return [first_ticket] if len(stored) == 1 else list(range(first_ticket, first_ticket + len(stored))), rows
 
     def commit(self, encoded: list[Encoded], timeout: float | None) -> None:
@@ -224,17 +247,19 @@ class IngestionPoint:
 
     def wait_stored(self, allowed_missing: int, timeout: float | None, what: str) -> None:
         """Block until at most ``allowed_missing`` accepted rows are not stored yet; with 0,
-        also until nothing is queued or being stored (a rollout may have no rows). Raises a
-        background failure as soon as one is reported; ``what`` names the call in a timeout."""
+        until every rollout queued before the call is stored (or failed and reported: a rollout
+        may have no rows), however many come meanwhile. Raises a background failure as soon as
+        one is reported; ``what`` names the call in a timeout."""
         if not self.schedule.is_overlapped:
             return
         limit = self.schedule.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         with self._cond:
+            target = self.enqueued   # with 0: the rollouts queued before the call (not those that come after)
             while True:
                 self._errors.raise_locked()
-                if self.accepted_rows - self.committed_rows <= allowed_missing and \
-                        (allowed_missing > 0 or not self.pending and not self.busy):
+                if (self.finished >= target) if allowed_missing == 0 else \
+                        self.accepted_rows - self.committed_rows <= allowed_missing:
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -242,6 +267,14 @@ class IngestionPoint:
                         f"{what}: {self.accepted_rows - self.committed_rows} accepted rows were still not stored "
                         f"after {limit:g} s. Fix: check rate limits / FIFO space, or raise Schedule.timeout.")
                 self._cond.wait(min(left, 0.05))
+
+    def refusal_locked(self) -> BaseException:
+        """The error for a rollout that comes while ``refusing`` (not accepted: nothing taken)."""
+        if self.refusing == "close":
+            return ClosedError("ingest: the data plane is closing; this rollout was not accepted. Fix: stop "
+                               "ingesting before close(), or build a new ExperienceDataPlane")
+        return ConfigError("ingest", "no schedule change in progress", "reschedule() switching the worker",
+                           "ingest again once reschedule() returned (this rollout was not accepted)")
 
     def take_group_locked(self, g: int) -> list[Rollout]:
         """Up to ``g`` queued rollouts, oldest first, for the worker to store (``busy`` until
@@ -256,9 +289,11 @@ class IngestionPoint:
         """The worker stored ``group``, or failed for good (the failure is reported): either
         way its rows are no longer missing."""
         self.committed_rows += sum(r.rows for r in group)
+        self.finished += len(group)
         self.busy = False
 
     def drop_queued_locked(self) -> None:
+        self.finished += len(self.pending)
         self.pending.clear()
 
     def restore_counts_locked(self, *, ticket: int, rows: int) -> None:
