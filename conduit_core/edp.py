@@ -323,12 +323,13 @@ class ExperienceDataPlane(PlacementMixin):
 
     def state_dict(self) -> dict:
         """Flush, drop prepared batches (undoing their draws), then the buffer's state plus
-        the data plane's counters."""
+        the data plane's counters. ``rows`` counts the rows stored (committed), not those
+        accepted: a rollout another thread queues meanwhile is not in the state, nor counted."""
         self.flush()
         with self._cond:
             self._prepared.reset_locked()  # before the RNG is saved
             return {"edp_version": EDP_STATE_VERSION, "buffer": self.buffer.state_dict(),
-                    "ticket": self.ingestion.ticket, "rows": self.ingestion.accepted_rows,
+                    "ticket": self.ingestion.ticket, "rows": self.ingestion.committed_rows,
                     "priority_version": self._priority_version}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

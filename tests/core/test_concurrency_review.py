@@ -159,3 +159,31 @@ def test_metrics_read_after_flush_count_every_stored_row(monkeypatch):
         m = edp.metrics()
         assert m.ingest.items_in == m.ingest.items_out == buf.inserted == 3 * (i + 1)
     edp.close()
+
+
+def test_a_state_taken_while_another_thread_ingests_counts_no_row_it_does_not_hold():
+    """``rows`` used to be the rows accepted, a rollout queued after the state's flush included
+    (above the rows the state holds); now the rows stored. The rollout is queued in that gap
+    here, its store held in a hook."""
+    gate = threading.Event()
+
+    def hold_tag_7(rollouts):
+        if any(r.data["obs"][0, 1] == 7 for r in rollouts):
+            gate.wait(10)
+        return rollouts
+    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform())
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(), ingest_hooks=[hold_tag_7])
+    edp.ingest(rollout(8))
+    flush = edp.flush
+
+    def flush_then_another_thread_ingests(*args, **kwargs):
+        flush(*args, **kwargs)
+        edp.ingest(rollout(4, 100, source_tag=7.0), source=1)   # queued once the flush returned
+    edp.flush = flush_then_another_thread_ingests
+    state = edp.state_dict()
+    del edp.flush
+    assert state["rows"] == state["buffer"]["counters"]["inserted"] == 8
+    gate.set()
+    edp.flush()
+    assert buf.inserted == 12
+    edp.close()
