@@ -145,7 +145,7 @@ class ExperienceDataPlane(PlacementMixin):
         return tickets
 
     def flush(self, timeout: float | None = None) -> None:
-        """Block until every accepted rollout is stored (visible to delivery)."""
+        """Block until every rollout accepted before the call is stored (visible to delivery)."""
         self._check_usable()
         self.ingestion.wait_stored(0, timeout, "flush")
 
@@ -240,7 +240,7 @@ class ExperienceDataPlane(PlacementMixin):
         change of granularity or depth is cheap."""
         if not isinstance(schedule, Schedule):
             raise ConfigError("schedule", "a Schedule", type(schedule).__name__, "use Schedule.sequential() ...")
-        self._check_usable()
+        self._check_usable(restarting=True)
         if schedule == self.schedule:
             return
         with self._cond:   # rollouts that come during the switch are refused, not left queued for no worker
@@ -262,11 +262,13 @@ class ExperienceDataPlane(PlacementMixin):
                 self.schedule = self.ingestion.schedule = schedule
                 self._choose_routes()   # (the old worker is joined; a new one starts below)
                 self.buffer.reserve_prepared_outputs(schedule.max_prepared)
+            if schedule.is_overlapped:   # (before rollouts are let in: one that fails to start refuses them)
+                self._start_worker()
         finally:
             with self._cond:
-                self.ingestion.refusing = None
-        if schedule.is_overlapped:
-            self._start_worker()
+                if self.ingestion.refusing == "reschedule":   # (a close() that came meanwhile keeps refusing)
+                    self.ingestion.refusing = None
+                self._cond.notify_all()
         self._raise_error()
 
     # ----------------------------------------------------------------- worker
@@ -306,11 +308,15 @@ class ExperienceDataPlane(PlacementMixin):
         with self._cond:
             self._errors.raise_locked()
 
-    def _check_usable(self) -> None:
+    def _check_usable(self, *, restarting: bool = False) -> None:
         if self.closed:
             raise ClosedError("the data plane is closed. Fix: build a new ExperienceDataPlane.")
         if self._thread is not None and not self._thread.is_alive() and not self._thread.stop_requested:
             raise WorkerError("the background worker is gone. Fix: close() and build a new data plane.")
+        if self._thread is None and self.schedule.is_overlapped and self.ingestion.refusing is None \
+                and not restarting:
+            raise WorkerError("the background worker did not start (reschedule() raised why). Fix: reschedule() "
+                              "to a schedule whose worker starts (e.g. Schedule.sequential()), or close()")
         if self._errors.kept:   # (every data-plane call comes here: no call when nothing was reported)
             self._raise_error()
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 from .background_errors import BackgroundErrors
 from .buffer import ExperienceBuffer
-from .errors import CapacityError, ClosedError, ConfigError, ExperienceTimeout, SpecError
+from .errors import CapacityError, ClosedError, ExperienceTimeout, SpecError
 from .hooks import Rollout
 from .metrics import MetricsRecorder
 from .rate_gate import BufferCondition
@@ -42,7 +42,7 @@ class IngestionPoint:
       rollouts; return their tickets. The data plane checks it is usable first.
     - ``commit(encoded, timeout)``: store encoded rollouts in order (inline, and for the worker).
     - ``wait_stored(allowed_missing, timeout, what)``: block until at most that many accepted
-      rows are not stored yet (0: and nothing is queued or being stored).
+      rows are not stored yet (0: until every rollout queued before the call is stored).
     - ``take_group_locked(g)`` / ``group_done_locked(group)``: the worker's side of the queue.
     - ``drop_queued_locked()``: forget what is queued (closing without a flush).
     - ``restore_counts_locked(ticket, rows)``: continue from a loaded state.
@@ -66,8 +66,9 @@ class IngestionPoint:
         self.accepted_rows = 0
         self.committed_rows = 0
         self.busy = False
-        # set under the condition by close() and reschedule() before they drain the queue: a rollout
-        # that comes after is refused (ClosedError / ConfigError), never queued for a worker that is leaving
+        # set under the condition before the queue is drained: "close" (a rollout that comes after is
+        # refused: ClosedError) or "reschedule" (it waits for the switch, then goes the new schedule's
+        # way); never queued for a worker that is leaving
         self.refusing: str | None = None
         self.enqueued = self.finished = 0         # rollouts queued, and taken off the queue stored or failed
 
@@ -91,18 +92,23 @@ class IngestionPoint:
         limit = self.schedule.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         with self._cond:
-            while self.refusing is None and self.schedule.is_overlapped and \
-                    len(self.pending) >= self.schedule.queue_size:
+            while self.refusing != "close" and (self.refusing == "reschedule" or (
+                    self.schedule.is_overlapped and len(self.pending) >= self.schedule.queue_size)):
                 self._errors.raise_locked()
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    if self.refusing == "reschedule":
+                        raise ExperienceTimeout(f"ingest: a reschedule() did not finish within {limit:g} s; this "
+                                                "rollout was not accepted. Fix: ingest it again")
                     raise ExperienceTimeout(
                         f"ingest: the ingestion queue stayed full ({self.schedule.queue_size} rollouts) for "
                         f"{limit:g} s. Fix: the learner must deliver (rate limits / FIFO space), or raise "
                         "Schedule.queue_size.")
                 self._cond.wait(min(left, 0.05))
-            if self.refusing is not None:
-                raise self.refusal_locked()
+            if self.refusing == "close":
+                raise ClosedError("ingest: the data plane is closing; this rollout was not accepted (its ticket "
+                                  "number is skipped). Fix: stop ingesting before close(), or build a new "
+                                  "ExperienceDataPlane")
             if self.schedule.is_overlapped:   # (checked under the lock: a reschedule may have come in between)
                 self.pending.append(rollout)
                 self.enqueued += 1
@@ -268,14 +274,6 @@ class IngestionPoint:
                         f"after {limit:g} s. Fix: check rate limits / FIFO space, or raise Schedule.timeout.")
                 self._cond.wait(min(left, 0.05))
 
-    def refusal_locked(self) -> BaseException:
-        """The error for a rollout that comes while ``refusing`` (not accepted: nothing taken)."""
-        if self.refusing == "close":
-            return ClosedError("ingest: the data plane is closing; this rollout was not accepted. Fix: stop "
-                               "ingesting before close(), or build a new ExperienceDataPlane")
-        return ConfigError("ingest", "no schedule change in progress", "reschedule() switching the worker",
-                           "ingest again once reschedule() returned (this rollout was not accepted)")
-
     def take_group_locked(self, g: int) -> list[Rollout]:
         """Up to ``g`` queued rollouts, oldest first, for the worker to store (``busy`` until
         ``group_done_locked``)."""
@@ -297,6 +295,10 @@ class IngestionPoint:
         self.pending.clear()
 
     def restore_counts_locked(self, *, ticket: int, rows: int) -> None:
-        """Continue from a loaded state: the next ticket, and ``rows`` accepted and stored."""
+        """Continue from a loaded state: the next ticket, and ``rows`` accepted and stored. Rows
+        accepted and not stored yet (a caller storing on another thread) stay counted as such:
+        each caller adds its own rows to ``committed_rows`` when they are stored."""
         self.ticket = ticket
-        self.accepted_rows = self.committed_rows = rows
+        in_flight = self.accepted_rows - self.committed_rows
+        self.committed_rows = rows
+        self.accepted_rows = rows + in_flight

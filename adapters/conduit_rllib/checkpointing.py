@@ -5,7 +5,9 @@ before anything is written), writes RLlib's checkpoint as usual, then the buffer
 beside it as ``conduit_replay_buffer.bin`` (Conduit's pickle-free format, a checksum per
 section), through the same pyarrow filesystem RLlib writes to: written whole under a
 temporary name, then moved over the old file, so an earlier checkpoint's buffer is never
-left empty or torn. ``restore_from_path`` (used by
+left empty or torn. A buffer file that cannot be written once RLlib's files are is removed
+with the old one: the checkpoint then fails its restore (or restores an empty buffer with
+``restore_missing_buffer``) instead of pairing this save's algorithm with older rows. ``restore_from_path`` (used by
 ``Algorithm.from_checkpoint`` and ``algo.restore_from_path``) reads and checks that file
 and loads the buffer (all or nothing) *before* RLlib restores anything: a missing,
 truncated or damaged buffer file fails the restore with ``StateError`` and the algorithm
@@ -46,9 +48,19 @@ class BufferCheckpointMixin:
         if blob is not None:
             fs, where = _fs(path, filesystem)
             final, tmp = f"{where}/{BUFFER_FILE}", f"{where}/{BUFFER_FILE}.tmp"
-            with fs.open_output_stream(tmp) as fh:   # written whole, then moved over the old file
-                fh.write(blob)
-            fs.move(tmp, final)
+            try:
+                with fs.open_output_stream(tmp) as fh:   # written whole, then moved over the old file
+                    fh.write(blob)
+                fs.move(tmp, final)
+            except BaseException:
+                # RLlib's files are this save's now: an older buffer file beside them would restore
+                # silently with the wrong rows; without one the restore fails and says so
+                for stale in (tmp, final):
+                    try:
+                        fs.delete_file(stale)
+                    except Exception:  # noqa: BLE001 - not there (or gone with the disk): nothing to remove
+                        pass
+                raise
         return path
 
     def restore_from_path(self, path, *args, **kwargs):

@@ -183,3 +183,44 @@ def test_a_restore_into_another_capacity_names_rllibs_capacity():
         c.set_state(state)
     for buf in (a, b, c):
         buf.close()
+
+
+def test_a_buffer_file_that_cannot_be_written_after_rllibs_leaves_a_checkpoint_that_fails_its_restore(tmp_path):
+    """The old buffer file stayed beside this save's algorithm state and restored silently."""
+    import pyarrow.fs
+
+    class DiskFullPartWay:   # a filesystem whose buffer write fails after 10 bytes (ENOSPC)
+        def __init__(self):
+            self.fs = pyarrow.fs.LocalFileSystem()
+
+        def open_output_stream(self, path):
+            stream = self.fs.open_output_stream(path)
+
+            class Writer:
+                def __enter__(self):
+                    return self
+
+                def __exit__(self, *exc):
+                    stream.close()
+
+                def write(self, data):
+                    stream.write(data[:10])
+                    raise OSError(28, "No space left on device")
+            return Writer()
+
+        def move(self, src, dst):
+            self.fs.move(src, dst)
+
+        def delete_file(self, path):
+            self.fs.delete_file(path)
+    import os
+    algo, ckpt = _algo(), str(tmp_path / "ckpt")
+    algo.local_replay_buffer.add(make_chunks(0, episodes=3)[0])
+    algo.iteration = 10
+    algo.save_to_path(ckpt)
+    algo.iteration = 20
+    with pytest.raises(OSError):
+        algo.save_to_path(ckpt, filesystem=DiskFullPartWay())
+    assert sorted(os.listdir(ckpt)) == ["algorithm_state.txt"]
+    with pytest.raises(StateError, match="expected the replay buffer file"):
+        _algo().restore_from_path(ckpt)
