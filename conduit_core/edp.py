@@ -243,7 +243,7 @@ class ExperienceDataPlane(PlacementMixin):
         self._check_usable(restarting=True)
         if schedule == self.schedule:
             return
-        with self._cond:   # rollouts that come during the switch are refused, not left queued for no worker
+        with self._cond:   # rollouts that come during the switch wait for it (not queued for a worker that leaves)
             self.ingestion.refusing = "reschedule"
         try:
             self.flush()

@@ -88,26 +88,41 @@ def test_a_worker_that_fails_to_start_in_reschedule_refuses_rollouts_until_a_sch
     edp.close()
 
 
+class _HoldTag7:
+    """An ingest hook that holds a rollout tagged 7 (``obs[:, 1]``) until ``gate`` is set, and
+    says when it holds one (``entered``): a store caught half way, on a thread of the test's choosing."""
+
+    def __init__(self):
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def __call__(self, rollouts):
+        if any(r.data["obs"][0, 1] == 7 for r in rollouts):
+            self.entered.set()
+            self.gate.wait(10)
+        return rollouts
+
+
+def _held_sequential_plane():
+    """A sequential plane drawing two batches per call (staleness 0) with 8 rows stored, and a
+    thread whose 4-row rollout is held in its hook: counted as accepted, not stored."""
+    hold = _HoldTag7()
+    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=0)
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential(delivery_granularity=2, staleness=0),
+                              ingest_hooks=[hold])
+    edp.ingest(rollout(8))
+    held = threading.Thread(target=lambda: edp.ingest(rollout(4, 100, source_tag=7.0), source=1))
+    return buf, edp, hold, held
+
+
 def test_a_load_while_another_threads_ingest_is_being_stored_keeps_its_rows_counted_as_in_flight():
     """The load set accepted = committed; the in-flight caller then added its rows to committed
     only, so the staleness guard was off by them for good and handed out a stale spare batch."""
-    gate, entered = threading.Event(), threading.Event()
-
-    def hold_tag_7(rollouts):
-        if any(r.data["obs"][0, 1] == 7 for r in rollouts):
-            entered.set()
-            gate.wait(10)
-        return rollouts
-    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=0)
-    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential(delivery_granularity=2, staleness=0),
-                              ingest_hooks=[hold_tag_7])
-    edp.ingest(rollout(8))
+    buf, edp, hold, a = _held_sequential_plane()
     state = edp.state_dict()
-    a = threading.Thread(target=lambda: edp.ingest(rollout(4, 100, source_tag=7.0), source=1))
     a.start()
-    assert entered.wait(5)
+    assert hold.entered.wait(5)
     edp.load_state_dict(state)
-    gate.set()
+    hold.gate.set()
     a.join()
     assert edp.ingestion.accepted_rows == edp.ingestion.committed_rows == buf.inserted == 12
     edp.deliver(4)   # draws two: one kept
@@ -120,23 +135,12 @@ def test_a_spare_batch_drawn_before_another_threads_rows_were_stored_is_not_hand
     """Sequential, two batches per draw, staleness 0: thread A's rollout is held in its hook
     (counted, not stored) while B's completes; B's count used to mark A's rows committed, so the
     spare drawn then passed as fresh once A's ingest had returned."""
-    gate, entered = threading.Event(), threading.Event()
-
-    def hold_tag_7(rollouts):
-        if any(r.data["obs"][0, 1] == 7 for r in rollouts):
-            entered.set()
-            gate.wait(10)
-        return rollouts
-    buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform(), seed=0)
-    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential(delivery_granularity=2, staleness=0),
-                              ingest_hooks=[hold_tag_7])
-    edp.ingest(rollout(8))
-    a = threading.Thread(target=lambda: edp.ingest(rollout(4, 100, source_tag=7.0), source=1))
+    buf, edp, hold, a = _held_sequential_plane()
     a.start()
-    assert entered.wait(5)
+    assert hold.entered.wait(5)
     edp.ingest(rollout(4, 200), source=2)
     edp.deliver(4)   # draws two batches: one handed out, one kept
-    gate.set()
+    hold.gate.set()
     a.join()
     b = edp.deliver(4)
     assert b.inserted_at_selection == buf.inserted == 16
@@ -208,14 +212,9 @@ def test_a_state_taken_while_another_thread_ingests_counts_no_row_it_does_not_ho
     """``rows`` used to be the rows accepted, a rollout queued after the state's flush included
     (above the rows the state holds); now the rows stored. The rollout is queued in that gap
     here, its store held in a hook."""
-    gate = threading.Event()
-
-    def hold_tag_7(rollouts):
-        if any(r.data["obs"][0, 1] == 7 for r in rollouts):
-            gate.wait(10)
-        return rollouts
+    hold = _HoldTag7()
     buf = ExperienceBuffer(spec=SPEC, capacity=1000, selector=Uniform())
-    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(), ingest_hooks=[hold_tag_7])
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(), ingest_hooks=[hold])
     edp.ingest(rollout(8))
     flush = edp.flush
 
@@ -226,7 +225,7 @@ def test_a_state_taken_while_another_thread_ingests_counts_no_row_it_does_not_ho
     state = edp.state_dict()
     del edp.flush
     assert state["rows"] == state["buffer"]["counters"]["inserted"] == 8
-    gate.set()
+    hold.gate.set()
     edp.flush()
     assert buf.inserted == 12
     edp.close()
