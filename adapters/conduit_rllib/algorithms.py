@@ -33,6 +33,19 @@ class ConduitDQN(BufferCheckpointMixin, DQN):
         self.conduit_writers: dict[int, str] = {}   # source_ingest: env runner index -> its writer's id
         self.conduit_writers_for = None             # the buffer id they write for (a restore changes it)
 
+    def _create_local_replay_buffer_if_necessary(self, config):
+        """RLlib's buffer build, with the config's seed for Conduit's buffer: RLlib passes its
+        buffers none (they draw unseeded), and Conduit's draws follow ``ConduitOptions.seed``,
+        else this seed (else 0), so runs on different seeds draw differently and a run repeats."""
+        from .opt_in import BUFFER_TYPE
+        rb = config.get("replay_buffer_config") or {}
+        if rb.get("type") != BUFFER_TYPE or "seed" in rb:
+            return super()._create_local_replay_buffer_if_necessary(config)
+        from .replay_buffer import ConduitEpisodeReplayBuffer
+        kwargs = {k: v for k, v in rb.items() if k != "type"}
+        smoothing = self.config.metrics_num_episodes_for_smoothing
+        return ConduitEpisodeReplayBuffer(**kwargs, seed=self.config.seed, metrics_num_episodes_for_smoothing=smoothing)
+
     def training_step(self):
         """RLlib's DQN step. With ``source_ingest``, the remote env runners get writers once
         the buffer exists (after the first step's driver-side add, or a restore), and again

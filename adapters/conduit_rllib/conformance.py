@@ -112,12 +112,13 @@ class ReplaySession(Session):
         self.buf.edp.flush()
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
-        out = self.buf.sample(batch_size, n_step=1, gamma=0.99)
+        out = self.buf.sample(batch_size, sample_episodes=True, n_step=1, gamma=0.99)
         return learner_delivered(out[0].batch)
 
     def deliver_rows(self, batch_size, *, n_step, gamma, beta=None) -> DeliveredRows:
         kw = {} if beta is None else {"beta": beta}   # none passed: the buffer's default, as for RLlib's
-        return rows_of_batch(self.buf.sample(batch_size, n_step=n_step, gamma=gamma, **kw)[0].batch)
+        out = self.buf.sample(batch_size, sample_episodes=True, n_step=n_step, gamma=gamma, **kw)
+        return rows_of_batch(out[0].batch)
 
     def deliver_sequences(self, batch_size, *, length, lookback=0, min_length=0):
         return sequences_of(self.buf.sample(**_sequence_args(batch_size, length, lookback, min_length)))

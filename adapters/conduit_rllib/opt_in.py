@@ -34,11 +34,15 @@ def _enable_dqn(config, opts: ConduitOptions):
         raise ConfigError("framework", "'torch'", repr(config.framework_str), "call config.framework('torch')")
     rb = dict(config.replay_buffer_config)
     rb_type = rb.pop("type", "PrioritizedEpisodeReplayBuffer")
-    type_name = rb_type if isinstance(rb_type, str) else getattr(rb_type, "__name__", str(rb_type))
-    if type_name == BUFFER_TYPE:
+    if rb_type == BUFFER_TYPE:
         prioritized = rb.pop("prioritized", False)
     else:
-        prioritized = "Prioritized" in type_name
+        prioritized = buffer_kind(rb_type)
+    from ray.rllib.algorithms.dqn import DQN
+    from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
+    learner_cls = own_class(config.learner_class, DQNTorchLearner, ConduitDQNTorchLearner, "learner_class",
+                            "config.learners(learner_class=...)")
+    algo_cls = own_class(config.algo_class, DQN, ConduitDQN, "algo_class", "the config's algo_class")
     custom = custom_learner_pieces(config)
     if custom and opts.delivery == "columns":
         raise ConfigError("conduit_rllib.enable(delivery=...)", "'episodes' or None with learner connector pieces "
@@ -54,13 +58,59 @@ def _enable_dqn(config, opts: ConduitOptions):
     # Assigned, not merged through config.training(): a merge would keep the old type's keys.
     config.replay_buffer_config = {"type": BUFFER_TYPE, **keep, "prioritized": prioritized,
                                    "conduit": opts.to_dict(), "learner_shards": max(1, config.num_learners)}
-    config.learners(learner_class=ConduitDQNTorchLearner)
+    config.learners(learner_class=learner_cls)
     if opts.source_ingest:
         check_source_ingest(config)
         from .source_ingest import ConduitEnvRunner
         config.env_runners(env_runner_cls=ConduitEnvRunner)
-    config.algo_class = ConduitDQN
+    config.algo_class = algo_cls
     return config
+
+
+#: RLlib's two single-agent episode buffers, by the names ``replay_buffer_config["type"]`` takes
+RLLIB_BUFFERS = {"EpisodeReplayBuffer": False, "PrioritizedEpisodeReplayBuffer": True}
+
+
+def buffer_kind(rb_type) -> bool:
+    """Whether the buffer type a DQN config names is RLlib's prioritized one (True) or its
+    uniform one (False). Anything else is refused: Conduit's buffer stands in for exactly
+    these two, and a subclass's own overrides (or a multi-agent buffer) would be dropped."""
+    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+    from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
+    classes = {EpisodeReplayBuffer: False, PrioritizedEpisodeReplayBuffer: True}
+    if isinstance(rb_type, type) and rb_type in classes:
+        return classes[rb_type]
+    if isinstance(rb_type, str):
+        module, _, name = rb_type.rpartition(".")
+        if name in RLLIB_BUFFERS and module in ("", "ray.rllib.utils.replay_buffers",
+                                                f"ray.rllib.utils.replay_buffers.{_module_of(name)}"):
+            return RLLIB_BUFFERS[name]
+    shown = rb_type if isinstance(rb_type, str) else getattr(rb_type, "__qualname__", repr(rb_type))
+    raise ConfigError("replay_buffer_config['type']", "RLlib's EpisodeReplayBuffer or PrioritizedEpisodeReplayBuffer",
+                      repr(shown), "Conduit's buffer stands in for those two only (a subclass's overrides, or a "
+                      "multi-agent buffer, would be dropped): use one of them, or run without conduit_rllib")
+
+
+def _module_of(name: str) -> str:
+    return "prioritized_episode_buffer" if name == "PrioritizedEpisodeReplayBuffer" else "episode_replay_buffer"
+
+
+def own_class(current, default, conduit_cls, name: str, where: str):
+    """The class ``enable()`` sets for ``name``: Conduit's where the config holds RLlib's
+    default (or nothing), the config's own where it already subclasses Conduit's (an
+    ``enable()`` called again, or a user's class built on Conduit's). A user's subclass of
+    RLlib's class is refused: replacing it would drop its overrides (its loss, its training
+    step) without a word."""
+    if current is None or current is default:
+        return conduit_cls
+    if isinstance(current, type) and issubclass(current, conduit_cls):
+        return current
+    shown = getattr(current, "__qualname__", repr(current))
+    raise ConfigError(name, f"RLlib's {default.__name__} or a subclass of "
+                      f"{conduit_cls.__module__}.{conduit_cls.__name__}", shown,
+                      f"derive {shown} from {conduit_cls.__module__}.{conduit_cls.__name__} (RLlib's "
+                      f"{default.__name__} with Conduit's hooks) instead of {default.__name__}, and set it "
+                      f"through {where} before conduit_rllib.enable()")
 
 
 def custom_learner_pieces(config) -> str | None:

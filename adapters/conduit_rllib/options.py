@@ -7,6 +7,7 @@ from typing import Any
 
 from conduit_core.errors import ConfigError
 from conduit_core.schedule import Schedule
+from conduit_core.tiers import Tier
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,14 @@ class ConduitOptions:
             raise ConfigError("ring_slack", "a number in [0, 4]", repr(self.ring_slack),
                               "use e.g. 0.25 (a ring 25% larger than capacity)")
         self.to_schedule()  # validates mode/worker/staleness/depth
+        for name in ("restore_missing_buffer", "store_infos"):   # (a string "false" would be truthy)
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, "True or False", repr(getattr(self, name)),
+                                  f"pass {name}=True or {name}=False (a bool, not a string)")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ConfigError("seed", "None or an int >= 0", repr(self.seed),
+                              "pass an int such as 0, or None for the algorithm config's seed")
+        Tier.parse(self.tier, argument="tier")   # (a misspelt tier: refused here, not at the first add)
         if not isinstance(self.source_ingest, bool):
             raise ConfigError("source_ingest", "True or False", repr(self.source_ingest),
                               "pass source_ingest=True to have env runners write at the source")

@@ -23,6 +23,7 @@ count of minibatches, as in RLlib's own iterator.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -164,8 +165,31 @@ def enable_ppo(config, opts: ConduitOptions):
     from .algorithms import ConduitPPO
     if config.framework_str != "torch":
         raise ConfigError("framework", "'torch'", repr(config.framework_str), "call config.framework('torch')")
+    from ray.rllib.algorithms.ppo import PPO
+
+    from .opt_in import own_class
+    check_ppo_options(opts)
+    learner_cls = own_class(config.learner_class, PPOTorchLearner, ConduitPPOTorchLearner, "learner_class",
+                            "config.learners(learner_class=...)")
+    algo_cls = own_class(config.algo_class, PPO, ConduitPPO, "algo_class", "the config's algo_class")
     lcd = dict(config.learner_config_dict or {})
     lcd["conduit"] = opts.to_dict()
-    config.learners(learner_class=ConduitPPOTorchLearner, learner_config_dict=lcd)
-    config.algo_class = ConduitPPO
+    config.learners(learner_class=learner_cls, learner_config_dict=lcd)
+    config.algo_class = algo_cls
     return config
+
+
+#: the options PPO's path reads (``ConduitPPOTorchLearner.build``); every other one must keep its default
+PPO_OPTIONS = ("tier", "seed")
+
+
+def check_ppo_options(opts: ConduitOptions) -> None:
+    """PPO's on-policy path writes each train batch once and hands it to the minibatches in the
+    learner's own thread: the schedule, codec, delivery and replay options have nothing to act
+    on. One set to other than its default is refused, not silently ignored."""
+    default = ConduitOptions()
+    for f in dataclasses.fields(ConduitOptions):
+        if f.name not in PPO_OPTIONS and getattr(opts, f.name) != getattr(default, f.name):
+            raise ConfigError(f"conduit_rllib.enable({f.name}=...)", f"{getattr(default, f.name)!r} (its default) "
+                              f"for PPO, which reads only {', '.join(PPO_OPTIONS)}", repr(getattr(opts, f.name)),
+                              f"drop {f.name}= for PPO (it applies to DQN's replay buffer)")

@@ -49,6 +49,16 @@ class DeliveredBatch:
         return self.batch.size
 
 
+def check_rllib_n_step(n_step) -> None:
+    """An n-step range as RLlib's buffers take it: a tuple ``(lo, hi)`` with ``lo < hi``
+    (``rng.integers(lo, hi)``: RLlib fails on ``lo >= hi`` and on a list)."""
+    ints = type(n_step) is tuple and len(n_step) == 2 and all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in n_step)
+    if not (ints and 1 <= n_step[0] < n_step[1]):
+        raise ConfigError("sample(n_step=...)", "an int >= 1 or a tuple (lo, hi) of ints with 1 <= lo < hi (drawn "
+                          "from [lo, hi) per item, as RLlib draws it)", repr(n_step), "e.g. n_step=3 or n_step=(2, 5)")
+
+
 class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffer):
     """Uniform or prioritized replay on the Conduit data plane (RLlib's semantics)."""
 
@@ -57,8 +67,8 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
 
     def __init__(self, capacity: int = 10000, *, prioritized: bool = False, alpha: float = 1.0,
                  beta: float = 0.4, conduit: dict | None = None, batch_size_B: int = 16,
-                 batch_length_T: int = 1, metrics_num_episodes_for_smoothing: int = 100, seed: int | None = None,
-                 learner_shards: int = 1, **unused):
+                 batch_length_T: int | None = None, metrics_num_episodes_for_smoothing: int = 100,
+                 seed: int | None = None, learner_shards: int = 1, **unused):
         # RLlib passes its own buffer kwargs; those that would change semantics are refused.
         for key in unused:
             if key not in ("type", "storage_unit", "replay_sequence_length", "replay_mode", "worker_side_prioritization"):
@@ -69,7 +79,8 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         self.options = ConduitOptions.from_kwargs(dict(conduit or {}))
         self._seed = self.options.seed if self.options.seed is not None else (seed or 0)
         self.batch_size_B = batch_size_B
-        self.batch_length_T = batch_length_T  # sample_episodes=False's default T, as RLlib's buffer keeps it
+        # sample_episodes=False's default T, as the RLlib buffer of this kind keeps it (uniform: 64)
+        self.batch_length_T = batch_length_T if batch_length_T is not None else (1 if self.prioritized else 64)
         # one delivered part per learner (num_learners >= 1): RLlib's LearnerGroup hands part i to
         # learner i and concatenates their TD errors in that order (see sample())
         if isinstance(learner_shards, bool) or not isinstance(learner_shards, int) or learner_shards < 1:
@@ -90,6 +101,12 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         # the core Batch of the last sample: RLlib's update_priorities(priorities) applies to it
         self.last_sampled: Batch | None = None
         self._sampled = 0
+
+    @property
+    def seed(self) -> int:
+        """The seed the buffer's draws start from: ``ConduitOptions.seed``, else the algorithm
+        config's seed (``ConduitDQN`` passes it), else 0."""
+        return self._seed
 
     # ------------------------------------------------------------------ build
     def _selector(self):
@@ -152,6 +169,10 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         leave while the steps exceed ``capacity``, decided once per call for the prioritized
         buffer (a new chunk of an episode evicted here is dropped) and after every chunk for
         the uniform one (an episode evicted mid-call restarts with its next chunk)."""
+        if weight is not None:
+            raise ConfigError("add(weight=...)", "None (new steps start at the running max priority)", repr(weight),
+                              "add without weight (RLlib's DQN passes none); Conduit does not take a starting "
+                              "priority through add()")
         if not isinstance(episodes, (list, tuple)):
             episodes = [episodes]
         for ep in episodes:   # (a loop, not a comprehension: every env step's add comes here)
@@ -218,13 +239,20 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
     def sample(self, num_items: int | None = None, *, batch_size_B: int | None = None,
                batch_length_T: int | None = None, n_step: int | tuple | None = None, beta: float = 0.0,
                gamma: float = 0.99, include_infos: bool = False, include_extra_model_outputs: bool = False,
-               sample_episodes: bool = True, to_numpy: bool = False, lookback: int = 0,
+               sample_episodes: bool | None = None, to_numpy: bool = False, lookback: int = 0,
                min_batch_length_T: int = 0, **kwargs) -> list:
         """What RLlib's buffer of this kind returns for these arguments (the same
         distribution; see the module docstring for the form): a one-item list with a
         ``DeliveredBatch`` on the fast path, else RLlib's ``SingleAgentEpisode`` list.
-        ``sample_episodes`` defaults to True here (what DQN and SAC pass); RLlib's uniform
-        buffer defaults to False, its ``[B, T]`` batch form: pass it explicitly for that."""
+        ``sample_episodes``: None is RLlib's default for the kind (the uniform buffer's
+        ``[B, T]`` batch form; the prioritized one always returns episodes). Arguments
+        neither RLlib buffer reads, and n-step forms RLlib refuses, are refused."""
+        if kwargs:
+            raise ConfigError(f"sample({sorted(kwargs)[0]}=...)", "an argument of RLlib's episode buffers' sample()",
+                              repr(sorted(kwargs)[0]), "check the spelling (e.g. n_step, batch_length_T, "
+                              "include_infos); RLlib would ignore it silently")
+        if n_step is not None and type(n_step) is not int and not isinstance(n_step, np.integer):
+            check_rllib_n_step(n_step)
         if self.edp is None:
             raise ConfigError("sample()", "at least one add() before sampling", "an empty buffer",
                               "sample after the env runners produced data (num_steps_sampled_before_learning_starts)")
@@ -235,10 +263,17 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         # RLlib's prioritized buffer ignores batch_length_T, lookback and min_batch_length_T
         # (it always returns one-step n-step episodes); its uniform one slices sequences.
         if not self.prioritized:
-            if not sample_episodes:  # RLlib's [B, T] batch form (DreamerV3's kind)
+            if not sample_episodes:  # RLlib's [B, T] batch form (DreamerV3's kind): None is its default here
                 return self._sample_batch_form(B, int(batch_length_T or self.batch_length_T))
             if batch_length_T:
                 return self._sample_sequences(B, int(batch_length_T), n_step, int(lookback), int(min_batch_length_T))
+            if n_step is None:   # RLlib's uniform buffer asserts it is given for episodes
+                raise ConfigError("sample(n_step=...)", "an int or (lo, hi) when sampling episodes", "None",
+                                  "pass n_step=1 (or the n-step to apply)")
+            if min_batch_length_T:   # RLlib redraws starts this close to their episode's end; not built here
+                raise ConfigError("sample(min_batch_length_T=...)", "0 for one-step draws (batch_length_T=0) from "
+                                  "the uniform buffer", repr(min_batch_length_T), "use burn_in_len=0 (it only applies "
+                                  "to stateful modules), a prioritized buffer, or batch_length_T > 0 for sequences")
         # RLlib's two buffers treat a window that runs past its episode's stored end
         # differently: the prioritized one redraws it, the uniform one delivers it shortened.
         if beta is None and self.prioritized:   # RLlib's asserts beta >= 0.0 (a TypeError on None)
@@ -252,8 +287,12 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
             self.tuner.observe()
         if self.options.delivery == "episodes" or include_infos:
             check_infos_stored(self.options.store_infos, include_infos or not self.prioritized)
-            return self._episodes_of(b, include_infos=include_infos or not self.prioritized,
-                                     include_extras=include_extra_model_outputs, lookback=int(lookback))
+            episodes = self._episodes_of(b, include_infos=include_infos or not self.prioritized,
+                                         include_extras=include_extra_model_outputs, lookback=int(lookback))
+            if to_numpy and self.prioritized:   # (RLlib's uniform buffer reads no to_numpy)
+                for ep in episodes:
+                    ep.to_numpy()
+            return episodes
         if self.learner_shards == 1:
             return [DeliveredBatch(b)]
         # Several learners: k equal parts, rows in order (part i -> learner i, as RLlib's
@@ -287,8 +326,13 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
 
     def update_priorities(self, priorities, module_id=None) -> None:
         """RLlib's call: priorities for the rows of the last sample."""
-        if self.last_sampled is not None and self.prioritized:   # update_priorities_of's call, inline: a hot path
+        if self.prioritized:
+            if self.last_sampled is None:   # (RLlib's buffer asserts: its sampled indices were cleared)
+                raise ConfigError("update_priorities()", "one call per sample()", "a call with no sample() since "
+                                  "the last update (or the last restore)", "sample() first; update each sample once")
+            # update_priorities_of's call, inline: a hot path
             self.edp.update_priorities(self.last_sampled, np.asarray(priorities), abs_floor=RLLIB_MIN_PRIORITY)
+            self.last_sampled = None
 
     def update_priorities_of(self, batch, priorities) -> None:
         """Priorities for the rows of a delivered core ``Batch`` (any earlier one; rows

@@ -47,7 +47,7 @@ def test_qbert_episodes_round_trip_bit_exact_with_frames_stored_once(ray_session
     pool = buf.edp.buffer.storage.pools["frames"]
     n = len(buf)
     assert pool.cursor <= n + 4 * 2 * (k + 1) + 8  # ~one new frame per step
-    b = buf.sample(256, n_step=1)[0].batch
+    b = buf.sample(256, sample_episodes=True, n_step=1)[0].batch
     assert b["obs"].dtype.is_floating_point and tuple(b["obs"].shape[1:]) == (84, 84, 4)
     for i in range(b.size):
         o = b["obs"][i].numpy()

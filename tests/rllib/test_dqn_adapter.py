@@ -21,6 +21,7 @@ def small_dqn(num_env_runners=0, **kw):
 @pytest.mark.parametrize("num_env_runners", [0, 1])
 def test_dqn_trains_through_conduit(ray_session, num_env_runners):
     algo = small_dqn(num_env_runners).build_algo()
+    assert algo.local_replay_buffer.seed == 1   # the config's seed (RLlib passes its buffers none)
     try:
         assert isinstance(algo.local_replay_buffer, ConduitEpisodeReplayBuffer)
         for _ in range(2):
@@ -89,8 +90,8 @@ def test_buffer_survives_checkpoint_round_trip_exactly(ray_session, tmp_path):
                 np.testing.assert_array_equal(sb["data"][k], sa["data"][k])
             np.testing.assert_array_equal(sb["selector_state"]["leaves"], sa["selector_state"]["leaves"])
             # Same state => the next delivered batch is identical.
-            x = algo.local_replay_buffer.sample(32, n_step=(2, 5), gamma=0.99)[0].batch
-            y = restored.local_replay_buffer.sample(32, n_step=(2, 5), gamma=0.99)[0].batch
+            x = algo.local_replay_buffer.sample(32, sample_episodes=True, n_step=(2, 5), gamma=0.99)[0].batch
+            y = restored.local_replay_buffer.sample(32, sample_episodes=True, n_step=(2, 5), gamma=0.99)[0].batch
             assert all(torch.equal(x[k], y[k]) for k in x)
         finally:
             restored.stop()
@@ -120,7 +121,7 @@ def test_delivered_batch_has_rllibs_columns_dtypes_and_shapes(ray_session):
         native = PrioritizedEpisodeReplayBuffer(capacity=5000, alpha=0.6)
         native.add(algo.env_runner.sample(num_timesteps=300))
         eps = native.sample(num_items=32, n_step=(2, 5), gamma=0.99, beta=0.4, sample_episodes=True)
-        ours = algo.local_replay_buffer.sample(32, n_step=(2, 5), gamma=0.99, beta=0.4)
+        ours = algo.local_replay_buffer.sample(32, sample_episodes=True, n_step=(2, 5), gamma=0.99, beta=0.4)
         assert isinstance(ours[0], DeliveredBatch)
         ref = learner._learner_connector.inner(rl_module=learner.module, batch={}, episodes=eps,
                                                shared_data={}, metrics=None)["default_policy"]
@@ -252,7 +253,7 @@ def test_episode_delivery_gives_the_learner_the_same_batch_as_columns(ray_sessio
         algo.train()
         learner = algo.learner_group._learner
         buf = algo.local_replay_buffer
-        cols = buf.sample(32, n_step=(1, 4), gamma=0.99, beta=0.4)
+        cols = buf.sample(32, sample_episodes=True, n_step=(1, 4), gamma=0.99, beta=0.4)
         eps = buf._episodes_of(buf.last_sampled, include_infos=True, include_extras=False, lookback=0)
         got = learner._learner_connector(rl_module=learner.module, batch={}, episodes=cols, shared_data={},
                                          metrics=None)["default_policy"]
@@ -340,7 +341,7 @@ def test_a_stateful_module_trains_on_sequence_slices(ray_session):
         buf = algo.local_replay_buffer
         assert any(f.startswith("extra_model_outputs.state_out.") for f in buf.edp.buffer.spec.names)
         assert r["learners"]["default_policy"]["num_module_steps_trained"] > 0
-        slices = buf.sample(num_items=32, batch_length_T=8, lookback=1, n_step=1)
+        slices = buf.sample(num_items=32, batch_length_T=8, lookback=1, sample_episodes=True, n_step=1)
         assert all(1 <= len(e) <= 8 for e in slices) and "state_out" in slices[0].extra_model_outputs
     finally:
         algo.stop()

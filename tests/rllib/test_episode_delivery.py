@@ -44,7 +44,8 @@ def nested_equal(a, b) -> bool:
 def test_one_step_episodes_carry_infos_and_extra_model_outputs_of_the_true_steps(prioritized):
     native, ours, truth = filled(prioritized)
     gamma = 0.9
-    eps = ours.sample(400, n_step=(1, 4), gamma=gamma, include_infos=True, include_extra_model_outputs=True)
+    eps = ours.sample(400, sample_episodes=True, n_step=(1, 4), gamma=gamma, include_infos=True,
+                      include_extra_model_outputs=True)
     ref = native.sample(num_items=50, n_step=(1, 4), gamma=gamma, include_infos=True,
                         include_extra_model_outputs=True, sample_episodes=True)
     assert len(eps) == 400
@@ -108,7 +109,8 @@ def test_sequences_match_rllib_slices_and_distribution(min_T):
     if min_T:
         assert all(length > min_T for length, *_ in b_seq)
     # object for object: RLlib's slice of the same stored episode, at the same start
-    for ep in ours.sample(num_items=200, batch_length_T=T, n_step=1, lookback=lookback, min_batch_length_T=min_T):
+    for ep in ours.sample(num_items=200, batch_length_T=T, sample_episodes=True, n_step=1, lookback=lookback,
+                          min_batch_length_T=min_T):
         e, t = (int(x) for x in ep.get_observations(0))
         stored = native.episodes[native.episode_id_to_index[ep.id_] - native._num_episodes_evicted]
         ref = stored.slice(slice(t, t + len(ep)), len_lookback_buffer=lookback)
@@ -132,7 +134,7 @@ def test_sequences_match_rllib_slices_and_distribution(min_T):
 def test_the_prioritized_buffer_ignores_sequence_arguments_as_rllib_does():
     native, ours, _ = filled(True)
     a = native.sample(num_items=16, batch_length_T=5, lookback=1, min_batch_length_T=2, n_step=1)
-    b = ours.sample(num_items=16, batch_length_T=5, lookback=1, min_batch_length_T=2, n_step=1)
+    b = ours.sample(num_items=16, batch_length_T=5, lookback=1, min_batch_length_T=2, sample_episodes=True, n_step=1)
     assert len(a) == 16 and all(len(e) == 1 for e in a)
     assert b[0].batch.size == 16
 
@@ -140,9 +142,9 @@ def test_the_prioritized_buffer_ignores_sequence_arguments_as_rllib_does():
 def test_sequence_arguments_are_checked():
     _, ours, _ = filled(False)
     with pytest.raises(ConfigError, match="n_step"):
-        ours.sample(num_items=8, batch_length_T=5, n_step=3)
+        ours.sample(num_items=8, batch_length_T=5, sample_episodes=True, n_step=3)
     with pytest.raises(SemanticError, match="min_batch_length_T"):  # RLlib would loop forever
-        ours.sample(num_items=8, batch_length_T=5, n_step=1, min_batch_length_T=100)
+        ours.sample(num_items=8, batch_length_T=5, sample_episodes=True, n_step=1, min_batch_length_T=100)
 
 
 def test_infos_and_sequences_survive_a_state_round_trip():
@@ -150,8 +152,8 @@ def test_infos_and_sequences_survive_a_state_round_trip():
     state = ours.get_state()
     again = ConduitEpisodeReplayBuffer(capacity=10_000, prioritized=False, seed=99)
     again.set_state(state)
-    a = ours.sample(num_items=40, batch_length_T=4, n_step=1, lookback=1)
-    b = again.sample(num_items=40, batch_length_T=4, n_step=1, lookback=1)
+    a = ours.sample(num_items=40, batch_length_T=4, sample_episodes=True, n_step=1, lookback=1)
+    b = again.sample(num_items=40, batch_length_T=4, sample_episodes=True, n_step=1, lookback=1)
     assert [(e.id_, e.t_started, len(e)) for e in a] == [(e.id_, e.t_started, len(e)) for e in b]
     assert all(x.get_infos() == y.get_infos() for x, y in zip(a, b))
 
@@ -166,7 +168,7 @@ def test_episodes_for_several_learners_line_up_with_the_rows():
                                      conduit={"delivery": "episodes"})
     for c in chunks:
         buf.add([c])
-    eps = buf.sample(32, n_step=1)
+    eps = buf.sample(32, sample_episodes=True, n_step=1)
     rows = buf.last_sampled["obs"].numpy()
     parts = list(ShardEpisodesIterator(eps, 2))
     got = np.concatenate([np.stack([e.get_observations(0) for e in part]) for part in parts])
@@ -222,11 +224,11 @@ def test_without_stored_infos_a_sample_that_carries_them_is_refused():
     buf = ConduitEpisodeReplayBuffer(capacity=10_000, prioritized=False, seed=1, conduit={"store_infos": False})
     for c in chunks:
         buf.add([c])
-    assert buf.sample(16, n_step=1)[0].batch.size == 16          # columns carry no infos: fine
+    assert buf.sample(16, sample_episodes=True, n_step=1)[0].batch.size == 16          # columns carry no infos: fine
     with pytest.raises(ConfigError, match="store_infos"):
-        buf.sample(16, n_step=1, include_infos=True)
+        buf.sample(16, sample_episodes=True, n_step=1, include_infos=True)
     with pytest.raises(ConfigError, match="store_infos"):
-        buf.sample(num_items=16, batch_length_T=4, n_step=1)
+        buf.sample(num_items=16, batch_length_T=4, sample_episodes=True, n_step=1)
     assert buf.get_state()["infos"]["seqs"] == []
 
 
@@ -240,7 +242,7 @@ def test_a_restored_buffer_rebuilds_episodes_with_the_spaces_and_ids():
     again = ConduitEpisodeReplayBuffer(capacity=10_000, prioritized=False, seed=1)
     again.set_state(ours.get_state())
     again.add([chunks[-1]])
-    ep = again.sample(num_items=8, batch_length_T=3, n_step=1)[0]
+    ep = again.sample(num_items=8, batch_length_T=3, sample_episodes=True, n_step=1)[0]
     assert ep.observation_space == chunks[0].observation_space and ep.action_space == chunks[0].action_space
 
 
@@ -280,7 +282,7 @@ def test_a_stored_episode_that_starts_mid_way_keeps_its_chunks_lookback():
     stored = native.episodes[0]
     kw = {"neg_index_as_lookback": True}
     for buf in (ours, restored):
-        for ep in buf.sample(num_items=60, batch_length_T=3, n_step=1, lookback=1):
+        for ep in buf.sample(num_items=60, batch_length_T=3, sample_episodes=True, n_step=1, lookback=1):
             t = int(ep.get_observations(0)[1]) - t0
             ref = stored.slice(slice(t, t + len(ep)), len_lookback_buffer=1)
             lb = ep.observations.lookback

@@ -30,7 +30,7 @@ def draw(buf, rows_of, *, n_step, gamma, beta=None, batch=500):
     out = []
     kw = {} if beta is None else {"beta": beta}
     for _ in range(DRAWS // batch):
-        out.append(rows_of(buf.sample(batch_size_B=batch, n_step=n_step, gamma=gamma, **kw)))
+        out.append(rows_of(buf.sample(batch_size_B=batch, sample_episodes=True, n_step=n_step, gamma=gamma, **kw)))
     return out
 
 

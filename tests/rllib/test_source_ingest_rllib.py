@@ -65,8 +65,8 @@ def test_written_chunks_store_and_sample_as_the_driver_path(ray_session, priorit
         ledger = b.edp.buffer.ingest_ledger
         assert len(ledger.taken) > 0 and ledger.never_accepted == 0   # (declined: chunks RLlib's eviction drops)
         for n_step in (1, 3, (2, 5)):   # n-step windows follow episodes across chunks
-            sa = a.sample(num_items=16, n_step=n_step, gamma=0.9)[0].batch
-            sb = b.sample(num_items=16, n_step=n_step, gamma=0.9)[0].batch
+            sa = a.sample(num_items=16, sample_episodes=True, n_step=n_step, gamma=0.9)[0].batch
+            sb = b.sample(num_items=16, sample_episodes=True, n_step=n_step, gamma=0.9)[0].batch
             assert sa.seqs.tolist() == sb.seqs.tolist()
             for k in sa.keys():
                 np.testing.assert_array_equal(np.asarray(sa[k]), np.asarray(sb[k]), err_msg=k)

@@ -27,7 +27,7 @@ def test_a_state_saved_before_the_first_add_empties_the_buffer():
     more, truth = make_chunks(1, episodes=4, with_extras=True)
     buf.add(more)
     assert len(buf) == sum(len(t) for t in truth)
-    assert len(buf.sample(num_items=8, include_infos=True)) == 8
+    assert len(buf.sample(num_items=8, n_step=1, include_infos=True, sample_episodes=True)) == 8
     buf.close()
 
 
@@ -165,7 +165,7 @@ def test_restore_missing_buffer_restarts_the_buffer_empty(tmp_path):
     assert algo.iteration == 0 and len(buf) == 0 and buf.get_num_episodes() == 0 and buf.get_added_timesteps() == 0
     more, truth = make_chunks(1, episodes=4)
     buf.add(more)
-    assert len(buf) == sum(len(t) for t in truth) and len(buf.sample(num_items=8)) == 1
+    assert len(buf) == sum(len(t) for t in truth) and len(buf.sample(num_items=8, n_step=1, sample_episodes=True)) == 1
 
 
 def test_a_restore_into_another_capacity_names_rllibs_capacity():
