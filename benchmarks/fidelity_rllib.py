@@ -105,7 +105,7 @@ def measure(prioritized: bool, chunks, where, lengths, *, draws: int, seed: int)
     for _ in range(draws // 500):
         nat += rows_native(native.sample(num_items=500, sample_episodes=True, **kw,
                                          **({"beta": 0.4} if prioritized else {})), where)
-        con += rows_conduit(conduit.sample(500, **kw)[0].batch, where)
+        con += rows_conduit(conduit.sample(500, sample_episodes=True, **kw)[0].batch, where)
         if prioritized:
             b = conduit.edp.deliver(500, episode_end="shorten", beta=0.4, **kw)
             old += rows_conduit(DeliveredBatch(b).batch, where)
