@@ -28,13 +28,20 @@ class SpecError(ConduitError, ValueError):
         self.fix = fix
         super().__init__(describe(field, expected, actual, fix))
 
+    def __reduce__(self):   # (pickled across processes and Ray actors: rebuilt from its four parts)
+        return type(self), (self.field, self.expected, self.actual, self.fix), self.__dict__
+
 
 class ConfigError(ConduitError, ValueError):
     """A constructor or option argument is invalid."""
 
     def __init__(self, argument: str, expected: object, actual: object, fix: str):
         self.argument = argument
+        self.expected, self.actual, self.fix = expected, actual, fix
         super().__init__(describe(argument, expected, actual, fix))
+
+    def __reduce__(self):   # (its four-part constructor: the default pickling called it with one)
+        return type(self), (self.argument, self.expected, self.actual, self.fix), self.__dict__
 
 
 class CapacityError(ConduitError, ValueError):
@@ -83,6 +90,9 @@ class ShardLost(ConduitError, RuntimeError):
         # replaced reports a loss the buffer already recovered from (ShardLossRecovery checks)
         self.shard, self.node, self.cause, self.part = shard, node, cause, part
         super().__init__(f"remote shard {shard} (node resource {node!r}) is lost: {type(cause).__name__}: {cause}")
+
+    def __reduce__(self):   # (the shard object stays behind: it holds actor handles and locks)
+        return type(self), (self.shard, self.node, self.cause), {k: v for k, v in self.__dict__.items() if k != "part"}
 
 
 class StagedRowsLost(ConduitError, RuntimeError):

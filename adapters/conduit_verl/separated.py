@@ -112,12 +112,17 @@ def chunked_advantage(trainer, batch, stage, opts: V1Options):
         for rows, c in zip(idx, done):
             col[torch.from_numpy(rows)] = c.batch[key]
         batch.batch[key] = col
-    for key, first in done[0].non_tensor_batch.items():
+    extra = trainer.reward_extra_infos_dict or {}
+    order = np.concatenate(idx)
+    for key in done[0].non_tensor_batch:
         if key == "uid":
             continue
-        col = np.empty((n, *first.shape[1:]), dtype=first.dtype)
-        for rows, c in zip(idx, done):
-            col[rows] = c.non_tensor_batch[key]
+        if key in extra:   # verl's own np.array(v) over the whole batch: a chunk's dtype (<U1, int64) is its rows'
+            batch.non_tensor_batch[key] = np.array(extra[key])
+            continue
+        cat = np.concatenate([c.non_tensor_batch[key] for c in done])   # (numpy's promotion over every chunk)
+        col = np.empty_like(cat)
+        col[order] = cat
         batch.non_tensor_batch[key] = col
     trainer.metrics.update(merge_metrics([(len(rows), v.metrics) for rows, v in zip(idx, views)]))
     return batch

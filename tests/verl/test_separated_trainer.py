@@ -22,7 +22,7 @@ def _verl_and_conduit(overrides, *, prompts=12, n=4, seed=0, extra=None):
     from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
     cfg = verl_config(GRPO + overrides)
     batch, reward = grpo_batch(prompts, n, 48, seed)
-    infos = extra(len(batch)) if extra else None
+    infos = extra(batch) if extra else None
     ref = advantage_stage_trainer(cfg, SeparateRayPPOTrainer, reward_tensor=reward.clone(), reward_extra_infos=infos)
     ours = advantage_stage_trainer(cfg, reward_tensor=reward.clone(), reward_extra_infos=infos)
     expected = ref._fit_compute_advantage(copy.deepcopy(batch))
@@ -37,7 +37,19 @@ def _assert_same_batch(expected, got):
     assert set(got.non_tensor_batch) == set(expected.non_tensor_batch)
     for k, v in expected.non_tensor_batch.items():
         np.testing.assert_array_equal(got.non_tensor_batch[k], v)
+        assert got.non_tensor_batch[k].dtype == v.dtype, k
     assert got.meta_info == expected.meta_info
+
+
+def mixed_extra_infos(batch) -> dict:
+    """Reward extra infos whose dtype differs from chunk to chunk: ints, short strings and None
+    in the first group's rows (the first chunk's), floats, longer strings elsewhere. verl builds
+    each column once over the whole batch; a review found them cast into the first chunk's
+    dtype (0.5 -> 0, '12345' -> '1')."""
+    uid = batch.non_tensor_batch["uid"]
+    first = uid == uid[0]
+    return {"acc": [i % 3 for i in range(len(uid))], "score": [1 if f else 0.5 for f in first],
+            "pred": ["7" if f else "12345" for f in first], "note": [None if f else "x" for f in first]}
 
 
 @pytest.mark.parametrize("groups_per_chunk,depth", [(1, 1), (2, 2), (5, 3), (12, 2), (100, 2)])
@@ -50,7 +62,7 @@ def test_chunked_stage_builds_verls_batch_bit_for_bit(groups_per_chunk, depth, k
     ran = []
     chunked = separated.chunked_advantage
     monkeypatch.setattr(separated, "chunked_advantage", lambda *a: ran.append(1) or chunked(*a))
-    expected, got, ref, ours = _verl_and_conduit(overrides, extra=lambda n: {"acc": [i % 3 for i in range(n)]})
+    expected, got, ref, ours = _verl_and_conduit(overrides, extra=mixed_extra_infos)
     assert ran  # the chunked path ran (not the fallback)
     assert "advantages" in got.batch.keys() and "token_level_rewards" in got.batch.keys()
     _assert_same_batch(expected, got)
