@@ -71,6 +71,10 @@ class UpdateBatchDelivery:
                 grown = 2 * (len(plane.buffer) + n)
                 plane.migrate(shards=[ShardSpec(Tier.parse(self.tier), grown)], capacity=grown, background=False)
             side = self._side.setdefault(version, {})
+            if side and set(side) != set(batch.non_tensor_batch):   # (checked before anything is written)
+                raise SpecError(f"batch.non_tensor_batch of version {version}", f"the keys of its earlier parts "
+                                f"{sorted(side)}", sorted(batch.non_tensor_batch), "give every part of one "
+                                "version the same non-tensor columns")
             offset = len(next(iter(side.values()))) if side else self._rows.get(version, 0)
             cols = {k: v for k, v in batch.batch.items()}
             cols[ROW_ID] = torch.arange(offset, offset + n, dtype=torch.int64)
@@ -97,13 +101,32 @@ class UpdateBatchDelivery:
         return padded.chunk(self.dp_size), pad
 
     def prepare(self, version: int) -> None:
-        """Build the version's per-rank batches in the background (overlapping the caller)."""
-        self._pending[version] = self._pool.submit(self._build, version)
+        """Build the version's per-rank batches in the background (overlapping the caller). A
+        version already being prepared is left to that build (a second one would find its rows
+        taken and hand out an empty batch)."""
+        with self._lock:
+            if version not in self._pending:
+                self._pending[version] = self._pool.submit(self._build, version)
 
     def deliver(self, version: int, timeout: float = 60.0):
-        """The per-rank update batches and the padding added (verl drops it after the update)."""
-        fut = self._pending.pop(version, None)
-        return fut.result(timeout=timeout) if fut is not None else self._build(version)
+        """The per-rank update batches and the padding added (verl drops it after the update).
+        A prepared build that is not done within ``timeout`` raises ``TimeoutError`` and stays
+        pending: the next ``deliver`` of the version gets its batches (its rows are taken)."""
+        with self._lock:
+            fut = self._pending.get(version)
+        if fut is None:
+            return self._build(version)
+        try:
+            result = fut.result(timeout=timeout)
+        except BaseException:
+            if not fut.done():   # (a timeout: the build goes on, and stays the version's)
+                raise
+            with self._lock:
+                self._pending.pop(version, None)
+            raise
+        with self._lock:
+            self._pending.pop(version, None)
+        return result
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

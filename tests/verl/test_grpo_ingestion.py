@@ -169,6 +169,40 @@ def test_a_version_ingested_in_many_parts_outgrows_the_first_parts_capacity():
         dlv.close()
 
 
+def test_delivery_keeps_a_versions_rows_through_a_timeout_a_second_prepare_and_mismatched_parts(monkeypatch):
+    """Found by a review (session 23): a deliver() that timed out dropped the prepared build
+    (which still took the rows: the retry got an empty batch); a second prepare() of a version
+    built it twice (the second found nothing); parts of one version with other non-tensor keys
+    were accepted and the delivery then failed with the rows taken."""
+    import threading
+    from conduit_core import SpecError
+    from conduit_verl import delivery
+    from verl import DataProto
+    part = lambda n, **extra: DataProto.from_dict(tensors={"x": torch.arange(n).float()[:, None]},
+                                                  non_tensors={"uid": np.array(["u"] * n, dtype=object), **extra})
+    release = threading.Event()
+    build = delivery.UpdateBatchDelivery._build
+    monkeypatch.setattr(delivery.UpdateBatchDelivery, "_build", lambda self, v: release.wait(10) and build(self, v))
+    dlv = delivery.UpdateBatchDelivery(dp_size=2)
+    try:
+        dlv.ingest(part(8), version=3)
+        dlv.prepare(3)
+        dlv.prepare(3)   # the build under way stays the version's
+        with pytest.raises(TimeoutError):
+            dlv.deliver(3, timeout=0.05)
+        release.set()
+        shards, pad = dlv.deliver(3, timeout=10)   # the retry gets the build's batches
+        assert pad == 0 and sum(len(s) for s in shards) == 8
+        dlv.ingest(part(4), version=4)
+        with pytest.raises(SpecError, match="non_tensor_batch"):
+            dlv.ingest(part(4, acc=np.zeros(4)), version=4)
+        shards, _ = dlv.deliver(4)   # the accepted part is intact
+        assert sum(len(s) for s in shards) == 4 and len(dlv.edp.buffer) == 0
+    finally:
+        release.set()
+        dlv.close()
+
+
 def test_a_failing_chunk_leaves_no_chunk_running_when_the_error_reaches_the_caller(model):
     """Found in review (session 16): with overlap=True the first chunk's failure was raised while
     the other chunks still ran on the pool's threads."""
