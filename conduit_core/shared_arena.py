@@ -138,6 +138,7 @@ class SharedArenas:
         self._pins: dict[int, int] = {}
         self._released: set[int] = set()
         self._pool: list[Segment] = []            # released, kept for reuse (oldest first)
+        self._no_reuse: set[int] = set()          # closed when released, never reused (see unpin)
 
     def new(self, size: int) -> np.ndarray:
         fit = [s for s in self._pool if size <= s.size - HEADER <= 2 * size]
@@ -167,8 +168,13 @@ class SharedArenas:
         a = _address(arena)
         self._pins[a] = self._pins.get(a, 0) + 1
 
-    def unpin(self, arena: np.ndarray) -> None:
+    def unpin(self, arena: np.ndarray, *, reuse: bool = True) -> None:
+        """``reuse=False``: a pin whose holder may still write into its room (a put reservation that
+        expired with its client stalled): once released, the segment is closed rather than kept
+        for reuse, so no late write can land in another field's rows."""
         a = _address(arena)
+        if not reuse:
+            self._no_reuse.add(a)
         self._pins[a] -= 1
         if not self._pins[a]:
             del self._pins[a]
@@ -186,7 +192,12 @@ class SharedArenas:
 
     def _free(self, a: int) -> None:
         self._released.discard(a)
-        self._pool.append(self._segments.pop(a))
+        seg = self._segments.pop(a)
+        if a in self._no_reuse:
+            self._no_reuse.discard(a)
+            seg.close()
+            return
+        self._pool.append(seg)
         in_use = sum(s.size for s in self._segments.values())
         while self._pool and sum(s.size for s in self._pool) > in_use:
             self._pool.pop(0).close()
@@ -198,6 +209,7 @@ class SharedArenas:
         self._segments, self._pool = {}, []
         self._pins.clear()
         self._released.clear()
+        self._no_reuse.clear()
 
 
 class SegmentMaps:

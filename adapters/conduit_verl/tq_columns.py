@@ -70,9 +70,14 @@ def encode(name: str, value: Any, rows: int) -> Column:
         if value.dim() == 1:
             return Column("tensor", _bytes_of(value), np.full(rows, value.element_size(), np.int64),
                           np.ones(rows, np.int64), _dtype_name(value.dtype), (), scalar=True)
-        per = math.prod(value.shape[1:]) * value.element_size()
-        return Column("tensor", _bytes_of(value), np.full(rows, per, np.int64),
-                      np.full(rows, value.shape[1], np.int64), _dtype_name(value.dtype), tuple(value.shape[2:]))
+        if value.dim() == 2:
+            per = math.prod(value.shape[1:]) * value.element_size()
+            return Column("tensor", _bytes_of(value), np.full(rows, per, np.int64),
+                          np.full(rows, value.shape[1], np.int64), _dtype_name(value.dtype), ())
+        # rows of 2+ dims ([B, 4, L]: a VLM's M-RoPE position_ids, put one agent-loop output at a time):
+        # a unit's tensor field fixes everything after the row's first dim, and these vary from put to
+        # put (L), so they are kept row by row as SimpleStorage keeps every field (a review found the
+        # second such put refused)
     items = value.tolist() if isinstance(value, NonTensorStack) else list(value)
     if len(items) != rows:
         raise ConfigError(f"data[{name!r}]", f"{rows} values", len(items), "put one value per global index")

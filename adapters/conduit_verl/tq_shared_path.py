@@ -165,6 +165,13 @@ def assemble(parts, routes, fields, rows: int, maps, prefixes, shared) -> dict[s
         raise
 
 
+def _layout(part) -> tuple:
+    """A unit's part of a tensor field: (dtype, inner shape, scalar), from a Column or a shared-memory part."""
+    if isinstance(part, Column):
+        return part.dtype, tuple(part.inner), part.scalar
+    return part["dtype"], tuple(part["inner"]), part["scalar"]
+
+
 def _assemble(parts, routes, fields, rows: int, maps, prefixes, shared) -> dict[str, Column]:
     multi = len(routes) > 1
     out = {}
@@ -196,9 +203,15 @@ def _assemble(parts, routes, fields, rows: int, maps, prefixes, shared) -> dict[
                 del src
                 if not isinstance(g, Column):   # were they still those rows? (SegmentGone: ask again)
                     maps.check(g["segment"], g["generation"])
-            meta = first if isinstance(first, Column) else None
-            dtype, inner, scalar = (meta.dtype, meta.inner, meta.scalar) if meta else \
-                (first["dtype"], tuple(first["inner"]), first["scalar"])
+            dtype, inner, scalar = _layout(first)
+            if multi:   # each unit checks its own puts only: rows of one field stored otherwise elsewhere
+                for (u, _, _), g in zip(routes, got):
+                    if _layout(g) != (dtype, inner, scalar):
+                        from conduit_core import ConfigError
+                        raise ConfigError(f"field {name!r}", f"one dtype and row shape on every storage unit "
+                                          f"({dtype}, inner shape {inner} on unit {routes[0][0]})",
+                                          f"{_layout(g)[0]}, inner shape {_layout(g)[1]} on unit {u}",
+                                          "put this field with one dtype and row shape in every put")
             out[name] = Column("tensor", dst, nbytes, lengths, dtype, inner, scalar)
         for (u, _, _), p in zip(routes, parts):
             if shared[u]:

@@ -81,12 +81,14 @@ class StorageUnit:
         finally:
             self._unpin(t)
 
-    def abort_put(self, ticket: int) -> None:
-        """Forget a reserved put (its room stays dead bytes; fields it created leave)."""
+    def abort_put(self, ticket: int, *, expired: bool = False) -> None:
+        """Forget a reserved put (its room stays dead bytes; fields it created leave). ``expired``:
+        its client may still be writing (stalled past the TTL), so the segments holding its room are
+        never reused for other rows once released (they are closed)."""
         t = self._tickets.pop(ticket, None)
         if t is not None:
             self._drop_created(t["created"])
-            self._unpin(t)
+            self._unpin(t, reuse=not expired)
 
     def locate(self, keys: np.ndarray, fields: list[str]) -> dict:
         """Where the rows of ``fields`` lie (segment, starts, sizes; objects as values): a get's answer
@@ -113,7 +115,7 @@ class StorageUnit:
     def _expire_tickets(self) -> None:
         now = time.monotonic()
         for ticket in [t for t, v in self._tickets.items() if now - v["at"] > TICKET_TTL_S]:
-            self.abort_put(ticket)
+            self.abort_put(ticket, expired=True)
 
     def _take(self, ticket: int) -> dict:
         try:
@@ -122,9 +124,9 @@ class StorageUnit:
             raise ConfigError("ticket", "a put reserved on this unit and not yet committed or aborted", ticket,
                               "put again (the unit restarted, or the put was aborted)") from None
 
-    def _unpin(self, t: dict) -> None:
+    def _unpin(self, t: dict, *, reuse: bool = True) -> None:
         for arena, _ in t["placed"].values():
-            self.arenas.unpin(arena)
+            self.arenas.unpin(arena, reuse=reuse)
 
     def _drop_created(self, fields: list[str]) -> None:
         for name in fields:

@@ -84,6 +84,11 @@ def script(backend: str, units: int, path: str = "shared") -> list:
         got.append(tq.kv_batch_get(keys=keys[::-1], partition_id="train", select_fields=["responses", "scores"]))
         got.append(tq.kv_batch_get(keys=[keys[7], keys[2], keys[5]], partition_id="train",
                                    select_fields=["hidden", "extra", "pixel"]))
+        for i, key in enumerate(keys[:4]):   # a VLM's M-RoPE position_ids, one agent-loop output per put:
+            width = 5 + 3 * i                # rows [4, L], L from put to put (a review found the second refused)
+            tq.kv_batch_put(keys=[key], partition_id="train",
+                            fields=TensorDict({"mrope": torch.arange(4 * width).view(1, 4, width)}, batch_size=1))
+        got.append(tq.kv_batch_get(keys=keys[3::-1], partition_id="train", select_fields=["mrope", "scores"]))
         tq.kv_batch_put(keys=keys[:3], partition_id="train", fields=rollout(rng, keys[:3], width=30))  # overwrite
         got.append(tq.kv_batch_get(keys=keys[:5], partition_id="train", select_fields=["responses", "hidden"]))
         more = [f"uid{i}" for i in range(10, 40)]  # grows the units past their initial slots

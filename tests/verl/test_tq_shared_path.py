@@ -283,6 +283,28 @@ def test_a_put_reserved_and_never_committed_expires(monkeypatch):
         unit.abort_put(fresh["ticket"])
 
 
+def test_an_expired_reservations_segment_is_never_handed_to_other_rows(monkeypatch):
+    """Found by a review (session 23): the segment an expired reservation pinned went back to the
+    reuse pool, another field's rows were stored in it, and the stalled client's late write
+    overwrote them (the generation check passed). Such a segment is closed once released."""
+    import conduit_verl.tq_unit as tq_unit
+    with shared_unit("cdtlate") as (unit, maps):
+        unit.put(np.array([0]), {"f": rows_column([np.arange(4)])})
+        late = put_shared(unit, maps, [1], {"f": rows_column([np.full(256, 7)])}, write=False)
+        handle, at = late["room"]["f"]
+        unit.put(np.array([2]), {"f": rows_column([np.zeros(20_000)])})   # f compacts away; its old segment pinned
+        monkeypatch.setattr(tq_unit, "TICKET_TTL_S", 0.0)
+        victim = rows_column([np.arange(1000)])
+        put_shared(unit, maps, [3], {"g": victim})                         # expires the stale reservation
+        assert unit.locate(np.array([3]), ["g"])["fields"]["g"]["segment"] != handle
+        with contextlib.suppress(FileNotFoundError):   # the client's late write, where it was told to
+            with maps.lock:
+                seg = maps.arena(handle)
+                seg[at:at + 1024] = 7
+                del seg
+        assert np.array_equal(unit.get(np.array([3]), ["g"])["g"].data, victim.data)
+
+
 def test_a_checkpoint_loads_into_shared_arenas_and_frees_the_old_ones(tmp_path):
     with shared_unit("cdtckpt") as (unit, maps):
         put_shared(unit, maps, [0, 1, 2], {"x": rows_column([np.arange(3), np.arange(9), np.arange(1)])})
