@@ -98,7 +98,10 @@ class ShardLossRecovery:
         buf = self.buffer
         slots = (first + np.arange(n, dtype=np.int64)) % buf.capacity
         seqs = buf.meta["seq"][slots]
-        gone = seqs[buf.ring.live(slots, seqs)]
+        live = buf.ring.live(slots, seqs)
+        if buf.selector.consumes:   # consumed rows were delivered already: only queued ones are lost (as recover)
+            live &= seqs >= buf.ring.head
+        gone = seqs[live]
         if not gone.size:
             return
         self._remove(gone)

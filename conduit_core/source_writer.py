@@ -35,6 +35,12 @@ from .errors import CapacityError, ConfigError, ExperienceTimeout, StagedRowsLos
 STAGING_GROUP = "staging"   # the actor's concurrency group for staging calls (another thread than its storage's)
 
 
+def _check_int(name: str, value) -> None:
+    """An id or version: an int (``int()`` would silently truncate 2.7 to 2)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(name, "an int", repr(value), f"pass {name} as an int")
+
+
 @dataclass(frozen=True)
 class Receipt:
     """What the driver gets for a staged rollout: counts and the ring's metadata, no rows."""
@@ -66,6 +72,7 @@ class SourceWriter:
     def __init__(self, *, spec_config: list, capacity: int, done_fields: tuple[str, ...], actor, shard: int,
                  source: int, buffer: str):
         from .spec import ExperienceSpec
+        _check_int("source", source)
         self.config = dict(spec_config=spec_config, capacity=int(capacity), done_fields=tuple(done_fields),
                            actor=actor, shard=int(shard), source=int(source), buffer=buffer)
         self.spec = ExperienceSpec.from_config(spec_config)
@@ -82,6 +89,9 @@ class SourceWriter:
         """Validate, encode and stage ``batch`` (one source's transitions, in time order);
         returns the receipt for ``ExperienceBuffer.commit``. ``ticket``: send again the rows
         of a write that raised (its error's ``ticket``): staged once however often sent."""
+        _check_int("policy_version", policy_version)
+        if ticket is not None:
+            _check_int("ticket", ticket)
         n, enc = self.spec.validate_and_encode(batch)
         if n > self.capacity:
             raise CapacityError(f"batch: expected at most capacity={self.capacity} transitions, got {n}. "
