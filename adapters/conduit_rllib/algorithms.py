@@ -43,8 +43,14 @@ class ConduitDQN(BufferCheckpointMixin, DQN):
             return super()._create_local_replay_buffer_if_necessary(config)
         from .replay_buffer import ConduitEpisodeReplayBuffer
         kwargs = {k: v for k, v in rb.items() if k != "type"}
+        seed = self.config.seed
+        if (rb.get("conduit") or {}).get("seed") is None and seed is not None \
+                and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ConfigError("config.seed", "None or an int >= 0 (Conduit's replay draws are seeded with it)",
+                              repr(seed), "call config.debugging(seed=0) (any int >= 0), or pass "
+                              "conduit_rllib.enable(config, seed=...)")
         smoothing = self.config.metrics_num_episodes_for_smoothing
-        return ConduitEpisodeReplayBuffer(**kwargs, seed=self.config.seed, metrics_num_episodes_for_smoothing=smoothing)
+        return ConduitEpisodeReplayBuffer(**kwargs, seed=seed, metrics_num_episodes_for_smoothing=smoothing)
 
     def training_step(self):
         """RLlib's DQN step. With ``source_ingest``, the remote env runners get writers once

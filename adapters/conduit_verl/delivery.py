@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 import torch
@@ -40,6 +41,7 @@ class UpdateBatchDelivery:
         self._side: dict[int, dict[str, np.ndarray]] = {}
         self._rows: dict[int, int] = {}
         self._meta: dict[int, dict] = {}
+        self._keys: dict[int, set] = {}   # a version's non-tensor keys, from its first part
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conduit-verl-delivery")
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -71,9 +73,10 @@ class UpdateBatchDelivery:
                 grown = 2 * (len(plane.buffer) + n)
                 plane.migrate(shards=[ShardSpec(Tier.parse(self.tier), grown)], capacity=grown, background=False)
             side = self._side.setdefault(version, {})
-            if side and set(side) != set(batch.non_tensor_batch):   # (checked before anything is written)
+            keys = self._keys.setdefault(version, set(batch.non_tensor_batch))
+            if keys != set(batch.non_tensor_batch):   # (checked before anything is written)
                 raise SpecError(f"batch.non_tensor_batch of version {version}", f"the keys of its earlier parts "
-                                f"{sorted(side)}", sorted(batch.non_tensor_batch), "give every part of one "
+                                f"{sorted(keys)}", sorted(batch.non_tensor_batch), "give every part of one "
                                 "version the same non-tensor columns")
             offset = len(next(iter(side.values()))) if side else self._rows.get(version, 0)
             cols = {k: v for k, v in batch.batch.items()}
@@ -92,6 +95,7 @@ class UpdateBatchDelivery:
             side = self._side.pop(version, {})
             meta = self._meta.pop(version, {})
             self._rows.pop(version, None)
+            self._keys.pop(version, None)
         if b.size == 0:
             return [], 0  # nothing of this version (already consumed, or never produced)
         rows = b[ROW_ID].cpu().numpy()
@@ -118,9 +122,9 @@ class UpdateBatchDelivery:
             return self._build(version)
         try:
             result = fut.result(timeout=timeout)
+        except FutureTimeout:   # the build goes on, and stays the version's
+            raise
         except BaseException:
-            if not fut.done():   # (a timeout: the build goes on, and stays the version's)
-                raise
             with self._lock:
                 self._pending.pop(version, None)
             raise

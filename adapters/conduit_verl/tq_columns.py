@@ -78,6 +78,8 @@ def encode(name: str, value: Any, rows: int) -> Column:
         # a unit's tensor field fixes everything after the row's first dim, and these vary from put to
         # put (L), so they are kept row by row as SimpleStorage keeps every field (a review found the
         # second such put refused)
+        # (each row its own host copy: a view would pickle the whole batch's storage with every row)
+        value = [v.detach().cpu().clone() for v in value.unbind()]
     items = value.tolist() if isinstance(value, NonTensorStack) else list(value)
     if len(items) != rows:
         raise ConfigError(f"data[{name!r}]", f"{rows} values", len(items), "put one value per global index")

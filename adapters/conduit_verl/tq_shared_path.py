@@ -179,6 +179,11 @@ def _assemble(parts, routes, fields, rows: int, maps, prefixes, shared) -> dict[
         for name in fields:
             first = parts[0][name] if not shared[routes[0][0]] else parts[0]["fields"][name]
             got = [p["fields"][name] if shared[u] else p[name] for (u, _, _), p in zip(routes, parts)]
+            kinds = {"object" if isinstance(g, Column) and g.kind == "object" else "tensor" for g in got}
+            if len(kinds) > 1:   # (one unit holds the field as objects, another as tensor rows)
+                from conduit_core import ConfigError
+                raise ConfigError(f"field {name!r}", "one kind on every storage unit", "objects on some units "
+                                  "and tensor rows on others", "put this field with one dtype and row shape")
             if isinstance(first, Column) and first.kind == "object":
                 data = np.concatenate([g.data for g in got]) if multi else got[0].data
                 if multi:

@@ -198,6 +198,10 @@ def test_delivery_keeps_a_versions_rows_through_a_timeout_a_second_prepare_and_m
             dlv.ingest(part(4, acc=np.zeros(4)), version=4)
         shards, _ = dlv.deliver(4)   # the accepted part is intact
         assert sum(len(s) for s in shards) == 4 and len(dlv.edp.buffer) == 0
+        dlv.ingest(DataProto.from_dict(tensors={"x": torch.zeros(2, 1)}), version=5)   # a first part without keys
+        with pytest.raises(SpecError, match="non_tensor_batch"):
+            dlv.ingest(part(2), version=5)
+        assert sum(len(s) for s in dlv.deliver(5)[0]) == 2
     finally:
         release.set()
         dlv.close()

@@ -283,6 +283,18 @@ def test_a_put_reserved_and_never_committed_expires(monkeypatch):
         unit.abort_put(fresh["ticket"])
 
 
+def test_rows_of_two_dims_are_kept_as_their_own_copies():
+    """A [B, 4, L] field is kept row by row; each row a copy of its own (a view would pickle the
+    whole batch's storage with every row: B times the data, found in the session's last read)."""
+    import pickle
+    import torch
+    from conduit_verl.tq_columns import encode
+    value = torch.arange(64 * 4 * 100).view(64, 4, 100)
+    col = encode("mrope", value, 64)
+    assert col.kind == "object" and torch.equal(torch.stack(list(col.data)), value)
+    assert len(pickle.dumps(col.data)) < 2 * value.numel() * value.element_size()
+
+
 def test_an_expired_reservations_segment_is_never_handed_to_other_rows(monkeypatch):
     """Found by a review (session 23): the segment an expired reservation pinned went back to the
     reuse pool, another field's rows were stored in it, and the stalled client's late write
