@@ -81,6 +81,7 @@ class Migration:
         self.last_hold_s = 0.0
         self.shards = list(shards)
         self.storage: ColumnarStorage | None = None
+        self.failure: Exception | None = None   # a failed dual write (see on_insert)
         self.done = False
         self._check_alone()
         if start:
@@ -107,9 +108,24 @@ class Migration:
 
     # ------------------------------------------------------------ copying
     def on_insert(self, first: int, enc, n: int, source: int, version: int, prev_tail: int | None) -> None:
-        """Dual write (called by the buffer under its lock)."""
-        self.storage.write(first % self.capacity, enc, n)
+        """Dual write (called by the buffer under its lock, after the rows are in the old
+        layout). The old layout holds what the buffer accepted; the new one is a copy in
+        progress. So a dual write that fails (a new remote shard lost) fails the migration, not
+        the insert: the migration detaches and keeps the error, which its next ``step()`` or
+        ``finish()`` raises (a background migration's ``wait()``), and the insert goes on."""
+        try:
+            self.storage.write(first % self.capacity, enc, n)
+        except Exception as exc:   # noqa: BLE001 - kept, raised to the migration's caller
+            self.failure = exc
+            self.buffer.detach_dual_writer(self)
+            return
         write_meta_rows(self.meta, self.capacity, first, n, enc, self.buffer.done_fields, source, version, prev_tail)
+
+    def _check_not_failed(self) -> None:
+        if self.failure is not None:
+            raise StateError(f"the migration failed: a dual write to its new layout raised "
+                             f"{type(self.failure).__name__}: {self.failure}. The buffer keeps its old layout, "
+                             f"with every row; abort() this migration and begin a new one") from self.failure
 
     def step(self) -> bool:
         """Copy one chunk of the rows live at the start; True when all are copied (or evicted).
@@ -118,6 +134,7 @@ class Migration:
         with b.lock:
             t0 = time.perf_counter()
             b.check_open()
+            self._check_not_failed()
             lo = max(self.cursor, b.live_range()[0])
             # One destination shard per chunk, sized by that shard's own last chunk: the same
             # rows cost microseconds to a host shard and milliseconds to a remote one.

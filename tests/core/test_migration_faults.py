@@ -1,0 +1,60 @@
+"""A migration whose new layout fails under it (a new remote shard lost during a dual write):
+the buffer keeps every accepted row and its episode links in the old layout, and the error
+reaches the migration's caller, not the actor that inserted."""
+
+import numpy as np
+import pytest
+
+from conduit_core import ExperienceBuffer, ShardSpec, StateError
+from conduit_core.migration import BackgroundMigration, begin_migration
+
+from .helpers import SPEC, rollout
+
+
+def _failing_once(write):
+    calls = {"n": 0}
+
+    def write_or_fail(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ConnectionError("the new shard's actor died")
+        return write(*args, **kw)
+    return write_or_fail
+
+
+def test_a_failed_dual_write_fails_the_migration_and_keeps_the_insert_and_its_links():
+    buf = ExperienceBuffer(spec=SPEC, capacity=20)
+    buf.add(rollout(15), source=0)                       # one open episode: rows 0..14
+    m = begin_migration(buf, shards=[ShardSpec("pageable", 40)], capacity=40)
+    m.storage.write = _failing_once(m.storage.write)
+    assert buf.add(rollout(5, 15), source=0) == 15      # the insert is accepted whole
+    assert not buf.migrating
+    buf.add(rollout(3, 20, done_at=2), source=0)
+    meta = buf.state_dict()["meta"]
+    slots = np.arange(3, 23) % 20
+    np.testing.assert_array_equal(meta["seq"][slots], np.arange(3, 23))
+    np.testing.assert_array_equal(meta["next_seq"][slots][:-1], np.arange(4, 23))   # one chain, in order
+    b = buf.sample(200, n_step=3, gamma=1.0)
+    np.testing.assert_array_equal(b["obs"][:, 0].numpy(), b.seqs.astype(np.float32))
+    with pytest.raises(StateError, match="dual write.*ConnectionError.*abort"):
+        m.step()
+    with pytest.raises(StateError, match="dual write"):
+        m.finish()
+    m.abort()
+    assert buf.capacity == 20
+    begin_migration(buf, shards=[ShardSpec("pageable", 40)], capacity=40).finish()   # a new one works
+    assert buf.capacity == 40 and len(buf) == 20
+    buf.close()
+
+
+def test_a_background_migrations_failed_dual_write_reaches_wait():
+    buf = ExperienceBuffer(spec=SPEC, capacity=20)
+    buf.add(rollout(20), source=0)
+    m = begin_migration(buf, shards=[ShardSpec("pageable", 20)])
+    m.storage.write = _failing_once(m.storage.write)
+    buf.add(rollout(2, 20), source=0)
+    bg = BackgroundMigration(m)
+    with pytest.raises(StateError, match="dual write"):
+        bg.wait(30)
+    assert not buf.migrating and len(buf) == 20
+    buf.close()
