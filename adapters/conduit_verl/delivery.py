@@ -42,6 +42,7 @@ class UpdateBatchDelivery:
         self._rows: dict[int, int] = {}
         self._meta: dict[int, dict] = {}
         self._keys: dict[int, set] = {}   # a version's non-tensor keys, from its first part
+        self._taken: dict[int, tuple] = {}   # a version's rows whose build failed after taking them
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conduit-verl-delivery")
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -91,18 +92,28 @@ class UpdateBatchDelivery:
         from verl import DataProto
         from verl.protocol import pad_dataproto_to_divisor
         with self._lock:
-            b = self.edp.deliver(None, policy_version=version)
-            side = self._side.pop(version, {})
-            meta = self._meta.pop(version, {})
-            self._rows.pop(version, None)
-            self._keys.pop(version, None)
+            taken = self._taken.pop(version, None)   # rows an earlier build took, then failed on
+            if taken is None:
+                taken = (self.edp.deliver(None, policy_version=version), self._side.pop(version, {}),
+                         self._meta.pop(version, {}))
+                self._rows.pop(version, None)
+                self._keys.pop(version, None)
+        b, side, meta = taken
         if b.size == 0:
             return [], 0  # nothing of this version (already consumed, or never produced)
-        rows = b[ROW_ID].cpu().numpy()
-        tensors = {k: v for k, v in b.items() if k != ROW_ID}
-        data = DataProto.from_dict(tensors=tensors, non_tensors={k: v[rows] for k, v in side.items()}, meta_info=meta)
-        padded, pad = pad_dataproto_to_divisor(data, self.dp_size)
-        return padded.chunk(self.dp_size), pad
+        try:
+            rows = b[ROW_ID].cpu().numpy()
+            tensors = {k: v for k, v in b.items() if k != ROW_ID}
+            data = DataProto.from_dict(tensors=tensors, non_tensors={k: v[rows] for k, v in side.items()},
+                                       meta_info=meta)
+            padded, pad = pad_dataproto_to_divisor(data, self.dp_size)
+            return padded.chunk(self.dp_size), pad
+        except BaseException:
+            # The rows left the data plane: kept here, so the version's next delivery builds
+            # from them again (the error reaches this caller; nothing is lost)
+            with self._lock:
+                self._taken[version] = taken
+            raise
 
     def prepare(self, version: int) -> None:
         """Build the version's per-rank batches in the background (overlapping the caller). A

@@ -207,6 +207,36 @@ def test_delivery_keeps_a_versions_rows_through_a_timeout_a_second_prepare_and_m
         dlv.close()
 
 
+def test_a_delivery_whose_build_fails_after_taking_the_rows_keeps_them_for_the_next(monkeypatch):
+    """Found by a review (session 23): a build that failed after the rows left the data plane
+    (padding, splitting, moving them) lost them: the retry got an empty batch."""
+    import verl.protocol
+    from conduit_verl.delivery import UpdateBatchDelivery
+    from verl import DataProto
+    pad = verl.protocol.pad_dataproto_to_divisor
+    calls = []
+
+    def fail_once(data, k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("the update workers' device is full")
+        return pad(data, k)
+    monkeypatch.setattr(verl.protocol, "pad_dataproto_to_divisor", fail_once)
+    dlv = UpdateBatchDelivery(dp_size=2)
+    try:
+        dlv.ingest(DataProto.from_dict(tensors={"x": torch.arange(6).float()[:, None]},
+                                       non_tensors={"uid": np.array([f"u{i}" for i in range(6)], dtype=object)}),
+                   version=1)
+        with pytest.raises(MemoryError):
+            dlv.deliver(1)
+        shards, pad_rows = dlv.deliver(1)
+        assert pad_rows == 0 and [s.batch["x"][:, 0].tolist() for s in shards] == [[0, 1, 2], [3, 4, 5]]
+        assert [list(s.non_tensor_batch["uid"]) for s in shards] == [["u0", "u1", "u2"], ["u3", "u4", "u5"]]
+        assert dlv.deliver(1) == ([], 0)   # once
+    finally:
+        dlv.close()
+
+
 def test_a_failing_chunk_leaves_no_chunk_running_when_the_error_reaches_the_caller(model):
     """Found in review (session 16): with overlap=True the first chunk's failure was raised while
     the other chunks still ran on the pool's threads."""
