@@ -179,7 +179,7 @@ class ExperienceBuffer:
 
     @property
     def losses(self) -> list["ShardLoss"]:
-        """Every remote shard lost so far: which, its rows (count and seq range), the cause,
+        """Every remote shard lost so far: which, its rows (count and exact seqs), the cause,
         and where the empty shard that replaced it runs."""
         with self._cond:
             return list(self.recovery.losses)

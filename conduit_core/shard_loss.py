@@ -1,8 +1,8 @@
 """What the buffer does when a remote shard is lost (its actor died, or its node left).
 
 Its rows leave the buffer (they are no longer in ``len()`` and are never delivered), the loss
-is recorded with the rows' count and seq range, a new empty shard takes its place, and the
-operation that found the loss runs again. Nothing is silently lost: every loss is in
+is recorded with the rows' count and their exact seqs (as runs), a new empty shard takes its
+place, and the operation that found the loss runs again. Nothing is silently lost: every loss is in
 ``ExperienceBuffer.losses`` and in the log. A FIFO buffer loses only rows not yet consumed; the
 queue passes over them and keeps the survivors' order (a consumer waiting for a full batch
 waits for more rows).
@@ -30,17 +30,32 @@ class ShardLoss:
     shard: int
     node_resource: str | None
     rows: int
-    seq_range: tuple[int, int] | None
+    seq_range: tuple[int, int] | None   # (lowest, highest) lost seq: a span, rows inside it may be stored elsewhere
     cause: str
     replaced_on: str
     at: float
+    seq_runs: tuple[tuple[int, int], ...] = ()   # exactly the lost seqs, as runs (first, last), ascending
 
     def describe(self) -> str:
-        where = f"seqs {self.seq_range[0]}..{self.seq_range[1]}" if self.seq_range else "no stored rows"
+        runs = ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in self.seq_runs[:4])
+        more = f" and {len(self.seq_runs) - 4} more runs" if len(self.seq_runs) > 4 else ""
+        where = f"seqs {runs}{more}" if self.seq_runs else "no stored rows"
         if self.shard < 0:   # no shard of its own: rows a failed insert may have written over
             return f"{self.rows} rows ({where}) left the buffer: {self.cause}"
         return (f"remote shard {self.shard} (node resource {self.node_resource!r}) lost {self.rows} rows ({where}): "
                 f"{self.cause}; replaced by an empty shard on node {self.replaced_on[:12]}")
+
+
+def seq_runs(seqs: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """``seqs`` (any order, unique) as runs of consecutive seqs, ascending: exact where the
+    ring wrapped through a shard (its slots hold seqs of two passes, and rows between them are
+    stored in other shards)."""
+    s = np.sort(np.asarray(seqs, dtype=np.int64))
+    if not s.size:
+        return ()
+    cut = np.flatnonzero(np.diff(s) != 1)
+    firsts, lasts = np.concatenate([s[:1], s[cut + 1]]), np.concatenate([s[cut], s[-1:]])
+    return tuple(zip(firsts.tolist(), lasts.tolist()))
 
 
 class ShardLossRecovery:
@@ -85,7 +100,7 @@ class ShardLossRecovery:
         loss = ShardLoss(shard=s, node_resource=lost.node, rows=int(gone.size),
                          seq_range=(int(gone.min()), int(gone.max())) if gone.size else None,
                          cause=f"{type(lost.cause).__name__}: {lost.cause}", replaced_on="(not replaced)",
-                         at=time.time())
+                         at=time.time(), seq_runs=seq_runs(gone))
         self.losses.append(loss)  # recorded before the replacement, which may fail in turn
         log.warning("conduit: %s", loss.describe())
         node = buf.storage.replace_shard(s)
@@ -108,7 +123,8 @@ class ShardLossRecovery:
         loss = ShardLoss(shard=-1, node_resource=None, rows=int(gone.size),
                          seq_range=(int(gone.min()), int(gone.max())),
                          cause=f"an insert that failed after a lost shard may have written over them "
-                               f"({type(cause).__name__}: {cause})", replaced_on="(none)", at=time.time())
+                               f"({type(cause).__name__}: {cause})", replaced_on="(none)", at=time.time(),
+                         seq_runs=seq_runs(gone))
         self.losses.append(loss)
         log.warning("conduit: %s", loss.describe())
 

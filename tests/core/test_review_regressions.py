@@ -156,6 +156,20 @@ def _lose_on_first_call(storage, method, shard=0):
     storage.may_lose_shards = True   # the shard plays a remote one
 
 
+def test_a_loss_names_exactly_the_lost_seqs_after_the_ring_wrapped_through_the_shard():
+    """Found by a review (session 23): a loss gave (min, max) of its seqs as "seqs 4..13" while
+    6..9, in the other shard, were still stored."""
+    from conduit_core import ShardSpec
+    buf = ExperienceBuffer(spec=SPEC, capacity=10, shards=[ShardSpec("pageable", 6), ShardSpec("pageable", 4)])
+    buf.add(rollout(10, 0))
+    buf.add(rollout(4, 10))                       # shard 0 holds 10..13 and 4..5; shard 1 holds 6..9
+    _lose_on_first_call(buf.storage, "gather")
+    buf.sample(4)
+    (loss,) = buf.losses
+    assert loss.rows == 6 and loss.seq_range == (4, 13) and loss.seq_runs == ((4, 5), (10, 13))
+    assert "seqs 4..5, 10..13" in loss.describe()
+
+
 @pytest.mark.parametrize("selector", [Uniform, Prioritized])
 def test_sampling_after_every_row_was_lost_is_a_clear_error_not_empty_rows(selector):
     """A shard loss that takes every stored row: the retried draw must not read the empty
