@@ -144,6 +144,15 @@ def _raise_unless_cancelled(error: Exception, cause, cancelled: bool) -> None:
     logging.getLogger(__name__).error("conduit_verl: %s", error)
 
 
+async def _answers(refs) -> list:
+    """Every unit call's result (a unit that fails or does not answer in time: its error)."""
+    outcomes = await shared_path.wait_all(refs)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
+
+
 async def _undo_then_raise(undo_calls, failed: list, cancelled: bool, what: str, fix: str) -> None:
     """After a failed or cancelled operation over several units: every undo call answered (through
     a cancel), then the cancel if one came (a caller's timeout must see it; the failure, if any, is
@@ -277,7 +286,7 @@ class ConduitStorageManager(StorageManager):
         if metadata.size == 0:
             return
         refs = [self.units[u].clear.remote(keys) for u, _, keys in self._route(metadata.global_indexes)]
-        await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
+        await _answers(refs)
 
     async def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Each unit writes its rows to ``<checkpoint_dir>/conduit_units/unit_<i>.<generation>.pkl``;
@@ -288,7 +297,7 @@ class ConduitStorageManager(StorageManager):
         generation = uuid.uuid4().hex[:12]
         paths = [str(folder / f"unit_{i}.{generation}.pkl") for i in range(len(self.units))]
         refs = [u.save.remote(p) for u, p in zip(self.units, paths)]
-        rows = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
+        rows = await _answers(refs)
         tmp = folder / f"{MANIFEST}.tmp"
         tmp.write_text(json.dumps({"units": len(self.units), "generation": generation, "rows": list(rows)}))
         os.replace(tmp, folder / MANIFEST)
@@ -309,13 +318,12 @@ class ConduitStorageManager(StorageManager):
                               "restore with as many storage units as the checkpoint was saved with")
         refs = [u.stage.remote(str(folder / f"unit_{i}.{saved['generation']}.pkl")) for i, u in enumerate(self.units)]
         try:
-            rows = await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs])
+            rows = await _answers(refs)
             if list(rows) != list(saved["rows"]):
                 raise ConfigError(f"{manifest}: rows per unit", saved["rows"], list(rows),
                                   "the unit files do not belong to this manifest; save the checkpoint again")
         except BaseException:
-            await asyncio.gather(*[asyncio.wrap_future(u.abort.remote().future()) for u in self.units],
-                                 return_exceptions=True)
+            await shared_path.wait_all([u.abort.remote() for u in self.units])
             raise
         # all switch or none: a unit that switched keeps its old rows until every unit has, and goes
         # back to them if one failed or the load was cancelled meanwhile

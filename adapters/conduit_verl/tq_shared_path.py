@@ -25,6 +25,7 @@ assemble a get through ``assemble`` (one copy into the returned arrays).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import traceback
 from typing import Any, Awaitable, Callable
@@ -40,8 +41,36 @@ GET_ATTEMPTS = 4   # a get re-asks when a segment went between the unit's answer
 CANCEL_GRACE_S = 120.0
 
 
-async def _wait(refs) -> list:
-    return await asyncio.gather(*[asyncio.wrap_future(r.future()) for r in refs], return_exceptions=True)
+# how long any call to a storage unit may take before it counts as failed (TQ's SimpleStorage gives
+# a unit 200 s too: TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT); a stuck unit must not hang the trainer
+UNIT_CALL_TIMEOUT_S = float(os.environ.get("CONDUIT_TQ_UNIT_TIMEOUT_S", 200))
+
+
+class UnitTimeout(RuntimeError):
+    """A storage unit did not answer a call in time: what it did with the call is unknown."""
+
+
+async def wait_all(refs) -> list:
+    """Each call's result or exception, in order; a call not answered within
+    ``UNIT_CALL_TIMEOUT_S`` gets a ``UnitTimeout`` in its place (the operation then fails or is
+    undone as for any failed unit)."""
+    futures = [asyncio.wrap_future(r.future()) for r in refs]
+    if not futures:
+        return []
+    limit = UNIT_CALL_TIMEOUT_S
+    _, pending = await asyncio.wait(futures, timeout=limit)
+    out = []
+    for f in futures:
+        if f in pending:
+            f.cancel()   # this wait's own future only: the call itself goes on in the unit
+            out.append(UnitTimeout(f"a storage unit did not answer within {limit:.0f} s (a stuck or overloaded "
+                                   "actor?): what it did with this call is unknown. Fix: check the unit, then clear "
+                                   "the keys or restart TransferQueue; CONDUIT_TQ_UNIT_TIMEOUT_S sets the limit"))
+        elif f.cancelled():
+            out.append(asyncio.CancelledError())
+        else:
+            out.append(f.exception() or f.result())
+    return out
 
 
 async def through_cancel(start: Callable[[], Awaitable], *, again: bool = True,
@@ -77,7 +106,7 @@ async def through_cancel(start: Callable[[], Awaitable], *, again: bool = True,
 async def settled(refs, **kw) -> tuple[list, bool]:
     """Every call's outcome (its result or its exception), waited for through a cancel
     (``through_cancel``), and whether one came."""
-    return await through_cancel(lambda: _wait(refs), **kw)
+    return await through_cancel(lambda: wait_all(refs), **kw)
 
 
 def sizes_only(col: Column, pos: np.ndarray | None) -> Column:
@@ -100,7 +129,7 @@ async def reserve_and_write(units, maps, prefixes, routes, columns, shared) -> d
     refs = [units[routes[i][0]].reserve.remote(routes[i][2], {n: sizes_only(c, routes[i][1] if multi else None)
                                                                for n, c in columns.items()}) for i in todo]
     try:
-        answers = await _wait(refs)
+        answers = await wait_all(refs)
     except BaseException:   # cancelled (a timeout) while the units reserve: they reserve regardless, and
         # a ticket never committed or aborted pins its segment in the unit for good; abort each once answered
         asyncio.ensure_future(_abort_when_answered(units, routes, todo, refs))
@@ -113,14 +142,14 @@ async def reserve_and_write(units, maps, prefixes, routes, columns, shared) -> d
         _write(maps, prefixes, routes, columns, todo, answers)
     except BaseException as exc:
         traceback.clear_frames(exc.__traceback__)   # views of the segments die now, not with the error
-        await _wait([units[routes[i][0]].abort_put.remote(t) for i, t in tickets.items()])
+        await wait_all([units[routes[i][0]].abort_put.remote(t) for i, t in tickets.items()])
         raise
     return tickets
 
 
 async def _abort_when_answered(units, routes, todo, refs) -> None:
-    answers = await _wait(refs)
-    await _wait([units[routes[i][0]].abort_put.remote(a["ticket"]) for i, a in zip(todo, answers)
+    answers = await wait_all(refs)
+    await wait_all([units[routes[i][0]].abort_put.remote(a["ticket"]) for i, a in zip(todo, answers)
                  if not isinstance(a, BaseException)])
 
 
@@ -147,7 +176,7 @@ async def locate_parts(units, routes, fields, shared) -> list:
     """Each route's part of a get: from a shared unit where its rows lie, from any other the rows."""
     refs = [units[u].locate.remote(keys, fields) if shared[u] else units[u].get.remote(keys, fields)
             for u, _, keys in routes]
-    parts = await _wait(refs)
+    parts = await wait_all(refs)
     for p in parts:
         if isinstance(p, BaseException):
             raise p

@@ -431,6 +431,51 @@ def test_a_put_whose_announcement_fails_is_given_back():
         assert _rows(manager.units) == [0, 0]
 
 
+def _sleep_for(seconds):
+    import time
+    time.sleep(seconds)
+
+
+class _Stuck:
+    """A real storage unit whose ``name`` call never answers in time (a stuck actor)."""
+    def __init__(self, unit, name):
+        self._unit, self._name = unit, name
+
+    def __getattr__(self, attr):
+        if attr != self._name:
+            return getattr(self._unit, attr)
+        sleeper = ray.remote(num_cpus=0)(_sleep_for)
+        return type("StuckCall", (), {"remote": staticmethod(lambda *a, **k: sleeper.remote(8))})()
+
+
+def test_a_unit_that_does_not_answer_fails_the_call_in_time_and_the_others_give_back(monkeypatch):
+    """Found by a review (session 23): calls to the units had no timeout, so one stuck unit hung
+    the trainer (TQ's SimpleStorage gives a unit 200 s). Now a put fails in time and the units
+    that took their part give it back; a get fails in time."""
+    import time
+    from conduit_verl import tq_shared_path as sp
+    monkeypatch.setattr(sp, "UNIT_CALL_TIMEOUT_S", 1.0)
+    with tq_session("Conduit", 2, path="ray"):
+        client = tq.get_client()
+        manager = client.storage_manager
+        manager.notify_data_update = lambda *a, **k: asyncio_done()
+        real = list(manager.units)
+        put = lambda: client._run_coroutine(manager.put_data(TensorDict({"f": torch.ones(4)}, batch_size=4),
+                                                             _Meta([0, 1, 2, 3])))
+        manager.units = [real[0], _Stuck(real[1], "put")]
+        t0 = time.monotonic()
+        with pytest.raises(sp.UnitTimeout, match="did not answer within 1 s"):
+            put()
+        assert time.monotonic() - t0 < 6 and _rows(real) == [0, 0]
+        manager.units = real
+        put()
+        manager.units = [real[0], _Stuck(real[1], "get")]
+        with pytest.raises(sp.UnitTimeout):
+            client._run_coroutine(manager.get_data(_Meta([0, 1], ["f"])))
+        manager.units = real
+        assert client._run_coroutine(manager.get_data(_Meta([0, 1], ["f"])))["f"].tolist() == [1.0, 1.0]
+
+
 def test_waiting_through_a_cancel_is_bounded_and_outlives_the_loop_cancelling_the_wait():
     """``through_cancel``: a cancel does not stop the wait for the units' answers, but a unit that
     never answers ends it after the grace with an error (no hang); where the event loop cancels the
