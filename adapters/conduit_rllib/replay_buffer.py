@@ -26,6 +26,7 @@ from .episode_ingest import EpisodeIngest
 from .episode_ledger import EpisodeLedger
 from .info_store import InfoStore
 from .options import ConduitOptions
+from .replay_metrics import ReplayMetrics
 from .replay_state import ReplayStateMixin
 from .sample_forms import batch_form, check_infos_stored, episodes_of, sequence_slices
 from .sequences import SequenceRules
@@ -101,6 +102,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         # the core Batch of the last sample: RLlib's update_priorities(priorities) applies to it
         self.last_sampled: Batch | None = None
         self._sampled = 0
+        self.replay_metrics = ReplayMetrics(self._lifetime_counts, window=metrics_num_episodes_for_smoothing)
 
     @property
     def seed(self) -> int:
@@ -206,6 +208,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
             self.ingest.add_as_prioritized(chunks)
         else:
             self.ingest.add_as_uniform(chunks)
+        self.replay_metrics.after_add(self.ledger.rows, len(self.ledger.episodes))
 
     def _add_written(self, written) -> None:
         """``add`` for ``WrittenChunk``s: the same plan as for episodes; each receipt is
@@ -224,6 +227,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
             chunks.append((c, None, self.ingest.source_of(c), c.n))
         if chunks:
             (self.ingest.add_as_prioritized if self.prioritized else self.ingest.add_as_uniform)(chunks)
+        self.replay_metrics.after_add(self.ledger.rows, len(self.ledger.episodes))
 
     def _check_extras(self, cols: dict) -> None:
         """Called where a chunk's columns are not the spec's fields: the extra outputs differ, named."""
@@ -283,6 +287,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                              fields=None if include_extra_model_outputs else self._core_fields)
         self.last_sampled = b
         self._sampled += B   # (b.size: a replay batch has the B items asked for)
+        self.replay_metrics.samples += 1
         if self.tuner is not None:
             self.tuner.observe()
         if self.options.delivery == "episodes" or include_infos:
@@ -314,6 +319,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                               rules=self.sequence_rules, ctx=self.context, store_infos=self.options.store_infos,
                               B=B, T=T, n_step=n_step, lookback=lookback, min_T=min_T)
         self._sampled += B
+        self.replay_metrics.samples += 1
         self.last_sampled = None  # no priorities for the uniform buffer
         return out
 
@@ -321,6 +327,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         """RLlib's ``sample_episodes=False`` dict of ``[B, T]`` arrays (``sample_forms.batch_form``)."""
         out = batch_form(self.edp, self.ledger, rng=self._sequence_rng, fields=self._core_fields, B=B, T=T)
         self._sampled += B * T
+        self.replay_metrics.samples += 1
         self.last_sampled = None
         return out
 
@@ -344,7 +351,13 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
 
     # ---------------------------------------------------------------- metrics
     def get_metrics(self) -> dict:
-        return {}
+        """RLlib's whole-buffer replay metrics since the last call (``replay_metrics``)."""
+        return self.replay_metrics.result()
+
+    def _lifetime_counts(self) -> tuple[int, int, int, int, int]:
+        led = self.ledger
+        return self.ingest.added, led.evicted_rows, len(led.episodes) + led.evicted_episodes, led.evicted_episodes, \
+            self._sampled
 
     def conduit_metrics(self):
         """The data plane's metrics snapshot (per control point: blocked and busy time)."""

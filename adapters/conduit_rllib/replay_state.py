@@ -17,7 +17,8 @@ from .info_store import InfoStore
 
 class ReplayStateMixin:
     """Needs the buffer's ``edp``, ``ingest``, ``ledger``, ``infos``, ``options``, ``capacity``,
-    ``_ring``, ``_seed``, ``_sampled``, ``_sequence_rng``, ``last_sampled`` and ``_build_for``."""
+    ``_ring``, ``_seed``, ``_sampled``, ``_sequence_rng``, ``last_sampled``, ``replay_metrics`` and
+    ``_build_for``."""
 
     def get_state(self) -> dict[str, Any]:
         """Everything to continue exactly; numpy arrays and plain values (no pickle needed)."""
@@ -90,4 +91,5 @@ class ReplayStateMixin:
             self.infos.load({"seqs": seqs.tolist(), "obs": [{}] * len(seqs), "next": [{}] * len(seqs)})
         if "sequence_rng" in state:
             self._sequence_rng.bit_generator.state = state["sequence_rng"]
+        self.replay_metrics.restart()   # counted from the restored counters (RLlib saves no metrics either)
 

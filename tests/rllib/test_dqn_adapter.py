@@ -31,6 +31,9 @@ def test_dqn_trains_through_conduit(ray_session, num_env_runners):
         m = buf.conduit_metrics()
         assert m.deliver.calls > 0 and m.priorities.calls > 0 and m.ingest.items_in == buf.get_added_timesteps()
         assert res["learners"]["default_policy"]["num_module_steps_trained"] > 0
+        replay = res["replay_buffer"]   # DQN aggregates get_metrics() (it was {}: no entry)
+        assert replay["num_env_steps_added_lifetime"] == buf.get_added_timesteps()
+        assert replay["num_env_steps_sampled_lifetime"] == buf.get_sampled_timesteps()
     finally:
         algo.stop()
 
