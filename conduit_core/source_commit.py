@@ -189,7 +189,10 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
             buf.check_open()
             seq, seen = buf.ring.inserted, set()
             for i, r in enumerate(receipts):   # every receipt's pulls at once, for the seqs it gets if none waits
-                if r.n and r.key not in ledger.taken and r.key not in seen and not buf.storage.pools:
+                # (none for a receipt another thread is committing: it ends taken, and a copy pulled
+                # for it here would stay in the destination actor)
+                if r.n and r.key not in ledger.taken and r.key not in ledger.pending and r.key not in seen \
+                        and not buf.storage.pools:
                     seen.add(r.key)
                     rows = StagedRows(buf.spec, r)
                     ahead[i] = (seq, rows, begin_prepare(buf, rows, seq), tuple(buf.storage.parts))
@@ -198,12 +201,11 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
                 commit_one(buf, r, ahead.get(i), timeout, report, release)
     except BaseException as exc:   # what was done before the failure stays done, and is reported with it
         exc.commit_report = report  # type: ignore[attr-defined]
-        for i, (_, rows, _, _) in ahead.items():   # pieces pulled ahead for receipts not committed
-            if receipts[i].key not in ledger.taken:
-                for actor in rows.pulled_into:
-                    release.setdefault(actor, set()).add(receipts[i].key)
         raise
     finally:
+        for _, rows, _, _ in ahead.values():   # pieces pulled ahead: written or not, done with (a
+            for actor in rows.pulled_into:       # receipt not committed is pulled again by its next commit)
+                release.setdefault(actor, set()).add(rows.key)
         for r in report.duplicates:
             release.setdefault(r.actor, set()).add(r.key)
         for actor, keys in release.items():   # nothing waits on it: a lost reply leaves rows a late stage ignores

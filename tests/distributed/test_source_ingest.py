@@ -209,6 +209,45 @@ def test_interleaved_stages_commits_and_retries_give_each_row_once(cluster):
         buf.close()
 
 
+def test_one_receipt_committed_by_two_threads_is_stored_once_and_leaves_no_copy_staged(cluster):
+    """Found by a review (session 23): a commit of [R1, R] pulls R's rows ahead into their
+    destination shard's actor, then waits for room for R1; a second commit of [R] stores R
+    meanwhile, elsewhere; the first then finds R a duplicate, and its copy stayed staged there."""
+    import threading
+    import time
+    buf = fifo_buffer(10, nodes=NODES + NODES[:1])   # a local shard and three remote ones
+    try:
+        buf.add(rollout(40, 0))
+        buf.take(20)
+        buf.add(rollout(20, 40))                      # full; the next rows go to slots 20.. (shard 2)
+        w = buf.writer(source=1, shard=1)             # staged in shard 1's actor
+        r1, r = w.write(rollout(10, 2000)), w.write(rollout(5, 1000))
+        reports = {}
+
+        def commit_in_thread(name, receipts, waits_on):
+            t = threading.Thread(target=lambda: reports.__setitem__(name, buf.commit(receipts, timeout=60)))
+            t.start()
+            deadline = time.monotonic() + 30
+            while waits_on.key not in buf.ingest_ledger.pending and time.monotonic() < deadline:
+                time.sleep(0.01)                      # it waits for room, its pulls begun
+            return t
+        both = commit_in_thread("both", [r1, r], r1)  # R pulled ahead for seqs 70.. (shard 3)
+        alone = commit_in_thread("alone", [r], r)     # R pulled for seqs 60.. (shard 2)
+        got = ids_of(buf.take(5))                     # room for R (5 rows), not for R1 (10)
+        alone.join(60)
+        got += ids_of(buf.take(None))
+        both.join(60)
+        got += ids_of(buf.take(None))
+        assert [f for _, f in reports["alone"].committed] == [60]
+        assert [f for _, f in reports["both"].committed] == [65] and reports["both"].duplicates == [r]
+        assert got == list(range(20, 60)) + list(range(1000, 1005)) + list(range(2000, 2010))
+        time.sleep(0.5)                               # releases are sent without waiting
+        stats = ray.get([p.actor.staging_stats.remote() for p in buf.storage.parts[1:]])
+        assert [s["rollouts"] for s in stats] == [0, 0, 0]
+    finally:
+        buf.close()
+
+
 def test_a_node_lost_mid_run_loses_exactly_its_rows_and_a_checkpoint_keeps_the_survivors(cluster):
     """Four nodes; writers on three of them; the third node leaves the cluster while writers
     and a consumer go on. Receipts it staged but the driver had not committed are never
