@@ -15,8 +15,12 @@ LOOPBACK = "127.0.0.1"
 
 
 def init_local(**kwargs):
-    """``ray.init(**kwargs)`` announced on loopback, without the dashboard (both overridable)."""
+    """``ray.init(**kwargs)`` announced on loopback, without the dashboard (both overridable),
+    always a new local instance (``address="local"``): without it ``ray.init`` joins a cluster
+    it finds running on the machine (another run's, a test's ``ray.cluster_utils.Cluster``) and
+    refuses ``num_cpus`` there. Pass ``address=`` to join one on purpose."""
     import ray
+    kwargs.setdefault("address", "local")
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("_node_ip_address", LOOPBACK)
     return ray.init(**kwargs)
