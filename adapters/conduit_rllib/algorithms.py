@@ -32,6 +32,7 @@ class ConduitDQN(BufferCheckpointMixin, DQN):
         check_learner_shards(self)
         self.conduit_writers: dict[int, str] = {}   # source_ingest: env runner index -> its writer's id
         self.conduit_writers_for = None             # the buffer id they write for (a restore changes it)
+        self.conduit_unwritten_seen = 0             # the buffer's unwritten_adds when writers were last handed out
 
     def _create_local_replay_buffer_if_necessary(self, config):
         """RLlib's buffer build, with the config's seed for Conduit's buffer: RLlib passes its
@@ -61,9 +62,13 @@ class ConduitDQN(BufferCheckpointMixin, DQN):
         if buf is not None and buf.options.source_ingest and buf.edp is not None:
             ledger = buf.edp.buffer.ingest_ledger.buffer
             healthy = self.env_runner_group.num_healthy_remote_workers()
-            if self.conduit_writers_for != ledger or len(self.conduit_writers) != healthy:
+            # again where a runner sent episodes instead of receipts since: restarted without a writer,
+            # or its writer's shard was lost (the runner dropped the writer; the shard is replaced)
+            if self.conduit_writers_for != ledger or len(self.conduit_writers) != healthy \
+                    or buf.unwritten_adds != self.conduit_unwritten_seen:
                 from .source_ingest import push_writers
                 self.conduit_writers, self.conduit_writers_for = push_writers(self, buf), ledger
+                self.conduit_unwritten_seen = buf.unwritten_adds
         return super().training_step()
 
     def cleanup(self):

@@ -102,7 +102,11 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         # the core Batch of the last sample: RLlib's update_priorities(priorities) applies to it
         self.last_sampled: Batch | None = None
         self._sampled = 0
-        self.replay_metrics = ReplayMetrics(self._lifetime_counts, window=metrics_num_episodes_for_smoothing)
+        self.unwritten_adds = 0   # source_ingest: adds of episodes a runner did not write at the source
+        led = self.ledger   # get_metrics(): lifetime steps and episodes added and evicted, steps sampled
+        self.replay_metrics = ReplayMetrics(lambda: (self.ingest.added, led.evicted_rows, len(led.episodes)
+                                                     + led.evicted_episodes, led.evicted_episodes, self._sampled),
+                                            window=metrics_num_episodes_for_smoothing)
 
     @property
     def seed(self) -> int:
@@ -185,6 +189,8 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                     self.add(episodes[:k])
                     return self.add(episodes[k:])
                 return self._add_written(episodes)
+        if self.options.source_ingest and self.edp is not None:
+            self.unwritten_adds += 1   # episodes from a runner without a writer (ConduitDQN hands it one)
         chunks = []
         ingest = self.ingest
         for ep in episodes:
@@ -353,11 +359,6 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
     def get_metrics(self) -> dict:
         """RLlib's whole-buffer replay metrics since the last call (``replay_metrics``)."""
         return self.replay_metrics.result()
-
-    def _lifetime_counts(self) -> tuple[int, int, int, int, int]:
-        led = self.ledger
-        return self.ingest.added, led.evicted_rows, len(led.episodes) + led.evicted_episodes, led.evicted_episodes, \
-            self._sampled
 
     def conduit_metrics(self):
         """The data plane's metrics snapshot (per control point: blocked and busy time)."""

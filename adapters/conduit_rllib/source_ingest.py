@@ -27,6 +27,7 @@ from typing import Any
 
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
+from conduit_core.errors import StagedRowsLost
 from conduit_core.source_writer import Receipt
 
 from .columns import chunk_lookback_row, episode_columns, episode_infos
@@ -98,7 +99,18 @@ class ConduitEnvRunner(SingleAgentEnvRunner):
         episodes = super().sample(**kwargs)
         if self.conduit_writer is None:
             return episodes
-        return write_chunks(self.conduit_writer, episodes, store_infos=self.conduit_store_infos)
+        try:
+            return write_chunks(self.conduit_writer, episodes, store_infos=self.conduit_store_infos)
+        except StagedRowsLost as lost:
+            # The shard this runner stages in is lost (its actor died, its node left): the episodes
+            # go to the driver as RLlib's (nothing lost, nothing staged twice: every chunk of this
+            # sample travels as an episode), and the driver hands out a writer for the shard that
+            # replaces it (it counts a sample without receipts as a runner without a writer)
+            import logging
+            logging.getLogger("conduit").warning("conduit_rllib: env runner %s: %s; sending its episodes to the "
+                                                 "driver until it gets a new writer", self.worker_index, lost)
+            self.conduit_writer = None
+            return episodes
 
 
 def push_writers(algo, buf) -> dict[int, str]:

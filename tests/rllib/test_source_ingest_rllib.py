@@ -108,6 +108,33 @@ def test_dqn_cartpole_with_two_env_runners_writing_at_the_source(ray_session):
         algo.stop()
 
 
+def test_runners_whose_shard_is_lost_send_episodes_then_get_writers_for_its_replacement(ray_session):
+    """Found by a review (session 23): writers stayed bound to a lost shard's dead actor (each
+    runner's sample() then failed), and a runner without a writer was never handed one while the
+    runner count stayed the same."""
+    import ray
+    cfg = workloads.dqn_cartpole(seed=1, num_env_runners=2, capacity=5000)
+    cfg.reporting(min_sample_timesteps_per_iteration=300)
+    cfg.training(num_steps_sampled_before_learning_starts=100)
+    algo = conduit_rllib.enable(cfg, source_ingest=True).build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+        buf = algo.local_replay_buffer
+        core = buf.edp.buffer
+        before, taken = dict(algo.conduit_writers), len(core.ingest_ledger.taken)
+        (remote,) = [p for p in core.storage.parts if getattr(p, "actor", None) is not None]
+        ray.kill(remote.actor)
+        res = algo.train()                       # the runners' writes fail: their episodes go to the driver
+        assert buf.unwritten_adds >= 1 and core.losses
+        algo.train()
+        assert set(algo.conduit_writers.values()).isdisjoint(before.values())   # new writers, new shard
+        assert len(core.ingest_ledger.taken) > taken                          # written at the source again
+        assert res["learners"]["default_policy"]["num_module_steps_trained"] > 0
+    finally:
+        algo.stop()
+
+
 def test_source_ingest_is_refused_for_ppo_not_ignored():
     """Env runners write at the source for DQN only: PPO must say so, not accept and ignore it."""
     from ray.rllib.algorithms.ppo import PPOConfig
