@@ -83,7 +83,12 @@ class StagedRows(Mapping):
 class CommitLedger:
     """Which receipts a buffer took (exactly once), and what it refused."""
 
+    # this buffer's id, in every writer it hands out: a receipt is committed only to the buffer whose
+    # writer made it. A restored buffer gets an id of its own (two buffers restored from one
+    # checkpoint must not take each other's receipts) and keeps the ids it continues in ``earlier``:
+    # a receipt from a writer handed out before the save is still committed, once
     buffer: str = field(default_factory=lambda: uuid.uuid4().hex)
+    earlier: frozenset = frozenset()
     taken: TakenReceipts = field(default_factory=TakenReceipts)   # committed, never accepted or declined
     pending: set = field(default_factory=set)          # being committed now (a concurrent retry waits it out)
     duplicates: int = 0
@@ -94,8 +99,12 @@ class CommitLedger:
         """The ledger as plain values (saved in ``ExperienceBuffer.state_dict``): a receipt
         committed before a checkpoint is a duplicate after the restore (``TakenReceipts.state``).
         Pending commits are not saved."""
-        return {"buffer": self.buffer, "duplicates": self.duplicates, "never_accepted": self.never_accepted,
-                "declined": self.declined, **self.taken.state()}
+        return {"buffer": self.buffer, "earlier": sorted(self.earlier), "duplicates": self.duplicates,
+                "never_accepted": self.never_accepted, "declined": self.declined, **self.taken.state()}
+
+    def made(self, receipt: Receipt) -> bool:
+        """Whether a writer of this buffer (or of a buffer it was restored from) made ``receipt``."""
+        return receipt.buffer == self.buffer or receipt.buffer in self.earlier
 
     @staticmethod
     def check_state(state) -> "CommitLedger":
@@ -110,12 +119,15 @@ class CommitLedger:
         buffer = state.get("buffer")
         if not isinstance(buffer, str) or not buffer:
             raise bad("buffer", "the buffer id (a str)", repr(buffer))
+        earlier = state.get("earlier", [])   # (absent from states saved before 2026-12-03)
+        if not isinstance(earlier, (list, tuple)) or not all(isinstance(e, str) and e for e in earlier):
+            raise bad("earlier", "a list of buffer ids (strs)", repr(earlier))
         taken = TakenReceipts.from_state(state, bad)
         counts = [state.get(k, 0) for k in ("duplicates", "never_accepted", "declined")]
         if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 0 for c in counts):
             raise bad("duplicates/never_accepted/declined", "ints >= 0", counts)
-        return CommitLedger(buffer=buffer, taken=taken, duplicates=int(counts[0]), never_accepted=int(counts[1]),
-                            declined=int(counts[2]))
+        return CommitLedger(earlier=frozenset(earlier) | {buffer}, taken=taken, duplicates=int(counts[0]),
+                            never_accepted=int(counts[1]), declined=int(counts[2]))   # (a new id: see ``buffer``)
 
 
 @dataclass
@@ -180,9 +192,9 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
         if not isinstance(r, Receipt):
             raise ConfigError("receipts", "Receipts that SourceWriter.write returned", type(r).__name__,
                               "commit what the buffer's writers returned")
-        if r.buffer != ledger.buffer:
-            raise ConfigError("receipt.buffer", f"this buffer's id {ledger.buffer[:8]}", r.buffer[:8],
-                              "commit a receipt to the buffer whose writer made it")
+        if not ledger.made(r):
+            raise ConfigError("receipt.buffer", f"this buffer's id {ledger.buffer[:8]} (or one it was restored from)",
+                              r.buffer[:8], "commit a receipt to the buffer whose writer made it")
     ahead: dict = {}
     try:
         with buf.lock:   # held throughout (waits release it): the seqs guessed below are usually the ones given

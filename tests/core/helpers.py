@@ -25,11 +25,12 @@ def rollout(n: int, start: int = 0, *, done_at: int | None = None, source_tag: f
 
 def assert_same_state(a, b, path="state"):
     """Two ``state_dict()``s equal part by part (arrays by value), naming the first part that
-    differs; each buffer's own id for its writers' receipts (``...ingest.buffer``) is skipped."""
+    differs; each buffer's own id for its writers' receipts (``...ingest.buffer``, and the ids it
+    was restored from, ``...ingest.earlier``) is skipped."""
     if isinstance(a, dict):
         assert isinstance(b, dict) and list(a) == list(b), path
         for k in a:
-            if not (path.endswith(".ingest") and k == "buffer"):
+            if not (path.endswith(".ingest") and k in ("buffer", "earlier")):
                 assert_same_state(a[k], b[k], f"{path}.{k}")
     elif isinstance(a, (list, tuple)):
         assert isinstance(b, (list, tuple)) and len(a) == len(b), path

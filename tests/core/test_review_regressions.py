@@ -502,3 +502,30 @@ def test_a_shard_lost_during_a_load_is_replaced_and_the_whole_state_is_loaded():
     assert [loss.shard for loss in buf.losses] == [1]   # the rows of before the load that shard held
     buf.close()
     saved.close()
+
+
+def test_two_buffers_restored_from_one_state_do_not_take_each_others_receipts():
+    """Found by a review (session 23): a state restored into two buffers gave both the saved id,
+    so either committed the receipts of the other's writers. A receipt of a writer handed out
+    before the save is still taken by each (once each: they continue the same past)."""
+    from conduit_core import ConfigError
+    from conduit_core.source_writer import Receipt
+    a = ExperienceBuffer(spec=SPEC, capacity=8)
+    state = a.state_dict()
+    b1, b2 = ExperienceBuffer(spec=SPEC, capacity=8), ExperienceBuffer(spec=SPEC, capacity=8)
+    b1.load_state_dict(state)
+    b2.load_state_dict(state)
+    ids = {a.ingest_ledger.buffer, b1.ingest_ledger.buffer, b2.ingest_ledger.buffer}
+    assert len(ids) == 3
+    receipt = lambda t, of: Receipt(writer="w", ticket=t, n=0, source=0, policy_version=0, done={}, actor=None,
+                                    shard=0, buffer=of.ingest_ledger.buffer)
+    with pytest.raises(ConfigError, match="receipt.buffer"):
+        b2.commit([receipt(1, b1)])
+    assert len(b1.commit([receipt(1, b1)]).committed) == 1
+    before = receipt(0, a)
+    assert len(b1.commit([before]).committed) == 1 and len(b2.commit([before]).committed) == 1
+    again = ExperienceBuffer(spec=SPEC, capacity=8)
+    again.load_state_dict(b1.state_dict())     # a restore of a restore continues both pasts
+    assert again.commit([before]).duplicates == [before] and len(again.commit([receipt(2, a)]).committed) == 1
+    for buf in (a, b1, b2, again):
+        buf.close()
