@@ -165,7 +165,6 @@ class ExperienceBuffer:
         return self.add_encoded(enc, n, source=source, policy_version=policy_version, timeout=timeout,
                                 priorities=priorities)
 
-
     # the write side's entry for batches ``encode`` already checked (insertion.py)
     add_encoded = insertion.add_encoded
     add_encoded_many = insertion.add_encoded_many
@@ -174,6 +173,7 @@ class ExperienceBuffer:
     # their rows in a shard's actor; commit takes each receipt once, the rows never pass through here
     writer = source_commit.make_writer
     commit = source_commit.commit
+    abandon_before = source_commit.abandon_before
 
     # ------------------------------------------------------------ lost shards
 

@@ -94,13 +94,15 @@ class CommitLedger:
     duplicates: int = 0
     never_accepted: int = 0                            # rows whose staging actor was gone at commit
     declined: int = 0                                  # rows the caller declined (``decline``), never stored
+    abandoned: int = 0                                 # receipts the caller never got (``abandon_before``)
 
     def state(self) -> dict:
         """The ledger as plain values (saved in ``ExperienceBuffer.state_dict``): a receipt
         committed before a checkpoint is a duplicate after the restore (``TakenReceipts.state``).
         Pending commits are not saved."""
         return {"buffer": self.buffer, "earlier": sorted(self.earlier), "duplicates": self.duplicates,
-                "never_accepted": self.never_accepted, "declined": self.declined, **self.taken.state()}
+                "never_accepted": self.never_accepted, "declined": self.declined, "abandoned": self.abandoned,
+                **self.taken.state()}
 
     def made(self, receipt: Receipt) -> bool:
         """Whether a writer of this buffer (or of a buffer it was restored from) made ``receipt``."""
@@ -123,11 +125,12 @@ class CommitLedger:
         if not isinstance(earlier, (list, tuple)) or not all(isinstance(e, str) and e for e in earlier):
             raise bad("earlier", "a list of buffer ids (strs)", repr(earlier))
         taken = TakenReceipts.from_state(state, bad)
-        counts = [state.get(k, 0) for k in ("duplicates", "never_accepted", "declined")]
+        counts = [state.get(k, 0) for k in ("duplicates", "never_accepted", "declined", "abandoned")]
         if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 0 for c in counts):
-            raise bad("duplicates/never_accepted/declined", "ints >= 0", counts)
+            raise bad("duplicates/never_accepted/declined/abandoned", "ints >= 0", counts)
         return CommitLedger(earlier=frozenset(earlier) | {buffer}, taken=taken, duplicates=int(counts[0]),
-                            never_accepted=int(counts[1]), declined=int(counts[2]))   # (a new id: see ``buffer``)
+                            never_accepted=int(counts[1]), declined=int(counts[2]),
+                            abandoned=int(counts[3]))   # (a new id: see ``buffer``)
 
 
 @dataclass
@@ -248,6 +251,36 @@ def decline(buf, receipts: Iterable[Receipt]) -> int:
         except Exception:  # noqa: BLE001 - the staging actor is gone: its rows went with it
             pass
     return rows
+
+
+def abandon_before(buf, receipt: Receipt) -> int:
+    """Every receipt of ``receipt``'s writer with a lower ticket that was neither committed nor
+    declined is abandoned: for a caller that gets each writer's receipts in the order written
+    (RLlib's env runners: one ``sample()`` at a time each), one missing below a receipt that
+    arrived is a result it will never get (RLlib drops a ``sample()`` that outlives its timeout).
+    Its rows, still staged in the writer's actor, are released there (they held its memory for
+    good); its ticket is taken (it kept every later ticket of the writer listed in the ledger;
+    a late commit of it is a duplicate); it is counted in the ledger's ``abandoned`` and logged.
+    Returns how many."""
+    ledger = buf.ingest_ledger
+    if not ledger.made(receipt):
+        raise ConfigError("receipt.buffer", f"this buffer's id {ledger.buffer[:8]} (or one it was restored from)",
+                          receipt.buffer[:8], "pass a receipt of a writer this buffer handed out")
+    with buf.lock:
+        gone = [t for t in ledger.taken.missing_below(receipt.writer, receipt.ticket)
+                if (receipt.writer, t) not in ledger.pending]
+        for t in gone:
+            ledger.taken.add((receipt.writer, t))
+        ledger.abandoned += len(gone)
+    if gone:
+        log.warning("conduit: writer %s: %d receipt(s) below ticket %d never reached the buffer (tickets %s); "
+                    "their staged rows are released, never stored", receipt.writer[:8], len(gone), receipt.ticket,
+                    gone[:8])
+        try:
+            receipt.actor.release.options(concurrency_group="staging").remote([(receipt.writer, t) for t in gone])
+        except Exception:  # noqa: BLE001 - the staging actor is gone: its rows went with it
+            pass
+    return len(gone)
 
 
 def commit_one(buf, r: Receipt, ahead, timeout: float | None, report: CommitReport, release: dict) -> None:

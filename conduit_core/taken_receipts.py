@@ -44,6 +44,11 @@ class TakenReceipts:
         if out_of_order is not None and not out_of_order:
             del self.above[writer]
 
+    def missing_below(self, writer: str, ticket: int) -> list[int]:
+        """The tickets of ``writer`` below ``ticket`` not taken (a few: the gaps above its floor)."""
+        floor, above = self.floors.get(writer, 0), self.above.get(writer, ())
+        return [t for t in range(floor, ticket) if t not in above]
+
     def __len__(self) -> int:
         return sum(self.floors.values()) + sum(len(t) for t in self.above.values())
 

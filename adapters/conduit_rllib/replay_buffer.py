@@ -30,6 +30,7 @@ from .replay_metrics import ReplayMetrics
 from .replay_state import ReplayStateMixin
 from .sample_forms import batch_form, check_infos_stored, episodes_of, sequence_slices
 from .sequences import SequenceRules
+from .source_ingest import abandon_gaps
 
 
 RLLIB_MIN_PRIORITY = 1e-12  # PrioritizedEpisodeReplayBuffer.update_priorities: max(priority, 1e-12)
@@ -116,9 +117,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
 
     # ------------------------------------------------------------------ build
     def _selector(self):
-        if self.prioritized:
-            return Prioritized(alpha=self.alpha, beta=self.beta, eps=0.0)
-        return Uniform(draw=self._shared_draw)
+        return Prioritized(alpha=self.alpha, beta=self.beta, eps=0.0) if self.prioritized else Uniform(draw=self._shared_draw)
 
     def share_rng(self, rng: np.random.Generator) -> None:
         """Exact equivalence with RLlib's uniform ``EpisodeReplayBuffer``: draw each item as it
@@ -224,6 +223,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
             raise ConfigError("add(written chunks)", "a buffer built with source_ingest=True by an earlier add()",
                               "no data plane yet" if self.edp is None else "source_ingest=False",
                               "enable source_ingest and let the first training step go through the driver")
+        abandon_gaps(self.edp.buffer, written)   # results of these runners RLlib dropped: their rows released
         taken, seen, chunks = self.edp.buffer.ingest_ledger.taken, set(), []
         for c in written:
             if c.receipt.key in taken or c.receipt.key in seen:

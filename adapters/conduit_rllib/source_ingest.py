@@ -70,6 +70,19 @@ def write_chunks(writer, episodes, *, store_infos: bool) -> list[WrittenChunk]:
     return out
 
 
+def abandon_gaps(buffer, written) -> int:
+    """Receipts of these chunks' writers that never reached the driver are abandoned
+    (``ExperienceBuffer.abandon_before`` below each writer's lowest ticket here): a runner's
+    ``sample()`` results come one at a time, so a ticket missing below one that arrived is a
+    result RLlib dropped (a sample that outlived ``sample_timeout_s``). Returns how many."""
+    lowest: dict[str, Receipt] = {}
+    for c in written:
+        r = c.receipt
+        if r.writer not in lowest or r.ticket < lowest[r.writer].ticket:
+            lowest[r.writer] = r
+    return sum(buffer.abandon_before(r) for r in lowest.values())
+
+
 def chunk_infos(ep, n: int) -> list:
     """The chunk's infos: shipped with a written chunk, read from an episode."""
     written = getattr(ep, "receipt", None) is not None

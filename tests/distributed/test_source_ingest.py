@@ -139,6 +139,34 @@ def test_a_retried_stage_or_commit_changes_nothing(cluster):
         buf.close()
 
 
+def test_receipts_that_never_arrive_are_abandoned_below_one_that_did(cluster):
+    """Found by a review (session 23): a receipt never committed (a result the caller dropped)
+    kept its rows staged in the actor and every later ticket of its writer listed in the ledger."""
+    buf = fifo_buffer(10)
+    try:
+        w = buf.writer(source=3, shard=1)
+        r0, r1, r2, r3 = (w.write(rollout(3, 10 * t)) for t in range(4))
+        buf.commit([r0])
+        assert buf.abandon_before(r3) == 2              # r1 and r2 never reached the buffer
+        assert buf.abandon_before(r3) == 0              # once
+        buf.commit([r3])
+        led = buf.ingest_ledger
+        assert led.abandoned == 2 and not led.taken.above and led.taken.floors[w.id] == 4
+        assert buf.commit([r1]).duplicates == [r1]      # a late one is taken once: never stored
+        assert ids_of(buf.take(None)) == [0, 1, 2, 30, 31, 32]
+        import time
+        time.sleep(0.5)                                 # releases are sent without waiting
+        assert ray.get(buf.storage.parts[1].actor.staging_stats.remote())["rollouts"] == 0
+        other = fifo_buffer(10)
+        try:
+            with pytest.raises(Exception, match="receipt.buffer"):
+                other.abandon_before(r3)
+        finally:
+            other.close()
+    finally:
+        buf.close()
+
+
 def test_bad_input_fails_in_the_writer_with_the_field_named(cluster):
     buf = fifo_buffer(10)
     try:

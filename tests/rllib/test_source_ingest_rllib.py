@@ -135,6 +135,31 @@ def test_runners_whose_shard_is_lost_send_episodes_then_get_writers_for_its_repl
         algo.stop()
 
 
+def test_a_sample_rllib_drops_is_abandoned_and_its_staged_rows_released(ray_session):
+    """A runner's ``sample()`` whose result the driver never gets (RLlib drops one that outlives
+    ``sample_timeout_s``): its receipts are abandoned at the runner's next result, their staged
+    rows released (they stayed in the shard's actor for good)."""
+    import ray
+    cfg = workloads.dqn_cartpole(seed=1, num_env_runners=1, capacity=5000)
+    cfg.reporting(min_sample_timesteps_per_iteration=200)
+    cfg.training(num_steps_sampled_before_learning_starts=100)
+    algo = conduit_rllib.enable(cfg, source_ingest=True).build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+        core = algo.local_replay_buffer.edp.buffer
+        dropped = algo.env_runner_group.foreach_env_runner(lambda w: len(w.sample()), local_env_runner=False)
+        assert dropped[0] > 0 and core.ingest_ledger.abandoned == 0   # written, staged, never returned
+        algo.train()
+        assert core.ingest_ledger.abandoned == dropped[0] and not core.ingest_ledger.taken.above
+        import time
+        time.sleep(0.5)
+        stats = ray.get([p.actor.staging_stats.remote() for p in core.storage.parts])
+        assert all(s["rollouts"] == 0 for s in stats)
+    finally:
+        algo.stop()
+
+
 def test_source_ingest_is_refused_for_ppo_not_ignored():
     """Env runners write at the source for DQN only: PPO must say so, not accept and ignore it."""
     from ray.rllib.algorithms.ppo import PPOConfig
