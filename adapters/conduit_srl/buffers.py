@@ -18,6 +18,8 @@ SRL's trainer recognises, built on first use so that nothing of SRL is imported 
 
 from __future__ import annotations
 
+import numpy as np
+
 from conduit_core.errors import ConfigError
 
 from .delivery_plan import check_delivery
@@ -29,6 +31,38 @@ from .replay_buffer import REPLAY_KINDS, ConduitReplayBuffer
 __all__ = ["QUEUE_KINDS", "REPLAY_KINDS", "ConduitQueueBuffer", "ConduitReplayBuffer", "check_delivery", "make_buffer"]
 
 
+# The arguments each of SRL's buffer classes takes (rlsrl/base/buffer.py at b3b01ea: SimpleQueueBuffer,
+# PriorityQueueBuffer, SimpleReplayBuffer, PrioritizedReplayBuffer): SRL's make_buffer raises a TypeError
+# for any other, and so does this one (an argument of another kind, e.g. alpha on simple_replay_buffer,
+# would otherwise be taken and ignored: uniform draws for a user who believes they have priorities)
+SRL_ARGUMENTS = {
+    "simple_queue": ("batch_size", "max_size"),
+    "priority_queue": ("max_size", "reuses", "batch_size"),
+    "simple_replay_buffer": ("max_size", "batch_size", "warmup_transitions", "seed", "sample_length", "batch_length"),
+    "prioritized_replay_buffer": ("max_size", "sample_length", "batch_size", "warmup_transitions", "seed",
+                                  "burn_in_steps", "alpha", "beta", "beta_scheduler", "max_priority",
+                                  "priority_interpolation_eta"),
+}
+
+
+def check_srl_arguments(name: str, buffer_args) -> None:
+    """A TypeError naming an argument SRL's buffer of kind ``name`` does not take."""
+    allowed = SRL_ARGUMENTS.get(name, ())
+    for arg in buffer_args:
+        if arg not in allowed:
+            raise TypeError(f"{name}: unexpected keyword argument {arg!r} (SRL's buffer of this kind takes "
+                            f"{', '.join(allowed)}). Fix: remove it, or pick the buffer kind that takes it")
+
+
+def check_options(lease_depth, seed_offset) -> None:
+    """``conduit_srl.enable``'s own options (checked at ``enable``, not in the forked workers)."""
+    if isinstance(lease_depth, bool) or not isinstance(lease_depth, (int, np.integer)) or lease_depth < 0:
+        raise ConfigError("lease_depth", "an integer >= 0", repr(lease_depth),
+                          "pass 2 for a trainer with a one-step prefetcher, 1 without one")
+    if isinstance(seed_offset, bool) or not isinstance(seed_offset, (int, np.integer)):
+        raise ConfigError("seed_offset", "an integer", repr(seed_offset), "pass an int added to each buffer's seed")
+
+
 def make_buffer(name: str, *, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priority_lag: int = 0,
                 empty_wait_s: float = 0.0, **buffer_args):
     """SRL's ``make_buffer`` names and arguments, Conduit's buffers. A prioritized replay buffer is
@@ -37,18 +71,20 @@ def make_buffer(name: str, *, lease_depth: int = 2, seed_offset: int = 0, delive
     ``priority_lag``: how the replay kinds deliver (see ``conduit_srl.enable``); the queue kinds
     prepare their batches on ``put`` and take neither. ``empty_wait_s``: how long a queue kind's
     ``empty`` waits for a batch to form before it answers True (``ConduitQueueBuffer.empty``)."""
+    if name not in SRL_ARGUMENTS:
+        raise ConfigError("buffer_name", f"one of {QUEUE_KINDS + REPLAY_KINDS}", repr(name),
+                          "use one of SRL's buffer names")
+    check_srl_arguments(name, buffer_args)
+    check_options(lease_depth, seed_offset)
     if name in QUEUE_KINDS:
-        return ConduitQueueBuffer(name, lease_depth=lease_depth, empty_wait_s=empty_wait_s, **buffer_args)
+        return ConduitQueueBuffer(name, lease_depth=int(lease_depth), empty_wait_s=empty_wait_s, **buffer_args)
     if name == "simple_replay_buffer":
         args = dict(buffer_args)
-        args["seed"] = args.get("seed", 0) + seed_offset
+        args["seed"] = args.get("seed", 0) + int(seed_offset)
         return ConduitReplayBuffer(name, delivery=delivery, **args)
-    if name == "prioritized_replay_buffer":
-        args = dict(buffer_args)
-        args["seed"] = args.get("seed", 0) + seed_offset
-        return _prioritized_class()(name, delivery=delivery, priority_lag=priority_lag, **args)
-    raise ConfigError("buffer_name", f"one of {QUEUE_KINDS + REPLAY_KINDS}", repr(name),
-                      "use one of SRL's buffer names")
+    args = dict(buffer_args)   # prioritized_replay_buffer
+    args["seed"] = args.get("seed", 0) + int(seed_offset)
+    return _prioritized_class()(name, delivery=delivery, priority_lag=priority_lag, **args)
 
 
 _PRIORITIZED_CLASS = None

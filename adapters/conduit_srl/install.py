@@ -55,6 +55,8 @@ def enable(*, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priorit
     check_delivery(delivery, priority_lag)  # fails here, not in the forked trainer workers
     from .queue_buffer import check_empty_wait
     check_empty_wait(empty_wait_s)
+    from .buffers import check_options
+    check_options(lease_depth, seed_offset)
     _options = dict(lease_depth=lease_depth, seed_offset=seed_offset, delivery=delivery, priority_lag=priority_lag,
                     empty_wait_s=empty_wait_s)
     trainer_worker.install()

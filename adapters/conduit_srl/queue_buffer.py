@@ -22,6 +22,8 @@ import queue as queue_module
 import time
 from typing import Any
 
+import numpy as np
+
 from conduit_core.entry_queue import EntryQueue
 from conduit_core.errors import ConfigError
 
@@ -32,7 +34,7 @@ QUEUE_KINDS = ("simple_queue", "priority_queue")
 
 
 def _max_size(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value >= 1:
         raise ConfigError(f"{name}.max_size", "a number >= 1", repr(value), "pass SRL's max_size (entries)")
     return math.inf if value == math.inf else int(value)
 
@@ -51,6 +53,9 @@ class ConduitQueueBuffer:
         if kind not in QUEUE_KINDS:
             raise ConfigError("kind", f"one of {QUEUE_KINDS}", repr(kind), "use ConduitReplayBuffer for replay kinds")
         check_empty_wait(empty_wait_s)
+        # numpy integers as SRL takes them (its buffers only do arithmetic with them)
+        reuses = int(reuses) if isinstance(reuses, np.integer) else reuses
+        batch_size = int(batch_size) if isinstance(batch_size, np.integer) else batch_size
         self.kind = kind
         self.empty_wait_s = float(empty_wait_s)
         if kind == "priority_queue":

@@ -87,7 +87,17 @@ class ConduitReplayBuffer:
             if beta_scheduler is not None and beta_scheduler.init_value != beta:
                 raise ConfigError(f"{kind}.beta_scheduler.init_value", beta, beta_scheduler.init_value,
                                   "start the scheduler at beta")
+            if batch_length not in (None, sample_length):   # (SRL's prioritized buffer takes no batch_length)
+                raise ConfigError(f"{kind}.batch_length", f"None (it is sample_length={sample_length})", batch_length,
+                                  "leave batch_length out: prioritized chunks are whole samples")
             batch_length = sample_length
+        elif batch_size > max_size:   # it draws batch_size distinct samples of the max_size it keeps
+            raise ConfigError(f"{kind}.batch_size", f"<= max_size={max_size}", batch_size,
+                              "raise max_size or lower batch_size (SRL's buffer fails at its first get; this one "
+                              "would report empty() forever)")
+        if sample_length is not None and batch_length is not None and batch_length != sample_length:
+            raise ConfigError(f"{kind}.batch_length", f"equal to sample_length={sample_length}", batch_length,
+                              "leave batch_length out (Conduit does not cut samples into shorter chunks)")
         self._max_size, self._batch_size = int(max_size), int(batch_size)
         self._warmup, self._seed = int(warmup_transitions), int(seed)
         self._sample_length, self._batch_length = sample_length, batch_length
