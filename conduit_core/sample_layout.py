@@ -55,7 +55,7 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
     does not fit. A sample of exact numpy arrays of the layout's shapes and dtypes (the common case,
     checked first) comes back as it is, so the put path pays no conversion for it. Otherwise:
     the field names must be the layout's; arrays are converted (tensors, scalars) and must keep the
-    shape and cast ``same_kind`` to the dtype; a missing array (``None``) becomes zeros (as SRL's
+    shape and cast to the dtype safely, or hold values it stores exactly; a missing array (``None``) becomes zeros (as SRL's
     aggregation fills a missing array with zeros); a ``"none"`` field must stay ``None``."""
     if sample.keys() == layout.keys():  # the common case: exact arrays of the first sample's shape and dtype
         for name, f in layout.items():
@@ -89,11 +89,20 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
             if arr is None or tuple(arr.shape) != f.shape:
                 raise SpecError(f"{name}.shape", f.shape, None if arr is None else tuple(arr.shape),
                                 "put samples of the same length T and per-step shape as the first one")
-            if not np.can_cast(arr.dtype, f.dtype, casting="same_kind"):
-                raise SpecError(f"{name}.dtype", str(f.dtype), str(arr.dtype),
-                                "put samples with the dtype of the first one")
+            if not np.can_cast(arr.dtype, f.dtype, casting="safe") and not (
+                    np.can_cast(arr.dtype, f.dtype, casting="same_kind") and stored_exactly(arr, f.dtype)):
+                raise SpecError(f"{name}.dtype", f"{f.dtype} (the first sample's), or values it holds exactly",
+                                str(arr.dtype), "put samples with the dtype of the first one (this one's values "
+                                "would change in the slot: e.g. int64 2**40 stored as int32 is 0)")
             cols[name] = arr
     return cols
+
+
+def stored_exactly(arr: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether ``arr``'s values come back unchanged from ``dtype`` (a narrower dtype of the same
+    kind: a later sample's float64 or int64 into the first sample's float32 or int32 slot)."""
+    back = arr.astype(dtype).astype(arr.dtype)
+    return bool(np.array_equal(back, arr, equal_nan=arr.dtype.kind in "fc"))
 
 
 def as_array(value: Any) -> np.ndarray | None:

@@ -44,3 +44,20 @@ def test_enable_options_are_checked(lease_depth, seed_offset):
         check_options(lease_depth, seed_offset)
     with pytest.raises(ConfigError, match="lease_depth|seed_offset"):
         make_buffer("priority_queue", lease_depth=lease_depth, seed_offset=seed_offset)
+
+
+def test_a_later_sample_whose_values_the_first_samples_dtype_would_change_is_refused():
+    """Found by a review (session 24): a queue kind cast a later sample into the first one's dtypes
+    (same_kind): int64 2**40 into an int32 slot was stored as 0. Values the slot holds exactly
+    are still taken (as before); others are refused naming the field. (``conform`` is what the queue
+    kinds' put runs on each sample; the put itself needs SRL's samples: tests/srl_venv.)"""
+    from conduit_core.errors import SpecError
+    from conduit_core.sample_layout import conform, layout_of
+    first = {"obs": np.zeros((2, 3), np.float32), "version": np.zeros(2, np.int32)}
+    layout = layout_of(first)
+    ok = conform({"obs": np.ones((2, 3), np.float64), "version": np.array([1, 2], np.int64)}, layout)
+    assert ok["version"].tolist() == [1, 2]
+    with pytest.raises(SpecError, match="version.dtype"):
+        conform({"obs": np.ones((2, 3), np.float32), "version": np.array([0, 2 ** 40], np.int64)}, layout)
+    with pytest.raises(SpecError, match="obs.dtype"):
+        conform({"obs": np.full((2, 3), 0.1, np.float64), "version": np.zeros(2, np.int32)}, layout)
