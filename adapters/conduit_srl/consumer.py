@@ -142,6 +142,17 @@ class ConsumerBase:
             raise NothingToConsume()
         return got[0]
 
+    def flush(self) -> int:
+        """Put what is staged (a partial group included) into the last buffer now; the samples stored.
+        The trainer worker's ``exit`` calls it before SRL's saves the buffer (save_buffer_on_exit),
+        so a snapshot holds every sample the consumer received."""
+        if self._closed or self._buffer is None:
+            return 0
+        try:
+            return self._ingest.flush(self._buffer)
+        finally:
+            self._maybe_write()
+
     def close(self) -> None:
         """Put what is staged into the last buffer, then release every socket and mapping (idempotent).
         What could not be put (the buffer refused it) stays counted as ``staged`` in :meth:`stats`."""

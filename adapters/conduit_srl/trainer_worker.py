@@ -40,6 +40,14 @@ def bind_consumer(worker: Any, cfg: Any) -> bool:
     return True
 
 
+def flush_consumer(worker: Any) -> None:
+    """Put what a Conduit consumer has staged into the buffer (SRL's ``exit`` saves the buffer
+    first and closes the stream after: the staged samples would miss the snapshot)."""
+    stream = getattr(worker, "_TrainerWorker__stream", None)  # SRL's TrainerWorker keeps it name-mangled
+    if getattr(stream, "__conduit_consumer__", False):
+        stream.flush()
+
+
 def close_buffer(worker: Any) -> None:
     """Join the buffer's own threads (a replay kind preparing deliveries ahead) once SRL's training
     thread has stopped; a failure they kept is raised here. Buffers without ``close`` are left alone."""
@@ -61,7 +69,10 @@ def worker_class():
 
         def exit(self):
             try:
-                TrainerWorker.exit(self)  # saves the buffer, stops SRL's training thread
+                try:
+                    flush_consumer(self)      # before SRL's exit saves the buffer (its error after the exit)
+                finally:
+                    TrainerWorker.exit(self)  # saves the buffer, stops SRL's training thread
             finally:
                 close_buffer(self)
 

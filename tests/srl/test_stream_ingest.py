@@ -218,3 +218,26 @@ def test_a_buffer_that_fails_for_another_reason_keeps_the_sample_staged(cls):
         ing.pump(src, buf, 1024)
     assert ing.counts.rejected == 0 and ing.staged == 4 and ing.counts.put == 0
     invariant(ing)
+
+
+def test_the_trainer_workers_exit_puts_what_the_consumer_staged_before_srl_saves_the_buffer(monkeypatch):
+    """Found by a review (session 24): SRL's exit saves the buffer (save_buffer_on_exit), then closes
+    the stream; the consumer put its staged samples (a partial group under max_delay_s) only at that
+    close, after the snapshot. ``flush_consumer`` runs first in Conduit's trainer worker's exit."""
+    import types
+    from conduit_srl.consumer import ConsumerBase   # (the consumer's behaviour; SRL's class is only its base)
+    from conduit_srl.trainer_worker import flush_consumer
+    stream = types.SimpleNamespace(type_=types.SimpleNamespace(name="IP"), stream_name="s", address="x")
+    consumer = ConsumerBase(stream, g_ing=4, max_delay_s=30.0)
+    source = ListSource()
+    source.opened = True
+    monkeypatch.setattr(consumer, "_make_source", lambda: source)
+    consumer.worker_info = object()          # bound (as Conduit's trainer worker binds it)
+    buf = BatchBuffer()
+    source.available = 6
+    assert consumer.consume_to(buf) == 4    # one group of 4 stored; 2 wait for their group
+    worker = types.SimpleNamespace(_TrainerWorker__stream=consumer)
+    flush_consumer(worker)
+    assert buf.items == list(range(6)) and consumer.stats()["staged"] == 0
+    flush_consumer(types.SimpleNamespace(_TrainerWorker__stream=object()))   # SRL's own consumers: untouched
+    consumer.close()
