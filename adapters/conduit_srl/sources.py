@@ -121,6 +121,7 @@ class ShmSource:
         self.undecodable = 0
         self._dock = None
         self._codec = None
+        self._failed: Exception | None = None   # a read's failure after it had read samples (next call)
 
     @property
     def opened(self) -> bool:
@@ -139,26 +140,37 @@ class ShmSource:
         return self._dock is not None
 
     def receive(self, max_n: int) -> list[Any]:
+        """Up to ``max_n`` samples. A slot that fails to copy out (counted in ``undecodable``) after
+        others were read in this call: those are handed over (their slots are released already, so
+        dropping them would lose them uncounted) and the failure is raised by the next call."""
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
         if self._dock is None and not self.open():
             return []
-        if self.batch_size:         # buffer_zero_copy: one read = one batch, as SRL's reader
-            out = []
-            while len(out) < max_n:
-                ids = self.ctrl.acquire_read(batch_size=self.batch_size, preference=self.order)
-                if ids is None:
-                    break
-                out.append(self._copy_out(ids))
+        out: list[Any] = []
+        try:
+            if self.batch_size:         # buffer_zero_copy: one read = one batch, as SRL's reader
+                while len(out) < max_n:
+                    ids = self.ctrl.acquire_read(batch_size=self.batch_size, preference=self.order)
+                    if ids is None:
+                        break
+                    out.append(self._copy_out(ids))
+                return out
+            ids = self.ctrl.acquire_read(batch_size=max_n, preference=self.order)
+            if ids is None and max_n > 1:   # fewer than max_n readable: take them one at a time
+                while len(out) < max_n:
+                    one = self.ctrl.acquire_read(batch_size=1, preference=self.order)
+                    if one is None:
+                        break
+                    out += self._samples(one)
+                return out
+            return [] if ids is None else self._samples(ids)
+        except Exception as exc:
+            if not out:
+                raise
+            self._failed = exc
             return out
-        ids = self.ctrl.acquire_read(batch_size=max_n, preference=self.order)
-        if ids is None and max_n > 1:   # fewer than max_n readable: take them one at a time
-            out = []
-            while len(out) < max_n:
-                one = self.ctrl.acquire_read(batch_size=1, preference=self.order)
-                if one is None:
-                    break
-                out += self._samples(one)
-            return out
-        return [] if ids is None else self._samples(ids)
 
     def close(self) -> None:
         if self._dock is not None:

@@ -241,3 +241,37 @@ def test_the_trainer_workers_exit_puts_what_the_consumer_staged_before_srl_saves
     assert buf.items == list(range(6)) and consumer.stats()["staged"] == 0
     flush_consumer(types.SimpleNamespace(_TrainerWorker__stream=object()))   # SRL's own consumers: untouched
     consumer.close()
+
+
+def test_a_shared_memory_read_that_fails_after_reading_some_samples_hands_them_over():
+    """Found by a review (session 24): a slot group that failed to copy out dropped the groups read
+    before it in the same call (their slots already released: lost, uncounted). They are handed
+    over; the failure is raised by the next call; the failed slots count as undecodable."""
+    from conduit_srl.sources import ShmSource
+
+    class Ctrl:
+        def __init__(self):
+            self.slots, self.released = [0, 1, 2, 3], []
+
+        def acquire_read(self, batch_size, preference):
+            if len(self.slots) < batch_size:
+                return None
+            got, self.slots = self.slots[:batch_size], self.slots[batch_size:]
+            return got
+
+        def release_read(self, ids):
+            self.released += list(ids)
+
+    class Dock:
+        def get(self, ids):
+            if 2 in list(ids):
+                raise ValueError("a torn slot")
+            return {"batch": list(ids)}
+    ctrl = Ctrl()
+    src = ShmSource(experiment_name="e", trial_name="t", stream_name="s", qsize=4, ctrl=ctrl, batch_size=2)
+    src._dock = Dock()   # (opened: SRL's dock stands in)
+    assert src.receive(4) == [{"batch": [0, 1]}]
+    assert src.undecodable == 2 and sorted(ctrl.released) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="torn"):
+        src.receive(4)
+    assert src.receive(4) == []
