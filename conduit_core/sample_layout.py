@@ -55,7 +55,7 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
     does not fit. A sample of exact numpy arrays of the layout's shapes and dtypes (the common case,
     checked first) comes back as it is, so the put path pays no conversion for it. Otherwise:
     the field names must be the layout's; arrays are converted (tensors, scalars) and must keep the
-    shape and cast to the dtype safely, or hold values it stores exactly; a missing array (``None``) becomes zeros (as SRL's
+    shape and cast to the dtype safely, or hold values it stores (``stored_exactly``); a missing array (``None``) becomes zeros (as SRL's
     aggregation fills a missing array with zeros); a ``"none"`` field must stay ``None``."""
     if sample.keys() == layout.keys():  # the common case: exact arrays of the first sample's shape and dtype
         for name, f in layout.items():
@@ -99,10 +99,15 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
 
 
 def stored_exactly(arr: np.ndarray, dtype: np.dtype) -> bool:
-    """Whether ``arr``'s values come back unchanged from ``dtype`` (a narrower dtype of the same
-    kind: a later sample's float64 or int64 into the first sample's float32 or int32 slot)."""
-    back = arr.astype(dtype).astype(arr.dtype)
-    return bool(np.array_equal(back, arr, equal_nan=arr.dtype.kind in "fc"))
+    """Whether the first sample's narrower ``dtype`` holds ``arr``'s values: integers exactly (a
+    later int64 2**40 in an int32 slot would be 0), floats without overflow (float64 0.1 in a
+    float32 slot is rounded, as SRL's replay buffers round it assigning into their arrays; a finite
+    value turned inf is refused)."""
+    with np.errstate(over="ignore"):   # (an overflow is what is checked for)
+        cast = arr.astype(dtype)
+    if arr.dtype.kind in "fc":
+        return bool(np.array_equal(np.isfinite(cast), np.isfinite(arr)))
+    return bool(np.array_equal(cast.astype(arr.dtype), arr))
 
 
 def as_array(value: Any) -> np.ndarray | None:

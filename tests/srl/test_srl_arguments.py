@@ -48,8 +48,8 @@ def test_enable_options_are_checked(lease_depth, seed_offset):
 
 def test_a_later_sample_whose_values_the_first_samples_dtype_would_change_is_refused():
     """Found by a review (session 24): a queue kind cast a later sample into the first one's dtypes
-    (same_kind): int64 2**40 into an int32 slot was stored as 0. Values the slot holds exactly
-    are still taken (as before); others are refused naming the field. (``conform`` is what the queue
+    (same_kind): int64 2**40 into an int32 slot was stored as 0. Integers the slot holds exactly and
+    floats it holds without overflow are still taken (as before); others are refused naming the field. (``conform`` is what the queue
     kinds' put runs on each sample; the put itself needs SRL's samples: tests/srl_venv.)"""
     from conduit_core.errors import SpecError
     from conduit_core.sample_layout import conform, layout_of
@@ -59,5 +59,7 @@ def test_a_later_sample_whose_values_the_first_samples_dtype_would_change_is_ref
     assert ok["version"].tolist() == [1, 2]
     with pytest.raises(SpecError, match="version.dtype"):
         conform({"obs": np.ones((2, 3), np.float32), "version": np.array([0, 2 ** 40], np.int64)}, layout)
+    rounded = conform({"obs": np.full((2, 3), 0.1, np.float64), "version": np.zeros(2, np.int32)}, layout)
+    assert rounded["obs"].dtype == np.float64   # taken (stored as float32, rounded, as SRL's replay stores it)
     with pytest.raises(SpecError, match="obs.dtype"):
-        conform({"obs": np.full((2, 3), 0.1, np.float64), "version": np.zeros(2, np.int32)}, layout)
+        conform({"obs": np.full((2, 3), 1e300, np.float64), "version": np.zeros(2, np.int32)}, layout)
