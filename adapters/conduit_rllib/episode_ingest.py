@@ -70,6 +70,26 @@ class EpisodeIngest:
             self.next_source += 1
         return src
 
+    def continuing_source(self, ep, ends: dict) -> int:
+        """The source of chunk ``ep`` in an ``add()``: its episode's where the chunk starts where the
+        episode's stored steps (or an earlier chunk of this add, in ``ends``) end, else a new one.
+        A chunk that starts later (RLlib dropped a ``sample()`` in between: ``sample_timeout_s``)
+        starts a new part, so no n-step window or sequence runs across the missing steps (RLlib's
+        own buffer fails there: ``concat_episode`` asserts the steps meet)."""
+        src = self.sources.get(ep.id_)
+        if src is not None:
+            end = ends.get(src)
+            if end is None:
+                rec = self.ledger.episodes.get(src)
+                end = None if rec is None else rec.t_started + rec.rows
+            if end is not None and ep.t_started != end:
+                self._forget_source(src)
+                src = None
+        if src is None:
+            src = self.source_of(ep)
+        ends[src] = ep.t_started + len(ep)
+        return src
+
     # ------------------------------------------------------------------ adds
     def add_as_prioritized(self, chunks) -> None:
         """``PrioritizedEpisodeReplayBuffer.add``: one decision for the whole call (``plan``)."""

@@ -190,7 +190,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                 return self._add_written(episodes)
         if self.options.source_ingest and self.edp is not None:
             self.unwritten_adds += 1   # episodes from a runner without a writer (ConduitDQN hands it one)
-        chunks = []
+        chunks, ends = [], {}
         ingest = self.ingest
         for ep in episodes:
             n = len(ep)
@@ -205,8 +205,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
             if ctx.observation_space is None and ctx.action_space is None and ctx.agent_id is None \
                     and ctx.module_id is None:   # empty: the first chunk, or the first after a restore
                 self.context = EpisodeContext(ep.observation_space, ep.action_space, ep.agent_id, ep.module_id)
-            src = ingest.sources.get(ep.id_)   # (``ingest.source_of``'s lookup, inline)
-            chunks.append((ep, cols, ingest.source_of(ep) if src is None else src, n))
+            chunks.append((ep, cols, ingest.continuing_source(ep, ends), n))
         if not chunks:
             return
         if self.prioritized:
@@ -224,13 +223,13 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                               "no data plane yet" if self.edp is None else "source_ingest=False",
                               "enable source_ingest and let the first training step go through the driver")
         abandon_gaps(self.edp.buffer, written)   # results of these runners RLlib dropped: their rows released
-        taken, seen, chunks = self.edp.buffer.ingest_ledger.taken, set(), []
+        taken, seen, chunks, ends = self.edp.buffer.ingest_ledger.taken, set(), [], {}
         for c in written:
             if c.receipt.key in taken or c.receipt.key in seen:
                 self.ingest.duplicates += 1
                 continue
             seen.add(c.receipt.key)
-            chunks.append((c, None, self.ingest.source_of(c), c.n))
+            chunks.append((c, None, self.ingest.continuing_source(c, ends), c.n))
         if chunks:
             (self.ingest.add_as_prioritized if self.prioritized else self.ingest.add_as_uniform)(chunks)
         self.replay_metrics.after_add(self.ledger.rows, len(self.ledger.episodes))
