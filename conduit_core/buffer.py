@@ -25,7 +25,7 @@ import torch
 from .buffer_state import capture_state, check_state_for, restore_state, same_layout, state_layout
 from .episodes import EpisodeWalk
 from .errors import CapacityError, ClosedError, ConfigError
-from . import insertion, source_commit
+from . import insertion, source_commit, writer_placement
 from .memory import check_layout_fits
 from .output_pool import OutputPool
 from .rate_limiter import RateLimiter
@@ -171,7 +171,7 @@ class ExperienceBuffer:
 
     # ingestion at the source (source_writer.py, source_commit.py): writers on other nodes stage
     # their rows in a shard's actor; commit takes each receipt once, the rows never pass through here
-    writer = source_commit.make_writer
+    writer = writer_placement.make_writer
     commit = source_commit.commit
     abandon_before = source_commit.abandon_before
 

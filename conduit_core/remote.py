@@ -171,6 +171,9 @@ class RemoteShard(Shard):
         (pulled actor to actor); the returned call finishes it (ShardLost: this shard is lost;
         StagedRowsLost: the staging actor is)."""
         ref = self.actor.pull_staged.remote(*staged.key, first, n, staged.actor)
+        refs = getattr(staged, "pull_refs", None)
+        if refs is not None:
+            refs.setdefault(self.actor, []).append(ref)
         return lambda: self.check_pulled(self._get(ref), staged)
 
     def check_pulled(self, status: str, staged) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from .errors import ConfigError, StagedRowsLost
 from .rate_gate import wait_to_insert
-from .source_writer import Receipt, SourceWriter
+from .source_writer import Receipt
 from .taken_receipts import TakenReceipts
 
 log = logging.getLogger("conduit")
@@ -45,6 +45,7 @@ class StagedRows(Mapping):
         self.key, self.actor, self.shard = receipt.key, receipt.actor, receipt.shard
         self.columns: dict[str, np.ndarray] | None = None
         self.pulled_into: set = set()   # actors a piece of the rows was pulled into (released after)
+        self.pull_refs: dict = {}       # actor -> its pull calls (a release waits for them: see commit)
 
     def fetch(self) -> dict[str, np.ndarray]:
         """Every column, gathered from the staging actor once (StagedRowsLost if it is gone)."""
@@ -91,6 +92,7 @@ class CommitLedger:
     earlier: frozenset = frozenset()
     taken: TakenReceipts = field(default_factory=TakenReceipts)   # committed, never accepted or declined
     pending: set = field(default_factory=set)          # being committed now (a concurrent retry waits it out)
+    claimed: dict = field(default_factory=dict)        # key -> commit calls holding it (abandon_before skips it)
     duplicates: int = 0
     never_accepted: int = 0                            # rows whose staging actor was gone at commit
     declined: int = 0                                  # rows the caller declined (``decline``), never stored
@@ -199,9 +201,13 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
             raise ConfigError("receipt.buffer", f"this buffer's id {ledger.buffer[:8]} (or one it was restored from)",
                               r.buffer[:8], "commit a receipt to the buffer whose writer made it")
     ahead: dict = {}
+    claimed: list = []
     try:
         with buf.lock:   # held throughout (waits release it): the seqs guessed below are usually the ones given
             buf.check_open()
+            claimed = [r.key for r in receipts]
+            for key in claimed:   # this call's receipts, while it waits: not abandoned under it
+                ledger.claimed[key] = ledger.claimed.get(key, 0) + 1
             seq, seen = buf.ring.inserted, set()
             for i, r in enumerate(receipts):   # every receipt's pulls at once, for the seqs it gets if none waits
                 # (none for a receipt another thread is committing: it ends taken, and a copy pulled
@@ -218,14 +224,22 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
         exc.commit_report = report  # type: ignore[attr-defined]
         raise
     finally:
+        with buf.lock:
+            for key in claimed:
+                left = ledger.claimed.pop(key, 0) - 1
+                if left > 0:
+                    ledger.claimed[key] = left
+        after: dict = {}
         for _, rows, _, _ in ahead.values():   # pieces pulled ahead: written or not, done with (a
             for actor in rows.pulled_into:       # receipt not committed is pulled again by its next commit)
                 release.setdefault(actor, set()).add(rows.key)
+                after.setdefault(actor, []).extend(rows.pull_refs.get(actor, ()))
         for r in report.duplicates:
             release.setdefault(r.actor, set()).add(r.key)
         for actor, keys in release.items():   # nothing waits on it: a lost reply leaves rows a late stage ignores
-            try:
-                actor.release.options(concurrency_group="staging").remote(sorted(keys))
+            try:   # after the pulls begun ahead (Ray runs it once they resolved: a pull never awaited could
+                # otherwise land after the release, and its piece stay)
+                actor.release.options(concurrency_group="staging").remote(sorted(keys), *after.get(actor, ()))
             except Exception:  # noqa: BLE001 - the staging actor is gone: its rows went with it
                 pass
     return report
@@ -268,7 +282,7 @@ def abandon_before(buf, receipt: Receipt) -> int:
                           receipt.buffer[:8], "pass a receipt of a writer this buffer handed out")
     with buf.lock:
         gone = [t for t in ledger.taken.missing_below(receipt.writer, receipt.ticket)
-                if (receipt.writer, t) not in ledger.pending]
+                if (receipt.writer, t) not in ledger.pending and (receipt.writer, t) not in ledger.claimed]
         for t in gone:
             ledger.taken.add((receipt.writer, t))
         ledger.abandoned += len(gone)
@@ -335,49 +349,6 @@ def insert_staged(buf, r: Receipt, rows: StagedRows, ahead, timeout: float | Non
         prepare(buf, rows, first, ready)
     buf.run_storage(op)
     return buf.add_encoded(rows, r.n, source=r.source, policy_version=r.policy_version, timeout=timeout)
-
-
-def make_writer(buf, *, source: int, shard: int | None = None, node: str | None = None) -> SourceWriter:
-    """``ExperienceBuffer.writer``: a writer for one source that stages in remote shard
-    ``shard``, or in the remote shard whose actor runs on Ray node ``node`` (e.g. the caller's
-    ``ray.get_runtime_context().get_node_id()``), or by default in remote shard ``source``
-    modulo their number."""
-    remote = {i: p for i, p in enumerate(buf.storage.parts) if getattr(p, "begin_pull", None) is not None}
-    if not remote:
-        raise ConfigError("writer()", "a buffer with remote shards (ShardSpec('remote', n, node=...))",
-                          "no remote shard", "add through ExperienceBuffer.add, or place shards on the nodes")
-    if shard is None and node is not None:
-        shard = assign_sources({source: node}, shard_nodes(buf))[source]
-    if shard is None:
-        shard = sorted(remote)[int(source) % len(remote)]
-    if shard not in remote:
-        raise ConfigError("shard", f"the index of a remote shard, one of {sorted(remote)}", shard,
-                          "pick a remote shard (or pass node= and let the buffer pick)")
-    return SourceWriter(spec_config=buf.spec.to_config(), capacity=buf.capacity, done_fields=buf.done_fields,
-                        actor=remote[shard].actor, shard=shard, source=source, buffer=buf.ingest_ledger.buffer)
-
-
-def shard_nodes(buf) -> dict[int, str]:
-    """The Ray node each remote shard's actor runs on."""
-    import ray
-    remote = {i: p for i, p in enumerate(buf.storage.parts) if getattr(p, "begin_pull", None) is not None}
-    ids = ray.get([p.actor.node_id.remote() for p in remote.values()])
-    return dict(zip(remote, ids))
-
-
-def assign_sources(source_nodes: Mapping[int, str | None], shard_nodes: Mapping[int, str]) -> dict[int, int]:
-    """Pure: a shard per source, one on the source's own node where there is one (the least
-    loaded of them), else the least loaded of all; ties go to the lower index."""
-    if not shard_nodes:
-        raise ConfigError("shard_nodes", "at least one remote shard", "none", "place a remote shard on a node")
-    load = {s: 0 for s in shard_nodes}
-    out = {}
-    for source in sorted(source_nodes):
-        near = [s for s, node in shard_nodes.items() if node == source_nodes[source]]
-        pick = min(near or list(shard_nodes), key=lambda s: (load[s], s))
-        load[pick] += 1
-        out[source] = pick
-    return out
 
 
 def committed_seqs(report: CommitReport) -> Sequence[int]:

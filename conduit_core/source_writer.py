@@ -233,8 +233,9 @@ class StagingArea:
                 self.staged.pop((writer, int(ticket)), None)
         return "ok"
 
-    def release(self, keys: list[tuple[str, int]]) -> None:
-        """The buffer took these rollouts: drop their rows; staging them again does nothing."""
+    def release(self, keys: list[tuple[str, int]], *after) -> None:
+        """The buffer took these rollouts: drop their rows; staging them again does nothing.
+        ``after``: pull calls the caller began here (Ray runs this once they are done)."""
         with self.staging_lock:
             for writer, ticket in keys:
                 self.staged.pop((writer, int(ticket)), None)

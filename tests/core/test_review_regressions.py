@@ -529,3 +529,48 @@ def test_two_buffers_restored_from_one_state_do_not_take_each_others_receipts():
     assert again.commit([before]).duplicates == [before] and len(again.commit([receipt(2, a)]).committed) == 1
     for buf in (a, b1, b2, again):
         buf.close()
+
+
+def test_abandon_never_takes_a_receipt_a_commit_in_another_thread_holds(monkeypatch):
+    """Found by a review (session 24): while a commit of [r0, r1] waited on r0, an abandon below r2
+    took r1 (only the receipt in hand was marked pending); the commit then reported r1 a duplicate
+    and its rows were never stored."""
+    import threading
+    from conduit_core import source_commit
+    from conduit_core.source_writer import Receipt
+
+    class Actor:
+        class release:   # noqa: N801 - the actor method's shape: .options(...).remote(keys)
+            @staticmethod
+            def options(**kw):
+                return Actor.release
+
+            @staticmethod
+            def remote(keys):
+                pass
+    buf = ExperienceBuffer(spec=SPEC, capacity=8)
+    r0, r1, r2 = (Receipt(writer="w", ticket=t, n=2, source=0, policy_version=0, done={}, actor=Actor, shard=0,
+                          buffer=buf.ingest_ledger.buffer) for t in range(3))
+    waiting, go = threading.Event(), threading.Event()
+
+    def insert_staged(b, r, rows, ahead, timeout):
+        if r.ticket == 0:
+            waiting.set()
+            b.lock.wait_for(go.is_set, 10)   # waits as an insert waits for room: the lock released
+        first = b.ring.inserted
+        b.ring.advance(r.n)
+        return first
+    monkeypatch.setattr(source_commit, "begin_prepare", lambda b, rows, seq: None)     # (no staging actor here)
+    monkeypatch.setattr(source_commit, "insert_staged", insert_staged)
+    reports = []
+    t = threading.Thread(target=lambda: reports.append(buf.commit([r0, r1])))
+    t.start()
+    assert waiting.wait(10)
+    assert buf.abandon_before(r2) == 0      # r0 is being committed, r1 is held by that commit
+    with buf.lock:
+        go.set()
+        buf.lock.notify_all()
+    t.join(10)
+    assert [r for r, _ in reports[0].committed] == [r0, r1] and not reports[0].duplicates
+    assert buf.ingest_ledger.abandoned == 0 and not buf.ingest_ledger.claimed
+    buf.close()

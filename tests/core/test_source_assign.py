@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from conduit_core import ConfigError
-from conduit_core.source_commit import assign_sources, shard_runs
+from conduit_core.source_commit import shard_runs
+from conduit_core.writer_placement import assign_sources
 from conduit_core.source_writer import TicketSet
 
 

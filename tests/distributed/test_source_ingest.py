@@ -325,3 +325,22 @@ def test_a_node_lost_mid_run_loses_exactly_its_rows_and_a_checkpoint_keeps_the_s
         assert len(set(got)) == len(got) == accepted - loss.rows
     finally:
         buf.close()
+
+
+def test_writers_go_to_live_shards_while_a_dead_one_is_not_yet_replaced(cluster):
+    """Found by a review (session 24): a shard's actor dead before any operation reached it (the ring
+    had not come to its slots) made ``writer(node=...)`` raise for every source: RLlib's runners
+    then got no writers at all. The dead shard is passed over; writes go to a live one."""
+    buf = fifo_buffer(50)                             # 150 slots: the ring stays in shard 0 here
+    try:
+        dead = buf.storage.parts[2].actor
+        node2 = ray.get(dead.node_id.remote())
+        ray.kill(dead)
+        import time
+        time.sleep(1.0)
+        w = buf.writer(source=5, node=node2)         # its node's shard is gone: another one
+        assert w.shard == 1
+        buf.commit([w.write(rollout(4, 0))])
+        assert ids_of(buf.take(None)) == [0, 1, 2, 3]
+    finally:
+        buf.close()
