@@ -25,7 +25,11 @@ class PlacementMixin:
                             chunk_bytes=chunk_bytes if background else MAX_CHUNK_BYTES, start=not background)
         if background:
             return BackgroundMigration(m)
-        m.finish()
+        try:
+            m.finish()
+        except BaseException:   # the buffer keeps its layout; the new one (its shards' actors) goes
+            m.abort()
+            raise
         return None
 
     def replan(self, plan, topology, *, background: bool = True, max_hold_s: float = 0.002,

@@ -25,6 +25,7 @@ layout in its own thread: a remote shard's actor takes about a second to start.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Sequence
@@ -38,6 +39,8 @@ from .tiers import host_zeros
 
 FIRST_CHUNK_BYTES = 256 << 10   # the first adaptive chunk, before any timing is known
 MAX_CHUNK_BYTES = 64 << 20
+
+log = logging.getLogger("conduit")
 
 
 def next_chunk_rows(rows: int, held_s: float, *, target_s: float, most: int) -> int:
@@ -118,6 +121,8 @@ class Migration:
         except Exception as exc:   # noqa: BLE001 - kept, raised to the migration's caller
             self.failure = exc
             self.buffer.detach_dual_writer(self)
+            log.warning("conduit: a migration's dual write failed (%s: %s); the buffer keeps its layout, the "
+                        "migration raises at its next step", type(exc).__name__, exc)
             return
         write_meta_rows(self.meta, self.capacity, first, n, enc, self.buffer.done_fields, source, version, prev_tail)
 

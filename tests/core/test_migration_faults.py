@@ -58,3 +58,29 @@ def test_a_background_migrations_failed_dual_write_reaches_wait():
         bg.wait(30)
     assert not buf.migrating and len(buf) == 20
     buf.close()
+
+
+def test_a_blocking_migration_that_fails_is_aborted_and_the_buffer_keeps_its_layout(monkeypatch):
+    """Found by a review (session 24): ``migrate(background=False)`` left a failed migration attached
+    (its new layout's shards, remote actors included, stayed up; the caller had no handle to abort)."""
+    from conduit_core import ExperienceDataPlane, migration
+    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=SPEC, capacity=20))
+    try:
+        edp.ingest(rollout(10))
+        closed = []
+        real_abort = migration.Migration.abort
+
+        def finish(self):
+            raise OSError("the new tier is full")
+
+        def abort(self):
+            closed.append(self.storage)
+            real_abort(self)
+        monkeypatch.setattr(migration.Migration, "finish", finish)
+        monkeypatch.setattr(migration.Migration, "abort", abort)
+        with pytest.raises(OSError, match="full"):
+            edp.migrate(shards=[ShardSpec("pageable", 40)], capacity=40, background=False)
+        assert len(closed) == 1 and not edp.buffer.migrating and edp.buffer.capacity == 20
+        assert len(edp.buffer) == 10
+    finally:
+        edp.close()
