@@ -55,6 +55,10 @@ class UpdateBatchDelivery:
         spec = _spec_of(batch)
         n = len(batch)
         with self._lock:
+            if version in self._taken:   # its parts so far left the data plane with a failed delivery
+                raise ConfigError(f"version {version}", "a version not being delivered", "one whose delivery failed "
+                                  "and holds its rows", "deliver(version) again (it builds from those rows), then "
+                                  "ingest the next version; a part added now would be delivered apart from them")
             plane = self.edp
             pending = plane is not None and len(plane.buffer) > 0
             if plane is not None and plane.buffer.spec != spec and pending:

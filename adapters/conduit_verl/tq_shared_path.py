@@ -50,22 +50,25 @@ class UnitTimeout(RuntimeError):
     """A storage unit did not answer a call in time: what it did with the call is unknown."""
 
 
-async def wait_all(refs) -> list:
-    """Each call's result or exception, in order; a call not answered within
-    ``UNIT_CALL_TIMEOUT_S`` gets a ``UnitTimeout`` in its place (the operation then fails or is
-    undone as for any failed unit)."""
+async def wait_all(refs, *, limit_s: float | None = -1.0) -> list:
+    """Each call's result or exception, in order; a call not answered within ``limit_s`` (default
+    ``UNIT_CALL_TIMEOUT_S``; None: no limit, for checkpoints, whose size sets their time) gets a
+    ``UnitTimeout`` in its place, carrying the call's ``ref`` (the operation then fails or is undone
+    as for any failed unit, and the caller may undo what the call does when it answers late)."""
     futures = [asyncio.wrap_future(r.future()) for r in refs]
     if not futures:
         return []
-    limit = UNIT_CALL_TIMEOUT_S
+    limit = UNIT_CALL_TIMEOUT_S if limit_s is not None and limit_s < 0 else limit_s
     _, pending = await asyncio.wait(futures, timeout=limit)
     out = []
-    for f in futures:
+    for f, ref in zip(futures, refs):
         if f in pending:
             f.cancel()   # this wait's own future only: the call itself goes on in the unit
-            out.append(UnitTimeout(f"a storage unit did not answer within {limit:.0f} s (a stuck or overloaded "
-                                   "actor?): what it did with this call is unknown. Fix: check the unit, then clear "
-                                   "the keys or restart TransferQueue; CONDUIT_TQ_UNIT_TIMEOUT_S sets the limit"))
+            late = UnitTimeout(f"a storage unit did not answer within {limit:.0f} s (a stuck or overloaded actor?): "
+                               "what it did with this call is unknown. Fix: check the unit, then clear the keys or "
+                               "restart TransferQueue; CONDUIT_TQ_UNIT_TIMEOUT_S sets the limit")
+            late.ref = ref
+            out.append(late)
         elif f.cancelled():
             out.append(asyncio.CancelledError())
         else:
@@ -148,7 +151,7 @@ async def reserve_and_write(units, maps, prefixes, routes, columns, shared) -> d
 
 
 async def _abort_when_answered(units, routes, todo, refs) -> None:
-    answers = await wait_all(refs)
+    answers = await wait_all(refs, limit_s=None)
     await wait_all([units[routes[i][0]].abort_put.remote(a["ticket"]) for i, a in zip(todo, answers)
                  if not isinstance(a, BaseException)])
 

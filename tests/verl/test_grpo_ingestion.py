@@ -229,6 +229,10 @@ def test_a_delivery_whose_build_fails_after_taking_the_rows_keeps_them_for_the_n
                    version=1)
         with pytest.raises(MemoryError):
             dlv.deliver(1)
+        from conduit_core import ConfigError
+        with pytest.raises(ConfigError, match="deliver\\(version\\) again"):   # it would be delivered apart
+            dlv.ingest(DataProto.from_dict(tensors={"x": torch.ones(2, 1)},
+                                           non_tensors={"uid": np.array(["late"] * 2, dtype=object)}), version=1)
         shards, pad_rows = dlv.deliver(1)
         assert pad_rows == 0 and [s.batch["x"][:, 0].tolist() for s in shards] == [[0, 1, 2], [3, 4, 5]]
         assert [list(s.non_tensor_batch["uid"]) for s in shards] == [["u0", "u1", "u2"], ["u3", "u4", "u5"]]
