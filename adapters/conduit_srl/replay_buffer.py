@@ -159,9 +159,9 @@ class ConduitReplayBuffer:
                     raise SpecError(name, "None (as in the first sample)", type(v).__name__,
                                     "keep the set of fields the same in every sample")
                 continue
-            if v is None:
-                raise SpecError(name, f"an array of shape {spec.shape}", None,
-                                "keep the set of fields the same in every sample")
+            if v is None:   # left out in this sample (e.g. SRL's info=None): zeros, as SRL's batching fills it
+                row[name] = np.zeros(tuple(spec.shape), dtype=spec.np_dtype)
+                continue
             arr = np.asarray(v)
             if arr.shape != tuple(spec.shape):
                 raise SpecError(f"{name}.shape", tuple(spec.shape), arr.shape,

@@ -11,8 +11,10 @@ It is flattened on ``put`` into dotted names in the sample's own order (what SRL
 :class:`SampleCodec` learns the nesting from the first sample and then walks it without
 recursion or per-call string work (SRL's generic functions cost ~20 us to flatten and ~57 us to
 rebuild a MAPPO sample, which the buffer would pay per put and per get); a sample with another
-nesting falls back to the generic path. (One thing SRL accepts is refused by the queue: a field that
-is ``None`` in the first sample and an array later, which SRL zero-fills per batch.)
+nesting falls back to the generic path. A sub-structure present in the first sample and ``None`` in a
+later one is stored as zeros (SRL's batching zero-fills it). (One thing SRL accepts is refused: a
+field or sub-structure that is ``None`` in the first sample and present later, which SRL zero-fills
+per batch; the buffers' layout comes from the first sample.)
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class SampleCodec:
         self.names = list(flatten(sample))
         self._nodes: list[tuple[tuple[str, ...], tuple[str, ...]]] = []  # (path, keys) of every NamedArray node
         self._walk(sample, ())
+        self._node_paths = {path for path, _ in self._nodes}
         self._tree = _tree(self.names)
 
     def _walk(self, node: Any, path: tuple[str, ...]) -> None:
@@ -62,17 +65,30 @@ class SampleCodec:
                 self._walk(v, path + (k,))
 
     def flatten(self, sample: Any) -> dict[str, Any]:
+        """The sample's leaves by dotted name. A sub-structure the first sample had and this one
+        leaves ``None`` (SRL's actor sends ``info=None`` for steps without episode info) gives
+        ``None`` for each of its leaves: the buffers store those as zeros, as SRL's batching
+        (``recursive_aggregate``) fills them."""
         out: dict[str, Any] = {}
         nodes: dict[tuple[str, ...], Any] = {(): sample}
         for path, keys in self._nodes:
             node = nodes.get(path)
+            prefix = ".".join(path) + "." if path else ""
+            if node is _ABSENT:
+                for k in keys:
+                    if path + (k,) in self._node_paths:
+                        nodes[path + (k,)] = _ABSENT
+                    else:
+                        out[prefix + k] = None
+                continue
             if node is None or not isinstance(node, self._NamedArray) or tuple(node.keys()) != keys:
                 return flatten(sample)  # another nesting: the generic path (the buffer checks the fields)
-            prefix = ".".join(path) + "." if path else ""
             for k in keys:
                 v = getattr(node, k)
                 if isinstance(v, self._NamedArray):
                     nodes[path + (k,)] = v
+                elif v is None and path + (k,) in self._node_paths:
+                    nodes[path + (k,)] = _ABSENT
                 else:
                     out[prefix + k] = v
         if len(out) != len(self.names):
@@ -81,6 +97,9 @@ class SampleCodec:
 
     def rebuild(self, columns: dict[str, Any]) -> Any:
         return _build(self._tree, columns, self._NamedArray)
+
+
+_ABSENT = object()   # a sub-structure this sample leaves None
 
 
 def _tree(names: list[str]) -> list:

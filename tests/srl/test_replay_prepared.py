@@ -256,3 +256,33 @@ def test_a_refused_first_sample_leaves_the_buffer_unbuilt_and_its_length_unlearn
     buf.put(NamedArray(obs=np.zeros((4, 3), np.float32), extra=np.zeros((4, 1), np.float32)))
     assert buf.qsize() == 4   # one sample of 4 steps stored (SRL counts steps)
     buf.close()
+
+
+def _with_info(i: int, info: bool):
+    from rlsrl.base.namedarray import NamedArray
+    x = sample(i)
+    x.info = NamedArray(ep_ret=np.full((T, 1), 7.0, np.float32)) if info else None
+    return x
+
+
+@pytest.mark.parametrize("kind", ["simple_replay_buffer", "prioritized_replay_buffer", "priority_queue"])
+def test_a_sub_structure_none_in_a_later_sample_is_stored_as_zeros(kind):
+    """Found by a review (session 24): SRL's actor sends ``info=None`` for a sample without episode
+    info; a sample whose info was None after one that had it was refused (SpecError on the trainer's
+    main thread: the trainer died), where SRL's batching fills it with zeros."""
+    if kind == "priority_queue":
+        from conduit_srl.queue_buffer import ConduitQueueBuffer
+        buf = ConduitQueueBuffer(kind, batch_size=B)
+    else:
+        buf = make(kind)
+    try:
+        for i in range(2 * B):
+            buf.put(_with_info(i, info=i % 2 == 0))
+        s = buf.get().sample
+        ids = s.reward[0, :, 0].astype(int)
+        assert s.info.ep_ret.shape == (T, B, 1)
+        assert s.info.ep_ret[0, :, 0].tolist() == [7.0 if i % 2 == 0 else 0.0 for i in ids]
+    finally:
+        close = getattr(buf, "close", None)
+        if close is not None:
+            close()
