@@ -378,3 +378,22 @@ def test_empty_hands_over_a_batch_as_it_forms():
     t0 = time.perf_counter()
     assert buf.empty() is True
     assert time.perf_counter() - t0 >= 0.9
+
+
+def test_a_sub_structure_none_in_a_later_sample_is_zero_filled_as_srl_batches_it():
+    """SRL's actor sends ``info=None`` for a sample without episode info (namedarray.from_dict of
+    {}); SRL's priority queue batches such samples with others whose info is set, zero-filled
+    (recursive_aggregate). Conduit's served the same batch (it refused the sample before session 24)."""
+    def with_info(i, info):
+        s = sample(i)
+        s.info = NamedArray(ep_ret=np.full((T, 1), 7.0, np.float32)) if info else None
+        return s
+    ours, theirs = ConduitQueueBuffer("priority_queue", batch_size=2), srl_buffer.make_buffer("priority_queue",
+                                                                                              batch_size=2)
+    for i in range(4):
+        ours.put(with_info(i, i % 2 == 0))
+        theirs.put(with_info(i, i % 2 == 0))
+    for _ in range(2):
+        a, b = ours.get(), theirs.get()
+        assert ident(a.sample) == ident(b.sample)
+        same_structure(a.sample, b.sample)
