@@ -27,8 +27,9 @@ class PlacementMixin:
             return BackgroundMigration(m)
         try:
             m.finish()
-        except BaseException:   # the buffer keeps its layout; the new one (its shards' actors) goes
-            m.abort()
+        except BaseException:   # before the swap: the buffer keeps its layout, the new one (its actors) goes
+            if not m.done:
+                m.abort()
             raise
         return None
 

@@ -84,3 +84,25 @@ def test_a_blocking_migration_that_fails_is_aborted_and_the_buffer_keeps_its_lay
         assert len(edp.buffer) == 10
     finally:
         edp.close()
+
+
+def test_a_failure_after_the_swap_does_not_abort_the_layout_in_use(monkeypatch):
+    """Found by a review (session 24): the abort above also ran for a failure after the swap (the old
+    layout's close raising), closing the new layout, which the buffer then used."""
+    from conduit_core import ExperienceDataPlane, migration
+    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=SPEC, capacity=20))
+    try:
+        edp.ingest(rollout(10))
+        real_finish = migration.Migration.finish
+
+        def finish(self):
+            real_finish(self)
+            raise OSError("closing the old layout failed")
+        monkeypatch.setattr(migration.Migration, "finish", finish)
+        with pytest.raises(OSError, match="old layout"):
+            edp.migrate(shards=[ShardSpec("pageable", 40)], capacity=40, background=False)
+        assert edp.buffer.capacity == 40 and len(edp.buffer) == 10
+        edp.ingest(rollout(5, 10))
+        assert len(edp.buffer) == 15 and edp.buffer.sample(8)["obs"].shape == (8, 4)
+    finally:
+        edp.close()
