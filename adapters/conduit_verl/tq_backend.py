@@ -144,16 +144,6 @@ def _raise_unless_cancelled(error: Exception, cause, cancelled: bool) -> None:
     logging.getLogger(__name__).error("conduit_verl: %s", error)
 
 
-async def _restore_when_answered(unit, ref) -> None:
-    """A put or commit a unit answered after its time (the put failed meanwhile): what it stored goes back."""
-    (answer,) = await shared_path.wait_all([ref], limit_s=None)
-    if not isinstance(answer, BaseException):
-        (undone,) = await shared_path.wait_all([unit.restore.remote(answer)], limit_s=None)
-        logging.getLogger(__name__).warning("conduit_verl: a storage unit stored its part of a put after the put had "
-                                            "failed on its time limit; given back%s",
-                                            "" if not isinstance(undone, BaseException) else f" failed: {undone!r}")
-
-
 async def _answers(refs, *, limit_s: float | None = -1.0) -> list:
     """Every unit call's result (a unit that fails or does not answer in time: its error)."""
     outcomes = await shared_path.wait_all(refs, limit_s=limit_s)
@@ -232,9 +222,6 @@ class ConduitStorageManager(StorageManager):
             refs.append(self.units[u].put.remote(keys, part))
         done, cancelled = await shared_path.settled(refs)
         failed = [d for d in done if isinstance(d, BaseException)]
-        for (u, _, _), d in zip(routes, done):   # a unit that answers after its time stored its part: given back then
-            if isinstance(d, shared_path.UnitTimeout):
-                asyncio.ensure_future(_restore_when_answered(self.units[u], d.ref))
         if failed or cancelled:   # all or nothing: the units that took their part give it back, then the error
             await _undo_then_raise([self.units[u].restore.remote(d) for (u, _, _), d in zip(routes, done)
                                     if not isinstance(d, BaseException)], failed, cancelled,

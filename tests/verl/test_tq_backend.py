@@ -448,30 +448,12 @@ class _Stuck:
         return type("StuckCall", (), {"remote": staticmethod(lambda *a, **k: sleeper.remote(8))})()
 
 
-def _put_late(unit, keys, part):
-    import time
-    time.sleep(2.5)
-    return ray.get(unit.put.remote(keys, part))
-
-
-class _Late:
-    """A real storage unit whose ``name`` call answers after the time limit, having done its work."""
-    def __init__(self, unit, name):
-        self._unit, self._name = unit, name
-
-    def __getattr__(self, attr):
-        if attr != self._name:
-            return getattr(self._unit, attr)
-        late = ray.remote(num_cpus=0)(_put_late)
-        unit = self._unit
-        return type("LateCall", (), {"remote": staticmethod(lambda *a: late.remote(unit, *a))})()
-
-
 def test_a_unit_that_does_not_answer_fails_the_call_in_time_and_the_others_give_back(monkeypatch):
     """Found by a review (session 23): calls to the units had no timeout, so one stuck unit hung
     the trainer (TQ's SimpleStorage gives a unit 200 s). Now a put fails in time and the units
-    that took their part give it back; a get fails in time; a unit that stores its part after its
-    time gives it back when it answers (session 24's review)."""
+    that took their part give it back; a get fails in time. (A unit that stores its part after its
+    time keeps it, unknown to TQ's controller, as the error says: undoing it when it answered could
+    undo a later put of the same keys.)"""
     import time
     from conduit_verl import tq_shared_path as sp
     monkeypatch.setattr(sp, "UNIT_CALL_TIMEOUT_S", 1.0)
@@ -494,14 +476,6 @@ def test_a_unit_that_does_not_answer_fails_the_call_in_time_and_the_others_give_
             client._run_coroutine(manager.get_data(_Meta([0, 1], ["f"])))
         manager.units = real
         assert client._run_coroutine(manager.get_data(_Meta([0, 1], ["f"])))["f"].tolist() == [1.0, 1.0]
-        client._run_coroutine(manager.clear_data(_Meta([0, 1, 2, 3])))
-        manager.units = [real[0], _Late(real[1], "put")]   # answers after its time, having stored its part
-        with pytest.raises(sp.UnitTimeout):
-            put()
-        deadline = time.monotonic() + 20
-        while _rows(real) != [0, 0] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _rows(real) == [0, 0]                       # given back when it answered
 
 
 def test_waiting_through_a_cancel_is_bounded_and_outlives_the_loop_cancelling_the_wait():
