@@ -144,7 +144,7 @@ def _raise_unless_cancelled(error: Exception, cause, cancelled: bool) -> None:
     logging.getLogger(__name__).error("conduit_verl: %s", error)
 
 
-async def _answers(refs, *, limit_s: float | None = -1.0) -> list:
+async def _answers(refs, *, limit_s: float | None | str = shared_path.UNIT_LIMIT) -> list:
     """Every unit call's result (a unit that fails or does not answer in time: its error)."""
     outcomes = await shared_path.wait_all(refs, limit_s=limit_s)
     for outcome in outcomes:

@@ -50,25 +50,27 @@ class UnitTimeout(RuntimeError):
     """A storage unit did not answer a call in time: what it did with the call is unknown."""
 
 
-async def wait_all(refs, *, limit_s: float | None = -1.0) -> list:
+UNIT_LIMIT = "unit-limit"   # wait_all's default: UNIT_CALL_TIMEOUT_S, read when the wait starts
+
+
+async def wait_all(refs, *, limit_s: float | None | str = UNIT_LIMIT) -> list:
     """Each call's result or exception, in order; a call not answered within ``limit_s`` (default
     ``UNIT_CALL_TIMEOUT_S``; None: no limit, for checkpoints, whose size sets their time) gets a
-    ``UnitTimeout`` in its place, carrying the call's ``ref`` (the operation then fails or is undone
-    as for any failed unit, and the caller may undo what the call does when it answers late)."""
+    ``UnitTimeout`` in its place (the operation then fails or is undone as for any failed unit; the
+    call itself goes on in the unit, so what it stored stays unknown, as the error says)."""
     futures = [asyncio.wrap_future(r.future()) for r in refs]
     if not futures:
         return []
-    limit = UNIT_CALL_TIMEOUT_S if limit_s is not None and limit_s < 0 else limit_s
+    limit = UNIT_CALL_TIMEOUT_S if limit_s == UNIT_LIMIT else limit_s
     _, pending = await asyncio.wait(futures, timeout=limit)
     out = []
-    for f, ref in zip(futures, refs):
+    for f in futures:
         if f in pending:
             f.cancel()   # this wait's own future only: the call itself goes on in the unit
-            late = UnitTimeout(f"a storage unit did not answer within {limit:.0f} s (a stuck or overloaded actor?): "
-                               "what it did with this call is unknown. Fix: check the unit, then clear the keys or "
-                               "restart TransferQueue; CONDUIT_TQ_UNIT_TIMEOUT_S sets the limit")
-            late.ref = ref
-            out.append(late)
+            out.append(UnitTimeout(
+                f"a storage unit did not answer within {limit:.0f} s (a stuck or overloaded actor?): what it did "
+                "with this call is unknown. Fix: check the unit, then clear the keys or restart TransferQueue; "
+                "CONDUIT_TQ_UNIT_TIMEOUT_S sets the limit"))
         elif f.cancelled():
             out.append(asyncio.CancelledError())
         else:
