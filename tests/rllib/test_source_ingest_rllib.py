@@ -82,12 +82,17 @@ def test_source_ingest_needs_remote_env_runners():
         conduit_rllib.enable(workloads.dqn_cartpole(num_env_runners=2), source_ingest=True, mode="overlapped")
 
 
-def test_dqn_cartpole_with_two_env_runners_writing_at_the_source(ray_session):
-    from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
+def _two_runner_source_ingest_dqn():
+    """DQN on CartPole, two env runners writing at the source, learning from step 100."""
     cfg = workloads.dqn_cartpole(seed=1, num_env_runners=2, capacity=5000)
     cfg.reporting(min_sample_timesteps_per_iteration=300)
     cfg.training(num_steps_sampled_before_learning_starts=100)
-    algo = conduit_rllib.enable(cfg, source_ingest=True).build_algo()
+    return conduit_rllib.enable(cfg, source_ingest=True).build_algo()
+
+
+def test_dqn_cartpole_with_two_env_runners_writing_at_the_source(ray_session):
+    from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
+    algo = _two_runner_source_ingest_dqn()
     try:
         for _ in range(3):
             res = algo.train()
@@ -119,10 +124,7 @@ def test_a_dropped_sample_is_abandoned_and_runners_whose_shard_is_lost_get_write
     import time
 
     import ray
-    cfg = workloads.dqn_cartpole(seed=1, num_env_runners=2, capacity=5000)
-    cfg.reporting(min_sample_timesteps_per_iteration=300)
-    cfg.training(num_steps_sampled_before_learning_starts=100)
-    algo = conduit_rllib.enable(cfg, source_ingest=True).build_algo()
+    algo = _two_runner_source_ingest_dqn()
     try:
         for _ in range(2):
             algo.train()
