@@ -46,6 +46,16 @@ except ImportError:  # pragma: no cover - no C compiler where it was installed: 
 # 1.14 ms: benchmarks/bench_decode_memory.py, which swaps this to compare).
 output_empty = np.empty
 
+
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """``output_empty``'s array for ``shape`` starting on a 64-byte boundary (malloc gives 16), so
+    the native decode may write a large batch with non-temporal stores (aligned ones only)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = output_empty(nbytes + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + nbytes].view(dtype).reshape(shape)
+
 # Up to this many stacks per write, the new frames' ids are worked out in plain Python.
 _FEW_STACKS = 64
 
@@ -329,8 +339,8 @@ class PooledDecoder:
         if self._native:
             table = self._table(dtype) if on_host else None
             if table is not None or inner.is_identity or not on_host:
-                out = torch.from_numpy(output_empty(self._stacks_shape(ids.shape[0]),
-                                                    np.float32 if table is not None else np.uint8))
+                out = torch.from_numpy(aligned_empty(self._stacks_shape(ids.shape[0]),
+                                                     np.float32 if table is not None else np.uint8))
                 _c_gather_stacks(self.pool.frames, ids, self.pool.k, self._k_last,
                                  None if table is None else table.numpy(), out.numpy(),
                                  None if table is None or not self.vectorise else self._affine_args(dtype, table))

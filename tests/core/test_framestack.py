@@ -158,6 +158,27 @@ def test_vectorised_decode_equals_the_table_bit_for_bit(frame_shape, inner):
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_a_batch_beyond_the_caches_decodes_the_same_bits(misaligned, monkeypatch):
+    """From 16 MB a batch is written with non-temporal stores (aligned output only; a misaligned
+    one, as a plain malloc gives, takes the ordinary stores): the same bits as the table route."""
+    from conduit_core import framestack
+    from conduit_core.framestack import FramePool, PooledDecoder
+
+    if misaligned:   # 16 bytes past a 64-byte boundary: no 32-byte aligned store exists
+        aligned = framestack.aligned_empty
+        monkeypatch.setattr(framestack, "aligned_empty",
+                            lambda shape, dtype: aligned((int(np.prod(shape)) + 4,), dtype)[4:].reshape(shape))
+    codec = FrameStackCodec(k=4, axis=-1, inner=AffineCodec.divide(128, offset=-1.0))
+    pool = FramePool(name="frames", frames=600, frame_shape=(84, 84), dtype=torch.uint8, k=4)
+    pool.frames[:] = np.random.default_rng(0).integers(0, 256, pool.frames.shape, dtype=np.uint8)
+    vectorised, table = PooledDecoder(pool, codec), PooledDecoder(pool, codec, vectorise=False)
+    ids = torch.from_numpy(np.random.default_rng(1).integers(3, 600, 160))   # 18 MB of float32
+    a, b = vectorised.decode(ids, torch.float32), table.decode(ids, torch.float32)
+    assert a.numpy().nbytes >= 16 << 20 and (a.data_ptr() % 32 == 0) != misaligned
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_native_stack_links_equal_the_numpy_route(k, monkeypatch):
     """FramePool.plan finds equal and shifted-by-one stacks with memcmp in C; the numpy route it
