@@ -18,7 +18,7 @@ import torch
 
 from .errors import ConfigError, ExperienceTimeout, ShardLost, StagedRowsLost
 from .shards import Gathered, Shard, ShardSpec, register_shard_kind
-from .source_writer import STAGING_GROUP, StagingArea
+from .source_writer import PULL_FAILED, STAGING_GROUP, StagingArea
 from .tiers import Tier
 
 
@@ -177,6 +177,10 @@ class RemoteShard(Shard):
         return lambda: self.check_pulled(self._get(ref), staged)
 
     def check_pulled(self, status: str, staged) -> None:
+        if status.startswith(PULL_FAILED):   # the rows are still staged: this commit failed, not them
+            raise RuntimeError(f"writer {staged.key[0][:8]} ticket {staged.key[1]}: shard {self.index} could not "
+                               f"make its rows local ({status}); nothing of the receipt was stored and its rows "
+                               "are still staged. Fix: commit the receipt again once the cause is gone")
         if status != "ok":
             raise StagedRowsLost(f"writer {staged.key[0][:8]} ticket {staged.key[1]}: the rows staged in shard "
                                  f"{staged.shard} are gone ({status}); they were never accepted. Fix: write them again "

@@ -32,6 +32,7 @@ import torch
 
 from .errors import CapacityError, ConfigError, ExperienceTimeout, StagedRowsLost
 
+PULL_FAILED = "failed"      # a pull's status when it failed for a reason other than lost rows
 STAGING_GROUP = "staging"   # the actor's concurrency group for staging calls (another thread than its storage's)
 
 
@@ -211,12 +212,16 @@ class StagingArea:
             refs = src.staged_slice.options(num_returns=k, concurrency_group=STAGING_GROUP).remote(
                 writer, ticket, first, n, names)
             values = ray.get(refs if k > 1 else [refs])
+            piece = join_reply(layout, values)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             return f"lost: {type(exc).__name__}: {exc}"
         except ray.exceptions.RayTaskError as exc:
             return f"missing: {exc}"
+        except Exception as exc:  # noqa: BLE001 - any other failure is an answer too: a release that
+            # waits on this call (passed as its argument) would otherwise fail unrun, its rows staying
+            return f"{PULL_FAILED}: {type(exc).__name__}: {exc}"
         with self.staging_lock:
-            self.staged.setdefault((writer, int(ticket)), []).append((first, n, join_reply(layout, values), True))
+            self.staged.setdefault((writer, int(ticket)), []).append((first, n, piece, True))
         return "ok"
 
     def write_staged(self, start: int, writer: str, ticket: int, first: int, n: int, src) -> str:

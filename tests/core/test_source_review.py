@@ -40,3 +40,28 @@ def test_a_write_refuses_a_version_or_ticket_that_is_not_an_int(field, kw):
                      source=0, buffer="b")
     with pytest.raises(ConfigError, match=field):
         w.write({"obs": np.zeros((1, 2), np.float32), "done": np.zeros(1, bool)}, **kw)
+
+
+def test_a_pull_that_fails_unexpectedly_answers_so_its_release_still_runs():
+    """A release of pieces pulled ahead runs once those pulls answer (they are its arguments):
+    a pull that raised made Ray fail the release unrun, and the rows pulled stayed in that actor
+    for good (a review, session 24). Now any failure is the pull's answer, and the commit that
+    waited on it fails with an error saying the rows are still staged (not that they are lost)."""
+    pytest.importorskip("ray")
+    from types import SimpleNamespace
+
+    from conduit_core.remote import RemoteShard, ShardActor
+
+    class Unreachable:   # a staging actor whose call fails in a way Ray does not wrap
+        def options(self, **_):
+            return self
+
+        def remote(self, *_):
+            raise MemoryError("the object store is full")
+
+    actor = ShardActor(spec().to_config(), 8)
+    status = actor.pull_staged("w" * 16, 3, 0, 2, SimpleNamespace(staged_slice=Unreachable()))
+    assert status.startswith("failed") and "MemoryError" in status
+    shard = SimpleNamespace(index=1)
+    with pytest.raises(RuntimeError, match="still staged.*commit the receipt again"):
+        RemoteShard.check_pulled(shard, status, SimpleNamespace(key=("w" * 16, 3), shard=1))
