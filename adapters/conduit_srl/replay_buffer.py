@@ -142,7 +142,9 @@ class ConduitReplayBuffer:
             priorities = None
             if self.prioritized:
                 initial = [self._initial_priority(flat) for flat in flats]
-                priorities = None if initial[0] is None else [p[0] for p in initial]
+                if any(p is not None for p in initial):   # a sample without analyzed_result.ret: the
+                    top = self._buffer.selector.max_priority  # running max, as SRL's put gives it
+                    priorities = [top if p is None else p[0] for p in initial]
             first = self._buffer.add(cols, priorities=priorities)
             self._replay_times[(first + np.arange(len(rows))) % self._max_size] = 0
 

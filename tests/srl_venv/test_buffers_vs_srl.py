@@ -397,3 +397,27 @@ def test_a_sub_structure_none_in_a_later_sample_is_zero_filled_as_srl_batches_it
         a, b = ours.get(), theirs.get()
         assert ident(a.sample) == ident(b.sample)
         same_structure(a.sample, b.sample)
+
+
+def test_a_put_batch_mixing_samples_with_and_without_a_return_prioritizes_each_as_srl_puts_them():
+    """SRL's prioritized put gives a sample with ``analyzed_result.ret`` its TD rule's priority and
+    one without the running max priority. A consumer's ``put_batch`` mixing the two raised (the
+    first sample's kind decided for all; a review, session 24): each now gets what SRL's put gives."""
+    args = dict(max_size=4, sample_length=T, batch_size=2, warmup_transitions=T, seed=1, alpha=1.0, beta=1.0,
+                priority_interpolation_eta=0.9)
+    ours, theirs = make_buffer("prioritized_replay_buffer", **args), srl_buffer.make_buffer(
+        "prioritized_replay_buffer", **args)
+    batch = [sample(0), sample(1, ret=False), sample(2), sample(3, ret=False)]
+    ours.put_batch(batch)
+    for s in batch:
+        theirs.put(s)
+    p = np.array([0.5, 1.0, 2.5, 1.0])   # |ret - value| = i + 0.5 where ret is set, else max priority 1.0
+    for buf, drawn in ((ours, range(4)), (theirs, range(3))):   # (SRL never draws its last filled slot)
+        seen = set()
+        for _ in range(300):
+            e = buf.get()
+            ids = ident(e.sample)
+            seen.update(ids)
+            assert np.allclose(e.sample.metadata["sampling_weight"], p.min() / p[ids], rtol=1e-5)
+        assert seen == set(drawn)
+    ours.close()
