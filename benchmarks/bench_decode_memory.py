@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=4, help="rounds over the arms, each arm first in turn")
     p.add_argument("--iters", type=int, default=1, help="training iterations per arm per round")
     a = p.parse_args(argv)
-    from conduit_core import framestack
+    from conduit_core import output_pool
 
     from . import rllib_bench
     rllib_bench._init_ray()
@@ -52,15 +52,15 @@ def main(argv: list[str] | None = None) -> dict:
             times[arm].append(time.perf_counter() - t0)
     buf.sample = timed
     order = list(allocators)
-    saved = framestack.output_empty
+    saved = output_pool.output_empty
     try:
         for r in range(a.rounds):
             for arm in order[r % 2:] + order[:r % 2]:
-                framestack.output_empty = allocators[arm]
+                output_pool.output_empty = allocators[arm]
                 for _ in range(a.iters):
                     algo.train()
     finally:
-        framestack.output_empty = saved
+        output_pool.output_empty = saved
         algo.stop()
     med = {arm: statistics.median(ts) * 1e3 for arm, ts in times.items()}
     print("Qbert DQN with Conduit, replay sample() medians: " + ", ".join(

@@ -8,7 +8,7 @@ from .buffer import ExperienceBuffer, ShardLoss, prioritized_replay, queue, repl
 from .codecs import AffineCodec, Codec, IdentityCodec
 from .edp import ExperienceDataPlane
 from .errors import (CapacityError, ClosedError, CodecError, ConduitError, ConfigError, ExperienceTimeout,
-                     RateLimitError, RateLimitTimeout, SemanticError, ShardLost, SpecError, StateError,
+                     RateLimitError, RateLimitTimeout, RowsNotStored, SemanticError, ShardLost, SpecError, StateError,
                      WorkerError)
 from .hooks import Rollout
 from .metrics import ControlPointMetrics, MetricsSnapshot
@@ -26,7 +26,7 @@ __all__ = [
     "AffineCodec", "Batch", "CapacityError", "ClosedError", "Codec", "CodecError", "ConduitError", "ConfigError",
     "ControlPointMetrics", "ExperienceBuffer", "ExperienceDataPlane", "ExperienceSpec",
     "ExperienceTimeout", "FieldSpec", "Fifo", "IdentityCodec", "MetricsSnapshot", "Prioritized", "RateLimitError",
-    "RateLimitTimeout", "RateLimiter", "Rollout", "Schedule", "SemanticError", "Selector", "ShardLoss", "ShardLost",
+    "RateLimitTimeout", "RateLimiter", "Rollout", "RowsNotStored", "Schedule", "SemanticError", "Selector", "ShardLoss", "ShardLost",
     "Shard", "ShardSpec",
     "SpecError", "StateError", "Tier", "Uniform", "WorkerError", "cuda_available", "even_shards",
     "prioritized_replay", "queue", "register_shard_kind", "replay", "__version__",

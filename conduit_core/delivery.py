@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .batch import Batch
-from .errors import CapacityError, ConfigError, ExperienceTimeout, SemanticError, SpecError
+from .errors import CapacityError, ConfigError, ExperienceTimeout, RowsNotStored, SpecError
 from .rate_gate import wait_to_sample, wait_until
 from .sampling_args import check_batch_size, check_fields, check_length
 from .selection import select_slots
@@ -290,20 +290,25 @@ def read(buf, seqs, *, fields: Sequence[str] | None = None,
     For an adapter that rebuilds its framework's own objects around rows it already
     knows (RLlib's episode slices, with their lookback): no selection, no RNG draw,
     nothing counted as sampled. A seq that is not stored (never written, overwritten by
-    the ring, evicted, or on a lost shard) is an error naming it; nothing is read then."""
+    the ring, evicted, or on a lost shard) is an error naming it; nothing is read then.
+    A remote shard found lost by the read is recovered (``ExperienceBuffer.losses``) and the
+    read checked again: its rows asked for are then not stored (``RowsNotStored``)."""
     seqs = np.asarray(seqs, dtype=np.int64)
     flat = seqs.reshape(-1)
     check_fields(buf.spec, fields)
-    with buf.lock:
-        buf.check_open()
-        slots = flat % buf.capacity
+    target = None if device is None else torch.device(device)
+
+    def checked_gather():   # again after a recovery: the lost shard's rows left the ring
         live = buf.ring.stored(flat)
         if not live.all():
             bad = int(flat[np.argmin(live)])
-            raise SemanticError(f"read: seq {bad} is not stored (stored seqs are in [{buf.ring.lo()}, "
-                                f"{buf.ring.inserted}) minus evicted rows). Fix: read only rows this buffer "
-                                "still holds (e.g. seqs from a delivered batch or from the adapter's own "
-                                "ledger of stored episodes).")
-        data = buf.storage.gather(slots.reshape(seqs.shape),
-                                   device=None if device is None else torch.device(device), fields=fields)
+            raise RowsNotStored(f"read: seq {bad} is not stored (stored seqs are in [{buf.ring.lo()}, "
+                                f"{buf.ring.inserted}) minus evicted rows and rows of lost shards). Fix: read "
+                                "only rows this buffer still holds (e.g. seqs from a delivered batch or from the "
+                                "adapter's own ledger of stored episodes, updated from ExperienceBuffer.losses).")
+        return buf.storage.gather((flat % buf.capacity).reshape(seqs.shape), device=target, fields=fields)
+
+    with buf.lock:
+        buf.check_open()
+        data = buf.run_storage(checked_gather)
     return dict(data)

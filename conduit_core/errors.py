@@ -80,6 +80,10 @@ class SemanticError(ConduitError, RuntimeError):
     """A call would break an RL semantic guard (policy-version isolation, consume-once)."""
 
 
+class RowsNotStored(SemanticError):
+    """``read`` asked for rows the buffer does not hold (evicted, overwritten, on a lost shard)."""
+
+
 class ShardLost(ConduitError, RuntimeError):
     """A remote shard's actor is gone (it died, or its node left the cluster). The buffer
     handles it (its rows leave, a new empty shard takes its place, the loss is recorded in

@@ -30,6 +30,7 @@ import torch
 
 from .codecs import AffineCodec, Codec, IdentityCodec, codec_from_config
 from .errors import SpecError
+from .output_pool import aligned_empty
 from .tiers import Tier, allocate
 
 try:
@@ -40,21 +41,6 @@ try:
 except ImportError:  # pragma: no cover - no C compiler where it was installed: the numpy routes below
     _c_gather_stacks = _c_stack_links = _c_stack_links_klast = _c_copy_frames_klast = None
 
-
-# Where a decode's host output comes from: numpy's allocator, not torch's. Inside RLlib's Qbert run
-# torch.empty's 3.6 MB blocks were faulted in anew for every batch (the replay sample() took 1.57 vs
-# 1.14 ms: benchmarks/bench_decode_memory.py, which swaps this to compare).
-output_empty = np.empty
-
-
-def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """``output_empty``'s array for ``shape`` starting on a 64-byte boundary (malloc gives 16), so
-    the native decode may write a large batch with non-temporal stores (aligned ones only)."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = output_empty(nbytes + 64, np.uint8)
-    skip = -raw.ctypes.data % 64
-    return raw[skip:skip + nbytes].view(dtype).reshape(shape)
 
 # Up to this many stacks per write, the new frames' ids are worked out in plain Python.
 _FEW_STACKS = 64

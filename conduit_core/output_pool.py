@@ -5,6 +5,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+# Where a decode's host output comes from: numpy's allocator, not torch's. Inside RLlib's Qbert run
+# torch.empty's 3.6 MB blocks were faulted in anew for every batch (the replay sample() took 1.57 vs
+# 1.14 ms: benchmarks/bench_decode_memory.py, which swaps this to compare).
+output_empty = np.empty
+
+
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """``output_empty``'s array for ``shape`` starting on a 64-byte boundary (malloc gives 16), so
+    the native decode may write a large batch with non-temporal stores (aligned ones only)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = output_empty(nbytes + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + nbytes].view(dtype).reshape(shape)
+
 
 def handed_out(names, out: dict[str, np.ndarray], out_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensor views of reused arrays ``out[name]`` as a batch hands them out. A wrapper an

@@ -56,6 +56,7 @@ class EpisodeIngest:
         self.added = 0                           # steps stored
         self.duplicates = 0                      # written chunks committed before (a retried add)
         self.lost_rows = 0                       # written rows whose staging shard was gone at commit
+        self.losses_seen = 0                     # the buffer's shard losses the ledger has dropped (sync_losses)
 
     def attach(self, edp: ExperienceDataPlane, *, ring: int) -> None:
         """Store into ``edp``, a data plane of ``ring`` slots."""
@@ -265,12 +266,17 @@ class EpisodeIngest:
             raise
         lost = {rec.key for rec, _ in report.never_accepted}
         first = {rec.key: seq for rec, seq in report.committed}
+        gaps = set()   # sources with a chunk lost in this call (the ring ended their part there)
         for r, ep in group:
             seq = first.get(ep.receipt.key)
             if ep.receipt.key in lost:   # its steps never arrived: the episode's next chunk starts a new part
                 self._forget_source(r.source)
+                gaps.add(r.source)
             if seq is None:
                 continue
+            if r.source in gaps:   # a later chunk of it in this call, stored: it starts that new part
+                gaps.discard(r.source)
+                self._split_after_gap(r.source, ep.id_)
             if seq != self.added:
                 raise SemanticError(f"commit of writer {ep.receipt.writer[:8]} ticket {ep.receipt.ticket}: expected "
                                     f"its rows at seq {self.added} (the adapter is the buffer's only writer), got "
@@ -278,6 +284,65 @@ class EpisodeIngest:
             self._record(r, ep, ep.infos if self.store_infos else None, seq)
         self.duplicates += len(report.duplicates)
         self.lost_rows += sum(rec.n for rec, _ in report.never_accepted)
+
+    def _split_after_gap(self, src: int, ep_id: str) -> None:
+        """Chunks of ``src`` were stored in one call after one of its chunks was lost: the steps
+        stored before the gap become a part of their own (a new source, same place in the arrival
+        order), and ``src`` goes on from the chunk after the gap (its next chunk continues it)."""
+        if src in self.ledger.episodes:
+            retired = self._new_source()
+            self.ledger.retire(src, retired)
+            if src in self.lookback_rows:
+                self.lookback_rows[retired] = self.lookback_rows.pop(src)
+        self.sources[ep_id] = src
+        self.source_ids[src] = ep_id
+
+    def sync_losses(self) -> int:
+        """Drop the episodes with rows on remote shards lost since the last call (``drop_lost``);
+        returns how many losses were new."""
+        losses = self.edp.buffer.recovery.losses
+        if len(losses) == self.losses_seen:   # (the usual case: one comparison)
+            return 0
+        new = losses[self.losses_seen:] if len(losses) > self.losses_seen else losses
+        self.losses_seen = len(losses)
+        self.drop_lost(new)
+        return len(new)
+
+    def after_losses(self, draw):
+        """``draw()`` (a draw that reads rows it picked from the ledger) on a ledger synced with
+        the buffer's losses; a read that finds rows lost under it (the shard died since the last
+        sync: ``RowsNotStored``) is drawn again once the ledger knows."""
+        from conduit_core import RowsNotStored
+        self.sync_losses()
+        try:
+            return draw()
+        except RowsNotStored:
+            if not self.sync_losses():
+                raise
+            return draw()
+
+    def drop_lost(self, losses) -> int:
+        """The steps of stored episodes that ``losses`` (``ShardLoss``es: rows of a lost shard)
+        took leave the ledger; what is left of each such episode splits into parts at the gaps
+        (``EpisodeLedger.drop_steps``: no window, sequence or rebuilt episode runs across missing
+        steps; RLlib's rule then evicts the parts whole, oldest first). A part after a gap has no
+        lookback step (the step before it was lost). Returns the episodes cut."""
+        runs = [run for loss in losses for run in loss.seq_runs]
+        cut = self.ledger.holding(runs)
+        for src in cut:
+            lookback, t0 = self.lookback_rows.pop(src, None), self.ledger.episodes[src].t_started
+            before = set(self.ledger.episodes)
+            still = self.ledger.drop_steps(src, runs, self._new_source)
+            first = next((s for s in self.ledger.episodes if s not in before or s == src), None)
+            if lookback is not None and first is not None and self.ledger.episodes[first].t_started == t0:
+                self.lookback_rows[first] = lookback   # the part that starts where the stored episode did
+            if not still:
+                self._forget_source(src)
+        return len(cut)
+
+    def _new_source(self) -> int:
+        src, self.next_source = self.next_source, self.next_source + 1
+        return src
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:

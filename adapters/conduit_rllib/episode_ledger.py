@@ -92,6 +92,8 @@ class EpisodeLedger:
         self.evicted_episodes = 0
         self.evicted_rows = 0
         self.early_episodes = 0                      # evicted because the ring would cut them (not RLlib's rule)
+        self.lost_episodes = 0                       # episodes whose every step a lost shard took (not evicted)
+        self.lost_rows = 0                           # steps lost shards took (drop_steps)
         self._by_seq: deque[tuple[int, int, int]] = deque()  # (first seq, steps, source), in seq order
         self._index: EpisodeIndex | None = None      # built on demand, dropped on every change
 
@@ -177,6 +179,65 @@ class EpisodeLedger:
         self.early_episodes += early
         return rec.seqs()
 
+    def holding(self, runs) -> list[int]:
+        """Sources of the stored episodes with a step in any of the seq runs ``runs``
+        ((first, last) each, inclusive; ``ShardLoss.seq_runs``)."""
+        if not runs:
+            return []
+        lo, hi = np.array([a for a, _ in runs], np.int64), np.array([b for _, b in runs], np.int64)
+        out = []
+        for src, rec in self.episodes.items():
+            for first, n in rec.chunks:   # a run [a, b] meets [first, first + n) where a < first + n and b >= first
+                if np.any((lo < first + n) & (hi >= first)):
+                    out.append(src)
+                    break
+        return out
+
+    def drop_steps(self, source: int, runs, new_source) -> bool:
+        """Forget the steps of ``source``'s episode whose seqs lie in ``runs`` (rows a lost shard
+        took); the steps left split into parts at each gap, in the episode's place of the arrival
+        order, each a new source (``new_source()``) but the last, which keeps ``source`` if it
+        reaches the episode's stored end (its next chunk continues it). Counted in ``lost_rows``
+        (and ``lost_episodes`` if no step is left). Returns whether ``source`` is still stored."""
+        self._index = None
+        rec = self.episodes[source]
+        seqs = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in rec.chunks])
+        gone = np.zeros(seqs.size, bool)
+        for a, b in runs:
+            gone |= (seqs >= a) & (seqs <= b)
+        edges = np.flatnonzero(np.diff(np.concatenate([[1], gone.view(np.int8), [1]])))   # kept runs: [edges[2i], edges[2i+1])
+        parts = []
+        for i, j in zip(edges[::2].tolist(), edges[1::2].tolist()):
+            run = seqs[i:j]
+            cut = np.flatnonzero(np.diff(run) != 1) + 1   # chunks: runs of consecutive seqs
+            starts = np.concatenate([[0], cut]).tolist()
+            ends = np.concatenate([cut, [run.size]]).tolist()
+            parts.append(EpisodeRecord(rows=j - i, chunks=[(int(run[a]), b - a) for a, b in zip(starts, ends)],
+                                       id_=rec.id_, t_started=rec.t_started + i))
+        lost = int(gone.sum())
+        self.rows -= lost
+        self.lost_rows += lost
+        self.lost_episodes += not parts
+        keeps = bool(parts) and not gone[-1]
+        named = [(new_source(), p) for p in (parts[:-1] if keeps else parts)] + ([(source, parts[-1])] if keeps else [])
+        out: OrderedDict = OrderedDict()
+        for s, r in self.episodes.items():
+            if s == source:
+                out.update(named)
+            else:
+                out[s] = r
+        self.episodes = out
+        self._by_seq = deque(sorted((a, n, s) for s, r in out.items() for a, n in r.chunks))
+        return keeps
+
+    def retire(self, source: int, new_source: int) -> None:
+        """The stored steps of ``source`` become the episode part ``new_source``, in the same place
+        of the arrival order (``source``'s later steps start a new part: steps in between are
+        missing)."""
+        self._index = None
+        self.episodes = OrderedDict((new_source if s == source else s, r) for s, r in self.episodes.items())
+        self._by_seq = deque((a, n, new_source if s == source else s) for a, n, s in self._by_seq)
+
     def stored_seqs(self) -> np.ndarray:
         """The seqs of every stored step, episode by episode (arrival order), chunk by chunk."""
         ranges = [r for rec in self.episodes.values() for r in rec.seqs()]
@@ -193,7 +254,8 @@ class EpisodeLedger:
         return {"episodes": [[s, r.rows, [list(c) for c in r.chunks], r.id_, r.t_started]
                              for s, r in self.episodes.items()],
                 "by_seq": [list(x) for x in self._by_seq], "rows": self.rows,
-                "evicted": [self.evicted_episodes, self.evicted_rows, self.early_episodes]}
+                "evicted": [self.evicted_episodes, self.evicted_rows, self.early_episodes],
+                "lost": [self.lost_episodes, self.lost_rows]}
 
     def load(self, state: dict) -> None:
         self._index = None
@@ -204,3 +266,4 @@ class EpisodeLedger:
         self._by_seq = deque((int(a), int(b), int(c)) for a, b, c in state["by_seq"])
         self.rows = int(state["rows"])
         self.evicted_episodes, self.evicted_rows, self.early_episodes = (int(x) for x in state["evicted"])
+        self.lost_episodes, self.lost_rows = (int(x) for x in state.get("lost", (0, 0)))   # since 2026-12-03

@@ -28,7 +28,7 @@ from .info_store import InfoStore
 from .options import ConduitOptions
 from .replay_metrics import ReplayMetrics
 from .replay_state import ReplayStateMixin
-from .sample_forms import batch_form, check_infos_stored, episodes_of, sequence_slices
+from .sample_forms import batch_form, check_infos_stored, check_rllib_n_step, episodes_of, sequence_slices
 from .sequences import SequenceRules
 from .source_ingest import abandon_gaps
 
@@ -49,16 +49,6 @@ class DeliveredBatch:
 
     def __len__(self) -> int:
         return self.batch.size
-
-
-def check_rllib_n_step(n_step) -> None:
-    """An n-step range as RLlib's buffers take it: a tuple ``(lo, hi)`` with ``lo < hi``
-    (``rng.integers(lo, hi)``: RLlib fails on ``lo >= hi`` and on a list)."""
-    ints = type(n_step) is tuple and len(n_step) == 2 and all(
-        isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in n_step)
-    if not (ints and 1 <= n_step[0] < n_step[1]):
-        raise ConfigError("sample(n_step=...)", "an int >= 1 or a tuple (lo, hi) of ints with 1 <= lo < hi (drawn "
-                          "from [lo, hi) per item, as RLlib draws it)", repr(n_step), "e.g. n_step=3 or n_step=(2, 5)")
 
 
 class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffer):
@@ -105,7 +95,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         self._sampled = 0
         self.unwritten_adds = 0   # source_ingest: adds of episodes a runner did not write at the source
         led = self.ledger   # get_metrics(): lifetime steps and episodes added and evicted, steps sampled
-        self.replay_metrics = ReplayMetrics(lambda: (self.ingest.added, led.evicted_rows, len(led.episodes)
+        self.replay_metrics = ReplayMetrics(lambda: (self.ingest.added, led.evicted_rows, len(led.episodes) + led.lost_episodes
                                                      + led.evicted_episodes, led.evicted_episodes, self._sampled),
                                             window=metrics_num_episodes_for_smoothing)
 
@@ -190,6 +180,8 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                 return self._add_written(episodes)
         if self.options.source_ingest and self.edp is not None:
             self.unwritten_adds += 1   # episodes from a runner without a writer (ConduitDQN hands it one)
+        if self.edp is not None:
+            self.ingest.sync_losses()   # episodes with rows on a lost shard leave before this add's plan
         chunks, ends = [], {}
         ingest = self.ingest
         for ep in episodes:
@@ -223,6 +215,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                               "no data plane yet" if self.edp is None else "source_ingest=False",
                               "enable source_ingest and let the first training step go through the driver")
         abandon_gaps(self.edp.buffer, written)   # results of these runners RLlib dropped: their rows released
+        self.ingest.sync_losses()
         taken, seen, chunks, ends = self.edp.buffer.ingest_ledger.taken, set(), [], {}
         for c in written:
             if c.receipt.key in taken or c.receipt.key in seen:
@@ -287,6 +280,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         # differently: the prioritized one redraws it, the uniform one delivers it shortened.
         if beta is None and self.prioritized:   # RLlib's asserts beta >= 0.0 (a TypeError on None)
             raise ConfigError("sample(beta=...)", "a float >= 0", "None", "pass one, or none for RLlib's 0.0")
+        self.ingest.sync_losses()   # (the deliver passes over lost rows itself; the episodes form reads the ledger)
         b = self.edp.deliver(B, n_step=n_step if n_step is not None else 1, gamma=gamma, beta=beta or 0.0,
                              episode_end="redraw" if self.prioritized else "shorten",
                              fields=None if include_extra_model_outputs else self._core_fields)
@@ -320,9 +314,10 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
 
     def _sample_sequences(self, B: int, T: int, n_step, lookback: int, min_T: int) -> list:
         """RLlib's uniform sequence slices, as its episodes (``sample_forms.sequence_slices``)."""
-        out = sequence_slices(self.edp, self.ledger, self.infos, self.ingest.lookback_rows, rng=self._sequence_rng,
-                              rules=self.sequence_rules, ctx=self.context, store_infos=self.options.store_infos,
-                              B=B, T=T, n_step=n_step, lookback=lookback, min_T=min_T)
+        out = self.ingest.after_losses(lambda: sequence_slices(
+            self.edp, self.ledger, self.infos, self.ingest.lookback_rows, rng=self._sequence_rng,
+            rules=self.sequence_rules, ctx=self.context, store_infos=self.options.store_infos,
+            B=B, T=T, n_step=n_step, lookback=lookback, min_T=min_T))
         self._sampled += B
         self.replay_metrics.samples += 1
         self.last_sampled = None  # no priorities for the uniform buffer
@@ -330,7 +325,8 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
 
     def _sample_batch_form(self, B: int, T: int) -> dict[str, np.ndarray]:
         """RLlib's ``sample_episodes=False`` dict of ``[B, T]`` arrays (``sample_forms.batch_form``)."""
-        out = batch_form(self.edp, self.ledger, rng=self._sequence_rng, fields=self._core_fields, B=B, T=T)
+        out = self.ingest.after_losses(lambda: batch_form(self.edp, self.ledger, rng=self._sequence_rng,
+                                                          fields=self._core_fields, B=B, T=T))
         self._sampled += B * T
         self.replay_metrics.samples += 1
         self.last_sampled = None

@@ -91,3 +91,13 @@ def batch_form(edp, ledger, *, rng: np.random.Generator, fields: tuple, B: int, 
     rows = batch_rows(index, rng, B, T)
     read = lambda seqs: {k: v.cpu().numpy() for k, v in edp.read(seqs, fields=fields).items()}
     return assemble_batch(rows, index, read, T)
+
+
+def check_rllib_n_step(n_step) -> None:
+    """An n-step range as RLlib's buffers take it: a tuple ``(lo, hi)`` with ``lo < hi``
+    (``rng.integers(lo, hi)``: RLlib fails on ``lo >= hi`` and on a list)."""
+    ints = type(n_step) is tuple and len(n_step) == 2 and all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in n_step)
+    if not (ints and 1 <= n_step[0] < n_step[1]):
+        raise ConfigError("sample(n_step=...)", "an int >= 1 or a tuple (lo, hi) of ints with 1 <= lo < hi (drawn "
+                          "from [lo, hi) per item, as RLlib draws it)", repr(n_step), "e.g. n_step=3 or n_step=(2, 5)")
