@@ -169,11 +169,12 @@ class ExperienceBuffer:
     add_encoded = insertion.add_encoded
     add_encoded_many = insertion.add_encoded_many
 
-    # ingestion at the source (source_writer.py, source_commit.py): writers on other nodes stage
-    # their rows in a shard's actor; commit takes each receipt once, the rows never pass through here
+    # ingestion at the source (source_writer.py, source_commit.py): writers stage in a shard's actor,
+    # commit takes each receipt once (the rows never pass through here); abandon and retire free them
     writer = writer_placement.make_writer
     commit = source_commit.commit
     abandon_before = source_commit.abandon_before
+    retire_writer = source_commit.retire_writer
 
     # ------------------------------------------------------------ lost shards
 
@@ -324,8 +325,6 @@ class ExperienceBuffer:
                 return got
         return self.storage.gather(slots, device=None if device is None else torch.device(device),
                                    out=out, out_tensors=views)
-
-
 
     # ------------------------------------------------------------- rollback
     def selection_token(self) -> tuple:

@@ -29,7 +29,7 @@ import numpy as np
 
 from .errors import ConfigError, StagedRowsLost
 from .rate_gate import wait_to_insert
-from .source_writer import Receipt
+from .source_writer import STAGING_GROUP, Receipt, SourceWriter
 from .taken_receipts import TakenReceipts
 
 log = logging.getLogger("conduit")
@@ -295,6 +295,29 @@ def abandon_before(buf, receipt: Receipt) -> int:
         except Exception:  # noqa: BLE001 - the staging actor is gone: its rows went with it
             pass
     return len(gone)
+
+
+def retire_writer(buf, writer: SourceWriter) -> int:
+    """``ExperienceBuffer.retire_writer``: ``writer`` is replaced and will never be committed from
+    again. Every rollout it staged and nobody committed (results its caller dropped: RLlib drops a
+    ``sample()`` that outlives its timeout, and a runner that then gets a new writer never sends a
+    later receipt of the old one to abandon them below) is dropped in its actor, counted in the
+    ledger's ``abandoned`` and logged; a later stage through it raises ``StagedRowsLost``. Call it
+    once no write through the writer can be in flight. Returns the rollouts dropped."""
+    import ray
+
+    from .remote import REMOTE_CALL_TIMEOUT_S
+    try:
+        dropped = ray.get(writer.actor.retire_writer.options(concurrency_group=STAGING_GROUP).remote(writer.id),
+                          timeout=REMOTE_CALL_TIMEOUT_S)
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+        return 0   # the actor is gone (its staged rows went with it) or does not answer (its loss is found later)
+    with buf.lock:
+        buf.ingest_ledger.abandoned += dropped
+    if dropped:
+        log.warning("conduit: writer %s retired with %d staged rollout(s) nobody committed; dropped", writer.id[:8],
+                    dropped)
+    return dropped
 
 
 def commit_one(buf, r: Receipt, ahead, timeout: float | None, report: CommitReport, release: dict) -> None:

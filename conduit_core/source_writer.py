@@ -32,6 +32,7 @@ import torch
 
 from .errors import CapacityError, ConfigError, ExperienceTimeout, StagedRowsLost
 
+RETIRED = "retired"         # a stage's answer for a writer the buffer retired
 PULL_FAILED = "failed"      # a pull's status when it failed for a reason other than lost rows
 STAGING_GROUP = "staging"   # the actor's concurrency group for staging calls (another thread than its storage's)
 
@@ -115,8 +116,8 @@ class SourceWriter:
         from .remote import cut_columns
         names, pieces = cut_columns(self.spec, cols, n)
         try:
-            ray.get(self.actor.stage.options(concurrency_group=STAGING_GROUP).remote(self.id, ticket, n, names, *pieces),
-                    timeout=timeout)
+            status = ray.get(self.actor.stage.options(concurrency_group=STAGING_GROUP).remote(
+                self.id, ticket, n, names, *pieces), timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             err = ExperienceTimeout(f"writer {self.id[:8]} ticket {ticket}: staging {n} rows in shard {self.shard} "
                                     f"took over {timeout:.3g} s. Fix: write again with ticket={ticket} (staged once "
@@ -129,6 +130,12 @@ class SourceWriter:
                                  "writer from the buffer (ExperienceBuffer.writer) and write them again")
             err.ticket = ticket
             raise err from exc
+        if status == RETIRED:
+            err = StagedRowsLost(f"writer {self.id[:8]} ticket {ticket}: the buffer retired this writer "
+                                 "(ExperienceBuffer.retire_writer); these rows were not accepted. Fix: write them "
+                                 "again through the writer that replaced it")
+            err.ticket = ticket
+            raise err
 
 
 def _rebuild(config: dict) -> SourceWriter:
@@ -163,12 +170,15 @@ class StagingArea:
         # of it pulled from the actor that staged it (dropped once written)
         self.staged: dict[tuple[str, int], list[tuple[int, int, dict, bool]]] = {}
         self.released: dict[str, TicketSet] = {}
+        self.retired: set[str] = set()   # writers the buffer replaced: nothing of theirs is staged again
 
     def stage(self, writer: str, ticket: int, n: int, names: list[str], *pieces) -> str:
         """Hold ``n`` encoded rows under (writer, ticket); again for the same key changes nothing."""
         from .remote import join_reply, reply_layout
         key = (writer, int(ticket))
         with self.staging_lock:
+            if writer in self.retired:
+                return RETIRED
             if key[1] in self.released.get(writer, ()):
                 return "committed"
             if key in self.staged:
@@ -245,6 +255,16 @@ class StagingArea:
             for writer, ticket in keys:
                 self.staged.pop((writer, int(ticket)), None)
                 self.released.setdefault(writer, TicketSet()).add(int(ticket))
+
+    def retire_writer(self, writer: str) -> int:
+        """Drop every rollout ``writer`` staged here and refuse its later stages (its rollouts
+        nobody will commit: results its caller dropped); returns how many were dropped."""
+        with self.staging_lock:
+            keys = [k for k, parts in self.staged.items() if k[0] == writer and not parts[0][3]]
+            for k in keys:
+                del self.staged[k]
+            self.retired.add(writer)
+        return len(keys)
 
     def staging_stats(self) -> dict[str, int]:
         with self.staging_lock:

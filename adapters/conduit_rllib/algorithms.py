@@ -31,6 +31,7 @@ class ConduitDQN(BufferCheckpointMixin, DQN):
         check_capacity(self)
         check_learner_shards(self)
         self.conduit_writers: dict[int, str] = {}   # source_ingest: env runner index -> its writer's id
+        self.conduit_writer_handles: list = []      # those writers (retired when replaced)
         self.conduit_writers_for = None             # the buffer id they write for (a restore changes it)
         self.conduit_unwritten_seen = 0             # the buffer's unwritten_adds when writers were last handed out
 
@@ -67,7 +68,10 @@ class ConduitDQN(BufferCheckpointMixin, DQN):
             if self.conduit_writers_for != ledger or len(self.conduit_writers) != healthy \
                     or buf.unwritten_adds != self.conduit_unwritten_seen:
                 from .source_ingest import push_writers
-                self.conduit_writers, self.conduit_writers_for = push_writers(self, buf), ledger
+                handles = push_writers(self, buf, retiring=self.conduit_writer_handles)
+                self.conduit_writer_handles = list(handles.values())
+                self.conduit_writers = {i: w.id for i, w in handles.items()}
+                self.conduit_writers_for = ledger
                 self.conduit_unwritten_seen = buf.unwritten_adds
         return super().training_step()
 

@@ -126,10 +126,13 @@ class ConduitEnvRunner(SingleAgentEnvRunner):
             return episodes
 
 
-def push_writers(algo, buf) -> dict[int, str]:
+def push_writers(algo, buf, *, retiring=()) -> dict[int, Any]:
     """Hand each healthy remote env runner a writer for the buffer's shard on its node;
-    returns worker index -> writer id. The writer's source is the worker index (the
-    receipts' source is replaced by the episode's own at commit)."""
+    returns worker index -> writer. The writer's source is the worker index (the receipts'
+    source is replaced by the episode's own at commit). The writers in ``retiring`` (those
+    replaced) are retired once every runner has its new one: a runner's ``sample()`` that was
+    running finished before its writer was swapped (an actor runs one call at a time), and what
+    such a sample staged, RLlib having dropped its result, is freed (``retire_writer``)."""
     import ray
     group = algo.env_runner_group
     nodes = dict(group.foreach_env_runner(
@@ -137,6 +140,8 @@ def push_writers(algo, buf) -> dict[int, str]:
     core = buf.edp.buffer
     writers = {i: core.writer(source=i, node=node) for i, node in nodes.items()}
     store = buf.options.store_infos
-    ids = group.foreach_env_runner(lambda w: (w.worker_index, w.set_conduit_writer(writers, store)),
-                                   local_env_runner=False)
-    return dict(ids)
+    ids = dict(group.foreach_env_runner(lambda w: (w.worker_index, w.set_conduit_writer(writers, store)),
+                                        local_env_runner=False))
+    for old in retiring:
+        core.retire_writer(old)
+    return {i: writers[i] for i in ids}

@@ -112,6 +112,30 @@ def test_writers_on_two_nodes_ingest_into_three_shards_exactly_once(cluster):
         buf.close()
 
 
+def test_a_retired_writer_frees_what_it_staged_and_nobody_committed(cluster):
+    """A runner whose result RLlib dropped, then given a new writer, never sends a later receipt
+    of its old one, so ``abandon_before`` never frees what the dropped result staged (a review,
+    session 24: it stayed in the actor for good). ``retire_writer`` drops it; the old writer then
+    refuses to stage (its caller falls back, as for a lost shard)."""
+    from conduit_core.errors import StagedRowsLost
+    buf = fifo_buffer(10)
+    try:
+        w = buf.writer(source=3, shard=1)
+        kept = w.write(rollout(3, 0))
+        w.write(rollout(4, 3))                                       # a result nobody will commit
+        assert ray.get(buf.storage.parts[1].actor.staging_stats.remote())["rollouts"] == 2
+        buf.commit([kept])
+        assert buf.retire_writer(w) == 1 and buf.ingest_ledger.abandoned == 1
+        assert ray.get(buf.storage.parts[1].actor.staging_stats.remote())["rollouts"] == 0
+        with pytest.raises(StagedRowsLost, match="retired"):
+            w.write(rollout(2, 7))
+        fresh = buf.writer(source=3, shard=1)
+        buf.commit([fresh.write(rollout(2, 7))])
+        assert ids_of(buf.take(None)) == [0, 1, 2, 7, 8]
+    finally:
+        buf.close()
+
+
 def test_a_retried_stage_or_commit_changes_nothing(cluster):
     buf = fifo_buffer(10)
     try:
