@@ -24,17 +24,27 @@ Each workload a harness offers becomes the check ``convergence/<workload>``. A h
 every random source of both paths from the seed it is given, the framework's own included, so a CI
 run's draw repeats (RLlib 2.60 leaves its episode replay buffers unseeded; the RLlib harness seeds
 them).
+
+The runs are independent, so they run side by side in worker processes (``run_all``): one per
+core by default, at most 4 (an RLlib run with the Ray session it starts holds ~1.1 GB, measured),
+``$CONDUIT_CONVERGENCE_WORKERS`` to choose (1 runs them in this process, one after the other). A run that cannot be sent to another process (a closure, a lambda) runs here.
+Each run is seeded, so where it runs does not change its steps.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 import numpy as np
 
 from .registry import check, ensure
 
 SEEDS_ENV = "CONDUIT_CONVERGENCE_SEEDS"
+WORKERS_ENV = "CONDUIT_CONVERGENCE_WORKERS"
+DEFAULT_MAX_WORKERS = 4
 DEFAULT_SEEDS = (0, 1)
 FULL_SEEDS = 5
 
@@ -54,6 +64,44 @@ def seeds() -> tuple[int, ...]:
     return out
 
 
+def workers(n_runs: int) -> int:
+    """How many runs go side by side: ``$CONDUIT_CONVERGENCE_WORKERS``, or one per core up to
+    ``DEFAULT_MAX_WORKERS``; never more than ``n_runs``."""
+    raw = os.environ.get(WORKERS_ENV, "").strip()
+    if raw:
+        try:
+            wanted = int(raw)
+        except ValueError:
+            wanted = 0
+        if wanted < 1:
+            raise ValueError(f"{WORKERS_ENV}: expected a positive integer, got {raw!r}. "
+                             f"Fix: e.g. {WORKERS_ENV}=2, or 1 to run one after the other in this process")
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        wanted = min(cores, DEFAULT_MAX_WORKERS)
+    return max(1, min(wanted, n_runs))
+
+
+def _sendable(run) -> bool:
+    try:
+        pickle.dumps(run)
+    except Exception:  # noqa: BLE001 - a closure or lambda: it runs in this process
+        return False
+    return True
+
+
+def run_all(run, calls: list[tuple[str, int]]) -> list:
+    """``[run(path, seed) for path, seed in calls]``, side by side in fresh (spawned) processes
+    when more than one worker is wanted and ``run`` can be sent there. A run that raises raises
+    here; a worker that dies fails the call (``BrokenProcessPool``) rather than hanging it; the
+    pool is joined before this returns."""
+    n = workers(len(calls))
+    if n == 1 or not _sendable(run):
+        return [run(path, seed) for path, seed in calls]
+    with ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn")) as pool:
+        return list(pool.map(run, [p for p, _ in calls], [s for _, s in calls]))
+
+
 def ratio_bound(n_seeds: int) -> float:
     return 2.0 if n_seeds >= FULL_SEEDS else 2.5
 
@@ -71,10 +119,9 @@ def compare(native_steps: list[int], conduit_steps: list[int]) -> tuple[float, f
 @check("convergence/*", needs=("convergence",), level="convergence")
 def convergence(ctx, workload: str, run) -> None:
     """Conduit needs as many env steps to the reference return as native: not more, not fewer."""
-    native, conduit = [], []
-    for seed in seeds():
-        native.append(run("native", seed))
-        conduit.append(run("conduit", seed))
+    calls = [(path, seed) for seed in seeds() for path in ("native", "conduit")]
+    results = run_all(run, calls)
+    native, conduit = results[0::2], results[1::2]
     budget = max(r.env_steps for r in native + conduit)
     steps = lambda rs: [r.env_steps if r.reached else budget for r in rs]
     ns, cs = steps(native), steps(conduit)

@@ -1,0 +1,48 @@
+"""The convergence check's runs go side by side in worker processes: results in call order, a failure
+raised, a dead worker a failure and never a hang, a run that cannot be sent (a closure) run here."""
+
+import os
+from concurrent.futures.process import BrokenProcessPool
+
+import pytest
+
+from conduit_conformance import checks_convergence as cc
+
+from . import convergence_runs
+
+CALLS = [("native", 0), ("conduit", 0), ("native", 1), ("conduit", 1)]
+
+
+def test_runs_go_to_other_processes_and_come_back_in_call_order(monkeypatch):
+    monkeypatch.setenv(cc.WORKERS_ENV, "2")
+    results = cc.run_all(convergence_runs.where, CALLS)
+    assert [(r.returns[0], r.returns[1]) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    pids = {r.env_steps for r in results}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+
+
+def test_one_worker_or_a_closure_runs_here_one_after_the_other(monkeypatch):
+    monkeypatch.setenv(cc.WORKERS_ENV, "1")
+    assert {r.env_steps for r in cc.run_all(convergence_runs.where, CALLS)} == {os.getpid()}
+    monkeypatch.setenv(cc.WORKERS_ENV, "2")
+    closure = lambda path, seed: convergence_runs.where(path, seed)   # noqa: E731 - cannot be pickled
+    assert {r.env_steps for r in cc.run_all(closure, CALLS)} == {os.getpid()}
+
+
+def test_a_failed_run_raises_and_a_dead_worker_fails_the_call_without_hanging(monkeypatch):
+    monkeypatch.setenv(cc.WORKERS_ENV, "2")
+    with pytest.raises(ValueError, match="run native 1 failed"):
+        cc.run_all(convergence_runs.fails, CALLS)
+    with pytest.raises(BrokenProcessPool):
+        cc.run_all(convergence_runs.dies, CALLS)
+
+
+def test_the_worker_count_is_checked_and_bounded(monkeypatch):
+    for bad in ("0", "-2", "two"):
+        monkeypatch.setenv(cc.WORKERS_ENV, bad)
+        with pytest.raises(ValueError, match=cc.WORKERS_ENV):
+            cc.workers(4)
+    monkeypatch.setenv(cc.WORKERS_ENV, "8")
+    assert cc.workers(4) == 4 and cc.workers(1) == 1
+    monkeypatch.delenv(cc.WORKERS_ENV)
+    assert 1 <= cc.workers(100) <= cc.DEFAULT_MAX_WORKERS
