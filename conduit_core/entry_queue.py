@@ -31,6 +31,10 @@ learned from the first put), where entries live and when a slot may be reused
 (:class:`~conduit_core.slot_arena.SlotArena`: slots and leases), and which entry is served or
 dropped (:class:`ReuseOrder`). This module composes them: the counters, the staleness window,
 the lock and pickling.
+
+``None`` batches as in SRL's ``recursive_aggregate``: an array field every sample of an entry left
+``None`` is served ``None``, zeros where only some did; a field ``None`` so far is learned from the
+first sample that gives it, and :meth:`EntryQueue.add_fields` adds names a grown nesting brings.
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .errors import CapacityError, ClosedError, ConfigError, SpecError
-from .queue_args import check_queue_args
+from .queue_args import check_put_many_args, check_queue_args
 from .reuse_order import ReuseOrder
-from .sample_layout import FieldLayout, conform, layout_of
+from .sample_layout import FieldLayout, check_field_names, conform, layout_for
 from .slot_arena import SlotArena
 
 # a queue pickled before the layout had a module of its own names its fields' class by this name
@@ -102,6 +106,7 @@ class EntryQueue:
         self._prepare = prepare
         self._ready: dict[int, tuple[dict, Any]] = {}         # order -> (columns, prepared), built as it formed
         self._layout: dict[str, FieldLayout] | None = None
+        self._none_fields: tuple[str, ...] = ()               # the layout's "none" fields (a put may give one)
         # slots: queued (+1 formed before the overflow drop) + the one being filled + leased
         self._arena = SlotArena(bound=max_entries + 2 + lease_depth, batch_size=batch_size, time_major=time_major,
                                 adopt=self.adopt, lease_depth=lease_depth)
@@ -126,7 +131,7 @@ class EntryQueue:
         with self._put_lock:
             if self._closed:
                 raise ClosedError("EntryQueue.put: the queue is closed. Fix: create a new queue.")
-            layout = self._layout if self._layout is not None else layout_of(sample)
+            layout = self._layout_for([sample])
             cols = conform(sample, layout)
             with self._lock:
                 if (self._filled + 1 == (self.batch_size or 1) and self._order.overflow == "reject"
@@ -148,30 +153,14 @@ class EntryQueue:
         :class:`SpecError` naming ``samples[i].<field>`` with the queue unchanged. With
         ``overflow='reject'`` the group is refused whole (:class:`CapacityError`, ``rejected`` counts
         its samples) when any of its puts would be refused; single puts would keep the ones before."""
-        if isinstance(samples, Mapping) or not isinstance(samples, Sequence):
-            raise SpecError("samples", "a sequence of samples (mappings of field name -> array)",
-                            type(samples).__name__, "pass a list of samples; put() takes a single one")
+        versions = check_put_many_args(samples, policy_versions)
         n = len(samples)
-        if policy_versions is not None and (isinstance(policy_versions, (str, bytes)) or len(policy_versions) != n):
-            raise SpecError("policy_versions", f"one per sample ({n}) or None", repr(policy_versions)[:80],
-                            "pass a list as long as samples, or None")
-        versions = None
-        if policy_versions is not None:
-            try:
-                versions = [None if v is None else int(v) for v in policy_versions]
-            except (TypeError, ValueError):
-                raise SpecError("policy_versions", "integers or None", repr(list(policy_versions))[:80],
-                                "pass each sample's policy version (or None)") from None
-        for i, sample in enumerate(samples):
-            if not isinstance(sample, Mapping):
-                raise SpecError(f"samples[{i}]", "a mapping of field name -> array", type(sample).__name__,
-                                "flatten nested samples first (conduit_core.nested.flatten)")
         if n == 0:
             return 0
         with self._put_lock:
             if self._closed:
                 raise ClosedError("EntryQueue.put_many: the queue is closed. Fix: create a new queue.")
-            layout = self._layout if self._layout is not None else layout_of(samples[0])
+            layout = self._layout_for(samples)
             cols = []
             for i, sample in enumerate(samples):
                 try:
@@ -193,10 +182,8 @@ class EntryQueue:
         """Write conformed samples in order (put lock held): copies into the slot being filled outside
         the state lock (no get sees that slot), indices and counters under it. Returns entries formed."""
         per_entry, n, i, forms = self.batch_size or 1, len(cols), 0, 0
-        if self._layout is None:
-            with self._lock:
-                self._layout = layout
-                self._arena.set_layout(layout)
+        if self._layout is not layout:   # the first sample's, or a wider one (a field None so far given)
+            self._set_layout(layout)
         while i < n:   # one segment per entry the group writes into
             if self._filling is None:
                 with self._lock:
@@ -214,6 +201,17 @@ class EntryQueue:
                 self._form(per_entry)
                 forms += 1
         return forms
+
+    def add_fields(self, names: Sequence[str]) -> None:
+        """Names later samples carry and the ones put so far did not (an adapter whose samples'
+        nesting grows: SRL's ``info=None``, then a ``NamedArray``): ``None`` fields until a sample
+        gives one; samples so far left them out. Names known already, or a queue with no put yet
+        (the first sample brings its names): nothing to do."""
+        names = check_field_names(names)
+        with self._put_lock:
+            new = [n for n in names if self._layout is not None and n not in self._layout]
+            if new:
+                self._set_layout(dict(self._layout, **{n: FieldLayout("none") for n in new}))
 
     def get(self, *, current_version: int | None = None) -> Entry | None:
         """The next entry by the serve rule, or None when none is ready. Never blocks."""
@@ -335,8 +333,7 @@ class EntryQueue:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state["config"])
-        self._layout = state["layout"]
-        self._arena.set_layout(self._layout)
+        self._set_layout(state["layout"])
         for order, reuses_left, info, cols in state["queued"]:
             slot = self._arena.take()
             self._arena.fill_from(slot, cols)
@@ -351,6 +348,17 @@ class EntryQueue:
         self._next_order, self._counts, self._closed = state["next_order"], state["counts"], state["closed"]
 
     # ---------------------------------------------------------------- internals
+    def _layout_for(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, FieldLayout]:
+        """The layout these samples are stored by (put lock held; adopted by ``_store``)."""
+        return layout_for(self._layout, self._none_fields, samples)
+
+    def _set_layout(self, layout: dict[str, FieldLayout] | None) -> None:
+        """Store by ``layout`` from now on (put lock held; the first one, a wider one, or an unpickled one)."""
+        with self._lock:
+            self._layout = layout
+            self._none_fields = () if layout is None else tuple(n for n, f in layout.items() if f.kind == "none")
+            self._arena.set_layout(layout)
+
     def _form(self, per_entry: int) -> None:
         """The entry being filled is complete (put lock held): build its ``prepare`` object outside the
         state lock, then queue it and apply the overflow rule under it (a put's last step)."""

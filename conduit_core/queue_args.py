@@ -1,12 +1,13 @@
 """The checks on an :class:`~conduit_core.entry_queue.EntryQueue`'s arguments, before anything is
-built: each error names the argument, what was expected, what came, and the fix."""
+built or stored: each error names the argument, what was expected, what came, and the fix."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, SpecError
 from .reuse_order import check_rules
 
 
@@ -35,3 +36,27 @@ def check_queue_args(*, serve: str, overflow: str, max_entries: Any, batch_size:
     if isinstance(lease_depth, bool) or not isinstance(lease_depth, int) or lease_depth < 0:
         raise ConfigError("lease_depth", "an integer >= 0", repr(lease_depth),
                           "pass 2 for a trainer with a one-step prefetcher, 1 without one")
+
+
+def check_put_many_args(samples: Any, policy_versions: Any) -> list[int | None] | None:
+    """``put_many``'s arguments checked (a sequence of mappings; one policy version per sample, or
+    None); returns the versions as ints (or None)."""
+    if isinstance(samples, Mapping) or not isinstance(samples, Sequence):
+        raise SpecError("samples", "a sequence of samples (mappings of field name -> array)",
+                        type(samples).__name__, "pass a list of samples; put() takes a single one")
+    n = len(samples)
+    if policy_versions is not None and (isinstance(policy_versions, (str, bytes)) or len(policy_versions) != n):
+        raise SpecError("policy_versions", f"one per sample ({n}) or None", repr(policy_versions)[:80],
+                        "pass a list as long as samples, or None")
+    versions = None
+    if policy_versions is not None:
+        try:
+            versions = [None if v is None else int(v) for v in policy_versions]
+        except (TypeError, ValueError):
+            raise SpecError("policy_versions", "integers or None", repr(list(policy_versions))[:80],
+                            "pass each sample's policy version (or None)") from None
+    for i, sample in enumerate(samples):
+        if not isinstance(sample, Mapping):
+            raise SpecError(f"samples[{i}]", "a mapping of field name -> array", type(sample).__name__,
+                            "flatten nested samples first (conduit_core.nested.flatten)")
+    return versions

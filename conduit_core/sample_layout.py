@@ -3,10 +3,17 @@
 A queue stores whole samples (flat names -> ``[T, ...]`` arrays, ``None`` or other Python objects)
 in preallocated slots, so every later sample must fit the slots the first one shaped. This module
 is that rule and nothing else: :func:`layout_of` reads a sample's layout (one
-:class:`FieldLayout` per name), :func:`conform` checks a sample against it and converts what it
-may, :func:`as_array` is the one array conversion both use, and :func:`stack_objects` batches the
-per-sample objects of a non-array field when an entry is served. Pure functions, no state, no
-lock: the queue calls them under its own lock.
+:class:`FieldLayout` per name), :func:`widened` learns the arrays of fields that were ``None`` so
+far (:func:`layout_for` picks the layout a put stores by), :func:`conform` checks a sample against a layout and converts what it may, :func:`as_array`
+is the one array conversion they use, and :func:`stack_objects` batches the per-sample objects of
+a non-array field when an entry is served. Pure functions, no state, no lock: the queue calls them
+under its own lock.
+
+``None`` is a value every field may take, as in SRL's samples (``info=None`` for steps without
+episode info): an array field a sample leaves ``None`` is *missing* from that sample (the storage
+serves it as SRL's ``recursive_aggregate`` batches it: ``None`` when every sample of an entry left
+it out, zeros for the ones that did otherwise), and a field ``None`` in every sample so far takes
+its array layout from the first sample that gives one (:func:`widened`).
 
 Kept apart from the storage (:mod:`conduit_core.slot_arena`) because the rule is about what a
 sample may be, the storage about where it goes; both read the same :class:`FieldLayout`.
@@ -15,7 +22,7 @@ sample may be, the storage about where it goes; both read the same :class:`Field
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -50,18 +57,60 @@ def layout_of(sample: Mapping[str, Any]) -> dict[str, FieldLayout]:
     return layout
 
 
+def check_field_names(names: Sequence[str]) -> list[str]:
+    """``names`` as a list of distinct field names, or :class:`SpecError` naming what is wrong."""
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise SpecError("names", "a sequence of field names", repr(names)[:80], "pass a list, e.g. ['info.x']")
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise SpecError("field name", "a non-empty string", repr(name), "name every field")
+    return list(dict.fromkeys(names))
+
+
+def widened(layout: Mapping[str, FieldLayout], samples: Sequence[Mapping[str, Any]]) -> dict[str, FieldLayout]:
+    """``layout`` with every ``"none"`` field that one of ``samples`` gives a value for learned
+    from the first such value (:func:`layout_of`'s rule), in the layout's order; ``layout``
+    itself (the same object) when nothing is learned, so the caller can tell. Names the samples
+    have and the layout lacks are left to :func:`conform` to refuse."""
+    learned = {}
+    for name, f in layout.items():
+        if f.kind != "none":
+            continue
+        for sample in samples:
+            value = sample.get(name) if isinstance(sample, Mapping) else None
+            if value is not None:
+                learned[name] = layout_of({name: value})[name]
+                break
+    if not learned:
+        return layout
+    return {name: learned.get(name, f) for name, f in layout.items()}
+
+
+def layout_for(layout: dict[str, FieldLayout] | None, none_fields: tuple[str, ...],
+               samples: Sequence[Mapping[str, Any]]) -> dict[str, FieldLayout]:
+    """The layout to store ``samples`` by: ``layout`` (the first sample's when there is none yet),
+    :func:`widened` when one of them gives one of its ``none_fields`` (the layout's ``"none"``
+    fields, which the caller keeps so the common put scans nothing else)."""
+    if layout is None:
+        return widened(layout_of(samples[0]), samples)
+    if none_fields and any(s.get(n) is not None for s in samples for n in none_fields):
+        return widened(layout, samples)
+    return layout
+
+
 def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Mapping[str, Any]:
     """``sample``'s values as the slots take them, or :class:`SpecError` naming the first field that
     does not fit. A sample of exact numpy arrays of the layout's shapes and dtypes (the common case,
     checked first) comes back as it is, so the put path pays no conversion for it. Otherwise:
     the field names must be the layout's; arrays are converted (tensors, scalars) and must keep the
-    shape and cast to the dtype safely, or hold values it stores (``stored_exactly``); a missing array (``None``) becomes zeros (as SRL's
-    aggregation fills a missing array with zeros); a ``"none"`` field must stay ``None``."""
+    shape and cast to the dtype safely, or hold values it stores (``stored_exactly``); a missing
+    array (``None``) stays ``None`` (the storage fills or serves it, see the module's note); a
+    ``"none"`` field must stay ``None`` (:func:`widened` first learns the ones a sample gives)."""
     if sample.keys() == layout.keys():  # the common case: exact arrays of the first sample's shape and dtype
         for name, f in layout.items():
             v = sample[name]
             if f.kind == "array":
-                if type(v) is not np.ndarray or v.shape != f.shape or v.dtype != f.dtype:
+                if v is not None and (type(v) is not np.ndarray or v.shape != f.shape or v.dtype != f.dtype):
                     break
             elif f.kind == "none" and v is not None:
                 break
@@ -76,14 +125,14 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
         value = sample[name]
         if f.kind == "none":
             if value is not None:
-                raise SpecError(name, "None (as in the first sample)", type(value).__name__,
-                                "keep a field None in every sample, or set it in the first one too")
+                raise SpecError(name, "None (as in every sample so far)", type(value).__name__,
+                                "learn the field's layout first (sample_layout.widened)")
             cols[name] = None
         elif f.kind == "object":
             cols[name] = value
         else:
-            if value is None:  # as SRL's aggregation fills a missing array with zeros
-                cols[name] = np.zeros(f.shape, f.dtype)
+            if value is None:  # missing from this sample: the storage fills or serves it
+                cols[name] = None
                 continue
             arr = as_array(value)
             if arr is None or tuple(arr.shape) != f.shape:

@@ -16,6 +16,12 @@ be is :mod:`conduit_core.sample_layout`'s. No lock: the owner calls under its ow
 :meth:`write`/:meth:`write_many`/:meth:`view` of a slot the writer holds (taken, not yet an entry
 anyone is served) may run beside the other calls: they touch only that slot's keys of the per-slot
 dicts (single dict operations) and its memory, never the free list or the leases.
+
+Missing values (a sample that leaves an array field ``None``): the slot's memory for it is zeroed
+and the field is served ``None`` when no sample of the entry gave it, the way SRL's
+``recursive_aggregate`` batches ``None`` (all ``None``: ``None``; some: zeros for the others).
+Each slot counts the samples written to it and, per array field, the ones that left it out
+(``_written``, ``_absent``: the common put pays one count, not one per field), reset when it is taken.
 """
 
 from __future__ import annotations
@@ -54,14 +60,34 @@ class SlotArena:
         self._views: dict[int, dict[str, np.ndarray]] = {}      # slot -> its array views
         self._bm_views: dict[int, dict[str, np.ndarray]] = {}   # slot -> the same, batch axis first
         self._objects: dict[int, dict[str, list]] = {}       # slot -> name -> per-sample Python objects
+        self._written: dict[int, int] = {}                   # slot -> samples written to it
+        self._absent: dict[int, dict[str, int]] = {}         # slot -> array field -> samples that left it out
         self._free: list[int] = []
         self._next_slot = 0
         self._held: set[int] = set()                          # slots taken and not released
         self._leased: deque[int] = deque()                    # slots of the last served entries
 
     def set_layout(self, layout: dict[str, FieldLayout] | None) -> None:
-        """The layout every slot is shaped by (learned from the first sample, so not known at construction)."""
-        self.layout = layout
+        """The layout every slot is shaped by (learned from the first sample, so not known at
+        construction), or a wider one (``sample_layout.widened``: fields ``None`` so far now
+        arrays, new names as ``None`` fields): storage for the new array fields is added to every
+        allocated slot, zeroed, so the samples written before count as missing them."""
+        old, self.layout = self.layout, layout
+        if old is None or self.adopt:
+            return   # (an adopting slot serves None for a field its sample's arrays lack)
+        grown = [name for name, f in layout.items() if f.kind == "array"
+                 and (name not in old or old[name].kind != "array")]
+        if not grown:
+            return
+        for i, chunk in enumerate(self._chunks):   # chunk i holds slots i*_CHUNK.. (as take() allocated it)
+            chunk.update(self._allocate(int(min(_CHUNK, self.bound - i * _CHUNK)), grown))
+        for slot, n in self._written.items():     # every sample written so far left the new fields out
+            if n:
+                absent = self._absent.setdefault(slot, {})
+                for name in grown:
+                    absent[name] = n
+        self._views.clear()      # rebuilt with the new fields on next use (served columns keep theirs)
+        self._bm_views.clear()
 
     # ------------------------------------------------------------- ownership
     def take(self) -> int:
@@ -76,6 +102,8 @@ class SlotArena:
             if not self.adopt and slot // _CHUNK >= len(self._chunks):
                 self._chunks.append(self._allocate(int(min(_CHUNK, self.bound - slot))))
         self._held.add(slot)
+        self._written[slot] = 0
+        self._absent.pop(slot, None)
         return slot
 
     def release(self, slot: int) -> None:
@@ -96,16 +124,22 @@ class SlotArena:
     def write(self, slot: int, b: int, cols: Mapping[str, Any]) -> None:
         """Sample ``b`` of the slot's entry (``cols`` conformed to the layout): one copy per array field."""
         if self.adopt:
-            self._views[slot] = {name: as_array(cols[name]) for name, f in self.layout.items() if f.kind == "array"}
+            self._views[slot] = {name: as_array(cols[name]) for name, f in self.layout.items()
+                                 if f.kind == "array" and cols[name] is not None}
             for name, f in self.layout.items():
                 if f.kind == "object":
                     self._objects.setdefault(slot, {})[name] = [cols[name]]
             return
         views = self._slot_views(slot)
+        self._written[slot] += 1
         for name, f in self.layout.items():
             value = cols[name]
             if f.kind == "array":
                 dst = views[name]
+                if value is None:    # missing from this sample: zeros, in case another sample gives it
+                    value = 0
+                    absent = self._absent.setdefault(slot, {})
+                    absent[name] = absent.get(name, 0) + 1
                 if self.batch_size is None:
                     dst[...] = value
                 elif self.time_major and f.shape:
@@ -123,23 +157,35 @@ class SlotArena:
                 self.write(slot, b + k, cols)
             return
         views, m = self._batch_views(slot), len(group)
+        self._written[slot] += m
         for name, f in self.layout.items():
             if f.kind == "array":
+                values = [cols[name] for cols in group]
+                if any(v is None for v in values):   # missing from some: zeros there (rare)
+                    zeros = np.zeros(f.shape, f.dtype)
+                    absent = self._absent.setdefault(slot, {})
+                    absent[name] = absent.get(name, 0) + sum(v is None for v in values)
+                    values = [zeros if v is None else v for v in values]
                 # numpy assigns the list of same-shaped arrays in one call (np.stack(out=) costs twice
                 # as much per field as 16 single assignments: it is Python per array)
-                views[name][b:b + m] = [cols[name] for cols in group]
+                views[name][b:b + m] = values
             elif f.kind == "object":
                 objs = self._objects.setdefault(slot, {}).setdefault(name, [None] * self.batch_size)
                 objs[b:b + m] = [cols[name] for cols in group]
 
     def view(self, slot: int) -> dict[str, Any]:
-        """The entry's columns in layout order: array views (no copy), ``None``, or its objects
-        (stacked on the batch axis when they are arrays)."""
+        """The entry's columns in layout order: array views (no copy), ``None`` (a ``None`` field, or
+        an array field no sample of the entry gave), or its objects (stacked on the batch axis when
+        they are arrays)."""
         views = self._slot_views(slot)
+        absent, written = self._absent.get(slot), self._written.get(slot, 0)
         out = {}
         for name, f in self.layout.items():
             if f.kind == "array":
-                out[name] = views[name]
+                if self.adopt:
+                    out[name] = views.get(name)
+                else:   # None when every sample written left it out
+                    out[name] = None if absent and absent.get(name, 0) >= written else views[name]
             elif f.kind == "none":
                 out[name] = None
             else:
@@ -151,19 +197,27 @@ class SlotArena:
         return out
 
     def saved(self, slot: int) -> dict[str, Any]:
-        """A copy of the slot's data (arrays and per-sample objects, not ``None`` fields), for pickling."""
-        views = self._slot_views(slot)
+        """A copy of the slot's data (arrays and per-sample objects, not ``None`` fields; ``None`` for an
+        array field no sample gave), for pickling."""
+        columns = self.view(slot)
         objects = self._objects.get(slot, {})
-        return {name: (views[name].copy() if f.kind == "array" else list(objects.get(name, [])))
+        return {name: ((None if columns[name] is None else columns[name].copy()) if f.kind == "array"
+                       else list(objects.get(name, [])))
                 for name, f in self.layout.items() if f.kind != "none"}
 
     def fill_from(self, slot: int, saved: Mapping[str, Any]) -> None:
         """Restore what :meth:`saved` returned into ``slot`` (an adopting arena keeps the arrays)."""
         if self.adopt:
-            self._views[slot] = {name: saved[name] for name, f in self.layout.items() if f.kind == "array"}
+            self._views[slot] = {name: saved[name] for name, f in self.layout.items()
+                                 if f.kind == "array" and saved.get(name) is not None}
         views = self._slot_views(slot)
+        self._written[slot] = 1   # what was saved counts as one sample: left out (None) or given
         for name, f in self.layout.items():
             if f.kind == "array" and not self.adopt:
+                if saved.get(name) is None:   # no sample gave it (or saved before the field was learned)
+                    views[name][...] = 0
+                    self._absent.setdefault(slot, {})[name] = 1
+                    continue
                 views[name][...] = saved[name]
             elif f.kind == "object" and saved[name]:
                 self._objects.setdefault(slot, {})[name] = list(saved[name])
@@ -178,6 +232,7 @@ class SlotArena:
     def close(self) -> None:
         """Drop the storage. Views handed out before stay valid (numpy keeps them alive)."""
         self._chunks, self._objects, self._views, self._bm_views = [], {}, {}, {}
+        self._written, self._absent = {}, {}
 
     # ------------------------------------------------------------- internals
     def _free_if_unused(self, slot: int) -> None:
@@ -188,11 +243,11 @@ class SlotArena:
             self._views.pop(slot, None)  # the adopted arrays go with their entry
         self._free.append(slot)
 
-    def _allocate(self, n: int) -> dict[str, np.ndarray]:
+    def _allocate(self, n: int, names=None) -> dict[str, np.ndarray]:
         per_entry = self.batch_size
         out = {}
         for name, f in self.layout.items():
-            if f.kind != "array":
+            if f.kind != "array" or (names is not None and name not in names):
                 continue
             t, rest = f.shape[:1], f.shape[1:]
             if per_entry is None:

@@ -8,6 +8,11 @@ on its training thread; neither blocks. The batch object SRL's trainer wants is 
 forms, on the putting thread (the queue's ``prepare``), so ``get`` only hands it over: it takes the
 queue's state lock for an index update, never waiting behind a put's copies.
 
+``None`` anywhere in a sample (a left-out field or sub-structure, the first sample's included) is
+batched as SRL's ``recursive_aggregate`` batches it: ``None`` where every sample of the batch left it
+out, zeros where only some did (the codec grows the nesting, :mod:`conduit_core.entry_queue` keeps
+the rule per entry).
+
 Deliberate difference from SRL's queues (for correctness; shown in
 ``tests/srl_venv/test_buffers_vs_srl.py``): entries are views into preallocated slots (no stacking
 at the B-th put, no copy at ``get``); a served entry's memory stays valid for ``lease_depth``
@@ -80,9 +85,7 @@ class ConduitQueueBuffer:
     def put(self, x) -> bool | None:
         """Returns what SRL's buffer of this kind returns: the priority queue True when the put formed
         a batch (False without batching), the simple queue None."""
-        if self._codec is None:
-            self._codec = samples.SampleCodec(x)
-        flat = self._codec.flatten(x)
+        flat = self._flatten([x])[0]
         # SRL's staleness rule runs on its trainer thread (preemption_steps), not in its buffers
         formed = self._queue.put(flat)
         if self.kind == "simple_queue":
@@ -97,10 +100,23 @@ class ConduitQueueBuffer:
         xs = list(xs)
         if not xs:
             return 0
+        return self._queue.put_many(self._flatten(xs))
+
+    def _flatten(self, xs: list) -> list[dict]:
+        """The samples' flat fields. Where one fills a position every sample so far left ``None`` (SRL's
+        ``info`` once an episode ends), the nesting grows: the new names join the queue (every sample
+        before, those of this group included, left them out) so entries batch as SRL's aggregation."""
         if self._codec is None:
-            self._codec = samples.SampleCodec(xs[0])
-        flatten = self._codec.flatten
-        return self._queue.put_many([flatten(x) for x in xs])
+            self._codec = samples.SampleCodec(xs[0], grow=True)
+        codec, known = self._codec, len(self._codec.names)
+        flats = [codec.flatten(x) for x in xs]
+        if len(codec.names) != known:
+            new = codec.names[known:]
+            for flat in flats:
+                for name in new:
+                    flat.setdefault(name, None)
+            self._queue.add_fields(new)
+        return flats
 
     def get(self):
         entry = self._queue.get()

@@ -18,6 +18,11 @@ beyond ``delivery.staleness``; for prioritized replay no priority update since i
 discarded with its RNG draw undone. ``priority_lag`` > 0 lets a prioritized batch miss that many
 updates: opt-in, it changes SRL's algorithm (update k no longer applies to draw k + 1).
 
+A sample's ``None`` fields are stored as SRL's ``buffer[:, ptr] = x`` stores them: the slot keeps
+what it held (the previous sample's values, zeros when never written); a field ``None`` in the first
+sample has no storage here as in SRL's buffer, and values later samples give it are dropped, as
+SRL drops them, with a warning (``stats()["unstored_values"]`` counts the samples).
+
 Deliberate differences from SRL's replay buffers, each for correctness (and each shown by a test in
 ``tests/srl_venv/test_buffers_vs_srl.py``):
 
@@ -50,7 +55,7 @@ from conduit_core.schedule import Schedule
 from conduit_core.selectors import Prioritized, Uniform
 from conduit_core.spec import ExperienceSpec, FieldSpec
 
-from . import samples
+from . import left_out, samples
 from .delivery_plan import check_delivery
 
 REPLAY_KINDS = ("simple_replay_buffer", "prioritized_replay_buffer")
@@ -116,6 +121,7 @@ class ConduitReplayBuffer:
         self._template: dict[str, Any] | None = None    # flat name -> None (a field SRL left out) or FieldSpec
         self._replay_times = np.zeros(self._max_size, dtype=np.int64)
         self._codec: samples.SampleCodec | None = None
+        self._unstored = left_out.UnstoredFields(kind)
 
     # ---------------------------------------------------------------- SRL's interface
     def put(self, x) -> None:
@@ -138,37 +144,54 @@ class ConduitReplayBuffer:
             if self._buffer is None:
                 self._build(flats[0])
             rows = [self._row(flat) for flat in flats]
-            cols = {name: np.stack([r[name] for r in rows]) for name in rows[0]}
+            left_out.keep_previous(rows, first_seq=self._buffer.inserted, capacity=self._max_size,
+                                   stored_row=lambda seq: self._buffer.stored_columns(np.array([seq])),
+                                   zeros=lambda name: np.zeros(tuple(self._template[name].shape),
+                                                               dtype=self._template[name].np_dtype))
             priorities = None
             if self.prioritized:
                 initial = [self._initial_priority(flat) for flat in flats]
                 if any(p is not None for p in initial):   # a sample without analyzed_result.ret: the
                     top = self._buffer.selector.max_priority  # running max, as SRL's put gives it
                     priorities = [top if p is None else p[0] for p in initial]
-            first = self._buffer.add(cols, priorities=priorities)
-            self._replay_times[(first + np.arange(len(rows))) % self._max_size] = 0
+            # a group larger than the ring goes in ring-sized pieces, as that many puts would (every
+            # row checked above: nothing of a bad group is written)
+            for lo in range(0, len(rows), self._max_size):
+                piece = rows[lo:lo + self._max_size]
+                cols = {name: np.stack([r[name] for r in piece]) for name in piece[0]}
+                first = self._buffer.add(cols, priorities=None if priorities is None else
+                                         priorities[lo:lo + self._max_size])
+                self._replay_times[(first + np.arange(len(piece))) % self._max_size] = 0
 
-    def _row(self, flat: dict[str, Any]) -> dict[str, np.ndarray]:
-        """One sample's stored fields, checked against the first sample's (raises before anything is written)."""
-        if set(flat) - set(self._template):
-            raise SpecError("sample fields", sorted(self._template), sorted(flat),
-                            "keep the set of fields the same in every sample")
+    def _row(self, flat: dict[str, Any]) -> dict[str, np.ndarray | None]:
+        """One sample's stored fields, checked against the first sample's (raises before anything is
+        written). A field the sample leaves ``None`` is ``None`` here (``left_out.keep_previous`` fills it). A
+        field ``None`` in the first sample has no storage, in SRL's buffer as here: values a later
+        sample gives it (a leaf, or a sub-structure's leaves) are dropped, with a warning, as SRL's
+        assignment into its buffer drops them."""
+        extra = set(flat) - set(self._template)
+        if extra:
+            unstored = [t for t, spec in self._template.items() if spec is None]
+            if any(not any(e.startswith(t + ".") for t in unstored) for e in extra):
+                raise SpecError("sample fields", sorted(self._template), sorted(flat),
+                                "keep the set of fields the same in every sample")
         row = {}
         for name, spec in self._template.items():
             v = flat.get(name)
             if spec is None:
                 if v is not None:
-                    raise SpecError(name, "None (as in the first sample)", type(v).__name__,
-                                    "keep the set of fields the same in every sample")
+                    extra.add(name)
                 continue
-            if v is None:   # left out in this sample (e.g. SRL's info=None): zeros, as SRL's batching fills it
-                row[name] = np.zeros(tuple(spec.shape), dtype=spec.np_dtype)
+            if v is None:   # left out in this sample (e.g. SRL's info=None): the slot keeps what it holds
+                row[name] = None
                 continue
             arr = np.asarray(v)
             if arr.shape != tuple(spec.shape):
                 raise SpecError(f"{name}.shape", tuple(spec.shape), arr.shape,
                                 "send samples of the first sample's shapes (SRL's sample_steps)")
             row[name] = arr
+        if extra:
+            self._unstored.drop(sorted(extra))
         return row
 
     def get(self, batch_size: int | None = None):
@@ -263,7 +286,8 @@ class ConduitReplayBuffer:
         return self._buffer
 
     def stats(self) -> dict[str, int]:
-        out = {"chunks_put": 0 if self._buffer is None else self._buffer.inserted, "stored": self._stored_chunks()}
+        out = {"chunks_put": 0 if self._buffer is None else self._buffer.inserted, "stored": self._stored_chunks(),
+               "unstored_values": self._unstored.samples}
         if self._delivery is not None:
             m = self._delivery.metrics()
             out.update(prepared_hits=m.prefetch_hits, prepared_discards=m.prefetch_discards)

@@ -216,7 +216,8 @@ def served(e):
     if e is None:
         return None
     return (e.order, e.reuses_left, e.reuses, e.policy_version, e.columns["obs.pixels"].tobytes(),
-            e.columns["reward"].tobytes(), list(e.columns["tag"]) if e.columns["tag"] is not None else None)
+            None if e.columns["reward"] is None else e.columns["reward"].tobytes(),
+            list(e.columns["tag"]) if e.columns["tag"] is not None else None)
 
 
 @settings(max_examples=150, deadline=None)
@@ -367,3 +368,91 @@ def test_wait_nonempty_wakes_when_an_entry_forms_and_times_out_otherwise():
     assert q.wait_nonempty(5.0) is False                       # closing wakes a waiter
     assert time.perf_counter() - t0 < 2.0
     closer.join()
+
+
+# ---------------------------------------------------------------- None values, batched as SRL batches them
+def srl_aggregate(samples, time_major):
+    """SRL's ``recursive_aggregate`` over flat samples, stacked as SRL's queues stack (axis 1, time-major):
+    a field every sample leaves None is None, one some leave None has zeros there."""
+    out = {}
+    for name in samples[0]:
+        values = [s[name] for s in samples]
+        given_ = [v for v in values if v is not None]
+        if not given_:
+            out[name] = None
+            continue
+        values = [np.zeros_like(given_[0]) if v is None else v for v in values]
+        out[name] = np.stack(values, axis=1 if time_major else 0)
+    return out
+
+
+def gappy(i, pattern):
+    """Sample ``i`` whose fields ``pattern`` leaves None (bit 0: reward, bit 1: value, bit 2: obs.pixels)."""
+    s = {"obs.pixels": np.full((T, 2), i, np.float32), "reward": np.full((T, 1), i, np.int64),
+         "value": np.full((T, 1), i + 0.5, np.float32)}
+    for bit, name in enumerate(("reward", "value", "obs.pixels")):
+        if pattern >> bit & 1:
+            s[name] = None
+    return s
+
+
+@settings(max_examples=120, deadline=None)
+@given(batch=st.sampled_from([None, 1, 2, 3]), time_major=st.booleans(), grouped=st.booleans(),
+       patterns=st.lists(st.integers(0, 7), min_size=1, max_size=14))
+def test_none_values_batch_as_srls_aggregation(batch, time_major, grouped, patterns):
+    """Entries equal SRL's rule on the same samples, whatever fields are None in which samples, the
+    first sample's included (a field None so far takes its layout from the first sample that gives it);
+    put_many and pickling keep it."""
+    adopt = batch is None and grouped
+    q = EntryQueue(max_entries=100, batch_size=batch, reuses=1, serve="oldest", overflow="drop_oldest",
+                   time_major=time_major, adopt=adopt)
+    samples = [gappy(i, p) for i, p in enumerate(patterns)]
+    if grouped:
+        q.put_many(samples[:len(samples) // 2])
+        q = pickle.loads(pickle.dumps(q))          # the partial entry keeps which fields it has
+        q.put_many(samples[len(samples) // 2:])
+    else:
+        for s in samples:
+            q.put(s)
+    per = batch or 1
+    for k in range(len(samples) // per):
+        e = q.get()
+        group = samples[k * per:(k + 1) * per]
+        want = dict(group[0]) if batch is None else srl_aggregate(group, time_major)
+        assert list(e.columns) == ["obs.pixels", "reward", "value"]
+        for name, w in want.items():
+            got = e.columns[name]
+            assert (got is None) == (w is None), (name, k)
+            if w is not None:
+                assert got.dtype == w.dtype and np.array_equal(got, w), (name, k)
+    assert q.get() is None
+
+
+def test_a_field_none_at_first_is_learned_from_the_first_sample_that_gives_it():
+    q = EntryQueue(max_entries=8, batch_size=2, serve="oldest", overflow="drop_oldest")
+    q.put(gappy(0, 0b010))
+    q.put(gappy(1, 0b010))
+    q.put(gappy(2, 0b010))                      # value None in every sample so far
+    q.put(gappy(3, 0))                          # given: learned as float32 [T, 1]
+    first, second = q.get(), q.get()
+    assert first.columns["value"] is None       # formed before: never had it
+    assert np.array_equal(second.columns["value"][:, 0], np.zeros((T, 1), np.float32))
+    assert np.array_equal(second.columns["value"][:, 1], np.full((T, 1), 3.5, np.float32))
+    with pytest.raises(SpecError, match="value.shape"):
+        q.put(dict(gappy(4, 0), value=np.zeros((T, 5), np.float32)))   # the learned layout holds from then on
+
+
+def test_add_fields_brings_names_a_grown_nesting_carries():
+    q = EntryQueue(max_entries=8, batch_size=2, serve="oldest", overflow="drop_oldest")
+    q.put({"a": np.ones((T, 1), np.float32), "info": None})
+    with pytest.raises(SpecError, match="extra"):
+        q.put({"a": np.ones((T, 1), np.float32), "info": None, "info.x": np.ones((T, 2), np.int32)})
+    q.add_fields(["info.x", "a"])               # "a" is known: left as it is
+    q.put({"a": np.ones((T, 1), np.float32), "info": None, "info.x": np.ones((T, 2), np.int32)})
+    q.put({"a": np.ones((T, 1), np.float32), "info": None, "info.x": None})
+    q.put({"a": np.ones((T, 1), np.float32), "info": None, "info.x": None})
+    e1, e2 = q.get(), q.get()
+    assert np.array_equal(e1.columns["info.x"], np.stack([np.zeros((T, 2), np.int32), np.ones((T, 2), np.int32)], 1))
+    assert e2.columns["info.x"] is None and e2.columns["info"] is None
+    with pytest.raises(SpecError, match="names"):
+        q.add_fields("info.y")
