@@ -3,7 +3,11 @@
     b"CONDUIT\\x02" | u64 header length | u32 CRC-32 of the header | JSON header | array bytes ...
 
 The header is the state's tree with every numpy array replaced by a reference
-(dtype, shape, offset, nbytes, CRC-32 of its bytes, and where it sits in the tree).
+(dtype, shape, offset, nbytes, CRC-32 of its bytes, and where it sits in the tree), and every
+tuple and numpy scalar by a tagged form (``{"__conduit_tuple__": [...]}``, ``{"__conduit_scalar__":
+dtype, "value": v}``), so they load as what was saved (an env's infos come back as the env returned
+them: a tuple as a tuple, an ``np.float32`` as an ``np.float32``). Files written before the tags
+load their tuples as lists and their scalars as Python numbers, as they were saved.
 Loading never executes code from the file, so a checkpoint from an untrusted place
 cannot run anything (unlike pickle), and it checks every section: a truncated file or a
 flipped bit raises ``StateError`` naming the section, never loads wrong data. Files of
@@ -26,12 +30,14 @@ from .errors import StateError
 MAGIC_V1 = b"CONDUIT\x01"
 MAGIC = b"CONDUIT\x02"
 _ARRAY = "__conduit_array__"
+_TUPLE = "__conduit_tuple__"
+_SCALAR = "__conduit_scalar__"
+_TAGS = (_ARRAY, _TUPLE, _SCALAR)   # names the format reserves: a state's own dict may not use them
 
 
 def _flatten(obj: Any, arrays: list[np.ndarray], paths: list[str], path: str = "") -> Any:
-    """The JSON tree of ``obj``, its arrays moved to ``arrays``. numpy scalars become Python's
-    (bool, int, float) and tuples lists: a state holds plain values, and these are the forms
-    JSON has (env infos saved by an adapter come back in them)."""
+    """The JSON tree of ``obj``, its arrays moved to ``arrays``, its tuples and numpy scalars tagged
+    (JSON has neither: untagged they would load as lists and Python numbers)."""
     if isinstance(obj, torch.Tensor):
         obj = obj.detach().cpu().numpy()
     if isinstance(obj, np.ndarray):
@@ -43,18 +49,16 @@ def _flatten(obj: Any, arrays: list[np.ndarray], paths: list[str], path: str = "
             if not isinstance(k, str):
                 raise StateError(f"state key {k!r} at {path or '<root>'}: expected str keys, got {type(k).__name__}. "
                                  "Fix: convert keys to strings in state_dict().")
-            if k == _ARRAY:
+            if k in _TAGS:
                 raise StateError(f"state key {k!r} at {path or '<root>'}: expected any other name, got the name "
                                  "this format reserves for its array references. Fix: rename that key.")
         return {k: _flatten(v, arrays, paths, f"{path}.{k}" if path else k) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, list):
         return [_flatten(v, arrays, paths, f"{path}[{i}]") for i, v in enumerate(obj)]
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return float(obj)
+    if isinstance(obj, tuple):
+        return {_TUPLE: [_flatten(v, arrays, paths, f"{path}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, (np.bool_, np.integer, np.floating)):   # the value exactly, as a Python number
+        return {_SCALAR: obj.dtype.str, "value": obj.item()}
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise StateError(f"state value at {path or '<root>'}: expected arrays, numbers, strings, lists or dicts, got "
@@ -131,6 +135,18 @@ def loads(blob: bytes | memoryview) -> dict:
                 return np.frombuffer(raw, dtype=np.dtype(node["dtype"])).reshape(node["shape"]).copy()
             except (KeyError, ValueError, TypeError) as exc:
                 raise _damaged(f"array {ref.get('path', node[_ARRAY])}", f"dtype/shape do not fit its bytes ({exc})")
+        if isinstance(node, dict) and _TUPLE in node:
+            if not isinstance(node[_TUPLE], list):
+                raise _damaged("header", f"a tuple's items are {type(node[_TUPLE]).__name__}, not a list")
+            return tuple(build(v) for v in node[_TUPLE])
+        if isinstance(node, dict) and _SCALAR in node:
+            try:
+                dtype = np.dtype(node[_SCALAR])
+                if dtype.kind not in "biuf":
+                    raise TypeError(f"dtype {dtype} is no number's")
+                return dtype.type(node["value"])
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
+                raise _damaged("header", f"a numpy scalar is unreadable ({exc})") from None
         if isinstance(node, dict):
             return {k: build(v) for k, v in node.items()}
         if isinstance(node, list):

@@ -4,6 +4,8 @@ a frame-stack buffer of two shards that failed at its first early eviction."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 import conduit_core.buffer as buffer_module
@@ -76,7 +78,9 @@ def test_a_state_of_another_beta_loads():
 
 
 def test_state_values_the_format_refuses_are_named_by_their_place():
-    assert state_io.loads(state_io.dumps({"a": [np.bool_(True), (1, np.float32(2.5))]})) == {"a": [True, [1, 2.5]]}
+    back = state_io.loads(state_io.dumps({"a": [np.bool_(True), (1, np.float32(2.5))]}))
+    assert back == {"a": [True, (1, 2.5)]} and type(back["a"][0]) is np.bool_ and type(back["a"][1]) is tuple
+    assert type(back["a"][1][1]) is np.float32
     with pytest.raises(StateError, match=r"at infos\.obs\[1\]: expected .* got builtins\.object"):
         state_io.dumps({"infos": {"obs": [{}, object()]}})
     with pytest.raises(StateError, match="at infos: expected any other name"):
@@ -111,3 +115,42 @@ def test_a_frame_stack_buffer_of_two_shards_evicts_early_as_one_shard_does():
     assert np.array_equal(seqs, two.ring.live_seqs())
     for name in ("obs", "next_obs"):
         assert torch.equal(one.read(seqs)[name], two.read(seqs)[name])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers(-2**62, 2**62) | st.floats(allow_nan=False) | st.text(max_size=5)
+    | st.sampled_from([np.float32(1.5), np.float64(-0.1), np.int8(-3), np.uint64(2**63 + 1), np.bool_(False),
+                       np.int64(-2**63), np.float16(0.333)]),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=12))
+def test_plain_values_load_as_saved_with_their_types(value):
+    """An env's infos (any plain value: tuples, numpy scalars, nested) come back equal and of the same
+    types, exactly (a float32 stays a float32 of the same bits); they came back as lists and Python numbers."""
+    back = state_io.loads(state_io.dumps({"v": value}))["v"]
+
+    def same(a, b):
+        assert type(a) is type(b), (a, b)
+        if isinstance(a, (list, tuple)):
+            assert len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        elif isinstance(a, dict):
+            assert a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        elif isinstance(a, np.generic):
+            assert a.tobytes() == b.tobytes()
+        else:
+            assert a == b
+        return True
+    same(value, back)
+
+
+def test_the_tags_are_reserved_and_a_damaged_tag_is_named():
+    for tag in ("__conduit_tuple__", "__conduit_scalar__"):
+        with pytest.raises(StateError, match="expected any other name"):
+            state_io.dumps({"infos": {tag: 1}})
+    blob = state_io.dumps({"x": np.float32(1.0)})
+    forged = blob.replace(b'"<f4"', b'"<U1"')   # a string dtype, same length
+    header_len = int.from_bytes(forged[8:16], "little")
+    import zlib
+    forged = forged[:16] + zlib.crc32(forged[20:20 + header_len]).to_bytes(4, "little") + forged[20:]
+    with pytest.raises(StateError, match="numpy scalar is unreadable"):
+        state_io.loads(forged)
