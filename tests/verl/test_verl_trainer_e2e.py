@@ -10,7 +10,7 @@ on both backends (digests of each get, integrations/verl_cpu/get_trace.py), but 
 per-run values (PER_RUN_FIELDS). The control run shows verl deterministic here (two same-seed SimpleStorage
 runs agree bit for bit, and differ only in PER_RUN_FIELDS), so a difference would be Conduit's; it is opt-in
 because each run takes about 60 s on 2 cores (Ray and TransferQueue start-up is most of it) and a Conduit
-run that agrees bit for bit already implies it. Run it when this test fails.
+run that agrees bit for bit already implies it. Run it when this test fails. The runs go side by side.
 """
 
 import json
@@ -32,16 +32,30 @@ PER_RUN_FIELDS = {"uid", "session_id", "metrics"}  # uuid4 ids and timings: new 
 COMPARED = ("reward_mean", "score_mean", "actor_loss", "pg_loss", "grad_norm", "response_length_mean")
 
 
-def _run(tmp_path: Path, name: str, seed: int, *overrides: str) -> list[dict]:
+def _start(tmp_path: Path, name: str, seed: int, *overrides: str):
+    """A run of run.py started (it runs beside the others: each is its own process tree, seeded, so
+    running them at once changes nothing they compute, and on 2 cores it saves most of a run's Ray
+    and TransferQueue start-up); ``_finish`` waits for it."""
     out = tmp_path / f"{name}.jsonl"
     log = tmp_path / f"{name}.log"
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1",
                VERL_CPU_GET_TRACE=str(tmp_path / f"{name}.gets.jsonl"))
     cmd = [sys.executable, str(RUN), "--steps", str(STEPS), "--seed", str(seed), "--metrics-out", str(out),
            "--log", str(log), "--timeout", str(RUN_TIMEOUT_S), *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return name, proc, out, log
+
+
+def _finish(run) -> list[dict]:
+    name, proc, out, log = run
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S + 60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{name}: run.py did not finish in {RUN_TIMEOUT_S + 60} s\n{stdout}\n{stderr}")
     tail = log.read_text()[-4000:] if log.exists() else ""
-    assert proc.returncode == 0, f"{name}: run.py exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{tail}"
+    assert proc.returncode == 0, f"{name}: run.py exited {proc.returncode}\n{stdout}\n{stderr}\n{tail}"
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     assert [row["step"] for row in rows] == list(range(1, STEPS + 1)), rows
     print(f"{name}: " + json.dumps([{k: row[k] for k in ("step", *COMPARED)} for row in rows]))
@@ -52,10 +66,19 @@ def test_grpo_same_seed_runs_match_iteration_by_iteration_on_both_backends(tmp_p
     from integrations.verl_cpu.get_trace import actor_update_gets
 
     control = os.environ.get("CONDUIT_VERL_E2E_CONTROL", "") not in ("", "0")
-    first = _run(tmp_path, "run_a", 0)
-    second = _run(tmp_path, "run_b", 0) if control else None
-    conduit = _run(tmp_path, "run_conduit", 0, "transfer_queue.backend.storage_backend=Conduit",
-                   "trainer.v1.trainer_mode=conduit")
+    runs = [_start(tmp_path, "run_a", 0),
+            _start(tmp_path, "run_conduit", 0, "transfer_queue.backend.storage_backend=Conduit",
+                   "trainer.v1.trainer_mode=conduit")]
+    if control:
+        runs.append(_start(tmp_path, "run_b", 0))
+    try:
+        first, conduit, *rest = [_finish(r) for r in runs]
+    finally:   # a failed run leaves no other behind
+        for _, proc, _, _ in runs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    second = rest[0] if control else None
     hint = "" if control else " (CONDUIT_VERL_E2E_CONTROL=1 runs SimpleStorage twice: is verl deterministic here?)"
 
     for row in first:
