@@ -242,10 +242,11 @@ class ExperienceBuffer:
             if self.dual_writer is writer:
                 self.dual_writer = None
 
-    def stored_columns(self, seqs: np.ndarray) -> dict[str, torch.Tensor]:
-        """Every field of rows ``seqs`` as stored (encoded), on the host: what a copy moves."""
+    def stored_columns(self, seqs: np.ndarray, fields=None) -> dict[str, torch.Tensor]:
+        """Every field (or ``fields``) of rows ``seqs`` as stored (encoded), on the host: what a copy moves."""
         slots = np.asarray(seqs, dtype=np.int64) % self.capacity
-        return {f.name: self.storage.gather_stored(f.name, slots) for f in self.spec}
+        names = [f.name for f in self.spec] if fields is None else list(fields)
+        return {name: self.storage.gather_stored(name, slots) for name in names}
 
     def adopt_layout(self, storage: ColumnarStorage, meta: dict[str, np.ndarray], capacity: int) -> ColumnarStorage:
         """Swap in a new layout that holds every live row at ``seq % capacity`` (a finished

@@ -34,7 +34,7 @@ the lock and pickling.
 
 ``None`` batches as in SRL's ``recursive_aggregate``: an array field every sample of an entry left
 ``None`` is served ``None``, zeros where only some did; a field ``None`` so far is learned from the
-first sample that gives it, and :meth:`EntryQueue.add_fields` adds names a grown nesting brings.
+first sample that gives it, and a put's ``new_fields`` adds the names a grown nesting brings.
 """
 
 from __future__ import annotations
@@ -121,17 +121,20 @@ class EntryQueue:
                             dropped_overflow_samples=0, dropped_stale=0, dropped_stale_samples=0, rejected=0)
 
     # ------------------------------------------------------------------ public
-    def put(self, sample: Mapping[str, Any], *, policy_version: int | None = None) -> bool:
+    def put(self, sample: Mapping[str, Any], *, policy_version: int | None = None,
+            new_fields: Sequence[str] = ()) -> bool:
         """Store one sample (flat names -> ``[T, ...]`` arrays, ``None`` or other objects).
         Returns True when it completed an entry. Never blocks; with ``overflow='reject'`` a put
-        that would overflow raises :class:`CapacityError` and stores nothing."""
+        that would overflow raises :class:`CapacityError` and stores nothing. ``new_fields``: names
+        the sample brings that earlier ones did not have (an adapter whose nesting grew: SRL's
+        ``info=None``, then a ``NamedArray``); earlier samples left them out. A refused put adds none."""
         if not isinstance(sample, Mapping):
             raise SpecError("sample", "a mapping of field name -> array", type(sample).__name__,
                             "flatten nested samples first (conduit_core.nested.flatten)")
         with self._put_lock:
             if self._closed:
                 raise ClosedError("EntryQueue.put: the queue is closed. Fix: create a new queue.")
-            layout = self._layout_for([sample])
+            layout = self._layout_for([sample], new_fields)
             cols = conform(sample, layout)
             with self._lock:
                 if (self._filled + 1 == (self.batch_size or 1) and self._order.overflow == "reject"
@@ -144,7 +147,7 @@ class EntryQueue:
             return self._store(layout, [cols], None if policy_version is None else [int(policy_version)]) == 1
 
     def put_many(self, samples: Sequence[Mapping[str, Any]], *,
-                 policy_versions: Sequence[int | None] | None = None) -> int:
+                 policy_versions: Sequence[int | None] | None = None, new_fields: Sequence[str] = ()) -> int:
         """Store ``samples`` in order, as that many :meth:`put` calls would (the same entries, overflow
         drops, counters and serve order), with one copy per array field per entry the group writes
         into instead of one per sample. Returns the entries the group formed.
@@ -160,7 +163,7 @@ class EntryQueue:
         with self._put_lock:
             if self._closed:
                 raise ClosedError("EntryQueue.put_many: the queue is closed. Fix: create a new queue.")
-            layout = self._layout_for(samples)
+            layout = self._layout_for(samples, new_fields)
             cols = []
             for i, sample in enumerate(samples):
                 try:
@@ -201,17 +204,6 @@ class EntryQueue:
                 self._form(per_entry)
                 forms += 1
         return forms
-
-    def add_fields(self, names: Sequence[str]) -> None:
-        """Names later samples carry and the ones put so far did not (an adapter whose samples'
-        nesting grows: SRL's ``info=None``, then a ``NamedArray``): ``None`` fields until a sample
-        gives one; samples so far left them out. Names known already, or a queue with no put yet
-        (the first sample brings its names): nothing to do."""
-        names = check_field_names(names)
-        with self._put_lock:
-            new = [n for n in names if self._layout is not None and n not in self._layout]
-            if new:
-                self._set_layout(dict(self._layout, **{n: FieldLayout("none") for n in new}))
 
     def get(self, *, current_version: int | None = None) -> Entry | None:
         """The next entry by the serve rule, or None when none is ready. Never blocks."""
@@ -348,9 +340,16 @@ class EntryQueue:
         self._next_order, self._counts, self._closed = state["next_order"], state["counts"], state["closed"]
 
     # ---------------------------------------------------------------- internals
-    def _layout_for(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, FieldLayout]:
-        """The layout these samples are stored by (put lock held; adopted by ``_store``)."""
-        return layout_for(self._layout, self._none_fields, samples)
+    def _layout_for(self, samples: Sequence[Mapping[str, Any]], new_fields: Sequence[str]) -> dict[str, FieldLayout]:
+        """The layout these samples are stored by, ``new_fields`` added as ``None`` fields (put lock
+        held; adopted by ``_store`` only when the put is stored)."""
+        base, none = self._layout, self._none_fields
+        if base is not None and not none and not new_fields:
+            return base   # the common put: nothing to learn
+        if new_fields and base is not None:
+            new = [n for n in check_field_names(new_fields) if n not in base]
+            base, none = dict(base, **{n: FieldLayout("none") for n in new}), none + tuple(new)
+        return layout_for(base, none, samples)
 
     def _set_layout(self, layout: dict[str, FieldLayout] | None) -> None:
         """Store by ``layout`` from now on (put lock held; the first one, a wider one, or an unpickled one)."""

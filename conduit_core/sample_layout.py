@@ -110,8 +110,8 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
         for name, f in layout.items():
             v = sample[name]
             if f.kind == "array":
-                if v is not None and (type(v) is not np.ndarray or v.shape != f.shape or v.dtype != f.dtype):
-                    break
+                if type(v) is not np.ndarray or v.shape != f.shape or v.dtype != f.dtype:
+                    break   # (None too: the slow path marks the sample's missing fields)
             elif f.kind == "none" and v is not None:
                 break
         else:
@@ -120,7 +120,7 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
         missing, extra = sorted(set(layout) - set(sample)), sorted(set(sample) - set(layout))
         raise SpecError("sample fields", sorted(layout), f"missing {missing}, extra {extra}",
                         "put samples with the same fields as the first one")
-    cols = {}
+    cols, missing = {}, False
     for name, f in layout.items():
         value = sample[name]
         if f.kind == "none":
@@ -132,7 +132,7 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
             cols[name] = value
         else:
             if value is None:  # missing from this sample: the storage fills or serves it
-                cols[name] = None
+                cols[name], missing = None, True
                 continue
             arr = as_array(value)
             if arr is None or tuple(arr.shape) != f.shape:
@@ -144,7 +144,12 @@ def conform(sample: Mapping[str, Any], layout: Mapping[str, FieldLayout]) -> Map
                                 str(arr.dtype), "put samples with the dtype of the first one (this one's values "
                                 "would change in the slot: e.g. int64 2**40 stored as int32 is 0)")
             cols[name] = arr
-    return cols
+    return WithMissing(cols) if missing else cols
+
+
+class WithMissing(dict):
+    """:func:`conform`'s result for a sample that leaves an array field ``None``: the storage looks
+    for ``None`` per field only in these (the common put, with none, pays nothing for the rule)."""
 
 
 def stored_exactly(arr: np.ndarray, dtype: np.dtype) -> bool:

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .sample_layout import FieldLayout, as_array, stack_objects
+from .sample_layout import FieldLayout, WithMissing, as_array, stack_objects
 
 _CHUNK = 32  # slots allocated together; storage grows lazily up to the bound
 
@@ -158,10 +158,11 @@ class SlotArena:
             return
         views, m = self._batch_views(slot), len(group)
         self._written[slot] += m
+        gappy = any(type(cols) is WithMissing for cols in group)   # (conform marks the samples with a None)
         for name, f in self.layout.items():
             if f.kind == "array":
                 values = [cols[name] for cols in group]
-                if any(v is None for v in values):   # missing from some: zeros there (rare)
+                if gappy and any(v is None for v in values):   # missing from some: zeros there
                     zeros = np.zeros(f.shape, f.dtype)
                     absent = self._absent.setdefault(slot, {})
                     absent[name] = absent.get(name, 0) + sum(v is None for v in values)

@@ -15,11 +15,11 @@ import numpy as np
 
 
 def keep_previous(rows: list[dict[str, Any]], *, first_seq: int, capacity: int,
-                  stored_row: Callable[[int], dict[str, Any]], zeros: Callable[[str], np.ndarray]) -> None:
+                  stored_row: Callable[[int, list[str]], dict[str, Any]], zeros: Callable[[str], np.ndarray]) -> None:
     """Fill, in place, each row's ``None`` fields with what its slot holds before the write. Row ``i``
     goes to seq ``first_seq + i`` (slot ``seq % capacity``): a row of the same call ``capacity``
-    earlier wrote that slot last, else the stored row ``seq - capacity`` (``stored_row(seq)``: its
-    fields, a batch of one), else the slot was never written (``zeros(name)``). Writes nothing."""
+    earlier wrote that slot last, else the stored row ``seq - capacity`` (``stored_row(seq, names)``:
+    those of its fields, a batch of one), else the slot was never written (``zeros(name)``). Writes nothing."""
     if not any(v is None for r in rows for v in r.values()):
         return
     for i, row in enumerate(rows):
@@ -31,7 +31,7 @@ def keep_previous(rows: list[dict[str, Any]], *, first_seq: int, capacity: int,
             for name in missing:
                 row[name] = rows[i - capacity][name]
         elif seq >= capacity:                  # the slot holds row seq - capacity
-            held = stored_row(seq - capacity)
+            held = stored_row(seq - capacity, missing)
             for name in missing:
                 row[name] = np.asarray(held[name][0]).copy()
         else:                                  # never written: zeros, as SRL's fresh buffer

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from conduit_core.entry_queue import EntryQueue
-from conduit_core.errors import ConfigError
+from conduit_core.errors import CapacityError, ClosedError, ConfigError, SpecError
 
 from . import samples
 
@@ -85,9 +85,8 @@ class ConduitQueueBuffer:
     def put(self, x) -> bool | None:
         """Returns what SRL's buffer of this kind returns: the priority queue True when the put formed
         a batch (False without batching), the simple queue None."""
-        flat = self._flatten([x])[0]
         # SRL's staleness rule runs on its trainer thread (preemption_steps), not in its buffers
-        formed = self._queue.put(flat)
+        formed = self._store([x], lambda flats, new: self._queue.put(flats[0], new_fields=new))
         if self.kind == "simple_queue":
             return None
         return formed and bool(self.batch_size)
@@ -100,23 +99,35 @@ class ConduitQueueBuffer:
         xs = list(xs)
         if not xs:
             return 0
-        return self._queue.put_many(self._flatten(xs))
+        return self._store(xs, lambda flats, new: self._queue.put_many(flats, new_fields=new))
 
-    def _flatten(self, xs: list) -> list[dict]:
-        """The samples' flat fields. Where one fills a position every sample so far left ``None`` (SRL's
-        ``info`` once an episode ends), the nesting grows: the new names join the queue (every sample
-        before, those of this group included, left them out) so entries batch as SRL's aggregation."""
-        if self._codec is None:
+    def _store(self, xs: list, put):
+        """``put(flats, new_names)`` of the samples' flat fields. Where one fills a position every
+        sample so far left ``None`` (SRL's ``info`` once an episode ends), the nesting grows: the new
+        names go with the put (every sample before, those of this group included, left them out), so
+        entries batch as SRL's aggregation. A refused put changes nothing: what the codec learned
+        from it is undone (a codec made from a refused first sample is dropped)."""
+        created = self._codec is None
+        if created:
             self._codec = samples.SampleCodec(xs[0], grow=True)
-        codec, known = self._codec, len(self._codec.names)
-        flats = [codec.flatten(x) for x in xs]
-        if len(codec.names) != known:
+        codec = self._codec
+        before, known = codec.snapshot(), len(codec.names)
+        try:
+            flats = [codec.flatten(x) for x in xs]
             new = codec.names[known:]
-            for flat in flats:
-                for name in new:
-                    flat.setdefault(name, None)
-            self._queue.add_fields(new)
-        return flats
+            if new:
+                for flat in flats:
+                    for name in new:
+                        flat.setdefault(name, None)
+            elif not codec.grow:
+                _refuse_unstorable(flats)
+            return put(flats, new)
+        except (SpecError, CapacityError, ClosedError):   # raised before anything is stored
+            if created:
+                self._codec = None
+            else:
+                codec.restore(before)
+            raise
 
     def get(self):
         entry = self._queue.get()
@@ -167,3 +178,14 @@ class ConduitQueueBuffer:
         """The queue's counters (see ``EntryQueue.stats``): every sample put is in a formed entry or
         pending; every formed entry is retired, queued, or counted as dropped."""
         return self._queue.stats()
+
+
+def _refuse_unstorable(flats: list[dict]) -> None:
+    """A queue saved by a Conduit before its nesting could grow keeps its nesting: a sub-structure
+    where it has a leaf is refused (as it was then), not stored as an object."""
+    for i, flat in enumerate(flats):
+        for name, v in flat.items():
+            if samples.is_node(v):
+                raise SpecError(f"samples[{i}].{name}", "None or an array (the nesting this queue was saved with)",
+                                "a NamedArray", "this queue was pickled by an older Conduit whose nesting cannot "
+                                "grow: start from a new buffer, or keep the field None")

@@ -128,8 +128,9 @@ class ConduitReplayBuffer:
         self.put_batch([x])
 
     def put_batch(self, xs) -> None:
-        """Several samples in one call (a consumer's group of ``g_ing``): every sample checked first,
-        then stored in order with one ``add`` (one validate-and-encode, one lock); all or none."""
+        """Several samples in one call (a consumer's group of ``g_ing``): every sample checked and
+        encoded first, then stored in order (one ``add`` per ring-sized piece, under one lock); all or
+        none."""
         xs = list(xs)
         if not xs:
             return
@@ -143,9 +144,10 @@ class ConduitReplayBuffer:
         with self._lock:
             if self._buffer is None:
                 self._build(flats[0])
-            rows = [self._row(flat) for flat in flats]
+            checked = [self._row(flat) for flat in flats]
+            rows = [row for row, _ in checked]
             left_out.keep_previous(rows, first_seq=self._buffer.inserted, capacity=self._max_size,
-                                   stored_row=lambda seq: self._buffer.stored_columns(np.array([seq])),
+                                   stored_row=lambda seq, names: self._buffer.stored_columns(np.array([seq]), names),
                                    zeros=lambda name: np.zeros(tuple(self._template[name].shape),
                                                                dtype=self._template[name].np_dtype))
             priorities = None
@@ -154,21 +156,25 @@ class ConduitReplayBuffer:
                 if any(p is not None for p in initial):   # a sample without analyzed_result.ret: the
                     top = self._buffer.selector.max_priority  # running max, as SRL's put gives it
                     priorities = [top if p is None else p[0] for p in initial]
-            # a group larger than the ring goes in ring-sized pieces, as that many puts would (every
-            # row checked above: nothing of a bad group is written)
-            for lo in range(0, len(rows), self._max_size):
-                piece = rows[lo:lo + self._max_size]
-                cols = {name: np.stack([r[name] for r in piece]) for name in piece[0]}
-                first = self._buffer.add(cols, priorities=None if priorities is None else
-                                         priorities[lo:lo + self._max_size])
-                self._replay_times[(first + np.arange(len(piece))) % self._max_size] = 0
+            # a group larger than the ring goes in ring-sized pieces, as that many puts would; every
+            # piece is checked and encoded before the first is stored: nothing of a bad group is written
+            cap = self._max_size
+            pieces = [self._buffer.encode({name: np.stack([r[name] for r in rows[lo:lo + cap]]) for name in rows[0]})
+                      for lo in range(0, len(rows), cap)]
+            for k, (n, enc) in enumerate(pieces):
+                first = self._buffer.add_encoded(enc, n, priorities=None if priorities is None else
+                                                 priorities[k * cap:(k + 1) * cap])
+                self._replay_times[(first + np.arange(n)) % cap] = 0
+            for _, unstored in checked:   # said once stored (a refused group stored nothing to drop)
+                if unstored:
+                    self._unstored.drop(unstored)
 
-    def _row(self, flat: dict[str, Any]) -> dict[str, np.ndarray | None]:
+    def _row(self, flat: dict[str, Any]) -> tuple[dict[str, np.ndarray | None], list[str]]:
         """One sample's stored fields, checked against the first sample's (raises before anything is
-        written). A field the sample leaves ``None`` is ``None`` here (``left_out.keep_previous`` fills it). A
-        field ``None`` in the first sample has no storage, in SRL's buffer as here: values a later
-        sample gives it (a leaf, or a sub-structure's leaves) are dropped, with a warning, as SRL's
-        assignment into its buffer drops them."""
+        written), and the names of the values it gives that have no storage. A field the sample leaves
+        ``None`` is ``None`` here (``left_out.keep_previous`` fills it). A field ``None`` in the first
+        sample has no storage, in SRL's buffer as here: values a later sample gives it (a leaf, or a
+        sub-structure's leaves) are dropped, with a warning, as SRL's assignment drops them."""
         extra = set(flat) - set(self._template)
         if extra:
             unstored = [t for t, spec in self._template.items() if spec is None]
@@ -190,9 +196,7 @@ class ConduitReplayBuffer:
                 raise SpecError(f"{name}.shape", tuple(spec.shape), arr.shape,
                                 "send samples of the first sample's shapes (SRL's sample_steps)")
             row[name] = arr
-        if extra:
-            self._unstored.drop(sorted(extra))
-        return row
+        return row, sorted(extra)
 
     def get(self, batch_size: int | None = None):
         """SRL's ``get``. ``batch_size`` (an extension; default: the configured one) lets a harness

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 
-def _is_node(v: Any) -> bool:
+def is_node(v: Any) -> bool:
     from rlsrl.base.namedarray import NamedArray
     return isinstance(v, NamedArray)
 
@@ -90,7 +90,7 @@ class SampleCodec:
         new = []
         for k in keys:
             v = getattr(node, k)
-            if _is_node(v):
+            if is_node(v):
                 new += self._learn(v, path + (k,))
             else:
                 new.append(".".join(path + (k,)))
@@ -106,9 +106,9 @@ class SampleCodec:
         self._bit = {path: i for i, path in enumerate(p for p in self._order if p)}
         n_masks = -(-len(self._bit) // _MASK_BITS) if self.grow else 0
         self._mask_names = [PRESENT if i == 0 else f"{PRESENT} {i}" for i in range(n_masks)]
-        for name in self._mask_names:
-            if name not in self.names:
-                self.names.append(name)
+        missing = [name for name in self._mask_names if name not in self.names]
+        if missing:
+            self.names = self.names + missing   # (a new list: a snapshot holds the old one)
         self._tree = self._subtree(())
         # the walk's plan: per node (parents first) its keys, its bit, and per key (key, dotted name,
         # child node path or None for a leaf, whether the leaf is None so far and watched)
@@ -184,18 +184,20 @@ class SampleCodec:
         return out
 
     def _given(self, name: str) -> None:
-        """A leaf ``None`` so far got a value: it can no longer become a sub-structure (rare: once per leaf)."""
-        self._none_so_far.discard(name)
+        """A leaf ``None`` so far got a value: it can no longer become a sub-structure (rare: once per
+        leaf). Copy on write, so a ``snapshot`` taken before stays intact."""
+        self._none_so_far = self._none_so_far - {name}
         self._refresh()
 
     def _grow(self, sample: Any) -> bool:
-        """Learn the sub-structures ``sample`` has where every sample so far had ``None``. False (nothing
-        learned) when it differs otherwise: the generic path, which the buffer refuses."""
+        """Learn the sub-structures ``sample`` has where every sample so far had ``None`` (copy on
+        write: a ``snapshot`` taken before stays intact). False (nothing learned) when it differs
+        otherwise: the generic path, which the buffer refuses."""
         grew, stack = False, [((), sample)]
         while stack:
             path, node = stack.pop()
             if not isinstance(node, self._NamedArray) or tuple(node.keys()) != self._nodes.get(path):
-                return grew
+                break
             for k in node.keys():
                 v, p = getattr(node, k), path + (k,)
                 if not isinstance(v, self._NamedArray):
@@ -204,16 +206,30 @@ class SampleCodec:
                 if p in self._node_paths:
                     stack.append((p, v))
                 elif name in self._none_so_far:            # None in every sample so far: it may become one
+                    if not grew:
+                        self.names, self._nodes = list(self.names), dict(self._nodes)
+                        self._retired, self._none_so_far = set(self._retired), set(self._none_so_far)
                     self._none_so_far.discard(name)
                     self._retired.add(name)
                     new = self._learn(v, p)
                     self._none_so_far.update(n for n in new if _leaf(v, n[len(name) + 1:]) is None)
                     grew = True
                 else:
-                    return grew
+                    stack = []
+                    break
         if grew:
             self._refresh()
         return grew
+
+    def snapshot(self) -> tuple:
+        """What the codec has learned, to ``restore`` when the samples that taught it are refused
+        (a refused put must change nothing). Cheap: the learning copies what it changes."""
+        return self.names, self._nodes, self._retired, self._none_so_far
+
+    def restore(self, snapshot: tuple) -> None:
+        if any(a is not b for a, b in zip(snapshot, self.snapshot())):
+            self.names, self._nodes, self._retired, self._none_so_far = snapshot
+            self._refresh()
 
     # ------------------------------------------------------------ rebuild
     def rebuild(self, columns: dict[str, Any]) -> Any:

@@ -442,17 +442,20 @@ def test_a_field_none_at_first_is_learned_from_the_first_sample_that_gives_it():
         q.put(dict(gappy(4, 0), value=np.zeros((T, 5), np.float32)))   # the learned layout holds from then on
 
 
-def test_add_fields_brings_names_a_grown_nesting_carries():
+def test_new_fields_come_with_the_put_that_brings_them_and_a_refused_put_adds_none():
     q = EntryQueue(max_entries=8, batch_size=2, serve="oldest", overflow="drop_oldest")
     q.put({"a": np.ones((T, 1), np.float32), "info": None})
+    grown = {"a": np.ones((T, 1), np.float32), "info": None, "info.x": np.ones((T, 2), np.int32)}
     with pytest.raises(SpecError, match="extra"):
-        q.put({"a": np.ones((T, 1), np.float32), "info": None, "info.x": np.ones((T, 2), np.int32)})
-    q.add_fields(["info.x", "a"])               # "a" is known: left as it is
-    q.put({"a": np.ones((T, 1), np.float32), "info": None, "info.x": np.ones((T, 2), np.int32)})
-    q.put({"a": np.ones((T, 1), np.float32), "info": None, "info.x": None})
-    q.put({"a": np.ones((T, 1), np.float32), "info": None, "info.x": None})
+        q.put(grown)
+    with pytest.raises(SpecError, match="a.shape"):     # refused: the new name is not added either
+        q.put(dict(grown, a=np.ones((T, 3), np.float32)), new_fields=["info.x"])
+    with pytest.raises(SpecError, match="extra"):
+        q.put({"a": np.ones((T, 1), np.float32), "info": None, "info.x": None})
+    q.put(grown, new_fields=["info.x", "a"])          # "a" is known: left as it is
+    q.put_many([{"a": np.ones((T, 1), np.float32), "info": None, "info.x": None}] * 2)
     e1, e2 = q.get(), q.get()
     assert np.array_equal(e1.columns["info.x"], np.stack([np.zeros((T, 2), np.int32), np.ones((T, 2), np.int32)], 1))
     assert e2.columns["info.x"] is None and e2.columns["info"] is None
     with pytest.raises(SpecError, match="names"):
-        q.add_fields("info.y")
+        q.put(grown, new_fields="info.y")
