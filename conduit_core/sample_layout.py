@@ -4,9 +4,9 @@ A queue stores whole samples (flat names -> ``[T, ...]`` arrays, ``None`` or oth
 in preallocated slots, so every later sample must fit the slots the first one shaped. This module
 is that rule and nothing else: :func:`layout_of` reads a sample's layout (one
 :class:`FieldLayout` per name), :func:`widened` learns the arrays of fields that were ``None`` so
-far (:func:`layout_for` picks the layout a put stores by), :func:`conform` checks a sample against a layout and converts what it may, :func:`as_array`
-is the one array conversion they use, and :func:`stack_objects` batches the per-sample objects of
-a non-array field when an entry is served. Pure functions, no state, no lock: the queue calls them
+far (:func:`layout_for` picks the layout a put stores by), :func:`conform` checks a sample against
+a layout and converts what it may, :func:`as_array` is the one array conversion they use, and
+:func:`stack_objects` batches the per-sample objects of a non-array field when an entry is served. Pure functions, no state, no lock: the queue calls them
 under its own lock.
 
 ``None`` is a value every field may take, as in SRL's samples (``info=None`` for steps without

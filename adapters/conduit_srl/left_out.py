@@ -14,28 +14,26 @@ from typing import Any, Callable
 import numpy as np
 
 
-def keep_previous(rows: list[dict[str, Any]], *, first_seq: int, capacity: int,
+def keep_previous(rows: list[dict[str, Any]], missing: list[list[str]], *, first_seq: int, capacity: int,
                   stored_row: Callable[[int, list[str]], dict[str, Any]], zeros: Callable[[str], np.ndarray]) -> None:
-    """Fill, in place, each row's ``None`` fields with what its slot holds before the write. Row ``i``
-    goes to seq ``first_seq + i`` (slot ``seq % capacity``): a row of the same call ``capacity``
-    earlier wrote that slot last, else the stored row ``seq - capacity`` (``stored_row(seq, names)``:
-    those of its fields, a batch of one), else the slot was never written (``zeros(name)``). Writes nothing."""
-    if not any(v is None for r in rows for v in r.values()):
-        return
-    for i, row in enumerate(rows):
-        missing = [name for name, v in row.items() if v is None]
-        if not missing:
+    """Fill, in place, the fields ``missing[i]`` row ``i`` leaves out (``None``) with what its slot holds
+    before the write. Row ``i`` goes to seq ``first_seq + i`` (slot ``seq % capacity``): a row of the
+    same call ``capacity`` earlier wrote that slot last, else the stored row ``seq - capacity``
+    (``stored_row(seq, names)``: those of its fields, a batch of one), else the slot was never written
+    (``zeros(name)``). Writes nothing; a row with nothing missing costs one test."""
+    for i, names in enumerate(missing):
+        if not names:
             continue
-        seq = first_seq + i
+        row, seq = rows[i], first_seq + i
         if i >= capacity:                      # this call wrote the slot already
-            for name in missing:
+            for name in names:
                 row[name] = rows[i - capacity][name]
         elif seq >= capacity:                  # the slot holds row seq - capacity
-            held = stored_row(seq - capacity, missing)
-            for name in missing:
+            held = stored_row(seq - capacity, names)
+            for name in names:
                 row[name] = np.asarray(held[name][0]).copy()
         else:                                  # never written: zeros, as SRL's fresh buffer
-            for name in missing:
+            for name in names:
                 row[name] = zeros(name)
 
 

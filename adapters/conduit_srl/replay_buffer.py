@@ -145,8 +145,8 @@ class ConduitReplayBuffer:
             if self._buffer is None:
                 self._build(flats[0])
             checked = [self._row(flat) for flat in flats]
-            rows = [row for row, _ in checked]
-            left_out.keep_previous(rows, first_seq=self._buffer.inserted, capacity=self._max_size,
+            rows = [row for row, _, _ in checked]
+            left_out.keep_previous(rows, [missing for _, missing, _ in checked], first_seq=self._buffer.inserted, capacity=self._max_size,
                                    stored_row=lambda seq, names: self._buffer.stored_columns(np.array([seq]), names),
                                    zeros=lambda name: np.zeros(tuple(self._template[name].shape),
                                                                dtype=self._template[name].np_dtype))
@@ -165,23 +165,24 @@ class ConduitReplayBuffer:
                 first = self._buffer.add_encoded(enc, n, priorities=None if priorities is None else
                                                  priorities[k * cap:(k + 1) * cap])
                 self._replay_times[(first + np.arange(n)) % cap] = 0
-            for _, unstored in checked:   # said once stored (a refused group stored nothing to drop)
+            for _, _, unstored in checked:   # said once stored (a refused group stored nothing to drop)
                 if unstored:
                     self._unstored.drop(unstored)
 
-    def _row(self, flat: dict[str, Any]) -> tuple[dict[str, np.ndarray | None], list[str]]:
+    def _row(self, flat: dict[str, Any]) -> tuple[dict[str, np.ndarray | None], list[str], list[str]]:
         """One sample's stored fields, checked against the first sample's (raises before anything is
-        written), and the names of the values it gives that have no storage. A field the sample leaves
-        ``None`` is ``None`` here (``left_out.keep_previous`` fills it). A field ``None`` in the first
-        sample has no storage, in SRL's buffer as here: values a later sample gives it (a leaf, or a
-        sub-structure's leaves) are dropped, with a warning, as SRL's assignment drops them."""
+        written), the fields it leaves out, and the names of the values it gives that have no storage.
+        A field the sample leaves ``None`` is ``None`` here (``left_out.keep_previous`` fills it). A
+        field ``None`` in the first sample has no storage, in SRL's buffer as here: values a later
+        sample gives it (a leaf, or a sub-structure's leaves) are dropped, with a warning, as SRL's
+        assignment drops them."""
         extra = set(flat) - set(self._template)
         if extra:
             unstored = [t for t, spec in self._template.items() if spec is None]
             if any(not any(e.startswith(t + ".") for t in unstored) for e in extra):
                 raise SpecError("sample fields", sorted(self._template), sorted(flat),
                                 "keep the set of fields the same in every sample")
-        row = {}
+        row, missing = {}, []
         for name, spec in self._template.items():
             v = flat.get(name)
             if spec is None:
@@ -190,13 +191,14 @@ class ConduitReplayBuffer:
                 continue
             if v is None:   # left out in this sample (e.g. SRL's info=None): the slot keeps what it holds
                 row[name] = None
+                missing.append(name)
                 continue
             arr = np.asarray(v)
             if arr.shape != tuple(spec.shape):
                 raise SpecError(f"{name}.shape", tuple(spec.shape), arr.shape,
                                 "send samples of the first sample's shapes (SRL's sample_steps)")
             row[name] = arr
-        return row, sorted(extra)
+        return row, missing, sorted(extra)
 
     def get(self, batch_size: int | None = None):
         """SRL's ``get``. ``batch_size`` (an extension; default: the configured one) lets a harness
