@@ -348,7 +348,68 @@ static PyObject *shifted_union(PyObject *self, PyObject *args) {
     return view;
 }
 
+/* Distinct values among n int64s: sorted in place (a copy), then runs counted. */
+static int cmp_int64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static npy_intp distinct_in(const int64_t *v, npy_intp n, int64_t *scratch) {
+    if (n == 0) return 0;
+    if (n <= 64) {   /* a replay batch: insertion sort (qsort's calls through a pointer cost more) */
+        for (npy_intp i = 0; i < n; i++) {
+            int64_t x = v[i];
+            npy_intp j = i;
+            while (j > 0 && scratch[j - 1] > x) { scratch[j] = scratch[j - 1]; j--; }
+            scratch[j] = x;
+        }
+    } else {
+        memcpy(scratch, v, (size_t)n * sizeof(int64_t));
+        qsort(scratch, (size_t)n, sizeof(int64_t), cmp_int64);
+    }
+    npy_intp d = 1;
+    for (npy_intp i = 1; i < n; i++) d += scratch[i] != scratch[i - 1];
+    return d;
+}
+
+static const int64_t *int64_column(PyObject *obj, npy_intp n) {
+    PyArrayObject *a = plain_array(obj, 0);
+    if (a == NULL || PyArray_TYPE(a) != NPY_INT64 || PyArray_NDIM(a) != 1 || PyArray_DIM(a, 0) != n) return NULL;
+    return (const int64_t *)PyArray_DATA(a);
+}
+
+/* draw_counts(seqs, sources, n_steps) -> (distinct seqs, distinct sources, sum of n_steps), or None
+ *
+ * How varied a delivered batch is, as RLlib's buffers log it per sample: its distinct rows, its
+ * distinct sources (episodes), and the sum of its rows' n-steps for their mean. sources and n_steps
+ * may be None (their answer is then -1). Every array a plain 1-D int64 array of the same length, else
+ * None (nothing computed; the caller takes numpy's route). */
+static PyObject *draw_counts(PyObject *self, PyObject *args) {
+    PyObject *o_seqs, *o_src, *o_n;
+    if (!PyArg_ParseTuple(args, "OOO", &o_seqs, &o_src, &o_n)) return NULL;
+    PyArrayObject *sa = plain_array(o_seqs, 0);
+    if (sa == NULL || PyArray_NDIM(sa) != 1) Py_RETURN_NONE;
+    npy_intp n = PyArray_DIM(sa, 0);
+    const int64_t *seqs = int64_column(o_seqs, n);
+    const int64_t *src = o_src == Py_None ? NULL : int64_column(o_src, n);
+    const int64_t *steps = o_n == Py_None ? NULL : int64_column(o_n, n);
+    if (seqs == NULL || (o_src != Py_None && src == NULL) || (o_n != Py_None && steps == NULL)) Py_RETURN_NONE;
+    int64_t small[256];
+    int64_t *scratch = n <= 256 ? small : (int64_t *)PyMem_Malloc((size_t)n * sizeof(int64_t));
+    if (scratch == NULL) return PyErr_NoMemory();
+    npy_intp d_seqs = distinct_in(seqs, n, scratch);
+    npy_intp d_src = src == NULL ? -1 : distinct_in(src, n, scratch);
+    if (scratch != small) PyMem_Free(scratch);
+    long long total = -1;
+    if (steps != NULL) {
+        total = 0;
+        for (npy_intp i = 0; i < n; i++) total += steps[i];
+    }
+    return Py_BuildValue("(nnL)", d_seqs, d_src, total);
+}
+
 static PyMethodDef methods[] = {
+    {"draw_counts", draw_counts, METH_VARARGS, "draw_counts(seqs, sources, n_steps) -> (distinct, distinct, sum), or None"},
     {"shifted_union", shifted_union, METH_VARARGS, "shifted_union(a, b) -> read-only view of a's rows and b's last, or None"},
     {"take_rows", take_rows, METH_VARARGS, "take_rows(slots, columns) -> tuple of new arrays, or None"},
     {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(slots, targets, out) -> bool"},

@@ -5,6 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+try:
+    from ._rows import draw_counts as _c_draw_counts
+except ImportError:  # pragma: no cover - no C compiler at install time: numpy's route
+    _c_draw_counts = None
+
 
 class Batch(dict):
     """A training-ready batch: ``{field: tensor}`` with a leading batch dimension.
@@ -18,6 +23,10 @@ class Batch(dict):
     - ``weights``: importance weights (prioritized selection) or None
     - ``inserted_at_selection``: how many items had been inserted when the rows were
       selected (delivery-time staleness is measured against it)
+    - ``sources``: the source (episode stream) each row was ingested from, where the
+      delivery route records it (one-step and n-step draws), else None
+    - ``n_steps``: the ``n_step`` column's values as the host array the walk wrote, where the
+      route has one (numpy's view of a handed-out tensor costs more than the reads it serves)
     """
 
     slots: np.ndarray
@@ -25,13 +34,32 @@ class Batch(dict):
     versions: np.ndarray
     weights: torch.Tensor | None
     inserted_at_selection: int
+    sources: np.ndarray | None
+    n_steps: np.ndarray | None
 
     def __init__(self, data: dict[str, torch.Tensor], *, slots: np.ndarray, seqs: np.ndarray,
-                 versions: np.ndarray, weights: torch.Tensor | None = None, inserted_at_selection: int = 0):
+                 versions: np.ndarray, weights: torch.Tensor | None = None, inserted_at_selection: int = 0,
+                 sources: np.ndarray | None = None, n_steps: np.ndarray | None = None):
         super().__init__(data)
         self.slots, self.seqs, self.versions = slots, seqs, versions
         self.weights = weights
         self.inserted_at_selection = inserted_at_selection
+        self.sources, self.n_steps = sources, n_steps
+
+    def draw_counts(self) -> tuple[int, int, int]:
+        """(distinct rows, distinct sources, sum of the ``n_step`` column): how varied the draw was,
+        which RLlib's buffers log per sample; -1 for sources not recorded or no ``n_step``
+        column. One native call where it can (this runs on every training step)."""
+        steps = self.n_steps
+        if steps is None:
+            n = self.get("n_step")
+            steps = None if n is None else n.cpu().numpy()
+        if _c_draw_counts is not None:
+            got = _c_draw_counts(self.seqs, self.sources, steps)
+            if got is not None:
+                return got
+        return (int(np.unique(self.seqs).size), -1 if self.sources is None else int(np.unique(self.sources).size),
+                -1 if steps is None else int(steps.sum()))
 
     def __len__(self) -> int:  # number of fields, as for a dict
         return super().__len__()
@@ -45,14 +73,16 @@ class Batch(dict):
         moved = {k: v.to(device, non_blocking=non_blocking) for k, v in self.items()}
         w = None if self.weights is None else self.weights.to(device, non_blocking=non_blocking)
         return Batch(moved, slots=self.slots, seqs=self.seqs, versions=self.versions, weights=w,
-                     inserted_at_selection=self.inserted_at_selection)
+                     inserted_at_selection=self.inserted_at_selection, sources=self.sources, n_steps=self.n_steps)
 
     def clone(self) -> "Batch":
         """A copy that owns its memory (delivered batches may reuse output buffers)."""
         data = {k: v.clone() for k, v in self.items()}
         w = None if self.weights is None else self.weights.clone()
         return Batch(data, slots=self.slots.copy(), seqs=self.seqs.copy(), versions=self.versions.copy(),
-                     weights=w, inserted_at_selection=self.inserted_at_selection)
+                     weights=w, inserted_at_selection=self.inserted_at_selection,
+                     sources=None if self.sources is None else self.sources.copy(),
+                     n_steps=None if self.n_steps is None else self.n_steps.copy())
 
     def split(self, parts: int) -> list["Batch"]:
         """``parts`` batches of equal size, rows in order (views, no copy): what data-parallel
@@ -68,5 +98,7 @@ class Batch(dict):
             rows = slice(i * step, (i + 1) * step)
             out.append(Batch({k: v[rows] for k, v in self.items()}, slots=self.slots[rows], seqs=self.seqs[rows],
                              versions=self.versions[rows], weights=None if self.weights is None else self.weights[rows],
-                             inserted_at_selection=self.inserted_at_selection))
+                             inserted_at_selection=self.inserted_at_selection,
+                             sources=None if self.sources is None else self.sources[rows],
+                             n_steps=None if self.n_steps is None else self.n_steps[rows]))
         return out

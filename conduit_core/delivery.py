@@ -31,6 +31,7 @@ class DeliveryCounts:
     sampled: int = 0         # items ever delivered by sample()/take()
     dropped_stale: int = 0   # FIFO: items dropped for being from an older policy version
     lost: int = 0            # FIFO: queued items lost with a shard (never to be taken; see shard_loss)
+    redrawn: int = 0         # items drawn again by the redraw rule (a window past its episode's stored end)
 
 
 def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
@@ -85,14 +86,14 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         buf.counts.sampled += batch_size
         if cond.waiters:
             cond.notify_all()
-        seqs, versions = ring.gather_meta(slots)
+        seqs, versions, sources = ring.gather_meta(slots)
         if weights_out is not None and weights is weights_out[0]:   # written in place: hand the entry out
             buf.took_pooled_weights(batch_size)
             weights = weights_out[1]
         elif weights is not None and type(weights) is not torch.Tensor:   # (a pooled window batch's is one)
             weights = buf.weights_tensor(weights, device)
         return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
-                     inserted_at_selection=ring.inserted)
+                     inserted_at_selection=ring.inserted, sources=sources)
 
 
 def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size, weights_out=None,
@@ -113,7 +114,8 @@ def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, siz
         pooled = buf.window_outputs(batch_size, fields, device)   # (steps and weights written in place)
         slots, weights, ret, last, steps = walk.sample_windows(
             ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True,
-            out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]), stored=size)
+            out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]), stored=size,
+            counts=buf.counts)
         data = walk.window_columns(buf.gather, slots, ret, last, steps, device, fields,
                                    take=buf.storage.take_fresh, pooled=pooled)
         if pooled is not None:   # drawn: the entry goes out with the batch

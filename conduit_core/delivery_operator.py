@@ -96,7 +96,9 @@ def split_rows(batch: Batch, size: int) -> list[Batch]:
         data = {k: v[s:e] for k, v in batch.items()}
         out.append(Batch(data, slots=batch.slots[s:e], seqs=batch.seqs[s:e], versions=batch.versions[s:e],
                          weights=None if batch.weights is None else batch.weights[s:e],
-                         inserted_at_selection=batch.inserted_at_selection))
+                         inserted_at_selection=batch.inserted_at_selection,
+                         sources=None if batch.sources is None else batch.sources[s:e],
+                         n_steps=None if batch.n_steps is None else batch.n_steps[s:e]))
     return out
 
 

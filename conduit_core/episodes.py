@@ -75,7 +75,8 @@ def draw_windows(views, rng, source: tuple, n_lo: int, n_hi: int, gamma: float, 
     from ``source`` (``window_source``'s): the native walk over ``views`` (``ColumnarStorage.walk_views``), or
     ``reference`` (the same arguments, operation for operation) where there are none. Uniforms
     come from ``rng`` in pools sized for the redraws to come, so every route consumes the RNG
-    alike; a draw that keeps finding too few windows that fit gives up (``windows_too_short``)."""
+    alike; a draw that keeps finding too few windows that fit gives up (``windows_too_short``).
+    Returns the items drawn, redrawn ones included (``len(slots)`` plus the redraws)."""
     slots = out[0]
     b = slots.shape[0]
     per_try = 2 if n_hi - n_lo > 1 else 1
@@ -89,6 +90,7 @@ def draw_windows(views, rng, source: tuple, n_lo: int, n_hi: int, gamma: float, 
         else:
             filled, used = reference(*source, u, n_lo, n_hi, gamma, beta, redraw, *out, filled)
         tries += used // per_try
+    return tries
 
 
 class EpisodeWalk:
@@ -165,7 +167,7 @@ class EpisodeWalk:
 
     def sample_windows(self, ring, storage, selector, rng, batch_size: int, n_step, gamma: float,
                        beta: float | None, *, redraw: bool, out: tuple[np.ndarray, np.ndarray] | None = None,
-                       stored: int | None = None):
+                       stored: int | None = None, counts=None):
         """Select ``batch_size`` items and walk their n-step windows in one native pass.
 
         Returns (start slots, weights or None, discounted return, last slot, steps); weights
@@ -174,7 +176,8 @@ class EpisodeWalk:
         again, n included (RLlib's PrioritizedEpisodeReplayBuffer rule); without it the
         shorter window is delivered with its true length. Uniforms come from the buffer's
         RNG in pools; the C walk and the Python reference consume them identically. ``stored``:
-        the buffer's size, where the caller has it under the same lock."""
+        the buffer's size, where the caller has it under the same lock; ``counts`` (the buffer's
+        ``DeliveryCounts``) adds the redraws to its ``redrawn``."""
         if not self._n_step_fields_ok:
             self.check_n_step_fields()
         span = self._n_step_ranges.get(n_step)
@@ -197,8 +200,10 @@ class EpisodeWalk:
         views = storage.walk_views(self.done_fields) if _c_sample_windows is not None else None
         reference = None if views is not None else (
             lambda *args: self.sample_windows_reference(storage, selector, *args))
-        draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, redraw, (slots, weights, ret, last, steps),
-                     reference=reference)
+        drawn = draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, redraw,
+                             (slots, weights, ret, last, steps), reference=reference)
+        if counts is not None:
+            counts.redrawn += drawn - b
         return slots, (weights if prioritized else None), ret, last, steps
 
     def sample_windows_reference(self, storage, selector, prioritized, sums, mins, tsize, lo, count, cap, seq, next_seq, u, n_lo,

@@ -115,15 +115,15 @@ class Ring:
         """Which of ``slots`` (holding ``seqs`` in the metadata) hold a stored row."""
         return (seqs >= self.lo()) & (seqs < self.inserted) & (seqs % self.capacity == slots)
 
-    def gather_meta(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(seq, version) of each of ``slots`` (1-D int64), in fresh arrays: a batch's provenance.
-        One native pass that fetches every row's two entries before reading them, where it can."""
-        seq, version = self.meta["seq"], self.meta["version"]
+    def gather_meta(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(seq, version, source) of each of ``slots`` (1-D int64), in fresh arrays: a batch's
+        provenance. One native pass that fetches every row's entries before reading them, where it can."""
+        seq, version, source = self.meta["seq"], self.meta["version"], self.meta["source"]
         if _c_take_rows is not None:
-            taken = _c_take_rows(slots, (seq, version))
+            taken = _c_take_rows(slots, (seq, version, source))
             if taken is not None:
                 return taken
-        return seq[slots], version[slots]
+        return seq[slots], version[slots], source[slots]
 
     def stored(self, seqs: np.ndarray) -> np.ndarray:
         """Which of ``seqs`` are stored now (in the window, in their slot, not removed)."""

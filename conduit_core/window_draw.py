@@ -98,8 +98,9 @@ class PooledWindowDraw:
             ret, last = scratch
             slots = np.empty(b, dtype=np.int64)
             walked = entry.walk
-            draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, True,
-                         (slots, walked["weights"], ret, last, walked["n_step"]))
+            drawn = draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, True,
+                                 (slots, walked["weights"], ret, last, walked["n_step"]))
+            buf.counts.redrawn += drawn - b
             columns = entry.columns
             if not _c_gather_rows(slots, first_plan, columns):   # (take_into names a slot out of range)
                 storage.take_into(slots, first_fields, columns)
@@ -112,6 +113,6 @@ class PooledWindowDraw:
             buf.counts.sampled += b
             if cond.waiters:
                 cond.notify_all()
-            seqs, versions = ring.gather_meta(slots)
+            seqs, versions, sources = ring.gather_meta(slots)
             return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=out_weights,
-                         inserted_at_selection=ring.inserted)
+                         inserted_at_selection=ring.inserted, sources=sources, n_steps=walked["n_step"])

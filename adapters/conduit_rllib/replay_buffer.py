@@ -26,7 +26,7 @@ from .episode_ingest import EpisodeIngest
 from .episode_ledger import EpisodeLedger
 from .info_store import InfoStore
 from .options import ConduitOptions
-from .replay_metrics import ReplayMetrics
+from .replay_metrics import ReplayMetrics, batch_form_shape, one_step_shape, sequences_shape
 from .replay_state import ReplayStateMixin
 from .sample_forms import batch_form, check_infos_stored, check_rllib_n_step, episodes_of, sequence_slices
 from .sequences import SequenceRules
@@ -96,7 +96,8 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         self.unwritten_adds = 0   # source_ingest: adds of episodes a runner did not write at the source
         led = self.ledger   # get_metrics(): lifetime steps and episodes added and evicted, steps sampled
         self.replay_metrics = ReplayMetrics(lambda: (self.ingest.added, led.evicted_rows, len(led.episodes) + led.lost_episodes
-                                                     + led.evicted_episodes, led.evicted_episodes, self._sampled),
+                                                     + led.evicted_episodes, led.evicted_episodes, self._sampled,
+                                                     0 if self.edp is None else self.edp.buffer.counts.redrawn),
                                             window=metrics_num_episodes_for_smoothing)
 
     @property
@@ -286,7 +287,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                              fields=None if include_extra_model_outputs else self._core_fields)
         self.last_sampled = b
         self._sampled += B   # (b.size: a replay batch has the B items asked for)
-        self.replay_metrics.samples += 1
+        self.replay_metrics.after_sample(B, *one_step_shape(b, n_step, self.ledger))
         if self.tuner is not None:
             self.tuner.observe()
         if self.options.delivery == "episodes" or include_infos:
@@ -319,16 +320,16 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
             rules=self.sequence_rules, ctx=self.context, store_infos=self.options.store_infos,
             B=B, T=T, n_step=n_step, lookback=lookback, min_T=min_T))
         self._sampled += B
-        self.replay_metrics.samples += 1
+        self.replay_metrics.after_sample(B, *sequences_shape(out, B))
         self.last_sampled = None  # no priorities for the uniform buffer
         return out
 
     def _sample_batch_form(self, B: int, T: int) -> dict[str, np.ndarray]:
         """RLlib's ``sample_episodes=False`` dict of ``[B, T]`` arrays (``sample_forms.batch_form``)."""
-        out = self.ingest.after_losses(lambda: batch_form(self.edp, self.ledger, rng=self._sequence_rng,
+        out, rows = self.ingest.after_losses(lambda: batch_form(self.edp, self.ledger, rng=self._sequence_rng,
                                                           fields=self._core_fields, B=B, T=T))
         self._sampled += B * T
-        self.replay_metrics.samples += 1
+        self.replay_metrics.after_sample(B * T, *batch_form_shape(rows))
         self.last_sampled = None
         return out
 

@@ -82,15 +82,17 @@ def sequence_slices(edp, ledger, infos, lookback_rows: dict, *, rng: np.random.G
     return out
 
 
-def batch_form(edp, ledger, *, rng: np.random.Generator, fields: tuple, B: int, T: int) -> dict[str, np.ndarray]:
-    """RLlib's ``sample_episodes=False`` dict of ``[B, T]`` arrays (``sequences.batch_rows``)."""
+def batch_form(edp, ledger, *, rng: np.random.Generator, fields: tuple, B: int,
+               T: int) -> tuple[dict[str, np.ndarray], list]:
+    """RLlib's ``sample_episodes=False`` dict of ``[B, T]`` arrays (``sequences.batch_rows``),
+    and the rows' (episode, first step) pieces it was made of."""
     if not T or T < 1:
         raise ConfigError("batch_length_T", "an int >= 1 for sample_episodes=False", repr(T),
                           "pass batch_length_T (or build the buffer with batch_length_T=...)")
     index = ledger.index()
     rows = batch_rows(index, rng, B, T)
     read = lambda seqs: {k: v.cpu().numpy() for k, v in edp.read(seqs, fields=fields).items()}
-    return assemble_batch(rows, index, read, T)
+    return assemble_batch(rows, index, read, T), rows
 
 
 def check_rllib_n_step(n_step) -> None:

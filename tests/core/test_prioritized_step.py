@@ -93,16 +93,18 @@ def test_update_shortcut_refuses_a_slot_out_of_range():
 def test_gather_meta_matches_fancy_indexing(seed, n):
     buf = filled(seed)
     slots = np.random.default_rng(seed).integers(0, buf.capacity, n)
-    seqs, versions = buf.ring.gather_meta(slots)
+    seqs, versions, sources = buf.ring.gather_meta(slots)
     assert np.array_equal(seqs, buf.meta["seq"][slots]) and np.array_equal(versions, buf.meta["version"][slots])
-    assert seqs.dtype == versions.dtype == np.int64 and seqs.flags.owndata and versions.flags.owndata
+    assert np.array_equal(sources, buf.meta["source"][slots])
+    assert seqs.dtype == versions.dtype == sources.dtype == np.int64
+    assert seqs.flags.owndata and versions.flags.owndata and sources.flags.owndata
     saved = ring_mod._c_take_rows
     ring_mod._c_take_rows = None   # the Python route, as without a compiler
     try:
-        s2, v2 = buf.ring.gather_meta(slots)
+        s2, v2, o2 = buf.ring.gather_meta(slots)
     finally:
         ring_mod._c_take_rows = saved
-    assert np.array_equal(seqs, s2) and np.array_equal(versions, v2)
+    assert np.array_equal(seqs, s2) and np.array_equal(versions, v2) and np.array_equal(sources, o2)
 
 
 @pytest.mark.skipif(ring_mod._c_take_rows is None, reason="the native rows module was not built")

@@ -1,25 +1,44 @@
-"""``get_metrics()``: the whole-buffer replay metrics RLlib's own buffer reports for the same
-calls, key for key and value for value (a review found it returned {}: DQN's results lost their
-``replay_buffer`` entries)."""
+"""``get_metrics()``: the replay metrics RLlib's own buffer reports for the same calls, key for
+key (per agent and per module included) and value for value where the draws are the same
+(a review found it returned {}: DQN's results lost their ``replay_buffer`` entries; later
+ones found the draws' shape and the per-agent and per-module entries missing)."""
 
+import copy
 import math
 
+import numpy as np
 import pytest
 
 from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
 
 from .rllib_episodes import make_chunks
 
+# what a sample's draws look like (distinct steps and episodes, n-step, redraws): equal where
+# the draws are RLlib's own (the uniform buffer sharing its RNG); in distribution otherwise
+SHAPE = {"num_episodes_per_sample", "num_env_steps_per_sample", "num_env_steps_per_sample_lifetime",
+         "env_step_utilization", "actual_n_step", "num_resamples", "num_agent_episodes_per_sample",
+         "num_agent_steps_per_sample", "num_agent_steps_per_sample_lifetime", "agent_step_utilization",
+         "agent_actual_n_step", "num_agent_resamples", "num_module_episodes_per_sample", "num_module_steps_per_sample",
+         "num_module_steps_per_sample_lifetime", "module_step_utilization", "module_actual_n_step",
+         "num_module_resamples"}
 
-def _values(metrics: dict) -> dict:
-    return {k: v.peek() for k, v in metrics.items()}
+
+def _values(metrics: dict, path=()) -> dict:
+    out = {}
+    for k, v in metrics.items():
+        out.update(_values(v, path + (k,)) if isinstance(v, dict) else {path + (k,): v.peek()})
+    return out
 
 
-def _same(ours: dict, theirs: dict, when: str) -> None:
-    assert ours and set(ours) <= set(theirs), (when, set(ours) - set(theirs))
-    for k, v in _values(ours).items():
-        want = theirs[k].peek()
-        assert (math.isnan(v) and math.isnan(want)) or v == want, (when, k, v, want)
+def _same(ours: dict, theirs: dict, when: str, *, shape_too: bool) -> dict:
+    mine, want = _values(ours), _values(theirs)
+    assert set(mine) == set(want), (when, set(mine) ^ set(want))
+    for k, v in mine.items():
+        if k[0] in SHAPE and not shape_too:
+            continue
+        w = want[k]
+        assert (math.isnan(v) and math.isnan(w)) or v == pytest.approx(w, rel=1e-12), (when, k, v, w)
+    return mine
 
 
 @pytest.mark.parametrize("prioritized", [False, True])
@@ -29,6 +48,8 @@ def test_get_metrics_reports_what_rllibs_buffer_reports_for_the_same_calls(prior
     chunks, _ = make_chunks(5, episodes=36)
     ours = ConduitEpisodeReplayBuffer(capacity=120, prioritized=prioritized, alpha=0.6)
     theirs = PrioritizedEpisodeReplayBuffer(capacity=120, alpha=0.6) if prioritized else EpisodeReplayBuffer(capacity=120)
+    if not prioritized:   # the same draws: the draw-shape values must be equal too
+        ours.share_rng(copy.deepcopy(theirs.rng))   # (a generator in the same state, its own)
     try:
         def sample():
             for buf in (ours, theirs):
@@ -39,14 +60,85 @@ def test_get_metrics_reports_what_rllibs_buffer_reports_for_the_same_calls(prior
                     buf.add(part[i:i + 3])
         add(chunks[:24])                    # evictions start (capacity 120)
         sample()
-        first = ours.get_metrics()
-        _same(first, theirs.get_metrics(), "after adds and a sample")
-        assert _values(first)["num_episodes_evicted"] > 0 and _values(first)["num_env_steps_sampled"] == 8
-        _same(ours.get_metrics(), theirs.get_metrics(), "again, nothing in between (per-call sums: NaN)")
+        first = _same(ours.get_metrics(), theirs.get_metrics(), "after adds and a sample", shape_too=not prioritized)
+        assert first[("num_episodes_evicted",)] > 0 and first[("num_env_steps_sampled",)] == 8
+        assert first[("num_agent_steps_sampled", "default_agent")] == 8
+        assert first[("actual_n_step",)] == 1 and first[("num_resamples",)] == 0   # (n=1 always fits)
+        assert 1 <= first[("num_episodes_per_sample",)] <= first[("num_env_steps_per_sample",)] <= 8
+        _same(ours.get_metrics(), theirs.get_metrics(), "again, nothing in between (per-call sums: NaN)",
+              shape_too=True)
         add(chunks[24:])
-        _same(ours.get_metrics(), theirs.get_metrics(), "an add, no sample")
+        _same(ours.get_metrics(), theirs.get_metrics(), "an add, no sample", shape_too=True)
         sample()
         sample()
-        _same(ours.get_metrics(), theirs.get_metrics(), "two samples, no add")
+        _same(ours.get_metrics(), theirs.get_metrics(), "two samples, no add", shape_too=not prioritized)
+    finally:
+        ours.close()
+
+
+def _shape_per_sample(buf, n_step, samples: int) -> np.ndarray:
+    rows = []
+    for _ in range(samples):
+        buf.sample(num_items=8, n_step=n_step, beta=0.4, sample_episodes=True)
+        v = _values(buf.get_metrics())
+        rows.append([v[("num_episodes_per_sample",)], v[("num_env_steps_per_sample",)], v[("actual_n_step",)],
+                     v[("num_resamples",)]])
+    return np.array(rows, dtype=np.float64)
+
+
+def test_the_draws_shape_has_rllibs_distribution_with_redraws_at_episode_ends():
+    """Prioritized draws of n-step (2, 5) windows over short episodes: RLlib redraws an item whose
+    window runs past its episode's end and counts it in ``num_resamples``; so does Conduit's
+    buffer. Same stored data, equal priorities (none updated): per-sample episodes, distinct
+    steps, mean n-step and redraws have the same means, within five standard errors."""
+    from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
+    chunks, _ = make_chunks(7, episodes=30, lengths=(2, 8), open_last=0, split_every=1000)
+    ours = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, alpha=0.6)
+    theirs = PrioritizedEpisodeReplayBuffer(capacity=1000, alpha=0.6)
+    try:
+        for buf in (ours, theirs):
+            buf.add(chunks)
+            buf.get_metrics()
+        a, b = _shape_per_sample(ours, (2, 5), 600), _shape_per_sample(theirs, (2, 5), 600)
+        assert a[:, 3].mean() > 1   # short episodes: redraws happen
+        for j, name in enumerate(("episodes", "distinct steps", "n-step", "redraws")):
+            se = math.sqrt(a[:, j].var() / len(a) + b[:, j].var() / len(b)) + 1e-12
+            assert abs(a[:, j].mean() - b[:, j].mean()) < 5 * se, (name, a[:, j].mean(), b[:, j].mean(), se)
+    finally:
+        ours.close()
+
+
+@pytest.mark.parametrize("form", ["sequences", "batch"])
+def test_sequence_and_batch_forms_report_rllibs_keys_and_distribution(form):
+    """The uniform buffer's sequence slices and ``[B, T]`` batch form: the same keys as RLlib's
+    (no n-step for the batch form), the steps sampled exactly, and episodes and distinct steps
+    per sample (and the sequences' n-step figure: slices / B) with RLlib's means."""
+    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+    chunks, _ = make_chunks(9, episodes=30, lengths=(3, 12), open_last=0, split_every=1000)
+    ours = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=False)
+    theirs = EpisodeReplayBuffer(capacity=1000)
+    kw = dict(batch_size_B=16, batch_length_T=4, n_step=1, sample_episodes=form == "sequences")
+    try:
+        rows = {}
+        for name, buf in (("ours", ours), ("theirs", theirs)):
+            buf.add(chunks)
+            buf.get_metrics()
+            got = []
+            for _ in range(300):
+                buf.sample(**kw)
+                v = _values(buf.get_metrics())
+                got.append(v)
+            rows[name] = got
+        assert set(rows["ours"][0]) == set(rows["theirs"][0]), set(rows["ours"][0]) ^ set(rows["theirs"][0])
+        assert (("actual_n_step",) in rows["ours"][0]) == (form == "sequences")
+        drawn = 16 if form == "sequences" else 64
+        assert all(v[("num_env_steps_sampled",)] == drawn for v in rows["ours"])
+        keys = [("num_episodes_per_sample",), ("num_env_steps_per_sample",)]
+        keys += [("actual_n_step",)] if form == "sequences" else []
+        for k in keys:
+            a = np.array([v[k] for v in rows["ours"]])
+            b = np.array([v[k] for v in rows["theirs"]])
+            se = math.sqrt(a.var() / len(a) + b.var() / len(b)) + 1e-12
+            assert abs(a.mean() - b.mean()) < 5 * se, (k, a.mean(), b.mean(), se)
     finally:
         ours.close()
