@@ -27,6 +27,8 @@ class Batch(dict):
       delivery route records it (one-step and n-step draws), else None
     - ``n_steps``: the ``n_step`` column's values as the host array the walk wrote, where the
       route has one (numpy's view of a handed-out tensor costs more than the reads it serves)
+    - ``redraws``: items drawn again by the redraw rule while selecting these rows (a window
+      past its episode's stored end; of a draw split into several batches, on the first)
     """
 
     slots: np.ndarray
@@ -36,15 +38,16 @@ class Batch(dict):
     inserted_at_selection: int
     sources: np.ndarray | None
     n_steps: np.ndarray | None
+    redraws: int
 
     def __init__(self, data: dict[str, torch.Tensor], *, slots: np.ndarray, seqs: np.ndarray,
                  versions: np.ndarray, weights: torch.Tensor | None = None, inserted_at_selection: int = 0,
-                 sources: np.ndarray | None = None, n_steps: np.ndarray | None = None):
+                 sources: np.ndarray | None = None, n_steps: np.ndarray | None = None, redraws: int = 0):
         super().__init__(data)
         self.slots, self.seqs, self.versions = slots, seqs, versions
         self.weights = weights
         self.inserted_at_selection = inserted_at_selection
-        self.sources, self.n_steps = sources, n_steps
+        self.sources, self.n_steps, self.redraws = sources, n_steps, redraws
 
     def draw_counts(self) -> tuple[int, int, int]:
         """(distinct rows, distinct sources, sum of the ``n_step`` column): how varied the draw was,
@@ -73,7 +76,9 @@ class Batch(dict):
         moved = {k: v.to(device, non_blocking=non_blocking) for k, v in self.items()}
         w = None if self.weights is None else self.weights.to(device, non_blocking=non_blocking)
         return Batch(moved, slots=self.slots, seqs=self.seqs, versions=self.versions, weights=w,
-                     inserted_at_selection=self.inserted_at_selection, sources=self.sources, n_steps=self.n_steps)
+                     inserted_at_selection=self.inserted_at_selection, sources=self.sources,
+                     n_steps=self.n_steps if torch.device(device).type == "cpu" else None,   # (pooled: host only)
+                     redraws=self.redraws)
 
     def clone(self) -> "Batch":
         """A copy that owns its memory (delivered batches may reuse output buffers)."""
@@ -82,7 +87,7 @@ class Batch(dict):
         return Batch(data, slots=self.slots.copy(), seqs=self.seqs.copy(), versions=self.versions.copy(),
                      weights=w, inserted_at_selection=self.inserted_at_selection,
                      sources=None if self.sources is None else self.sources.copy(),
-                     n_steps=None if self.n_steps is None else self.n_steps.copy())
+                     n_steps=None if self.n_steps is None else self.n_steps.copy(), redraws=self.redraws)
 
     def split(self, parts: int) -> list["Batch"]:
         """``parts`` batches of equal size, rows in order (views, no copy): what data-parallel
@@ -100,5 +105,6 @@ class Batch(dict):
                              versions=self.versions[rows], weights=None if self.weights is None else self.weights[rows],
                              inserted_at_selection=self.inserted_at_selection,
                              sources=None if self.sources is None else self.sources[rows],
-                             n_steps=None if self.n_steps is None else self.n_steps[rows]))
+                             n_steps=None if self.n_steps is None else self.n_steps[rows],
+                             redraws=self.redraws if i == 0 else 0))
         return out

@@ -31,7 +31,6 @@ class DeliveryCounts:
     sampled: int = 0         # items ever delivered by sample()/take()
     dropped_stale: int = 0   # FIFO: items dropped for being from an older policy version
     lost: int = 0            # FIFO: queued items lost with a shard (never to be taken; see shard_loss)
-    redrawn: int = 0         # items drawn again by the redraw rule (a window past its episode's stored end)
 
 
 def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
@@ -76,12 +75,12 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         pooled = n_step is None and buf.gathers_pooled(fields, device)
         weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.fills_weights_out else None
         if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
-            slots, weights, data = buf.run_storage(
+            slots, weights, data, redraws = buf.run_storage(
                 lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, buf.size,
                               weights_out, in_slot_order),
                 then=lambda: wait_to_sample(buf, batch_size, timeout))
         else:
-            slots, weights, data = _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size,
+            slots, weights, data, redraws = _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size,
                                          weights_out, in_slot_order)
         buf.counts.sampled += batch_size
         if cond.waiters:
@@ -93,13 +92,13 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         elif weights is not None and type(weights) is not torch.Tensor:   # (a pooled window batch's is one)
             weights = buf.weights_tensor(weights, device)
         return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
-                     inserted_at_selection=ring.inserted, sources=sources)
+                     inserted_at_selection=ring.inserted, sources=sources, redraws=redraws)
 
 
 def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size, weights_out=None,
           in_slot_order=False):
     """One draw of ``sample`` (the lock held; ``size`` items stored): (slots, importance weights
-    or None, columns). A plain draw's weights go into ``weights_out`` (array, tensor) if given."""
+    or None, columns, items redrawn). A plain draw's weights go into ``weights_out`` (array, tensor) if given."""
     ring, walk, selector = buf.ring, buf.walk, buf.selector
     if n_step is None:
         slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta,
@@ -109,23 +108,22 @@ def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, siz
             slots = slots[order]
             if weights is not None:
                 weights[:] = weights[order]   # (in place: a pooled weights array stays the one handed out)
-        return slots, weights, buf.gather(slots, device, fields)
+        return slots, weights, buf.gather(slots, device, fields), 0
     if episode_end == "redraw":
         pooled = buf.window_outputs(batch_size, fields, device)   # (steps and weights written in place)
-        slots, weights, ret, last, steps = walk.sample_windows(
+        slots, weights, ret, last, steps, redraws = walk.sample_windows(
             ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True,
-            out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]), stored=size,
-            counts=buf.counts)
+            out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]), stored=size)
         data = walk.window_columns(buf.gather, slots, ret, last, steps, device, fields,
                                    take=buf.storage.take_fresh, pooled=pooled)
         if pooled is not None:   # drawn: the entry goes out with the batch
             pooled[3]()
             if weights is not None:
                 weights = pooled[1].weights_tensor()
-        return slots, weights, data
+        return slots, weights, data, redraws
     slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta)
     return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,
-                                               device, fields)
+                                               device, fields), 0
 
 
 def sample_sequences(buf, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:

@@ -167,17 +167,16 @@ class EpisodeWalk:
 
     def sample_windows(self, ring, storage, selector, rng, batch_size: int, n_step, gamma: float,
                        beta: float | None, *, redraw: bool, out: tuple[np.ndarray, np.ndarray] | None = None,
-                       stored: int | None = None, counts=None):
+                       stored: int | None = None):
         """Select ``batch_size`` items and walk their n-step windows in one native pass.
 
-        Returns (start slots, weights or None, discounted return, last slot, steps); weights
+        Returns (start slots, weights or None, discounted return, last slot, steps, items redrawn); weights
         and steps go into ``out`` = (float32 weights, int64 steps) when given. With
         ``redraw`` an item whose window is cut short by its episode's stored end is drawn
         again, n included (RLlib's PrioritizedEpisodeReplayBuffer rule); without it the
         shorter window is delivered with its true length. Uniforms come from the buffer's
         RNG in pools; the C walk and the Python reference consume them identically. ``stored``:
-        the buffer's size, where the caller has it under the same lock; ``counts`` (the buffer's
-        ``DeliveryCounts``) adds the redraws to its ``redrawn``."""
+        the buffer's size, where the caller has it under the same lock."""
         if not self._n_step_fields_ok:
             self.check_n_step_fields()
         span = self._n_step_ranges.get(n_step)
@@ -202,9 +201,7 @@ class EpisodeWalk:
             lambda *args: self.sample_windows_reference(storage, selector, *args))
         drawn = draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, redraw,
                              (slots, weights, ret, last, steps), reference=reference)
-        if counts is not None:
-            counts.redrawn += drawn - b
-        return slots, (weights if prioritized else None), ret, last, steps
+        return slots, (weights if prioritized else None), ret, last, steps, drawn - b
 
     def sample_windows_reference(self, storage, selector, prioritized, sums, mins, tsize, lo, count, cap, seq, next_seq, u, n_lo,
                                   n_hi, gamma, beta, redraw, slots, weights, ret, last, steps, first):

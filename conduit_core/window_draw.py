@@ -100,7 +100,6 @@ class PooledWindowDraw:
             walked = entry.walk
             drawn = draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, True,
                                  (slots, walked["weights"], ret, last, walked["n_step"]))
-            buf.counts.redrawn += drawn - b
             columns = entry.columns
             if not _c_gather_rows(slots, first_plan, columns):   # (take_into names a slot out of range)
                 storage.take_into(slots, first_fields, columns)
@@ -115,4 +114,5 @@ class PooledWindowDraw:
                 cond.notify_all()
             seqs, versions, sources = ring.gather_meta(slots)
             return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=out_weights,
-                         inserted_at_selection=ring.inserted, sources=sources, n_steps=walked["n_step"])
+                         inserted_at_selection=ring.inserted, sources=sources, n_steps=walked["n_step"],
+                         redraws=drawn - b)

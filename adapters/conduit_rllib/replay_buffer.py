@@ -96,8 +96,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         self.unwritten_adds = 0   # source_ingest: adds of episodes a runner did not write at the source
         led = self.ledger   # get_metrics(): lifetime steps and episodes added and evicted, steps sampled
         self.replay_metrics = ReplayMetrics(lambda: (self.ingest.added, led.evicted_rows, len(led.episodes) + led.lost_episodes
-                                                     + led.evicted_episodes, led.evicted_episodes, self._sampled,
-                                                     0 if self.edp is None else self.edp.buffer.counts.redrawn),
+                                                     + led.evicted_episodes, led.evicted_episodes, self._sampled),
                                             window=metrics_num_episodes_for_smoothing)
 
     @property
@@ -199,8 +198,8 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                     and ctx.module_id is None:   # empty: the first chunk, or the first after a restore
                 self.context = EpisodeContext(ep.observation_space, ep.action_space, ep.agent_id, ep.module_id)
             chunks.append((ep, cols, ingest.continuing_source(ep, ends), n))
-        if not chunks:
-            return
+        if not chunks:   # (RLlib logs an add of nothing too: DQN's runners may time out)
+            return self.replay_metrics.after_add(self.ledger.rows, len(self.ledger.episodes))
         if self.prioritized:
             self.ingest.add_as_prioritized(chunks)
         else:
@@ -353,7 +352,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
 
     # ---------------------------------------------------------------- metrics
     def get_metrics(self) -> dict:
-        """RLlib's whole-buffer replay metrics since the last call (``replay_metrics``)."""
+        """RLlib's replay metrics since the last call, every key its buffers report (``replay_metrics``)."""
         return self.replay_metrics.result()
 
     def conduit_metrics(self):

@@ -7,30 +7,36 @@ drawn, items redrawn), and each of these again per agent and per module.
 RLlib's buffers log about fifty values into a ``MetricsLogger`` on every ``add()`` and
 ``sample()`` (~9 us each here) and reduce them in ``get_metrics()``. Here ``add()`` and
 ``sample()`` only note what the reductions need (the stored counts after each add; per
-sample its size, distinct steps and episodes and mean n-step); ``get_metrics()`` builds the
+sample its size, distinct steps and episodes, mean n-step and redraws); ``get_metrics()`` builds the
 reduced ``Stats`` RLlib's would return, from these notes and the buffer's lifetime counters,
 once per call.
 
-Reported as RLlib reports them: a per-call sum over no call is NaN, a lifetime sum is what
-was added since the last call (DQN's logger adds them up), a mean is over the calls since the
-last one. A buffer holds one agent's and one module's data (RLlib's single-agent buffers
+Reported as RLlib's ``MetricsLogger.reduce`` leaves them: a per-call sum holds one value (NaN
+over no call), a lifetime sum what was added since the last call (DQN's logger adds them up), a
+mean one value, the mean of what was logged since the last call (NaN of nothing: the logger
+above averages these per-call means). A buffer holds one agent's and one module's data (RLlib's single-agent buffers
 report ``DEFAULT_AGENT_ID`` and ``DEFAULT_MODULE_ID``), so each per-agent and per-module entry
 holds the whole-buffer value: it is the whole-buffer entry's ``Stats`` object itself (built
 once, not three times: this runs on every training step). RLlib's ``MetricsLogger.aggregate``
-only reads them; reduce a ``clone()`` if you reduce entries yourself.
+only reads them; reduce a ``copy.deepcopy`` of one if you reduce entries yourself (a Stats'
+``clone()`` carries no values).
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
+
+NAN = float("nan")
+
 
 class ReplayMetrics:
     """What a buffer's ``get_metrics()`` needs between two calls. ``counters()`` reads the
     buffer's lifetime counters: (steps added, steps evicted, episodes added, episodes evicted,
-    steps sampled, items redrawn)."""
+    steps sampled)."""
 
-    __slots__ = ("counters", "window", "stored", "adds", "samples", "episodes", "distinct", "utilization",
+    __slots__ = ("counters", "window", "stored", "adds", "samples", "episodes", "distinct", "redraws", "utilization",
                  "n_steps", "last", "ever_added", "ever_sampled", "ever_n_step")
 
     def __init__(self, counters, *, window: int = 100):
@@ -54,15 +60,17 @@ class ReplayMetrics:
             del stored[0]
 
     def _clear_samples(self) -> None:
-        self.samples = self.episodes = self.distinct = 0   # since the last call: samples, their sums
+        self.samples = self.episodes = self.distinct = self.redraws = 0   # since the last call: samples, sums
         self.utilization: list[float] = []   # per sample: distinct steps / steps drawn (the mean's window)
         self.n_steps: list[float] = []       # per sample: the mean n-step RLlib logs (the mean's window)
 
-    def after_sample(self, drawn: int, steps: int, episodes: int, n_step: float | None) -> None:
+    def after_sample(self, drawn: int, steps: int, episodes: int, n_step: float | None, redraws: int) -> None:
         """One ``sample()``: ``drawn`` env steps, ``steps`` of them distinct (RLlib hashes each
         item's episode and start step), from ``episodes`` distinct stored episodes, with the
-        mean n-step RLlib logs for it (None where it logs none: the ``[B, T]`` batch form)."""
+        mean n-step RLlib logs for it (None where it logs none: the ``[B, T]`` batch form) and
+        the items its draw redrew (RLlib's resamples)."""
         self.samples += 1
+        self.redraws += redraws
         self.episodes += episodes
         self.distinct += steps
         util = self.utilization
@@ -78,15 +86,14 @@ class ReplayMetrics:
     def result(self) -> dict:
         m, LifetimeSumStats, MeanStats, SumStats, agent, module = _rllib_stats()
         now = tuple(self.counters())
-        steps_added, steps_evicted, eps_added, eps_evicted, sampled, redrawn = (a - b for a, b in zip(now, self.last))
+        steps_added, steps_evicted, eps_added, eps_evicted, sampled = (a - b for a, b in zip(now, self.last))
         self.ever_added |= self.adds > 0
         self.ever_sampled |= self.samples > 0
         out = {}
 
         def per_call(key, value, calls):
-            s = SumStats()
-            if calls:   # as SumStats.reduce sets its result (its push() costs ~6 us: tensor checks)
-                s.values = [value]
+            s = SumStats()   # as SumStats.reduce leaves it: the sum, NaN over no call (push() costs
+            s.values = [value if calls else NAN]   # ~6 us: tensor checks)
             out[key] = s
             return s
 
@@ -97,10 +104,9 @@ class ReplayMetrics:
             out[key] = s
             return s
 
-        def mean(key, values):
-            s = MeanStats(window=self.window)
-            for v in values:
-                s.push(v)
+        def mean(key, values):   # as MeanStats.reduce leaves it: one value, the mean (NaN of none), so
+            s = MeanStats(window=self.window)   # the logger above averages per-call means, as RLlib's
+            s.values = [float(np.mean(values)) if values else NAN]
             out[key] = s
             return s
 
@@ -155,7 +161,7 @@ class ReplayMetrics:
                 sampled_pairs.append(((m.AGENT_ACTUAL_N_STEP, m.MODULE_ACTUAL_N_STEP),
                                       mean(m.ACTUAL_N_STEP, self.n_steps)))
             sampled_pairs.append(((m.NUM_AGENT_RESAMPLES, m.NUM_MODULE_RESAMPLES),
-                                  per_call(m.NUM_RESAMPLES, redrawn, calls)))
+                                  per_call(m.NUM_RESAMPLES, self.redraws, calls)))
             copies(sampled_pairs)
         self.last, self.adds = now, 0
         self.stored.clear()
@@ -163,8 +169,8 @@ class ReplayMetrics:
         return out
 
 
-def one_step_shape(b, n_step, ledger) -> tuple[int, int, float]:
-    """(distinct steps, distinct episodes, mean n-step) of a delivered one-step batch ``b`` (a
+def one_step_shape(b, n_step, ledger) -> tuple[int, int, float, int]:
+    """(distinct steps, distinct episodes, mean n-step, redraws) of a delivered one-step batch ``b`` (a
     core ``Batch``), as RLlib's buffers log them: a stored row is an (episode, step) pair, the
     rows' sources are their stored episodes (the ledger locates them where the delivery route
     recorded none), and the n-step is the one asked for, or the mean of the drawn ones for a
@@ -177,22 +183,22 @@ def one_step_shape(b, n_step, ledger) -> tuple[int, int, float]:
         n_mean = n_sum / b.size if n_sum >= 0 and b.size else 0.0   # (a window draw has its n_step column)
     else:
         n_mean = float(n_step or 1)
-    return steps, episodes, n_mean
+    return steps, episodes, n_mean, b.redraws
 
 
-def sequences_shape(episodes: list, steps: int) -> tuple[int, int, float]:
+def sequences_shape(episodes: list, steps: int) -> tuple[int, int, float, int]:
     """The same for the uniform buffer's sequence slices (RLlib's episodes): RLlib hashes each
     slice's episode and start, and logs as its n-step the slices' n (1 each) summed over the
     ``steps`` asked for (slices / ``batch_size_B``: its own arithmetic)."""
     return (len({(ep.id_, ep.t_started) for ep in episodes}), len({ep.id_ for ep in episodes}),
-            len(episodes) / steps if steps else 0.0)
+            len(episodes) / steps if steps else 0.0, 0)   # (a start too near its end: redrawn, uncounted)
 
 
-def batch_form_shape(rows: list) -> tuple[int, int, None]:
+def batch_form_shape(rows: list) -> tuple[int, int, None, int]:
     """The same for the ``[B, T]`` batch form's rows of (episode, first step) pieces: RLlib
     hashes each piece's episode and first step, and logs no n-step."""
     pieces = [p for row in rows for p in row]
-    return len(set(pieces)), len({e for e, _ in pieces}), None
+    return len(set(pieces)), len({e for e, _ in pieces}), None, 0
 
 
 @functools.cache

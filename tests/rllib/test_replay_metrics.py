@@ -30,9 +30,23 @@ def _values(metrics: dict, path=()) -> dict:
     return out
 
 
+def _held(metrics: dict, path=()) -> dict:
+    """Each Sum / Mean entry's values as RLlib's reduce leaves them (one value: the logger above
+    merges these lists, so their length matters, not only what peek() says)."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, dict):
+            out.update(_held(v, path + (k,)))
+        elif getattr(v, "values", None) is not None:
+            out[path + (k,)] = [float(x) for x in v.values]
+    return out
+
+
 def _same(ours: dict, theirs: dict, when: str, *, shape_too: bool) -> dict:
     mine, want = _values(ours), _values(theirs)
     assert set(mine) == set(want), (when, set(mine) ^ set(want))
+    held, held_want = _held(ours), _held(theirs)
+    assert {k: len(v) for k, v in held.items()} == {k: len(v) for k, v in held_want.items()}, when
     for k, v in mine.items():
         if k[0] in SHAPE and not shape_too:
             continue
@@ -142,3 +156,75 @@ def test_sequence_and_batch_forms_report_rllibs_keys_and_distribution(form):
             assert abs(a.mean() - b.mean()) < 5 * se, (k, a.mean(), b.mean(), se)
     finally:
         ours.close()
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_an_add_of_nothing_is_reported_as_rllib_reports_it(first):
+    """DQN's runners may hand over no episode (``sample_timeout_s``): RLlib's buffer logs the add."""
+    from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
+    chunks, _ = make_chunks(3, episodes=6)
+    ours, theirs = ConduitEpisodeReplayBuffer(capacity=200, prioritized=True), PrioritizedEpisodeReplayBuffer(capacity=200)
+    try:
+        for buf in (ours, theirs):
+            if not first:
+                buf.add(chunks)
+                buf.get_metrics()
+            buf.add([])
+        _same(ours.get_metrics(), theirs.get_metrics(), "after add([])", shape_too=True)
+    finally:
+        ours.close()
+
+
+def test_the_root_logger_averages_per_call_means_as_with_rllibs_buffer():
+    """Calls covering different numbers of samples (DreamerV3 samples a varying number of times
+    between two ``get_metrics()``): the algorithm's logger merges each call's values, so a call
+    must hand over its mean, not every value it saw. Same draws (shared RNG)."""
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+    chunks, _ = make_chunks(5, episodes=16, lengths=(2, 4), open_last=0, split_every=1000)
+    ours, theirs = ConduitEpisodeReplayBuffer(capacity=1000), EpisodeReplayBuffer(capacity=1000)
+    ours.share_rng(copy.deepcopy(theirs.rng))
+    got = {}
+    try:
+        for name, buf in (("ours", ours), ("theirs", theirs)):
+            root = MetricsLogger(root=True)
+            at = 0
+            for calls in (3, 1):
+                for _ in range(2 * calls - 1):   # 5 adds, then 1: the stored counts' means weigh unequally
+                    buf.add(chunks[at:at + 2])
+                    at += 2
+                for _ in range(calls):
+                    buf.sample(num_items=16, n_step=1, sample_episodes=True)
+                root.aggregate([buf.get_metrics()], key="replay")
+            r = root.reduce(compile=True)["replay"]
+            got[name] = (r["env_step_utilization"], r["num_env_steps_stored"], r["agent_step_utilization"]["default_agent"])
+        assert got["ours"] == pytest.approx(got["theirs"], rel=1e-12)
+    finally:
+        ours.close()
+
+
+def test_redraws_of_batches_drawn_ahead_and_discarded_count_once():
+    """A schedule that draws ahead throws a prepared batch away when the priorities change (DQN
+    updates them after every sample) and draws it again: its redraws must count once, as in the
+    sequential schedule, which delivers the same rows."""
+    chunks, _ = make_chunks(7, episodes=30, lengths=(2, 8), open_last=0, split_every=1000)
+
+    def run(options):
+        buf = ConduitEpisodeReplayBuffer(capacity=1000, prioritized=True, alpha=0.6, conduit=dict(seed=3, **options))
+        try:
+            buf.add(chunks)
+            buf.get_metrics()
+            seqs, redraws = [], 0.0
+            for i in range(20):
+                buf.sample(num_items=8, n_step=3, beta=0.4, sample_episodes=True)
+                seqs.append(buf.last_sampled.seqs.copy())
+                buf.update_priorities(np.full(8, 1.0 + i))
+                redraws += buf.get_metrics()["num_resamples"].peek()
+            return np.concatenate(seqs), redraws
+        finally:
+            buf.close()
+
+    base_seqs, base_redraws = run({})
+    seqs, redraws = run({"mode": "overlapped"})
+    assert np.array_equal(seqs, base_seqs) and base_redraws > 0
+    assert redraws == base_redraws
