@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 NAN = float("nan")
 
 
@@ -106,7 +104,7 @@ class ReplayMetrics:
 
         def mean(key, values):   # as MeanStats.reduce leaves it: one value, the mean (NaN of none), so
             s = MeanStats(window=self.window)   # the logger above averages per-call means, as RLlib's
-            s.values = [float(np.mean(values)) if values else NAN]
+            s.values = [sum(values) / len(values) if values else NAN]   # (numpy's mean of a list: ~5 us)
             out[key] = s
             return s
 
