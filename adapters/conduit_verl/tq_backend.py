@@ -17,7 +17,9 @@ dimension), with its row-length bounds; other values as SimpleStorage packs them
 raises TQ's ``StorageKeyNotFoundError``, as SimpleStorage's does. A put is checked and its schema
 built before any unit is written; a put spread over several units is all or nothing (a unit that
 took its part gives it back when another refused or the put was cancelled, and the controller is
-told of none; a cancel that comes while the controller is told lets that finish first). A
+told of none; a cancel that comes while the controller is told lets that finish first; a unit that
+does not answer within its time limit gets a revoke queued behind the put, which gives back what it
+stores late). A
 checkpoint load is too: every unit reads its file aside, then all switch, and a unit that switched
 keeps its old rows until every unit has (``commit``/``finish``, else ``rollback``).
 
@@ -170,6 +172,35 @@ async def _undo_then_raise(undo_calls, failed: list, cancelled: bool, what: str,
     raise cause
 
 
+def revoke_late(units: list, late: list[int], call: str, rows: int) -> shared_path.UnitTimeout:
+    """Queue a ``revoke`` of put ``call`` on each unit in ``late`` (they did not answer it in time).
+    A unit runs one caller's calls in order, so each revoke runs after the put, whenever the unit gets
+    to it; its outcome is logged then (a unit that stored rows a later write made its own keeps them).
+    Returns the error for the caller."""
+    log = logging.getLogger(__name__)
+    for u in late:
+        def outcome(future, u=u):
+            try:
+                said = future.result()
+            except Exception as exc:   # noqa: BLE001 - logged: nothing waits for this call any more
+                log.error("conduit_verl: unit %d could not revoke put %s (%r): it may hold rows TQ does not know of; "
+                          "clear its keys or restart TransferQueue", u, call, exc)
+                return
+            if said == "forgotten":
+                log.error("conduit_verl: unit %d stored put %s late and no longer knows how to undo it: it holds "
+                          "rows TQ does not know of; clear its keys or restart TransferQueue", u, call)
+            else:
+                (log.warning if said == "kept" else log.info)(
+                    "conduit_verl: unit %d answered put %s late; revoke: %s%s", u, call, said,
+                    " (a later write holds those rows)" if said == "kept" else "")
+        units[u].revoke.remote(call).future().add_done_callback(outcome)
+    return shared_path.UnitTimeout(
+        f"put of {rows} rows: storage unit(s) {late} did not answer within {shared_path.UNIT_CALL_TIMEOUT_S:.0f} s "
+        "(a stuck or overloaded actor?). A revoke is queued behind the put on each: whatever it stores late is "
+        "given back when the unit gets to it (logged; rows a later write touched stay that write's). Fix: check "
+        "the unit; CONDUIT_TQ_UNIT_TIMEOUT_S sets the limit")
+
+
 @StorageManagerFactory.register(BACKEND)
 class ConduitStorageManager(StorageManager):
     """The client side (one per process that holds a TQ client): routes rows to units by
@@ -188,6 +219,7 @@ class ConduitStorageManager(StorageManager):
         self.prefixes = [prefix if node == here else None for node, prefix in where]
         self.shared = [p is not None for p in self.prefixes]
         self.maps = shared_arena.SegmentMaps()
+        self._client_id, self._puts = uuid.uuid4().hex[:12], 0   # a put's call id: for a revoke
 
     def _route(self, global_indexes) -> list[tuple[int, np.ndarray, np.ndarray]]:
         keys = np.asarray(global_indexes, dtype=np.int64)
@@ -206,6 +238,8 @@ class ConduitStorageManager(StorageManager):
         columns = {name: encode(name, data.get(name), rows) for name in data.keys()}
         schema = field_schema(data, columns)       # before anything is stored: a failure stores nothing
         routes = self._route(metadata.global_indexes)
+        self._puts += 1
+        call = f"{self._client_id}-{self._puts}"
         # same-node units: bytes into their segments first (a failure there aborts and stores nothing)
         try:
             tickets = await shared_path.reserve_and_write(self.units, self.maps, self.prefixes, routes, columns,
@@ -216,12 +250,16 @@ class ConduitStorageManager(StorageManager):
         refs = []
         for i, (u, pos, keys) in enumerate(routes):
             if i in tickets:
-                refs.append(self.units[u].commit_put.remote(tickets[i]))
+                refs.append(self.units[u].commit_put.remote(tickets[i], call))
                 continue
             part = columns if len(routes) == 1 else {n: c.select(pos) for n, c in columns.items()}
-            refs.append(self.units[u].put.remote(keys, part))
+            refs.append(self.units[u].put.remote(keys, part, call))
         done, cancelled = await shared_path.settled(refs)
         failed = [d for d in done if isinstance(d, BaseException)]
+        late = [u for (u, _, _), d in zip(routes, done) if isinstance(d, shared_path.UnitTimeout)]
+        if late:   # queued behind the put it did not answer in time: what it stores late is given back
+            timeout = revoke_late(self.units, late, call, rows)   # (in each late unit's place: errors in route order)
+            failed = [timeout if isinstance(d, shared_path.UnitTimeout) else d for d in failed]
         if failed or cancelled:   # all or nothing: the units that took their part give it back, then the error
             await _undo_then_raise([self.units[u].restore.remote(d) for (u, _, _), d in zip(routes, done)
                                     if not isinstance(d, BaseException)], failed, cancelled,

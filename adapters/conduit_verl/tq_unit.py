@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+from collections import OrderedDict, deque
 
 import numpy as np
 import ray
@@ -23,6 +24,10 @@ STATE_VERSION = 1   # of a unit's checkpoint file
 # a reserved put not committed or aborted within this long is aborted (its client died or was
 # cancelled between the two calls): otherwise its pins keep a whole released arena open for good
 TICKET_TTL_S = 600.0
+# puts a unit remembers the undo of, for a ``revoke`` queued behind a put its client stopped waiting
+# for (one that replaced more than REVOKE_BYTES of values, or any object values, is not remembered:
+# its revoke answers 'forgotten', as does one whose undo was dropped for newer ones)
+RECENT_PUTS, REVOKE_BYTES, FORGOTTEN = 64, 8 << 20, 4096
 
 
 class StorageUnit:
@@ -39,6 +44,10 @@ class StorageUnit:
         self._previous: RaggedStore | None = None  # the rows before a load, until every unit switched
         self._tickets: dict[int, dict] = {}         # puts reserved, not yet committed or aborted
         self._next_ticket = 0
+        self._writes = 0                            # puts, restores and clears so far
+        self._recent_writes: deque = deque(maxlen=4 * RECENT_PUTS)   # (write number, keys) of the latest
+        self._undo_of: OrderedDict = OrderedDict()  # a put's call id -> (write number, keys, undo)
+        self._forgotten: OrderedDict = OrderedDict()  # call ids of stored puts whose undo was dropped
 
     def where(self) -> tuple[str, str | None]:
         """This unit's node id, and its segments' prefix (None: no shared memory)."""
@@ -61,9 +70,9 @@ class StorageUnit:
         return {"ticket": ticket, "segments": self.arenas.handles(),
                 "room": {n: (self.arenas.handle(a), at) for n, (a, at) in placed.items()}}
 
-    def commit_put(self, ticket: int) -> dict:
+    def commit_put(self, ticket: int, call: str | None = None) -> dict:
         """Record a reserved put's rows on the bytes the client wrote (in place; copied if the
-        field's arena moved since); returns what undoes it, as ``put`` does."""
+        field's arena moved since); returns what undoes it, as ``put`` does (``call``: as for ``put``)."""
         t = self._take(ticket)
         try:
             columns = dict(t["columns"])
@@ -74,6 +83,7 @@ class StorageUnit:
             undo = put_undo(self.store, t["keys"], columns)
             undo["created"] = [*undo["created"], *t["created"]]
             self.store.put(t["keys"], columns)
+            self._wrote(t["keys"], call, undo)
             return undo
         except BaseException:
             self._drop_created(t["created"])
@@ -137,22 +147,69 @@ class StorageUnit:
 
     # ------------------------------------------------------------------ the Ray-object path
 
-    def put(self, keys: np.ndarray, columns: dict[str, Column]) -> dict:
+    def put(self, keys: np.ndarray, columns: dict[str, Column], call: str | None = None) -> dict:
         """Store the rows; returns what undoes it (``restore``): a put spread over several units
-        is all or nothing, so the units that took their part give it back when another refused."""
+        is all or nothing, so the units that took their part give it back when another refused.
+        ``call``: the client's id for this put, for a ``revoke`` if it stops waiting for the answer."""
         undo = put_undo(self.store, keys, columns)
         self.store.put(keys, columns)
+        self._wrote(keys, call, undo)
         return undo
 
     def restore(self, undo: dict) -> int:
         """Undo a ``put``: its new rows leave, fields it set are unset, values it replaced return."""
         restore_put(self.store, undo)
+        self._wrote(np.concatenate([undo["new"], *(np.concatenate(f[:2]) for f in undo["fields"].values())]),
+                    None, None)
         return len(self.store)
+
+    def revoke(self, call: str) -> str:
+        """Give back put ``call``, which its client stopped waiting for (it did not answer in time):
+        the client queues this call right behind the put, and a unit runs one caller's calls in order,
+        so it runs after the put. 'revoked': done; 'kept': a later put, restore or clear touched the
+        same rows, which are then theirs (undoing it would undo that); 'forgotten': the put was stored
+        but what undoes it is no longer known (dropped for newer puts, too large, a checkpoint loaded
+        or rolled back since, or more writes since than the unit remembers): its rows stay; 'unknown':
+        no such put was stored here (it failed)."""
+        rec = self._undo_of.pop(call, None)
+        if rec is None:
+            return "forgotten" if self._forgotten.pop(call, None) is not None else "unknown"
+        at, keys, undo = rec
+        later = [k for n, k in self._recent_writes if n > at]
+        oldest = self._recent_writes[0][0] if self._recent_writes else at + 1
+        if oldest > at + 1:
+            return "forgotten"
+        if any(np.intersect1d(k, keys).size for k in later):
+            return "kept"
+        restore_put(self.store, undo)
+        self._wrote(keys, None, None)
+        return "revoked"
+
+    def _wrote(self, keys: np.ndarray, call: str | None, undo: dict | None) -> None:
+        """Note a write of ``keys`` (for ``revoke``), with the undo of put ``call`` if it has one."""
+        self._writes += 1
+        keys = np.array(keys, dtype=np.int64).reshape(-1)   # (a copy: never a view of a call's argument)
+        self._recent_writes.append((self._writes, keys))
+        if call is not None and undo is not None:
+            replaced = [v for _, _, v in undo["fields"].values() if v is not None]
+            if all(v.kind != "object" for v in replaced) and sum(int(v.data.nbytes) for v in replaced) <= REVOKE_BYTES:
+                self._undo_of[call] = (self._writes, keys, undo)
+                while len(self._undo_of) > RECENT_PUTS:
+                    self._forget(self._undo_of.popitem(last=False)[0])
+            else:
+                self._forget(call)
+
+    def _forget(self, *calls) -> None:
+        for call in calls:
+            self._forgotten[call] = True
+        while len(self._forgotten) > FORGOTTEN:
+            self._forgotten.popitem(last=False)
 
     def get(self, keys: np.ndarray, fields: list[str]) -> dict[str, Column]:
         return self.store.get(keys, fields)
 
     def clear(self, keys: np.ndarray) -> int:
+        self._wrote(keys, None, None)
         return self.store.clear(keys)
 
     def stats(self) -> dict:
@@ -191,6 +248,8 @@ class StorageUnit:
             raise ConfigError("staged checkpoint", "a unit file read by stage()", "none (never staged, aborted, "
                               "or the unit restarted)", "load the checkpoint again")
         self._previous, self.store, self._staged = self.store, self._staged, None
+        self._forget(*self._undo_of)   # (another store: the puts to revoke are not in it)
+        self._undo_of.clear()
         return len(self.store)
 
     def finish(self) -> None:
@@ -206,6 +265,8 @@ class StorageUnit:
         if self._previous is not None:
             loaded, self.store, self._previous = self.store, self._previous, None
             loaded.release()
+            self._forget(*self._undo_of)   # (the rows of puts before the load are back, their undo gone)
+            self._undo_of.clear()
         return len(self.store)
 
     def abort(self) -> None:

@@ -451,9 +451,8 @@ class _Stuck:
 def test_a_unit_that_does_not_answer_fails_the_call_in_time_and_the_others_give_back(monkeypatch):
     """Found by a review (session 23): calls to the units had no timeout, so one stuck unit hung
     the trainer (TQ's SimpleStorage gives a unit 200 s). Now a put fails in time and the units
-    that took their part give it back; a get fails in time. (A unit that stores its part after its
-    time keeps it, unknown to TQ's controller, as the error says: undoing it when it answered could
-    undo a later put of the same keys.)"""
+    that took their part give it back; a get fails in time. (What a unit stores after its time is
+    given back by a revoke queued behind the put: the next test.)"""
     import time
     from conduit_verl import tq_shared_path as sp
     monkeypatch.setattr(sp, "UNIT_CALL_TIMEOUT_S", 1.0)
@@ -476,6 +475,71 @@ def test_a_unit_that_does_not_answer_fails_the_call_in_time_and_the_others_give_
             client._run_coroutine(manager.get_data(_Meta([0, 1], ["f"])))
         manager.units = real
         assert client._run_coroutine(manager.get_data(_Meta([0, 1], ["f"])))["f"].tolist() == [1.0, 1.0]
+
+
+class _SlowPut(tq_backend.StorageUnit):
+    """A real storage unit that takes 3 s to store a put (then stores it): it answers too late."""
+    def put(self, keys, columns, call=None):
+        import time
+        time.sleep(3)
+        return super().put(keys, columns, call)
+
+
+def test_a_put_answered_late_is_revoked_behind_it_in_call_order():
+    """Left by session 23's review (the unit kept what it stored late, unknown to TQ's controller):
+    the client queues a revoke right behind the put it stopped waiting for, and a unit runs one
+    caller's calls in order, so what the slow unit stores late is given back; the same client's
+    next put of the same keys, queued after the revoke, is kept."""
+    from conduit_verl import tq_shared_path as sp
+    saved = sp.UNIT_CALL_TIMEOUT_S
+    sp.UNIT_CALL_TIMEOUT_S = 1.0
+    try:
+        with tq_session("Conduit", 2, path="ray"):
+            client = tq.get_client()
+            manager = client.storage_manager
+            manager.notify_data_update = lambda *a, **k: asyncio_done()
+            real = list(manager.units)
+            slow = ray.remote(num_cpus=0)(_SlowPut).remote()
+            put = lambda value: client._run_coroutine(manager.put_data(
+                TensorDict({"f": torch.full((4,), value)}, batch_size=4), _Meta([0, 1, 2, 3])))
+            manager.units = [real[0], slow]
+            with pytest.raises(sp.UnitTimeout, match="A revoke is queued behind the put"):
+                put(1.0)
+            assert _rows([real[0], slow]) == [0, 0]   # (this stats call runs after the put and the revoke)
+            sp.UNIT_CALL_TIMEOUT_S = 30.0
+            put(2.0)                                   # slow, in time: stored and kept
+            assert _rows([real[0], slow]) == [2, 2]
+            got = client._run_coroutine(manager.get_data(_Meta([0, 1, 2, 3], ["f"])))
+            assert got["f"].tolist() == [2.0] * 4
+            ray.kill(slow)
+    finally:
+        sp.UNIT_CALL_TIMEOUT_S = saved
+
+
+def test_a_revoke_keeps_rows_a_later_write_touched_and_knows_only_stored_puts():
+    """``StorageUnit.revoke`` (no Ray): a put whose rows a later put of another client rewrote stays
+    (undoing it would undo that write); a revoke of the later put gives the earlier values back; a
+    revoke of a put never stored, or of one from before a checkpoint load, changes nothing."""
+    from conduit_verl.tq_columns import encode
+    from conduit_verl.tq_unit import StorageUnit
+
+    def cols(value, n=3):
+        return {"f": encode("f", torch.full((n,), float(value)), n)}
+    unit = StorageUnit(slots=8)
+    keys = np.arange(3, dtype=np.int64)
+    unit.put(keys, cols(1), "a")
+    unit.put(keys, cols(2), "b")
+    unit.put(np.array([7], dtype=np.int64), cols(5, 1), "c")
+    assert unit.revoke("a") == "kept" and unit.revoke("zzz") == "unknown"
+    assert unit.revoke("c") == "revoked" and len(unit.store) == 3
+    assert unit.revoke("b") == "revoked"
+    assert unit.store.get(keys, ["f"])["f"].data.view(np.float32).tolist() == [1.0] * 3
+    assert unit.revoke("b") == "unknown"
+    # what undoes a stored put is dropped for newer puts: 'forgotten' (rows stay; the client logs an error)
+    from conduit_verl import tq_unit
+    for i in range(tq_unit.RECENT_PUTS + 1):
+        unit.put(np.array([100 + i], dtype=np.int64), cols(i, 1), f"p{i}")
+    assert unit.revoke("p0") == "forgotten" and unit.revoke("p1") == "revoked"
 
 
 def test_waiting_through_a_cancel_is_bounded_and_outlives_the_loop_cancelling_the_wait():
