@@ -201,6 +201,32 @@ def revoke_late(units: list, late: list[int], call: str, rows: int) -> shared_pa
         "the unit; CONDUIT_TQ_UNIT_TIMEOUT_S sets the limit")
 
 
+def give_back_unsettled(units: list, routes: list, refs: list, call: str, rows: int) -> None:
+    """A put cancelled while a unit had not answered, past the cancel's grace: each unit that answered
+    gives its part back and each that did not gets a revoke queued behind the put (``revoke_late``);
+    neither is waited for (the caller's cancel is already late), their failures are logged."""
+    log = logging.getLogger(__name__)
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    ready = set(ready)
+    late = []
+    for (u, _, _), ref in zip(routes, refs):
+        if ref not in ready:
+            late.append(u)
+            continue
+        try:
+            undo = ray.get(ref, timeout=0)
+        except Exception:   # noqa: BLE001 - this unit stored nothing of the put
+            continue
+        def restored(future, u=u):
+            if future.exception() is not None:
+                log.error("conduit_verl: unit %d could not give back its part of cancelled put %s (%r): it holds "
+                          "rows TQ does not know of; clear its keys or restart TransferQueue", u, call,
+                          future.exception())
+        units[u].restore.remote(undo).future().add_done_callback(restored)
+    if late:
+        revoke_late(units, late, call, rows)
+
+
 @StorageManagerFactory.register(BACKEND)
 class ConduitStorageManager(StorageManager):
     """The client side (one per process that holds a TQ client): routes rows to units by
@@ -254,7 +280,11 @@ class ConduitStorageManager(StorageManager):
                 continue
             part = columns if len(routes) == 1 else {n: c.select(pos) for n, c in columns.items()}
             refs.append(self.units[u].put.remote(keys, part, call))
-        done, cancelled = await shared_path.settled(refs)
+        try:
+            done, cancelled = await shared_path.settled(refs)
+        except RuntimeError:   # cancelled, and a unit had not answered within the cancel's grace
+            give_back_unsettled(self.units, routes, refs, call, rows)
+            raise
         failed = [d for d in done if isinstance(d, BaseException)]
         late = [u for (u, _, _), d in zip(routes, done) if isinstance(d, shared_path.UnitTimeout)]
         if late:   # queued behind the put it did not answer in time: what it stores late is given back

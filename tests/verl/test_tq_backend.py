@@ -516,6 +516,39 @@ def test_a_put_answered_late_is_revoked_behind_it_in_call_order():
         sp.UNIT_CALL_TIMEOUT_S = saved
 
 
+def test_a_put_cancelled_while_a_unit_is_stuck_past_the_grace_leaves_nothing():
+    """Left by session 28's review: a cancel whose grace ends before a stuck unit answers raised
+    with the other units' parts still stored and the stuck unit's stored late. Now the units that
+    answered give theirs back and the stuck one gets a revoke queued behind the put."""
+    import asyncio
+    import time
+    from conduit_verl import tq_shared_path as sp
+    saved = sp.CANCEL_GRACE_S
+    sp.CANCEL_GRACE_S = 0.5
+    try:
+        with tq_session("Conduit", 2, path="ray"):
+            manager = tq.get_client().storage_manager
+            manager.notify_data_update = lambda *a, **k: asyncio_done()
+            real = list(manager.units)
+            slow = ray.remote(num_cpus=0)(_SlowPut).remote()
+            manager.units = [real[0], slow]
+
+            async def put():
+                task = asyncio.ensure_future(manager.put_data(TensorDict({"f": torch.ones(4)}, batch_size=4),
+                                                              _Meta([0, 1, 2, 3])))
+                await asyncio.sleep(0.3)
+                task.cancel()
+                await task
+            t0 = time.monotonic()
+            with pytest.raises(RuntimeError, match="had not answered"):
+                asyncio.run(put())
+            assert time.monotonic() - t0 < 2.5
+            assert _rows([real[0], slow]) == [0, 0]   # (after the slow put, its revoke and unit 0's give-back)
+            ray.kill(slow)
+    finally:
+        sp.CANCEL_GRACE_S = saved
+
+
 def test_a_revoke_keeps_rows_a_later_write_touched_and_knows_only_stored_puts():
     """``StorageUnit.revoke`` (no Ray): a put whose rows a later put of another client rewrote stays
     (undoing it would undo that write); a revoke of the later put gives the earlier values back; a
