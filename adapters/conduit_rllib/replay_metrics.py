@@ -14,12 +14,12 @@ once per call.
 Reported as RLlib's ``MetricsLogger.reduce`` leaves them: a per-call sum holds one value (NaN
 over no call), a lifetime sum what was added since the last call (DQN's logger adds them up), a
 mean one value, the mean of what was logged since the last call (NaN of nothing: the logger
-above averages these per-call means). A buffer holds one agent's and one module's data (RLlib's single-agent buffers
-report ``DEFAULT_AGENT_ID`` and ``DEFAULT_MODULE_ID``), so each per-agent and per-module entry
-holds the whole-buffer value: it is the whole-buffer entry's ``Stats`` object itself (built
-once, not three times: this runs on every training step). RLlib's ``MetricsLogger.aggregate``
-only reads them; reduce a ``copy.deepcopy`` of one if you reduce entries yourself (a Stats'
-``clone()`` carries no values).
+above averages these per-call means). A buffer holds one agent's and one module's data
+(RLlib's single-agent buffers report ``DEFAULT_AGENT_ID`` and ``DEFAULT_MODULE_ID``), so each
+per-agent and per-module entry holds the whole-buffer value: it is the whole-buffer entry's
+``Stats`` object itself (built once, not three times: this runs on every training step).
+RLlib's ``MetricsLogger.aggregate`` only reads them; reduce a ``copy.deepcopy`` of one if you
+reduce entries yourself (a Stats' ``clone()`` carries no values).
 """
 
 from __future__ import annotations
