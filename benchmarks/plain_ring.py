@@ -13,13 +13,19 @@ from .common import median, ratio_stats, time_per_call
 class PlainRing:
     """The floor a user could write in numpy: preallocated columns, slice-copy inserts, uniform
     draws with ``Generator.integers`` and one ``take`` per column into reused outputs. No
-    validation, no metadata, no priorities: what Conduit's uniform ring is compared against."""
+    validation, no metadata, no priorities: what Conduit's uniform ring is compared against.
 
-    def __init__(self, capacity: int, example: dict):
+    ``outputs``: output sets used in turn, so a batch stays valid for that many samples, the
+    guarantee ``ExperienceBuffer(reuse_outputs=outputs)`` gives; compared at equal guarantees
+    (at B=256 Atari, 4 sets of 14 MB do not fit the cache that one set fits)."""
+
+    def __init__(self, capacity: int, example: dict, outputs: int = 1):
         self.capacity, self.size, self.pos = capacity, 0, 0
         self.cols = {k: np.empty((capacity, *v.shape[1:]), v.dtype) for k, v in example.items()}
         self.rng = np.random.default_rng(0)
-        self.outs: dict[int, dict] = {}
+        self.outputs = outputs
+        self.outs: dict[int, list[dict]] = {}
+        self.turn = 0
 
     def add(self, cols: dict) -> None:
         n = len(cols["action"])
@@ -33,38 +39,49 @@ class PlainRing:
 
     def sample(self, batch: int) -> dict:
         idx = self.rng.integers(0, self.size, batch)
-        out = self.outs.get(batch)
-        if out is None:
-            out = self.outs[batch] = {k: np.empty((batch, *v.shape[1:]), v.dtype) for k, v in self.cols.items()}
+        sets = self.outs.get(batch)
+        if sets is None:
+            sets = self.outs[batch] = [{k: np.empty((batch, *v.shape[1:]), v.dtype) for k, v in self.cols.items()}
+                                       for _ in range(self.outputs)]
+        self.turn = (self.turn + 1) % self.outputs
+        out = sets[self.turn]
         for k, v in self.cols.items():
             np.take(v, idx, axis=0, out=out[k], mode="clip")
         return out
 
 
-def plain_ring_entry(kind: str, cols: list[dict], fill: int, batch_sizes, *, calls: int, reps: int) -> dict:
-    from .bench_buffer import conduit_buffer
+def plain_ring_entry(kind: str, cols: list[dict], fill: int, batch_sizes, *, calls: int, reps: int,
+                     depths: tuple[int, ...] = (1, 4)) -> dict:
     """Insert rate and uniform sample time of PlainRing and of a Conduit ring with reused outputs,
-    both of ``fill`` slots, filled once (so inserts overwrite resident pages), timed in turns."""
-    ring = PlainRing(fill, cols[0])
-    cb = conduit_buffer(kind, fill, False, reuse=4)
-    for c in cols:
-        ring.add(c)
-        cb.add(c)
-
-    def rate(add) -> float:
-        t0 = time.perf_counter()
+    both of ``fill`` slots, filled once (so inserts overwrite resident pages), timed in turns.
+    Samples are compared at equal guarantees: for each of ``depths``, Conduit's
+    ``reuse_outputs=depth`` against the ring's ``depth`` output sets in turn (``B{B}``: the first
+    depth, the floor; ``B{B}_reuse{depth}``: the others). One pair in memory at a time."""
+    from .bench_buffer import conduit_buffer
+    entry: dict = {"depths": list(depths)}
+    for d in depths:
+        ring, cb = PlainRing(fill, cols[0], outputs=d), conduit_buffer(kind, fill, False, reuse=d)
         for c in cols:
-            add(c)
-        return fill / (time.perf_counter() - t0)
-    ins_p, ins_c = [], []
-    for _ in range(reps):   # alternated: both see the same machine state
-        ins_p.append(rate(ring.add))
-        ins_c.append(rate(cb.add))
-    entry = {"insert_per_s": median(ins_p), "conduit_insert_per_s": median(ins_c),
-             "insert_ratio": median(ins_c) / median(ins_p)}
-    for B in batch_sizes:
-        t_p = time_per_call(lambda: ring.sample(B), calls=calls, reps=reps)
-        t_c = time_per_call(lambda: cb.sample(B), calls=calls, reps=reps)
-        entry[f"B{B}"] = {"plain_s": median(t_p), "conduit_s": median(t_c), "ratio": ratio_stats(t_c, t_p)}
-    cb.close()
+            ring.add(c)
+            cb.add(c)
+        if d == depths[0]:
+            def rate(add) -> float:
+                t0 = time.perf_counter()
+                for c in cols:
+                    add(c)
+                return fill / (time.perf_counter() - t0)
+            ins_p, ins_c = [], []
+            for _ in range(reps):   # alternated: both see the same machine state
+                ins_p.append(rate(ring.add))
+                ins_c.append(rate(cb.add))
+            entry |= {"insert_per_s": median(ins_p), "conduit_insert_per_s": median(ins_c),
+                      "insert_ratio": median(ins_c) / median(ins_p)}
+        for B in batch_sizes:
+            t_p = time_per_call(lambda: ring.sample(B), calls=calls, reps=reps)
+            t_c = time_per_call(lambda: cb.sample(B), calls=calls, reps=reps)
+            key = f"B{B}" if d == depths[0] else f"B{B}_reuse{d}"
+            entry[key] = {"plain_s": median(t_p), "conduit_s": median(t_c), "ratio": ratio_stats(t_c, t_p),
+                          "outputs": d}
+        cb.close()
+        del ring, cb
     return entry

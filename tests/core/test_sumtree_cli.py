@@ -58,3 +58,20 @@ def test_buffer_benchmark_smoke(tmp_path):
     data = json.loads(out.read_text())
     assert set(data["workloads"]) == {"cartpole", "atari"}
     assert report["workloads"]["cartpole"]["uniform"]["B32"]["conduit_s"] > 0
+    ring = data["workloads"]["cartpole"]["uniform"]["plain_ring"]   # compared at equal guarantees
+    assert (ring["B32"]["outputs"], ring["B32_reuse4"]["outputs"]) == (1, 4)
+
+
+def test_plain_ring_keeps_a_batch_for_its_outputs():
+    """The plain ring's batch stays valid for as many samples as it has output sets, the
+    guarantee of the Conduit ring it is timed against (reuse_outputs=the same number)."""
+    import numpy as np
+    from conduit_benchmarks.plain_ring import PlainRing
+    ring = PlainRing(100, {"x": np.zeros((1, 3)), "action": np.zeros(1)}, outputs=4)
+    ring.add({"x": np.arange(300.0).reshape(100, 3), "action": np.arange(100.0)})
+    first = ring.sample(8)
+    kept = first["x"].copy()
+    for _ in range(3):
+        assert ring.sample(8)["x"] is not first["x"]
+    np.testing.assert_array_equal(first["x"], kept)
+    assert ring.sample(8)["x"] is first["x"]   # the 5th sample reuses the first one's set
