@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -15,7 +17,7 @@ def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
     """``output_empty``'s array for ``shape`` starting on a 64-byte boundary (malloc gives 16), so
     the native decode may write a large batch with non-temporal stores (aligned ones only)."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize   # (np.prod of a tuple: ~4 us of a decode's ~10 here)
     raw = output_empty(nbytes + 64, np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip:skip + nbytes].view(dtype).reshape(shape)
