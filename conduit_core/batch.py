@@ -29,6 +29,9 @@ class Batch(dict):
       route has one (numpy's view of a handed-out tensor costs more than the reads it serves)
     - ``redraws``: items drawn again by the redraw rule while selecting these rows (a window
       past its episode's stored end; of a draw split into several batches, on the first)
+    - ``holds``: for a batch in a buffer's reused outputs (``reuse_outputs``), the token that keeps
+      that memory from being reused while the batch, a part of it (``split``) or its host copy
+      (``to("cpu")``) lives; None for fresh memory
     """
 
     slots: np.ndarray
@@ -39,11 +42,14 @@ class Batch(dict):
     sources: np.ndarray | None
     n_steps: np.ndarray | None
     redraws: int
+    holds: object | None
 
     def __init__(self, data: dict[str, torch.Tensor], *, slots: np.ndarray, seqs: np.ndarray,
                  versions: np.ndarray, weights: torch.Tensor | None = None, inserted_at_selection: int = 0,
-                 sources: np.ndarray | None = None, n_steps: np.ndarray | None = None, redraws: int = 0):
+                 sources: np.ndarray | None = None, n_steps: np.ndarray | None = None, redraws: int = 0,
+                 holds: object | None = None):
         super().__init__(data)
+        self.holds = holds
         self.slots, self.seqs, self.versions = slots, seqs, versions
         self.weights = weights
         self.inserted_at_selection = inserted_at_selection
@@ -78,7 +84,7 @@ class Batch(dict):
         return Batch(moved, slots=self.slots, seqs=self.seqs, versions=self.versions, weights=w,
                      inserted_at_selection=self.inserted_at_selection, sources=self.sources,
                      n_steps=self.n_steps if torch.device(device).type == "cpu" else None,   # (pooled: host only)
-                     redraws=self.redraws)
+                     redraws=self.redraws, holds=self.holds if torch.device(device).type == "cpu" else None)
 
     def clone(self) -> "Batch":
         """A copy that owns its memory (delivered batches may reuse output buffers)."""
@@ -106,5 +112,5 @@ class Batch(dict):
                              inserted_at_selection=self.inserted_at_selection,
                              sources=None if self.sources is None else self.sources[rows],
                              n_steps=None if self.n_steps is None else self.n_steps[rows],
-                             redraws=self.redraws if i == 0 else 0))
+                             redraws=self.redraws if i == 0 else 0, holds=self.holds))
         return out

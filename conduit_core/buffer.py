@@ -271,31 +271,31 @@ class ExperienceBuffer:
     read = delivery.read
     update_priorities = delivery.update_priorities
 
-
     def reserve_prepared_outputs(self, prepared: int) -> None:
-        """Batches drawn ahead of the learner (a data plane's prepared deliveries, at most
-        ``prepared`` at once) get output entries of their own: a delivered batch stays valid
-        for ``reuse_outputs`` more deliveries to the learner, whatever is prepared meanwhile."""
+        """Output entries made ahead for up to ``prepared`` batches drawn ahead of the learner (a
+        data plane's): its refills then allocate nothing (validity is kept by ``OutputPool.bind``)."""
         if self._out is not None:
             self._out.reserve(prepared)
 
     def weights_tensor(self, weights: np.ndarray | torch.Tensor | None, device=None) -> torch.Tensor | None:
-        """A selection's importance weights as a fresh tensor on ``device`` (a batch whose columns
-        are pooled takes ``pooled_weights`` instead; a tensor is one already)."""
+        """A selection's importance weights as a fresh tensor on ``device`` (pooled: ``pooled_weights``)."""
         if weights is None or isinstance(weights, torch.Tensor):
             return weights
         return torch.from_numpy(weights) if device is None else torch.from_numpy(weights).to(device)
 
     def pooled_weights(self, n: int) -> tuple[np.ndarray, torch.Tensor] | None:
-        """The reused float32 ``[n]`` array (and its tensor) that the next pooled batch's
-        importance weights go into, or None when the buffer keeps no pool. Taking it changes
-        nothing: ``took_pooled_weights`` hands it out once the batch is delivered (the lock held
-        throughout), so a draw that fails or waits uses up no entry."""
+        """The reused float32 ``[n]`` array (and tensor) the next pooled batch's weights go into (None:
+        no pool); ``took_pooled_weights`` hands it out once drawn, so a failed draw uses up none."""
         return None if self._out is None else self._out.next_weights(n)
 
     def took_pooled_weights(self, n: int) -> None:
         """The array ``pooled_weights(n)`` gave now belongs to a delivered batch."""
         self._out.advance_weights(n)
+
+    @property
+    def output_pool(self) -> OutputPool | None:
+        """The reused outputs (``reuse_outputs``; None: fresh memory): draws ``bind`` their batches to them."""
+        return self._out
 
     def gathers_pooled(self, fields=None, device=None) -> bool:
         """Whether ``gather(slots, device, fields)`` returns the output pool's reused host arrays

@@ -91,8 +91,11 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
             weights = weights_out[1]
         elif weights is not None and type(weights) is not torch.Tensor:   # (a pooled window batch's is one)
             weights = buf.weights_tensor(weights, device)
-        return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
-                     inserted_at_selection=ring.inserted, sources=sources, redraws=redraws)
+        batch = Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
+                      inserted_at_selection=ring.inserted, sources=sources, redraws=redraws)
+        if buf.output_pool is not None:
+            buf.output_pool.bind(batch)
+        return batch
 
 
 def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size, weights_out=None,
@@ -150,9 +153,12 @@ def sample_sequences(buf, batch_size: int, length: int, *, device=None, timeout:
         data["mask"] = torch.from_numpy(mask).to(dev)
         buf.counts.sampled += batch_size
         buf.lock.notify_all()
-        return Batch(data, slots=starts, seqs=ring.meta["seq"][starts], versions=ring.meta["version"][starts],
-                     weights=None if weights is None else torch.from_numpy(weights).to(dev),
-                     inserted_at_selection=ring.inserted)
+        batch = Batch(data, slots=starts, seqs=ring.meta["seq"][starts], versions=ring.meta["version"][starts],
+                      weights=None if weights is None else torch.from_numpy(weights).to(dev),
+                      inserted_at_selection=ring.inserted)
+        if buf.output_pool is not None:
+            buf.output_pool.bind(batch)
+        return batch
 
 
 def take(buf, batch_size: int | None = None, *, policy_version: int | None = None,
@@ -219,7 +225,10 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
             ring.consume_through(int(seqs[-1]))
         buf.counts.sampled += k
         buf.lock.notify_all()
-        return Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=ring.inserted)
+        batch = Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=ring.inserted)
+        if buf.output_pool is not None:
+            buf.output_pool.bind(batch)
+        return batch
 
 
 def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None,

@@ -99,7 +99,7 @@ def split_rows(batch: Batch, size: int) -> list[Batch]:
                          inserted_at_selection=batch.inserted_at_selection,
                          sources=None if batch.sources is None else batch.sources[s:e],
                          n_steps=None if batch.n_steps is None else batch.n_steps[s:e],
-                         redraws=batch.redraws if s == 0 else 0))
+                         redraws=batch.redraws if s == 0 else 0, holds=batch.holds))
     return out
 
 

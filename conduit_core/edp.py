@@ -202,6 +202,8 @@ class ExperienceDataPlane(PlacementMixin):
                         self._prepared.add_locked(prepared[1:])
                 else:
                     self._metrics.count("prefetch_hits")
+            if self.buffer.output_pool is not None:   # kept for the learner's next batches, whatever is redrawn
+                self.buffer.output_pool.hold(batch)
             with self._cond.mutex:
                 self._cond.notify_all()
             return batch

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import math
+import weakref
 
 import numpy as np
 import torch
@@ -41,38 +43,56 @@ class OutputPool:
     of the same shape. Avoids first-touch page faults on large gathers, and keeps each array's
     tensor view, so a delivery wraps no arrays.
 
-    Batches drawn ahead of the learner (a data plane's prepared deliveries) take entries too,
-    before the learner has them, and those a guard discards never reach it: ``reserve`` sizes
-    the rings for that, so the learner's batches keep their ``kept`` deliveries of validity
-    whatever is prepared (and thrown away) meanwhile."""
+    What keeps a batch's memory from being reused is held, not counted: each entry a draw
+    fills is bound (``bind``) to a token its Batch carries (``Batch.holds``, shared with its
+    parts), and an entry whose token is alive is never handed out again: the ring grows a
+    fresh entry in its place. The pool holds the tokens of the last ``kept`` draws, and a data
+    plane those of the last ``kept`` batches it handed to the learner (``hold``), so that
+    prepared batches discarded, failed draws and a pool grown mid-run never use up a learner's
+    batch before its ``kept`` deliveries, whether or not the learner keeps its Batch object."""
 
     def __init__(self, depth: int, layout: dict[str, tuple[tuple[int, ...], np.dtype]]):
         self.kept, self.depth, self.layout = depth, depth, layout
-        self._rings: dict[tuple, list[tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]]] = {}
+        self._rings: dict[tuple, list[_Entry]] = {}   # per kind and shape: entries, oldest first from the cursor
         self._next: dict[tuple, int] = {}
-        self._weights: dict[int, list[tuple[np.ndarray, torch.Tensor]]] = {}
-        self._next_weights: dict[int, int] = {}
+        self._taken: list[_Entry] = []                 # entries filled since the last bind
+        self._drawn: collections.deque = collections.deque(maxlen=depth)    # the last draws' tokens
+        self._handed: collections.deque = collections.deque(maxlen=depth)   # a data plane's last hand-outs
 
     def reserve(self, prepared: int) -> None:
-        """Room for up to ``prepared`` batches drawn ahead at a time. Between a batch's delivery
-        and the ``kept``-th after it, a data plane draws at most ``prepared`` ahead after each
-        delivery and one at each (all prepared ones discarded, as a priority update makes them
-        stale): ``kept * (prepared + 1)`` entries keep it. The pool only grows (an entry in use is
-        never dropped); rings grow at their next use."""
+        """Room for up to ``prepared`` batches drawn ahead at a time: entries made ahead of use
+        (``kept * (prepared + 1)``), so that a data plane's refills allocate nothing in the
+        steady state. Validity does not depend on it (tokens do); rings grow at their next use."""
         self.depth = max(self.depth, self.kept * (max(0, int(prepared)) + 1))
+
+    def _due(self, key: tuple, make, spare: int = 0) -> "_Entry":
+        """The entry the next batch of ``key`` fills: the oldest, unless a live batch still
+        holds it or the ring is short of ``depth + spare``; then a fresh one, made in its
+        place, so that the ring keeps its order (oldest first from the cursor)."""
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = []
+            self._next[key] = 0
+        i = self._next[key]
+        if len(ring) < self.depth + spare or ring[i].held():
+            ring.insert(i, _Entry(make()))
+        return ring[i]
+
+    def _advance(self, key: tuple) -> None:
+        ring, i = self._rings[key], self._next[key]
+        self._taken.append(ring[i])
+        self._next[key] = (i + 1) % len(ring)
 
     def get(self, lead: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
         """The next (arrays, their tensor views) for batches of leading shape ``lead``."""
-        ring = self._rings.get(lead)
-        if ring is None:
-            ring = self._rings[lead] = []
-            self._next[lead] = 0
-        while len(ring) < self.depth:
+        key = ("rows", lead)
+
+        def make():
             arrays = {name: np.empty((*lead, *shape), dtype=dt) for name, (shape, dt) in self.layout.items()}
-            ring.append((arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}))
-        i = self._next[lead]
-        self._next[lead] = (i + 1) % len(ring)
-        return ring[i]
+            return arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}
+        entry = self._due(key, make)
+        self._advance(key)
+        return entry.payload
 
     def windows(self, b: int, names: tuple[str, ...]) -> "WindowOutputs":
         """The next entry for a batch of ``b`` n-step windows of the stored fields ``names`` (the
@@ -81,19 +101,12 @@ class OutputPool:
         no arrays; a draw that fails may have written into it, so the ring keeps one entry more
         than ``depth``: the one due next is never a batch still valid. Valid as long as a pooled
         1-step batch."""
-        key = (b, names)
-        ring = self._rings.get(key)
-        if ring is None:
-            ring = self._rings[key] = []
-            self._next[key] = 0
-        while len(ring) < self.depth + 1:
-            ring.append(WindowOutputs(b, {name: self.layout[name] for name in names}))
-        return ring[self._next[key]]
+        return self._due(("windows", b, names), lambda: WindowOutputs(b, {name: self.layout[name] for name in names}),
+                         spare=1).payload
 
     def took_windows(self, b: int, names: tuple[str, ...]) -> None:
         """The entry ``windows(b, names)`` gave is handed out: the next batch gets the one after it."""
-        key = (b, names)
-        self._next[key] = (self._next[key] + 1) % len(self._rings[key])
+        self._advance(("windows", b, names))
 
     def next_weights(self, n: int) -> tuple[np.ndarray, torch.Tensor]:
         """The next of the pool's reused float32 ``[n]`` arrays for a batch's importance weights,
@@ -101,23 +114,58 @@ class OutputPool:
         the weights straight into it (wrapping a fresh array costs more than the draw's weights),
         and a draw that fails leaves the ring where it was. Valid as long as the batch's other
         outputs."""
-        ring = self._weights.get(n)
-        if ring is None:
-            ring = self._weights[n] = []
-            self._next_weights[n] = 0
-        while len(ring) < self.depth:
+        def make():
             a = np.empty(n, dtype=np.float32)
-            ring.append((a, torch.from_numpy(a)))
-        i = self._next_weights[n]
-        array, tensor = ring[i]
-        if tensor.shape != array.shape or tensor.requires_grad:   # changed in place by an earlier batch
-            tensor = torch.from_numpy(array)
-            ring[i] = (array, tensor)
-        return array, tensor
+            return [a, torch.from_numpy(a)]
+        entry = self._due(("weights", n), make)
+        pair = entry.payload
+        if pair[1].shape != pair[0].shape or pair[1].requires_grad:   # changed in place by an earlier batch
+            pair[1] = torch.from_numpy(pair[0])
+        return pair[0], pair[1]
 
     def advance_weights(self, n: int) -> None:
         """The entry ``next_weights(n)`` gave is handed out: the next batch gets the one after it."""
-        self._next_weights[n] = (self._next_weights[n] + 1) % len(self._weights[n])
+        self._advance(("weights", n))
+
+    def bind(self, batch) -> None:
+        """The entries filled since the last bind now belong to ``batch``: a token for them goes
+        on ``batch.holds`` (its parts share it), and they are not reused while it lives. Called
+        once per draw, the lock held, once its Batch exists; entries a failed draw filled go
+        to the next bind (held a little longer: memory, never data)."""
+        if not self._taken:
+            return
+        token = _Token()
+        ref = weakref.ref(token)
+        for entry in self._taken:
+            entry.ref = ref
+        self._taken.clear()
+        batch.holds = token
+        self._drawn.append(token)
+
+    def hold(self, batch) -> None:
+        """``batch`` was handed to the learner by a data plane that draws ahead: its memory is
+        kept for the learner's next ``kept`` batches, whatever is drawn and discarded meanwhile."""
+        if batch.holds is not None:
+            self._handed.append(batch.holds)
+
+
+class _Entry:
+    """One reusable output of a ring, and the token of the batch that holds it (a weakref)."""
+
+    __slots__ = ("payload", "ref")
+
+    def __init__(self, payload):
+        self.payload, self.ref = payload, None
+
+    def held(self) -> bool:
+        ref = self.ref
+        return ref is not None and ref() is not None
+
+
+class _Token:
+    """What a pooled batch holds (``Batch.holds``): its entries are not reused while it lives."""
+
+    __slots__ = ("__weakref__",)
 
 
 class WindowOutputs:

@@ -132,6 +132,8 @@ class PreparedReplay:
                         value = None if on_handout is None else on_handout(p.batch)
             if p.prepared is None and self._prepare is not None:
                 p.prepared = self._prepare(p.batch)
+        if self._buffer.output_pool is not None:   # kept for the learner's next batches, whatever is redrawn
+            self._buffer.output_pool.hold(p.batch)
         with self._cond:
             self._cond.notify_all()  # the worker prepares the next ones
         return p, value

@@ -113,6 +113,8 @@ class PooledWindowDraw:
             if cond.waiters:
                 cond.notify_all()
             seqs, versions, sources = ring.gather_meta(slots)
-            return Batch(data, slots=slots, seqs=seqs, versions=versions, weights=out_weights,
-                         inserted_at_selection=ring.inserted, sources=sources, n_steps=walked["n_step"],
-                         redraws=drawn - b)
+            batch = Batch(data, slots=slots, seqs=seqs, versions=versions, weights=out_weights,
+                          inserted_at_selection=ring.inserted, sources=sources, n_steps=walked["n_step"],
+                          redraws=drawn - b)
+            pool.bind(batch)
+            return batch
