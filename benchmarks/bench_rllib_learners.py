@@ -44,7 +44,7 @@ def build(system: str, num_learners: int, a) -> object:
     algo = cfg.build_algo()
     timer = PathTimer()
     if num_learners == 0:
-        timer.instrument(algo)  # buffer methods + the local learner's connector
+        timer.instrument(algo)  # buffer methods + the local learner's batch building
     else:
         buf = algo.local_replay_buffer
         for name in ("add", "sample", "update_priorities", "get_metrics"):
@@ -55,8 +55,9 @@ def build(system: str, num_learners: int, a) -> object:
 
 
 def _instrument_learner(learner) -> None:
-    """Runs inside a learner process: PathTimer's connector wrapper, kept there (defined here,
-    so Ray ships it by value and the learner needs no import of this module)."""
+    """Runs inside a learner process: PathTimer's wrapper of the learner's whole batch building
+    (``_create_iterator_if_necessary``: the connector, RLlib's batch wrapping, the iterator), kept
+    there (defined here, so Ray ships it by value and the learner needs no import of this module)."""
     import time as _t
     stats = {"seconds": 0.0, "calls": 0}
 
@@ -74,7 +75,7 @@ def _instrument_learner(learner) -> None:
 
         def __getattr__(self, item):
             return getattr(self._inner, item)
-    learner._learner_connector = Timed(learner._learner_connector)
+    learner._create_iterator_if_necessary = Timed(learner._create_iterator_if_necessary)
     learner._conduit_bench_stats = stats
 
 
@@ -117,7 +118,7 @@ def run_block(algo, num_learners: int, iters: int) -> dict:
         per = _learner_stats(algo, reset=False)
         conn = max((s["seconds"] for s in per), default=0.0) / steps * 1e3
         br["delivery"] = br.get("delivery", 0.0) + conn
-        br["learner_connector_max"] = conn
+        br["learner_batch_max"] = conn
         br["exposed"] = sum(v for k, v in br.items() if k in ("ingestion", "delivery", "priorities", "metrics"))
     return {"iter_s": dt / iters, "breakdown": br, "exposed_ms": br.get("exposed", 0.0), "returns": ret,
             "steps": timer.steps, "trained_lifetime": last, "_t": dt}

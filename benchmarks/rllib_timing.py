@@ -5,7 +5,9 @@ learner connector, so 'exposed experience-path latency' means one thing for both
 the caller-blocked time of
 
     ingestion   buffer.add(episodes)
-    delivery    buffer.sample(...) + the learner connector (episodes/batch -> tensors on device)
+    delivery    buffer.sample(...) + the learner's whole batch building: ``Learner._create_iterator_if_necessary``
+                (the learner connector, episodes/batch -> tensors on device, then RLlib's
+                ``MultiAgentBatch``/``SampleBatch`` wrapping, slicing flags and the minibatch iterator)
     priorities  buffer.update_priorities(td_errors)
     metrics     buffer.get_metrics()
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-CATEGORIES = {"add": "ingestion", "sample": "delivery", "learner_connector": "delivery",
+CATEGORIES = {"add": "ingestion", "sample": "delivery", "learner_batch": "delivery",
               "update_priorities": "priorities", "get_metrics": "metrics",
               # PPO: the learner connector (GAE...) is ingestion; minibatching is delivery
               "ppo_connector": "ingestion", "minibatching": "delivery"}
@@ -55,8 +57,8 @@ class PathTimer:
         learner = algo.learner_group._learner
         if learner is None:
             raise RuntimeError("PathTimer needs a local learner (num_learners=0)")
-        learner._learner_connector = _TimedConnector(learner._learner_connector, self.timed("learner_connector",
-                                                                                             learner._learner_connector))
+        # the whole learner-side batch building, connector included (issue 18: RLlib's batch wrapping counted)
+        learner._create_iterator_if_necessary = self.timed("learner_batch", learner._create_iterator_if_necessary)
 
     def _instrument_ppo(self, algo) -> None:
         """PPO: one step = one learner update. Ingestion = the learner connector pipeline;

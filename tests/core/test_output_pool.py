@@ -175,11 +175,13 @@ def test_a_pooled_window_batch_survives_one_more_delivery_and_keeps_its_in_place
     held["n_step"].requires_grad_(False)
     held.weights.unsqueeze_(1)
     held["reward"].requires_grad_()
+    obs = held["obs"]
+    del held   # (a Batch alive is never reused: the learner keeps only a tensor)
     buf.sample(16, n_step=(2, 5), episode_end="redraw")   # (a window ring keeps one entry spare)
     fourth = buf.sample(16, n_step=(2, 5), episode_end="redraw")   # reuses held's memory
     assert fourth["obs"].shape == (16, 3) and fourth.weights.shape == (16,)
-    assert not fourth["reward"].requires_grad and fourth["obs"] is not held["obs"]
-    assert fourth["obs"].data_ptr() == held["obs"].data_ptr()      # (the same pooled memory)
+    assert not fourth["reward"].requires_grad and fourth["obs"] is not obs
+    assert fourth["obs"].data_ptr() == obs.data_ptr()      # (the same pooled memory)
     buf.close()
 
 
