@@ -26,7 +26,7 @@ import torch
 
 from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized, Uniform
 
-from .common import fmt_table, machine, median, memcpy_bandwidth, ratio_stats, time_per_call, write_json
+from .common import fmt_table, machine, median, memcpy_bandwidth, paired_times, ratio_stats, time_per_call, write_json
 from .plain_ring import plain_ring_entry
 from .torchrl_peer import TorchRLArm, render_torchrl, torchrl_available
 
@@ -159,9 +159,7 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
                 if prioritized:
                     buf.update_priorities(b.slots, np.random.random(B), seqs=b.seqs)
                 return b
-            t_c = time_per_call(c_step, calls=calls, reps=reps)
-            t_cf = time_per_call(lambda: c_step(cf), calls=calls, reps=reps)
-            entry = {"conduit_s": median(t_c), "conduit_fresh_s": median(t_cf)}
+            arms = {"conduit": (c_step, calls), "fresh": (lambda: c_step(cf), calls)}
             if rb is not None:
                 def r_step():
                     eps = rb.sample(num_items=B, n_step=1, gamma=0.99, beta=0.4 if prioritized else None,
@@ -170,11 +168,18 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
                     if prioritized:
                         rb.update_priorities(np.random.random(B))
                     return cols_
-                t_r = time_per_call(r_step, calls=max(3, calls // 50), reps=reps)
+                arms["rllib"] = (r_step, max(3, calls // 50))
+            if trl is not None:   # TorchRL returns fresh tensors: compared with both Conduit arms
+                arms["torchrl"] = (lambda: trl.step(B), calls)
+            t = paired_times(arms, reps=reps)   # (repetitions in turns: the ratios are paired)
+            t_c, t_cf = t["conduit"], t["fresh"]
+            entry = {"conduit_s": median(t_c), "conduit_fresh_s": median(t_cf)}
+            if rb is not None:
+                t_r = t["rllib"]
                 entry |= {"rllib_s": median(t_r), "speedup": ratio_stats(t_r, t_c),
                           "speedup_fresh": ratio_stats(t_r, t_cf)}
-            if trl is not None:   # TorchRL returns fresh tensors: compared with both Conduit arms
-                t_t = time_per_call(lambda: trl.step(B), calls=calls, reps=reps)
+            if trl is not None:
+                t_t = t["torchrl"]
                 entry |= {"torchrl_s": median(t_t), "speedup_vs_torchrl": ratio_stats(t_t, t_c),
                           "speedup_vs_torchrl_fresh": ratio_stats(t_t, t_cf)}
             if kind == "atari":
@@ -226,11 +231,9 @@ def nstep_entry(cb, rb, B: int, prioritized: bool, *, calls: int, reps: int) -> 
         if prioritized:
             cb.update_priorities(b.slots, np.random.random(B), seqs=b.seqs)
         return b
-    t_c = time_per_call(c_step, calls=calls, reps=reps)
-    entry = {"rule": rule, "conduit_s": median(t_c)}
+    arms = {"conduit": (c_step, calls)}
     if prioritized:
-        t_s = time_per_call(lambda: c_step("shorten"), calls=calls, reps=reps)
-        entry |= {"conduit_shorten_s": median(t_s), "redraw_over_shorten": ratio_stats(t_c, t_s)}
+        arms["shorten"] = (lambda: c_step("shorten"), calls)
     if rb is not None:
         def r_step():
             eps = rb.sample(num_items=B, n_step=(2, 5), gamma=0.99, beta=0.4 if prioritized else None,
@@ -239,8 +242,14 @@ def nstep_entry(cb, rb, B: int, prioritized: bool, *, calls: int, reps: int) -> 
             if prioritized:
                 rb.update_priorities(np.random.random(len(eps)))
             return cols_
-        t_r = time_per_call(r_step, calls=max(3, calls // 50), reps=reps)
-        entry |= {"rllib_s": median(t_r), "speedup": ratio_stats(t_r, t_c)}
+        arms["rllib"] = (r_step, max(3, calls // 50))
+    t = paired_times(arms, reps=reps)
+    t_c = t["conduit"]
+    entry = {"rule": rule, "conduit_s": median(t_c)}
+    if prioritized:
+        entry |= {"conduit_shorten_s": median(t["shorten"]), "redraw_over_shorten": ratio_stats(t_c, t["shorten"])}
+    if rb is not None:
+        entry |= {"rllib_s": median(t["rllib"]), "speedup": ratio_stats(t["rllib"], t_c)}
     return entry
 
 

@@ -24,6 +24,22 @@ def time_per_call(fn: Callable[[], object], *, calls: int, reps: int) -> list[fl
     return out
 
 
+def paired_times(arms: dict[str, tuple[Callable[[], object], int]], *, reps: int) -> dict[str, list[float]]:
+    """Seconds per call of each arm ``{name: (fn, calls)}``, one value per repetition, the arms
+    taken in turns (repetition i of every arm before repetition i + 1 of any): ratios of the
+    same repetition (``ratio_stats``) then compare the same stretch of a noisy machine."""
+    for fn, _ in arms.values():
+        fn()  # warm-up
+    out: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(reps):
+        for name, (fn, calls) in arms.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out[name].append((time.perf_counter() - t0) / calls)
+    return out
+
+
 def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 

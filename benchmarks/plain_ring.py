@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from .common import median, ratio_stats, time_per_call
+from .common import median, paired_times, ratio_stats
 
 
 class PlainRing:
@@ -77,8 +77,9 @@ def plain_ring_entry(kind: str, cols: list[dict], fill: int, batch_sizes, *, cal
             entry |= {"insert_per_s": median(ins_p), "conduit_insert_per_s": median(ins_c),
                       "insert_ratio": median(ins_c) / median(ins_p)}
         for B in batch_sizes:
-            t_p = time_per_call(lambda: ring.sample(B), calls=calls, reps=reps)
-            t_c = time_per_call(lambda: cb.sample(B), calls=calls, reps=reps)
+            t = paired_times({"ring": (lambda: ring.sample(B), calls), "conduit": (lambda: cb.sample(B), calls)},
+                             reps=reps)   # (repetitions in turns: the ratios are paired)
+            t_p, t_c = t["ring"], t["conduit"]
             key = f"B{B}" if d == depths[0] else f"B{B}_reuse{d}"
             entry[key] = {"plain_s": median(t_p), "conduit_s": median(t_c), "ratio": ratio_stats(t_c, t_p),
                           "outputs": d}
