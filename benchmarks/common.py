@@ -27,12 +27,15 @@ def time_per_call(fn: Callable[[], object], *, calls: int, reps: int) -> list[fl
 def paired_times(arms: dict[str, tuple[Callable[[], object], int]], *, reps: int) -> dict[str, list[float]]:
     """Seconds per call of each arm ``{name: (fn, calls)}``, one value per repetition, the arms
     taken in turns (repetition i of every arm before repetition i + 1 of any): ratios of the
-    same repetition (``ratio_stats``) then compare the same stretch of a noisy machine."""
-    for fn, _ in arms.values():
-        fn()  # warm-up
+    same repetition (``ratio_stats``) then compare the same stretch of a noisy machine. Each
+    repetition starts with a tenth of its calls untimed, so that it times the arm's steady
+    state, as a run of the arm alone does, not the caches the arm before it left (a cold
+    path is what the benches inside RLlib's runs measure)."""
     out: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(reps):
         for name, (fn, calls) in arms.items():
+            for _ in range(max(1, calls // 10)):
+                fn()  # warm-up
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
