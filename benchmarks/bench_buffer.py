@@ -199,12 +199,12 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
     return result
 
 
-def take_limit(cb: ExperienceBuffer, B: int, fill: int, *, calls: int, reps: int, depth: int = 4) -> float:
-    """GB/s of the least a gather of obs and next obs can cost on this ring: one ``np.take``
-    per column into reused outputs, of uniform random rows, nothing else (no selection, no
-    other fields, no batch): the issue's "np.take-into-output limit". ``depth`` output sets are
-    used in turn, as the Conduit arm's pool does (``reuse_outputs=4``: a batch stays valid for 4
-    more deliveries); with ``depth=1`` the one output stays in cache, a limit no pool reaches."""
+def take_call(cb: ExperienceBuffer, B: int, fill: int, depth: int = 4):
+    """(one call, bytes it delivers) of the least a gather of obs and next obs can cost on this
+    ring: one ``np.take`` per column into reused outputs, of uniform random rows, nothing else (no
+    selection, no other fields, no batch): the issue's "np.take-into-output limit". ``depth``
+    output sets are used in turn, as a Conduit pool of ``reuse_outputs=depth`` does; with
+    ``depth=1`` the one output stays in cache."""
     rng = np.random.default_rng(1)
     cols = [cb.storage.host_view(name) for name in ("obs", "next_obs")]
     outs = [[np.empty((B, *c.shape[1:]), c.dtype) for c in cols] for _ in range(depth)]
@@ -216,8 +216,13 @@ def take_limit(cb: ExperienceBuffer, B: int, fill: int, *, calls: int, reps: int
         turn[0] += 1
         for c, o in zip(cols, out):
             np.take(c, idx, axis=0, out=o, mode="clip")   # numpy buffers out= under mode='raise'
-    t = time_per_call(take, calls=calls, reps=reps)
-    return sum(o.nbytes for o in outs[0]) / median(t) / 1e9
+    return take, sum(o.nbytes for o in outs[0])
+
+
+def take_limit(cb: ExperienceBuffer, B: int, fill: int, *, calls: int, reps: int, depth: int = 4) -> float:
+    """GB/s of ``take_call``'s gather on this ring (medians of ``reps``)."""
+    take, nbytes = take_call(cb, B, fill, depth)
+    return nbytes / median(time_per_call(take, calls=calls, reps=reps)) / 1e9
 
 
 def nstep_entry(cb, rb, B: int, prioritized: bool, *, calls: int, reps: int) -> dict:
