@@ -65,16 +65,22 @@ class OutputPool:
         steady state. Validity does not depend on it (tokens do); rings grow at their next use."""
         self.depth = max(self.depth, self.kept * (max(0, int(prepared)) + 1))
 
-    def _due(self, key: tuple, make, spare: int = 0) -> "_Entry":
+    def _due(self, key: tuple, make) -> "_Entry":
         """The entry the next batch of ``key`` fills: the oldest, unless a live batch still
-        holds it or the ring is short of ``depth + spare``; then a fresh one, made in its
-        place, so that the ring keeps its order (oldest first from the cursor)."""
+        holds it or the ring is short of ``depth + 1`` (the last ``kept`` draws are held, and a
+        failed draw writes into the one due next); then a fresh one, made in its
+        place, so that the ring keeps its order (oldest first from the cursor). Entries a ring
+        grew for batches held long are dropped as they come free (the memory is returned)."""
         ring = self._rings.get(key)
         if ring is None:
             ring = self._rings[key] = []
             self._next[key] = 0
-        i = self._next[key]
-        if len(ring) < self.depth + spare or ring[i].held():
+        i, want = self._next[key], self.depth + 1
+        while len(ring) > want and not ring[i].held():   # grown for batches held, since let go: shrink back
+            ring.pop(i)
+            i = 0 if i == len(ring) else i
+        self._next[key] = i
+        if len(ring) < want or ring[i].held():
             ring.insert(i, _Entry(make()))
         return ring[i]
 
@@ -101,8 +107,8 @@ class OutputPool:
         no arrays; a draw that fails may have written into it, so the ring keeps one entry more
         than ``depth``: the one due next is never a batch still valid. Valid as long as a pooled
         1-step batch."""
-        return self._due(("windows", b, names), lambda: WindowOutputs(b, {name: self.layout[name] for name in names}),
-                         spare=1).payload
+        return self._due(("windows", b, names),
+                         lambda: WindowOutputs(b, {name: self.layout[name] for name in names})).payload
 
     def took_windows(self, b: int, names: tuple[str, ...]) -> None:
         """The entry ``windows(b, names)`` gave is handed out: the next batch gets the one after it."""

@@ -196,3 +196,19 @@ def test_steady_state_reuses_a_bounded_pool():
     for _ in range(50):
         seen.add(buf.sample(16)["obs"].data_ptr())
     assert len(seen) == 3
+
+
+def test_batches_held_long_grow_the_pool_and_it_shrinks_back_once_let_go():
+    """A learner keeping many batches alive gets memory of its own for each (never a shared
+    one); once it lets them go, the pool returns to k + 1 entries."""
+    buf = make(reuse=2)
+    kept = [buf.sample(16) for _ in range(10)]
+    ptrs = {b["obs"].data_ptr() for b in kept}
+    assert len(ptrs) == 10
+    snaps = [snap(b) for b in kept]
+    for _ in range(5):
+        buf.sample(16)
+    assert all(same(b, s) for b, s in zip(kept, snaps))
+    del kept
+    seen = {buf.sample(16)["obs"].data_ptr() for _ in range(30)}
+    assert len(seen) == 3
