@@ -25,8 +25,9 @@ import time
 
 import numpy as np
 
-from .bench_buffer import SHAPES, conduit_buffer, conduit_columns, make_rollouts, take_call
+from .bench_buffer import SHAPES, conduit_buffer, conduit_columns, make_rollouts
 from .common import machine, median, memcpy_bandwidth, paired_times, ratio_stats, write_json
+from .gather_limit import take_call
 
 
 def fill_full(buf, pool: list[dict]) -> float:

@@ -1,0 +1,37 @@
+"""The np.take-into-output limit of an Atari gather (issue 18's "at least 75% of the
+np.take-into-output limit"), on a Conduit ring's own columns: ``bench_buffer`` and
+``bench_atari_gather`` compare Conduit's gathers with it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conduit_core import ExperienceBuffer
+
+from .common import median, time_per_call
+
+
+def take_call(cb: ExperienceBuffer, B: int, fill: int, depth: int = 4):
+    """(one call, bytes it delivers) of the least a gather of obs and next obs can cost on this
+    ring: one ``np.take`` per column into reused outputs, of uniform random rows, nothing else (no
+    selection, no other fields, no batch): the issue's "np.take-into-output limit". ``depth``
+    output sets are used in turn, as a Conduit pool of ``reuse_outputs=depth`` does; with
+    ``depth=1`` the one output stays in cache."""
+    rng = np.random.default_rng(1)
+    cols = [cb.storage.host_view(name) for name in ("obs", "next_obs")]
+    outs = [[np.empty((B, *c.shape[1:]), c.dtype) for c in cols] for _ in range(depth)]
+    draws = [rng.integers(0, fill, B) for _ in range(64)]   # drawn beforehand: the gather alone
+    turn = [0]
+
+    def take():
+        idx, out = draws[turn[0] % 64], outs[turn[0] % depth]
+        turn[0] += 1
+        for c, o in zip(cols, out):
+            np.take(c, idx, axis=0, out=o, mode="clip")   # numpy buffers out= under mode='raise'
+    return take, sum(o.nbytes for o in outs[0])
+
+
+def take_limit(cb: ExperienceBuffer, B: int, fill: int, *, calls: int, reps: int, depth: int = 4) -> float:
+    """GB/s of ``take_call``'s gather on this ring (medians of ``reps``)."""
+    take, nbytes = take_call(cb, B, fill, depth)
+    return nbytes / median(time_per_call(take, calls=calls, reps=reps)) / 1e9
