@@ -28,9 +28,10 @@ def paired_times(arms: dict[str, tuple[Callable[[], object], int]], *, reps: int
     """Seconds per call of each arm ``{name: (fn, calls)}``, one value per repetition, the arms
     taken in turns (repetition i of every arm before repetition i + 1 of any): ratios of the
     same repetition (``ratio_stats``) then compare the same stretch of a noisy machine. Each
-    repetition starts with a tenth of its calls untimed, so that it times the arm's steady
-    state, as a run of the arm alone does, not the caches the arm before it left (a cold
-    path is what the benches inside RLlib's runs measure)."""
+    repetition starts with a tenth of its calls untimed: that re-warms the arm's call path, but
+    it does not give back the data cache the arm before it evicted, so an arm whose working set
+    is large (a 1M-leaf priority tree) times slower here than alone, as it would inside a
+    learner whose update evicts it too (docs/benchmarks.md §1 gives both)."""
     out: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(reps):
         for name, (fn, calls) in arms.items():
