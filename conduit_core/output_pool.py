@@ -66,27 +66,40 @@ class OutputPool:
         self.depth = max(self.depth, self.kept * (max(0, int(prepared)) + 1))
 
     def _due(self, key: tuple, make) -> "_Entry":
-        """The entry the next batch of ``key`` fills: the oldest, unless a live batch still
-        holds it or the ring is short of ``depth + 1`` (the last ``kept`` draws are held, and a
-        failed draw writes into the one due next); then a fresh one, made in its
-        place, so that the ring keeps its order (oldest first from the cursor). Entries a ring
-        grew for batches held long are dropped as they come free (the memory is returned)."""
+        """The entry the next batch of ``key`` fills: the oldest one no live batch holds. Entries
+        still held (a learner keeping a batch long) are stepped over, keeping their order; a
+        fresh entry is made only when the ring is short of ``depth + 1`` (the last ``kept`` draws
+        are held, and a failed draw writes into the one due next) or every entry is held. A ring
+        grown for batches held long drops its free entries beyond ``depth + 1`` (but the one it
+        fills), so a batch kept for the whole run costs one entry, not an allocation per draw."""
         ring = self._rings.get(key)
         if ring is None:
             ring = self._rings[key] = []
             self._next[key] = 0
-        i, want = self._next[key], self.depth + 1
-        while len(ring) > want and not ring[i].held():   # grown for batches held, since let go: shrink back
-            ring.pop(i)
-            i = 0 if i == len(ring) else i
-        self._next[key] = i
-        if len(ring) < want or ring[i].held():
+        i, n = self._next[key], len(ring)
+        free = _first_free(ring, i, n) if n > self.depth else None
+        if free is None:   # short of depth + 1, or every entry held: grow, in age order
             ring.insert(i, _Entry(make()))
+            return ring[i]
+        if free != i:      # held entries stepped over: the free one moves to the cursor
+            entry = ring.pop(free)
+            i -= free < i
+            ring.insert(i, entry)
+        while n > self.depth + 1:   # grown for batches held, since let go: return the memory
+            spare = _first_free(ring, (i + 1) % n, n - 1)
+            if spare is None:
+                break
+            ring.pop(spare)
+            i -= spare < i
+            n -= 1
+        self._next[key] = i
         return ring[i]
 
     def _advance(self, key: tuple) -> None:
         ring, i = self._rings[key], self._next[key]
-        self._taken.append(ring[i])
+        entry = ring[i]
+        entry.ref = _pending   # held until its draw's bind (or a later one, if the draw fails)
+        self._taken.append(entry)
         self._next[key] = (i + 1) % len(ring)
 
     def get(self, lead: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
@@ -166,6 +179,21 @@ class _Entry:
     def held(self) -> bool:
         ref = self.ref
         return ref is not None and ref() is not None
+
+
+def _pending():
+    """The ``ref`` of an entry filled by a draw not yet bound: held (never the draw's next entry)."""
+    return True
+
+
+def _first_free(ring: list["_Entry"], start: int, count: int) -> int | None:
+    """The index of the first entry no batch holds among ``count`` from ``start`` (wrapping)."""
+    n = len(ring)
+    for k in range(count):
+        j = (start + k) % n
+        if not ring[j].held():
+            return j
+    return None
 
 
 class _Token:
