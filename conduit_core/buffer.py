@@ -25,21 +25,20 @@ import torch
 from .buffer_state import capture_state, check_state_for, restore_state, same_layout, state_layout
 from .episodes import EpisodeWalk
 from .errors import CapacityError, ClosedError, ConfigError
-from . import insertion, source_commit, writer_placement
+from . import delivery, insertion, source_commit, writer_placement
 from .memory import check_layout_fits
 from .output_pool import OutputPool
 from .rate_limiter import RateLimiter
 from .rate_gate import BufferCondition
 from .sampling_args import SamplingChecks
 from .ring import Ring
-from . import delivery
-from .delivery import DeliveryCounts
 from .selectors import Fifo, Prioritized, Selector, Uniform
 from .shard_loss import ShardLoss, ShardLossRecovery
 from .spec import ExperienceSpec
 from .shards import ShardSpec
 from .storage import ColumnarStorage
 from .inline_insert import InlineInsert
+from .row_draw import PooledRowDraw
 from .window_draw import PooledWindowDraw
 from .tiers import Tier
 
@@ -92,7 +91,7 @@ class ExperienceBuffer:
             raise
         self.rng = np.random.default_rng(seed)
         self._seed = seed
-        self.counts = DeliveryCounts()   # items delivered, and FIFO items dropped as stale
+        self.counts = delivery.DeliveryCounts()   # items delivered, and FIFO items dropped as stale
         self.dual_writer = None   # an active Migration (see migration.py) receives every insert and eviction
         # storage operations run through it: a lost remote shard's rows leave, reported, and the
         # operation runs again on a new shard (shard_loss.py); run_storage(op) is its run
@@ -103,8 +102,9 @@ class ExperienceBuffer:
         self.lock = self._cond   # the buffer's lock and condition, for its parts (read-only)
         self.closed = False   # (read-only for others: hot paths test it without a Python call)
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
-        # redraw-rule windows into that pool in a few frames (None: no pool; see window_draw.py)
-        self.pooled_windows = None if self._out is None else PooledWindowDraw(self, self._out)
+        # 1-step batches and redraw-rule windows into that pool in a few frames (row_draw.py, window_draw.py)
+        self.pooled_rows, self.pooled_windows = (None, None) if self._out is None else (
+            PooledRowDraw(self, self._out), PooledWindowDraw(self, self._out))
         self.inline_insert = InlineInsert(self)   # an ingest call's rollouts stored in a few frames (inline_insert.py)
 
     # ------------------------------------------------------------ properties

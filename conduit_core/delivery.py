@@ -54,6 +54,10 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     drawn twice keeps its draws' order), weights with them; the draw itself is the same. For a
     framework that hands its batches out so (SRL sorts its gather indices): the gather reads
     the ring in order and the adapter need not permute the batch after it."""
+    if n_step is None and device is None and fields is None and not in_slot_order and buf.pooled_rows is not None:
+        batch = buf.pooled_rows.sample(batch_size, gamma, beta, episode_end)   # (row_draw.py: the same batch)
+        if batch is not None:
+            return batch
     if buf.selector.consumes:
         raise ConfigError("selector", "uniform or prioritized for sample()", "fifo",
                           "use take() to consume FIFO (on-policy) data")

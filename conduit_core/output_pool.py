@@ -77,6 +77,11 @@ class OutputPool:
             ring = self._rings[key] = []
             self._next[key] = 0
         i, n = self._next[key], len(ring)
+        if n == self.depth + 1:   # the steady state: the oldest entry, free (inline: a delivery's hot path)
+            entry = ring[i]
+            ref = entry.ref
+            if ref is None or ref() is None:
+                return entry
         free = _first_free(ring, i, n) if n > self.depth else None
         if free is None:   # short of depth + 1, or every entry held: grow, in age order
             ring.insert(i, _Entry(make()))

@@ -79,6 +79,7 @@ class ColumnarStorage:
         self._plain_host = self._single_host and all(v is not None and d is None for _, v, d, _ in self._plan)
         # ... and an insert is one C call copying every column (wrapping at the ring's end)
         self._copy_targets = tuple((name, v) for name, v, _, _ in self._plan) if self._plain_host else None
+        self._copy_names = tuple(name for name, _ in self._copy_targets or ())
         self._take_plans: dict = {}   # field names (a tuple) -> their columns, for take_fresh
         self._into_plans: dict = {}   # and (name, column) pairs, for take_into
         self._walk_views: dict = {}   # done fields -> walk_views' answer
@@ -246,7 +247,7 @@ class ColumnarStorage:
         if _c_gather_rows is None or not _c_gather_rows(slots, self._copy_targets, out):
             for name, view in self._copy_targets:
                 view.take(slots, axis=0, out=out[name], mode="clip")
-        return handed_out([name for name, _ in self._copy_targets], out, out_tensors)
+        return handed_out(self._copy_names, out, out_tensors)
 
     def takes_into(self) -> bool:
         """Whether ``take_into`` fills reused outputs (one host shard of plain columns)."""

@@ -1,0 +1,76 @@
+"""1-step batches of every field drawn straight into the output pool: a replay step's delivery
+(uniform or prioritized ``sample(batch_size)``) in a few Python frames around its native calls.
+
+Why a route of its own: the draw's native work (the selection, the row gather, the provenance)
+is about half of a prioritized CartPole step; the rest was the general route's Python frames
+(argument forms, the pool's entries, the gather's layers). This route does the same work with
+the same calls in the same order (``selection.select_slots``, so the buffer's RNG is drawn
+alike by construction; ``ColumnarStorage.gather_reused``; ``Ring.gather_meta``), keeping the
+storage's plan for its life. ``delivery.sample``'s 1-step branch is the reference:
+tests/core/test_row_draw.py compares the two batch by batch (values, weights, provenance, RNG
+state, counts) across inserts, priority updates, wraps, removals and the fallbacks.
+
+It applies where the general route would fill the output pool: host batches of every field from
+one plain host shard, no rate limit to wait on, no remote shard that may be lost. Elsewhere
+``sample`` returns None before anything changed, and the caller takes the general route.
+"""
+
+from __future__ import annotations
+
+from .batch import Batch
+from .selection import select_slots
+
+
+class PooledRowDraw:
+    """One buffer's 1-step deliveries into its output pool (see the module docstring).
+
+    Public contract: ``sample(batch_size, gamma, beta, episode_end)`` returns the ``Batch`` that
+    ``buffer.sample(batch_size, gamma=gamma, beta=beta, episode_end=episode_end)`` would, or None
+    (nothing drawn, nothing changed) where this route does not apply."""
+
+    def __init__(self, buffer, pool):
+        self._buffer, self._pool = buffer, pool
+        self._storage = None     # the storage `_applies` was decided for (a migration swaps it)
+        self._applies = False
+
+    def _decide(self, storage) -> None:
+        """Whether draws from ``storage`` fill the pool here (fixed for the storage's life: one
+        plain host shard, which a lost shard's replacement keeps, never one that may be lost)."""
+        self._storage = storage
+        self._applies = storage.fills_outputs() and storage.takes_into() and not storage.may_lose_shards
+
+    def sample(self, batch_size: int, gamma: float, beta, episode_end: str) -> Batch | None:
+        buf = self._buffer
+        selector = buf.selector
+        if selector.consumes:
+            return None   # (the general route refuses it, naming take())
+        buf.sampling_checks.check(buf, batch_size, None, gamma, beta, episode_end, None)
+        cond = buf.lock
+        with cond.mutex:   # (entered in C; what delivery.sample holds)
+            if buf.closed:
+                buf.check_open()
+            storage, limiter, ring = buf.storage, buf.rate_limiter, buf.ring
+            if storage is not self._storage:
+                self._decide(storage)
+            size = ring.stored_count()
+            if limiter.samples_per_insert is not None or size < limiter.min_size or not self._applies:
+                return None   # (the general route waits for rows, or gathers otherwise)
+            pool = self._pool
+            weights_out = pool.next_weights(batch_size) if selector.fills_weights_out else None
+            slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta,
+                                          None if weights_out is None else weights_out[0])
+            out, views = pool.get(slots.shape)
+            data = storage.gather_reused(slots, out, views)
+            buf.counts.sampled += batch_size
+            if cond.waiters:
+                cond.notify_all()
+            seqs, versions, sources = ring.gather_meta(slots)
+            if weights_out is not None and weights is weights_out[0]:   # written in place: hand the entry out
+                pool.advance_weights(batch_size)
+                weights = weights_out[1]
+            elif weights is not None:
+                weights = buf.weights_tensor(weights)
+            batch = Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
+                          inserted_at_selection=ring.inserted, sources=sources)
+            pool.bind(batch)
+            return batch
