@@ -212,7 +212,7 @@ class WindowOutputs:
     own outputs (``reward``: the float32 return, ``n_step``: the steps, ``weights``), kept apart
     so that no stored field's name (``weights``, ``n_step``) can stand in for them."""
 
-    __slots__ = ("columns", "column_tensors", "walk", "walk_tensors")
+    __slots__ = ("columns", "column_tensors", "walk", "walk_tensors", "_routes")
 
     def __init__(self, b: int, layout: dict[str, tuple[tuple[int, ...], np.dtype]]):
         self.columns = {name: np.empty((b, *shape), dtype=dt) for name, (shape, dt) in layout.items()}
@@ -220,17 +220,21 @@ class WindowOutputs:
         self.walk = {"reward": np.empty(b, np.float32), "n_step": np.empty(b, np.int64),
                      "weights": np.empty(b, np.float32)}
         self.walk_tensors = {name: torch.from_numpy(a) for name, a in self.walk.items()}
+        self._routes: dict = {}   # names -> ((name, its tensors, its arrays), ...), as hand_out reads them
 
     def hand_out(self, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """The batch's columns: ``names`` in order (stored fields; ``reward`` is the return), then
         ``n_step``, as the fresh route builds them (the walk's ``n_step`` over a stored one)."""
+        route = self._routes.get(names)
+        if route is None:
+            route = self._routes[names] = tuple(
+                (name, self.walk_tensors, self.walk) if name == "reward" or name == "n_step"
+                else (name, self.column_tensors, self.columns) for name in (*names, "n_step"))
         out = {}
-        for name in (*names, "n_step"):
-            own = name == "reward" or name == "n_step"
-            arrays, tensors = (self.walk, self.walk_tensors) if own else (self.columns, self.column_tensors)
-            t, a = tensors[name], arrays[name]
-            if t.shape != a.shape or t.requires_grad:   # changed in place by an earlier batch (handed_out)
-                t = tensors[name] = torch.from_numpy(a)
+        for name, tensors, arrays in route:
+            t = tensors[name]
+            if t.requires_grad or t.shape != arrays[name].shape:   # changed in place by an earlier batch (handed_out)
+                t = tensors[name] = torch.from_numpy(arrays[name])
             out[name] = t
         return out
 

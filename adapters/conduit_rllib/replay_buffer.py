@@ -253,7 +253,9 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
             raise ConfigError(f"sample({sorted(kwargs)[0]}=...)", "an argument of RLlib's episode buffers' sample()",
                               repr(sorted(kwargs)[0]), "check the spelling (e.g. n_step, batch_length_T, "
                               "include_infos); RLlib would ignore it silently")
-        if n_step is not None and type(n_step) is not int and not isinstance(n_step, np.integer):
+        if n_step is not None and type(n_step) is not int and not (   # (the usual range, decided inline)
+                type(n_step) is tuple and len(n_step) == 2 and type(n_step[0]) is int and type(n_step[1]) is int
+                and 1 <= n_step[0] < n_step[1]) and not isinstance(n_step, np.integer):
             check_rllib_n_step(n_step)
         if self.edp is None:
             raise ConfigError("sample()", "at least one add() before sampling", "an empty buffer",
