@@ -10,9 +10,9 @@ content does not change a gather's cost; every slot is written). Arms, each at B
 uniform and prioritized (sample + priority update, as DQN does), with reused outputs
 (``reuse_outputs=4`` and ``=1``) and with fresh outputs per batch. The limit is measured on each
 arm's own ring, its repetitions in turns with the arm's (paired ratios): one ``np.take`` per
-column of uniform random rows into existing outputs, 4 output sets in turn and 1 cache-hot set.
-Each arm is compared with the limit of its own guarantee (``reuse_outputs=4``: 4 sets in turn;
-``=1``: the one hot set; fresh outputs: the hot set, the stricter), and with both. The figure is
+column of uniform random rows. Each arm is compared with the limit of its own guarantee
+(``reuse_outputs=k`` keeps a batch valid through k more samples: k + 1 output sets in turn;
+fresh outputs: np.take into fresh arrays) and with the strictest, one cache-hot set. The figure is
 GB/s of obs + next obs delivered per step, as a share of that limit; medians of ``--reps``
 repetitions of paired ratios.
 """
@@ -27,7 +27,7 @@ import numpy as np
 
 from .bench_buffer import SHAPES, conduit_buffer, conduit_columns, make_rollouts
 from .common import machine, median, memcpy_bandwidth, paired_times, ratio_stats, write_json
-from .gather_limit import take_call
+from .gather_limit import sets_for, take_call
 
 
 def fill_full(buf, pool: list[dict]) -> float:
@@ -65,28 +65,28 @@ def main(argv=None) -> dict:
                 if prioritized:
                     buf.update_priorities(b.slots, pr, seqs=b.seqs)
                 return b
-            take4, nbytes = take_call(buf, B, a.capacity, depth=4)
+            sets = sets_for(reuse)   # the same guarantee: reuse_outputs + 1 sets in turn, or fresh outputs
+            take_own, nbytes = take_call(buf, B, a.capacity, depth=sets)
             take1, _ = take_call(buf, B, a.capacity, depth=1)
-            t = paired_times({"arm": (step, a.calls), "take4": (take4, a.calls), "take1": (take1, a.calls)},
+            t = paired_times({"arm": (step, a.calls), "take_own": (take_own, a.calls), "take1": (take1, a.calls)},
                              reps=a.reps)
-            lim4, lim1 = ratio_stats(t["take4"], t["arm"]), ratio_stats(t["take1"], t["arm"])   # arm GB/s / limit GB/s
-            own = lim4 if reuse == 4 else lim1
+            own, lim1 = ratio_stats(t["take_own"], t["arm"]), ratio_stats(t["take1"], t["arm"])   # arm GB/s / limit GB/s
+            own_name = f"{sets} outs in turn" if sets else "fresh outs"
             arm[f"B{B}"] = {"step_s": median(t["arm"]), "GBps": nbytes / median(t["arm"]) / 1e9,
-                            "take_4_outs_GBps": nbytes / median(t["take4"]) / 1e9,
+                            "own_limit": own_name, "take_own_GBps": nbytes / median(t["take_own"]) / 1e9,
                             "take_1_hot_out_GBps": nbytes / median(t["take1"]) / 1e9,
-                            "of_take_4_outs": lim4, "of_take_1_hot_out": lim1, "of_own_limit": own}
+                            "of_own_limit": own, "of_take_1_hot_out": lim1}
             report["limit"].setdefault(f"B{B}", {})[name] = {k: arm[f"B{B}"][k] for k in
-                                                             ("take_4_outs_GBps", "take_1_hot_out_GBps")}
+                                                             ("own_limit", "take_own_GBps", "take_1_hot_out_GBps")}
             print(f"{name:40s} B={B:<4d} {median(t['arm']) * 1e6:8.1f} us  {arm[f'B{B}']['GBps']:5.2f} GB/s  "
-                  f"{own['median']:.0%} of its own limit (min {own['min']:.0%}); "
-                  f"{lim4['median']:.0%} of np.take into 4 outs in turn, {lim1['median']:.0%} of into 1 hot out",
-                  flush=True)
+                  f"{own['median']:.0%} of np.take into {own_name} (min {own['min']:.0%}; its guarantee), "
+                  f"{lim1['median']:.0%} of into 1 hot out (min {lim1['min']:.0%})", flush=True)
         buf.close()
         del buf
         gc.collect()
     print(f"memcpy {report['memcpy_GBps']:.1f} GB/s; ring {a.capacity:,} slots full "
           f"({a.capacity * row / 1e9:.1f} GB of obs + next obs); target >= 75% of the np.take limit of the same "
-          "guarantee (reuse_outputs=4: 4 outs in turn; 1 and fresh: 1 hot out)")
+          "guarantee (reuse_outputs=k: a batch valid through k more samples, k + 1 outs in turn; fresh: fresh outs)")
     write_json(a.json, report)
     print(f"JSON: {a.json}")
     return report

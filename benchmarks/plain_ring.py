@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from .common import median, paired_times, ratio_stats
+from .gather_limit import sets_for
 
 
 class PlainRing:
@@ -15,9 +16,10 @@ class PlainRing:
     draws with ``Generator.integers`` and one ``take`` per column into reused outputs. No
     validation, no metadata, no priorities: what Conduit's uniform ring is compared against.
 
-    ``outputs``: output sets used in turn, so a batch stays valid for that many samples, the
-    guarantee ``ExperienceBuffer(reuse_outputs=outputs)`` gives; compared at equal guarantees
-    (at B=256 Atari, 4 sets of 14 MB do not fit the cache that one set fits)."""
+    ``outputs``: output sets used in turn, so a batch stays valid through ``outputs - 1`` more
+    samples: ``ExperienceBuffer(reuse_outputs=outputs - 1)``'s guarantee (its pool cycles k + 1
+    sets); compared at equal guarantees (at B=256 Atari, 5 sets of 14 MB do not fit the cache
+    that one set fits)."""
 
     def __init__(self, capacity: int, example: dict, outputs: int = 1):
         self.capacity, self.size, self.pos = capacity, 0, 0
@@ -55,12 +57,13 @@ def plain_ring_entry(kind: str, cols: list[dict], fill: int, batch_sizes, *, cal
     """Insert rate and uniform sample time of PlainRing and of a Conduit ring with reused outputs,
     both of ``fill`` slots, filled once (so inserts overwrite resident pages), timed in turns.
     Samples are compared at equal guarantees: for each of ``depths``, Conduit's
-    ``reuse_outputs=depth`` against the ring's ``depth`` output sets in turn (``B{B}``: the first
-    depth, the floor; ``B{B}_reuse{depth}``: the others). One pair in memory at a time."""
+    ``reuse_outputs=depth`` (a batch valid through ``depth`` more samples) against the ring's
+    ``depth + 1`` output sets in turn (``B{B}``: the first depth; ``B{B}_reuse{depth}``: the
+    others). One pair in memory at a time."""
     from .bench_buffer import conduit_buffer
     entry: dict = {"depths": list(depths)}
     for d in depths:
-        ring, cb = PlainRing(fill, cols[0], outputs=d), conduit_buffer(kind, fill, False, reuse=d)
+        ring, cb = PlainRing(fill, cols[0], outputs=sets_for(d)), conduit_buffer(kind, fill, False, reuse=d)
         for c in cols:
             ring.add(c)
             cb.add(c)
@@ -82,7 +85,7 @@ def plain_ring_entry(kind: str, cols: list[dict], fill: int, batch_sizes, *, cal
             t_p, t_c = t["ring"], t["conduit"]
             key = f"B{B}" if d == depths[0] else f"B{B}_reuse{d}"
             entry[key] = {"plain_s": median(t_p), "conduit_s": median(t_c), "ratio": ratio_stats(t_c, t_p),
-                          "outputs": d}
+                          "outputs": sets_for(d), "reuse_outputs": d}
         cb.close()
         del ring, cb
     return entry
