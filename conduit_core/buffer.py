@@ -50,9 +50,9 @@ class ExperienceBuffer:
 
     Keyword-only. ``selector``: Uniform() (default), Prioritized(...) or Fifo().
     ``shards`` places slot ranges on tiers (default: one shard on ``tier``).
-    ``reuse_outputs``: keep this many output buffers per shape and reuse them for host
-    batches (1-step gathers of every field, and n-step windows drawn with the redraw rule:
-    their columns, returns, steps and weights); 0 = fresh memory per delivery, always safe.
+    ``reuse_outputs=k``: reuse output memory for host batches (1-step gathers of every field; redraw-rule
+    windows' columns, returns, steps and weights), each valid through k more deliveries (the pool
+    cycles k + 1 sets per shape, more while a learner holds batches longer); 0 = fresh memory per delivery.
     ``seed`` seeds the selection RNG.
     """
 
