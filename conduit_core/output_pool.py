@@ -65,7 +65,7 @@ class OutputPool:
         steady state. Validity does not depend on it (tokens do); rings grow at their next use."""
         self.depth = max(self.depth, self.kept * (max(0, int(prepared)) + 1))
 
-    def _due(self, key: tuple, make) -> "_Entry":
+    def _due(self, key: tuple, make, arg) -> "_Entry":
         """The entry the next batch of ``key`` fills: the oldest one no live batch holds. Entries
         still held (a learner keeping a batch long) are stepped over, keeping their order; a
         fresh entry is made only when the ring is short of ``depth + 1`` (the last ``kept`` draws
@@ -84,7 +84,7 @@ class OutputPool:
                 return entry
         free = _first_free(ring, i, n) if n > self.depth else None
         if free is None:   # short of depth + 1, or every entry held: grow, in age order
-            ring.insert(i, _Entry(make()))
+            ring.insert(i, _Entry(make(arg)))
             return ring[i]
         if free != i:      # held entries stepped over: the free one moves to the cursor
             entry = ring.pop(free)
@@ -110,13 +110,29 @@ class OutputPool:
     def get(self, lead: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
         """The next (arrays, their tensor views) for batches of leading shape ``lead``."""
         key = ("rows", lead)
-
-        def make():
-            arrays = {name: np.empty((*lead, *shape), dtype=dt) for name, (shape, dt) in self.layout.items()}
-            return arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}
-        entry = self._due(key, make)
+        entry = self._due(key, self._make_rows, lead)
         self._advance(key)
         return entry.payload
+
+    def get_weighted(self, b: int) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor], list]:
+        """``get((b,))``'s (arrays, tensor views) and ``[float32 [b] weights array, its tensor view]``
+        in one entry, handed out at once: a 1-step draw that writes its importance weights in place
+        (``row_draw``) takes one entry per batch, not two."""
+        key = ("rows+weights", b)
+        entry = self._due(key, self._make_rows_weighted, b)
+        self._advance(key)
+        pair = entry.payload[2]
+        if pair[1].requires_grad or pair[1].shape != pair[0].shape:   # changed in place by an earlier batch
+            pair[1] = torch.from_numpy(pair[0])
+        return entry.payload
+
+    def _make_rows(self, lead: tuple[int, ...]):
+        arrays = {name: np.empty((*lead, *shape), dtype=dt) for name, (shape, dt) in self.layout.items()}
+        return arrays, {name: torch.from_numpy(a) for name, a in arrays.items()}
+
+    def _make_rows_weighted(self, b: int):
+        w = np.empty(b, dtype=np.float32)
+        return (*self._make_rows((b,)), [w, torch.from_numpy(w)])
 
     def windows(self, b: int, names: tuple[str, ...]) -> "WindowOutputs":
         """The next entry for a batch of ``b`` n-step windows of the stored fields ``names`` (the
@@ -125,8 +141,11 @@ class OutputPool:
         no arrays; a draw that fails may have written into it, so the ring keeps one entry more
         than ``depth``: the one due next is never a batch still valid. Valid as long as a pooled
         1-step batch."""
-        return self._due(("windows", b, names),
-                         lambda: WindowOutputs(b, {name: self.layout[name] for name in names})).payload
+        return self._due(("windows", b, names), self._make_windows, (b, names)).payload
+
+    def _make_windows(self, key: tuple[int, tuple[str, ...]]) -> "WindowOutputs":
+        b, names = key
+        return WindowOutputs(b, {name: self.layout[name] for name in names})
 
     def took_windows(self, b: int, names: tuple[str, ...]) -> None:
         """The entry ``windows(b, names)`` gave is handed out: the next batch gets the one after it."""
@@ -138,10 +157,7 @@ class OutputPool:
         the weights straight into it (wrapping a fresh array costs more than the draw's weights),
         and a draw that fails leaves the ring where it was. Valid as long as the batch's other
         outputs."""
-        def make():
-            a = np.empty(n, dtype=np.float32)
-            return [a, torch.from_numpy(a)]
-        entry = self._due(("weights", n), make)
+        entry = self._due(("weights", n), _make_weights, n)
         pair = entry.payload
         if pair[1].shape != pair[0].shape or pair[1].requires_grad:   # changed in place by an earlier batch
             pair[1] = torch.from_numpy(pair[0])
@@ -184,6 +200,11 @@ class _Entry:
     def held(self) -> bool:
         ref = self.ref
         return ref is not None and ref() is not None
+
+
+def _make_weights(n: int) -> list:
+    a = np.empty(n, dtype=np.float32)
+    return [a, torch.from_numpy(a)]
 
 
 def _pending():

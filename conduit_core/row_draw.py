@@ -56,17 +56,19 @@ class PooledRowDraw:
             if limiter.samples_per_insert is not None or size < limiter.min_size or not self._applies:
                 return None   # (the general route waits for rows, or gathers otherwise)
             pool = self._pool
-            weights_out = pool.next_weights(batch_size) if selector.fills_weights_out else None
-            slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta,
-                                          None if weights_out is None else weights_out[0])
-            out, views = pool.get(slots.shape)
+            if selector.fills_weights_out:   # the weights go in place, into the same pool entry as the rows
+                out, views, weights_out = pool.get_weighted(batch_size)
+                slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta, weights_out[0])
+            else:
+                weights_out = None
+                slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta)
+                out, views = pool.get(slots.shape)
             data = storage.gather_reused(slots, out, views)
             buf.counts.sampled += batch_size
             if cond.waiters:
                 cond.notify_all()
             seqs, versions, sources = ring.gather_meta(slots)
-            if weights_out is not None and weights is weights_out[0]:   # written in place: hand the entry out
-                pool.advance_weights(batch_size)
+            if weights_out is not None and weights is weights_out[0]:   # written in place: the entry's tensor
                 weights = weights_out[1]
             elif weights is not None:
                 weights = buf.weights_tensor(weights)
