@@ -104,8 +104,14 @@ class OutputPool:
         ring, i = self._rings[key], self._next[key]
         entry = ring[i]
         entry.ref = _pending   # held until its draw's bind (or a later one, if the draw fails)
-        self._taken.append(entry)
+        taken = self._taken
+        taken.append(entry)
         self._next[key] = (i + 1) % len(ring)
+        if len(taken) > _UNBOUND_LIMIT:   # entries no draw bound (gather() called on its own): let the oldest go
+            for old in taken[:-_UNBOUND_KEEP]:
+                if old.ref is _pending:
+                    old.ref = None
+            del taken[:-_UNBOUND_KEEP]
 
     def get(self, lead: tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
         """The next (arrays, their tensor views) for batches of leading shape ``lead``."""
@@ -205,6 +211,9 @@ class _Entry:
 def _make_weights(n: int) -> list:
     a = np.empty(n, dtype=np.float32)
     return [a, torch.from_numpy(a)]
+
+
+_UNBOUND_LIMIT, _UNBOUND_KEEP = 64, 8   # a draw takes 1-3 entries: more pending than this were never bound
 
 
 def _pending():

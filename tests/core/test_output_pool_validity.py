@@ -228,3 +228,20 @@ def test_a_batch_kept_for_the_whole_run_costs_one_entry_not_an_allocation_per_dr
     assert kept["obs"].data_ptr() not in seen
     assert len(seen) == 3
     assert same(kept, before)
+
+
+def test_gathers_no_draw_binds_do_not_grow_the_pool_without_bound():
+    """``gather()`` called on its own (no sample to bind its entries to a Batch) keeps a bounded
+    number of entries pending, not one more per call: the pool lets the oldest go."""
+    import gc
+    import weakref
+    buf = make(reuse=2)
+    slots = np.arange(8, dtype=np.int64)
+    with buf.lock:
+        refs = [weakref.ref(buf.gather(slots)["obs"]) for _ in range(300)]
+    gc.collect()
+    assert sum(r() is not None for r in refs) <= 64 + 3   # (the pending limit, and k + 1 entries)
+    b = buf.sample(8)   # and draws still hand out valid batches afterwards
+    before = snap(b)
+    buf.sample(8), buf.sample(8)
+    assert same(b, before)
