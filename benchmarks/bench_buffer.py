@@ -27,10 +27,11 @@ import torch
 from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized, Uniform
 
 from .common import fmt_table, machine, median, memcpy_bandwidth, paired_times, ratio_stats, write_json
-from .gather_limit import take_limit
+from .gather_limit import sets_for, take_limit
 from .plain_ring import plain_ring_entry
 from .torchrl_peer import TorchRLArm, render_torchrl, torchrl_available
 
+REUSE = 4   # the reused-output arms' reuse_outputs (their np.take peer cycles sets_for(REUSE) sets)
 SHAPES = {"cartpole": ((4,), np.float32), "atari": ((84, 84, 4), np.uint8)}
 
 
@@ -113,7 +114,7 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
         tag = "prioritized" if prioritized else "uniform"
         res = result[tag] = {}
         # ---- inserts: the first fill pays first-touch page faults; later passes overwrite
-        cb = conduit_buffer(kind, capacity, prioritized, reuse=4)
+        cb = conduit_buffer(kind, capacity, prioritized, reuse=REUSE)
         first = _insert_rate(cb, cols, fill)
         if fill >= capacity:
             steady = [_insert_rate(cb, cols, fill) for _ in range(reps)]
@@ -186,7 +187,7 @@ def bench_workload(kind: str, *, capacity: int, fill: int, rllib_fill: int, ep_l
             if kind == "atari":
                 nbytes = B * 2 * int(np.prod(SHAPES[kind][0]))
                 entry["gather_GBps"] = nbytes / median(t_c) / 1e9
-                entry["take_limit_GBps"] = take_limit(cb, B, fill, calls=calls, reps=reps)   # 5 sets: reuse_outputs=4's
+                entry["take_limit_GBps"] = take_limit(cb, B, fill, calls=calls, reps=reps, depth=sets_for(REUSE))
                 entry["take_limit_hot_GBps"] = take_limit(cb, B, fill, calls=calls, reps=reps, depth=1)
                 entry["gather_fresh_GBps"] = nbytes / median(t_cf) / 1e9
             res[f"B{B}"] = entry
@@ -348,7 +349,7 @@ def render(report: dict) -> str:
                 extra = f"{e['gather_GBps']:.1f} GB/s ({e['gather_GBps'] / report['memcpy_GBps']:.0%} of memcpy" \
                     if "gather_GBps" in e else ""
                 if "take_limit_GBps" in e:   # target: >= 75% of the np.take-into-output limit
-                    extra += (f", {e['gather_GBps'] / e['take_limit_GBps']:.0%} of np.take into 5 outs in turn, "
+                    extra += (f", {e['gather_GBps'] / e['take_limit_GBps']:.0%} of np.take into {sets_for(REUSE)} outs in turn, "
                               f"{e['gather_GBps'] / e['take_limit_hot_GBps']:.0%} of into 1 hot out)")
                 elif extra:
                     extra += ")"

@@ -219,7 +219,7 @@ def test_a_batch_kept_for_the_whole_run_costs_one_entry_not_an_allocation_per_dr
     """A learner that keeps one batch (a reference batch for logging) makes the ring step over its
     entry: the other draws cycle through k + 1 entries as before. (Before session 30 the ring
     inserted a fresh entry in front of the held one at every draw: a new allocation, and for pixel
-    batches new pages to fault in, per draw; the CartPole prioritized sample ran 85 us, not 30.)"""
+    batches new pages to fault in, per draw.)"""
     buf = make(reuse=2)
     draw = (lambda: buf.sample(16, n_step=2, episode_end="redraw")) if window else (lambda: buf.sample(16))
     kept = draw()

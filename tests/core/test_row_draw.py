@@ -14,7 +14,7 @@ from conduit_core import (AffineCodec, ClosedError, ConfigError, ExperienceBuffe
                           Prioritized, RateLimiter, Schedule, ShardSpec, Uniform)
 
 from .helpers import SPEC, rollout
-from .test_window_draw import assert_same_batch, assert_same_buffers, insert
+from .test_window_draw import after_draw, assert_same_batch, assert_same_buffers, insert, schedule_step
 
 
 def twins(selector, capacity=64, **kw):
@@ -89,14 +89,7 @@ def test_any_schedule_of_inserts_evictions_draws_and_updates_matches_the_referen
     general_route = route.pooled_rows
     try:
         for _ in range(12):
-            for _ in range(int(ops.integers(0, 3))):
-                start = insert([route, ref], ops, start)
-            if ops.random() < 0.25 and len(ref) > 2:
-                seqs = ops.integers(ref.inserted - len(ref), ref.inserted, 2)
-                route.evict(seqs), ref.evict(seqs)
-            if ops.random() < 0.15:
-                k = int(ops.integers(1, 3))
-                route.reserve_prepared_outputs(k), ref.reserve_prepared_outputs(k)
+            start = schedule_step(route, ref, ops, start)
             if len(ref) == 0:   # (an empty buffer's sample waits for rows: both routes)
                 continue
             b = ref.sample(batch, beta=beta)
@@ -105,13 +98,7 @@ def test_any_schedule_of_inserts_evictions_draws_and_updates_matches_the_referen
             assert_same_batch(a, b)
             assert_same_sources(a, b)
             assert_same_buffers(route, ref)
-            if held is not None:   # valid for reuse_outputs=2 more deliveries: this one did not touch it
-                assert_same_batch(*held)
-            held = (a, a.clone())
-            if prioritized:
-                p = ops.random(batch) * 3 + 0.01
-                route.update_priorities(a.slots, p, seqs=a.seqs)
-                ref.update_priorities(b.slots, p, seqs=b.seqs)
+            held = after_draw(route, ref, a, b, held, ops, prioritized)
     finally:
         route.close(), ref.close()
 

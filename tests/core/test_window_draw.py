@@ -49,6 +49,33 @@ def insert(bufs, ops_rng, start):
     return start + n
 
 
+def schedule_step(route, ref, ops, start):
+    """One step of a random schedule on both twins: 0-2 inserts, sometimes an eviction (ring holes)
+    and pool growth (reserve). Returns the next insert's start."""
+    for _ in range(int(ops.integers(0, 3))):
+        start = insert([route, ref], ops, start)
+    if ops.random() < 0.25 and len(ref) > 2:
+        seqs = ops.integers(ref.inserted - len(ref), ref.inserted, 2)
+        route.evict(seqs), ref.evict(seqs)
+    if ops.random() < 0.15:
+        k = int(ops.integers(1, 3))
+        route.reserve_prepared_outputs(k), ref.reserve_prepared_outputs(k)
+    return start
+
+
+def after_draw(route, ref, a, b, held, ops, prioritized):
+    """The batch before this draw still holds what it held (valid for reuse_outputs=2 more
+    deliveries); both twins get the same new priorities. Returns what to check after the next."""
+    if held is not None:
+        assert_same_batch(*held)
+    kept = (a, a.clone())
+    if prioritized:
+        p = ops.random(len(a.slots)) * 3 + 0.01
+        route.update_priorities(a.slots, p, seqs=a.seqs)
+        ref.update_priorities(b.slots, p, seqs=b.seqs)
+    return kept
+
+
 @pytest.mark.parametrize("selector", [Uniform, lambda: Prioritized(alpha=0.6)])
 @pytest.mark.parametrize("n_step, beta, fields", [((2, 5), 0.4, None), (3, None, None), (1, 0.0, None),
                                                    ((1, 4), 0.5, ("obs", "reward", "next_obs"))])
@@ -90,14 +117,7 @@ def test_any_schedule_of_inserts_draws_and_updates_matches_the_reference(seed, p
     start = insert([route, ref], ops, 0)
     try:
         for _ in range(12):
-            for _ in range(int(ops.integers(0, 3))):
-                start = insert([route, ref], ops, start)
-            if ops.random() < 0.25 and len(ref) > 2:
-                seqs = ops.integers(ref.inserted - len(ref), ref.inserted, 2)
-                route.evict(seqs), ref.evict(seqs)
-            if ops.random() < 0.15:
-                k = int(ops.integers(1, 3))
-                route.reserve_prepared_outputs(k), ref.reserve_prepared_outputs(k)
+            start = schedule_step(route, ref, ops, start)
             if len(ref) == 0:   # (an empty buffer's sample waits for rows: both routes)
                 continue
             general = ops.random() < 0.25
@@ -113,13 +133,7 @@ def test_any_schedule_of_inserts_draws_and_updates_matches_the_reference(seed, p
                 if general else route.pooled_windows.sample(batch, n_step, gamma, 0.4, fields)
             assert_same_batch(a, b)
             assert_same_buffers(route, ref)
-            if held is not None:   # valid for reuse_outputs=2 more deliveries: this one did not touch it
-                assert_same_batch(*held)
-            held = (a, a.clone())
-            if prioritized:
-                p = ops.random(batch) * 3 + 0.01
-                route.update_priorities(a.slots, p, seqs=a.seqs)
-                ref.update_priorities(b.slots, p, seqs=b.seqs)
+            held = after_draw(route, ref, a, b, held, ops, prioritized)
     finally:
         route.close(), ref.close()
 
