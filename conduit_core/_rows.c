@@ -215,49 +215,111 @@ static inline void copy_row(char *dst, const char *src, npy_intp row) {
     }
 }
 
-/* gather_rows(slots, targets, out) -> bool
- *
- * out[name][i] = column[slots[i]] for every (name, column) of targets (out: a dict of arrays).
- * Every row of every column is prefetched first, so the cache misses of a random batch overlap
- * instead of coming one after another. False (nothing written) unless slots is a C-contiguous
- * int64 array of n slots inside every column and each out is a writable C-contiguous array of n
- * rows of its column's type and row size. */
-static PyObject *gather_rows(PyObject *self, PyObject *args) {
-    PyObject *o_slots, *targets, *out;
-    if (!PyArg_ParseTuple(args, "OO!O!", &o_slots, &PyTuple_Type, &targets, &PyDict_Type, &out)) return NULL;
-    PyArrayObject *sl = plain_array(o_slots, 0);
+/* The rows of a gather, checked: `targets` (name, column) pairs whose rows go to out[name], each
+ * a writable C-contiguous array of n rows of its column's type and row size. Fills col/dst/row
+ * from index `at` on and lowers *cap to the shortest column; 0 (an error set or not) declines. */
+static int gather_targets(PyObject *targets, PyObject *out, npy_intp n, Py_ssize_t at,
+                          const char **col, char **dst, npy_intp *row, npy_intp *cap) {
     Py_ssize_t nt = PyTuple_GET_SIZE(targets);
-    if (sl == NULL || PyArray_TYPE(sl) != NPY_INT64 || PyArray_NDIM(sl) != 1 || nt > 64) Py_RETURN_FALSE;
-    npy_intp n = PyArray_DIM(sl, 0);
-    const int64_t *slots = (const int64_t *)PyArray_DATA(sl);
-    PyArrayObject *col[64], *dst[64];
-    npy_intp row[64], cap = -1;
     for (Py_ssize_t i = 0; i < nt; i++) {
         PyObject *t = PyTuple_GET_ITEM(targets, i);
-        col[i] = plain_array(PyTuple_GET_ITEM(t, 1), 0);
-        dst[i] = plain_array(PyDict_GetItemWithError(out, PyTuple_GET_ITEM(t, 0)), 1);
-        if (col[i] == NULL || dst[i] == NULL || PyArray_NDIM(col[i]) < 1 || PyArray_NDIM(dst[i]) < 1
-            || PyDataType_REFCHK(PyArray_DESCR(col[i]))
-            || PyArray_DIM(dst[i], 0) != n || PyArray_TYPE(col[i]) != PyArray_TYPE(dst[i])
-            || PyArray_ITEMSIZE(col[i]) != PyArray_ITEMSIZE(dst[i])) goto decline;
-        npy_intp c = PyArray_DIM(col[i], 0);
-        row[i] = c ? PyArray_NBYTES(col[i]) / c : 0;
-        if (n && PyArray_NBYTES(dst[i]) / n != row[i]) goto decline;
-        cap = cap < 0 || c < cap ? c : cap;
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2) return 0;
+        PyArrayObject *c = plain_array(PyTuple_GET_ITEM(t, 1), 0);
+        PyArrayObject *d = plain_array(PyDict_GetItemWithError(out, PyTuple_GET_ITEM(t, 0)), 1);
+        if (c == NULL || d == NULL || PyArray_NDIM(c) < 1 || PyArray_NDIM(d) < 1
+            || PyDataType_REFCHK(PyArray_DESCR(c))
+            || PyArray_DIM(d, 0) != n || PyArray_TYPE(c) != PyArray_TYPE(d)
+            || PyArray_ITEMSIZE(c) != PyArray_ITEMSIZE(d)) return 0;
+        npy_intp len = PyArray_DIM(c, 0), r = len ? PyArray_NBYTES(c) / len : 0;
+        if (n && PyArray_NBYTES(d) / n != r) return 0;
+        col[at + i] = PyArray_BYTES(c); dst[at + i] = PyArray_BYTES(d); row[at + i] = r;
+        *cap = *cap < 0 || len < *cap ? len : *cap;
     }
+    return 1;
+}
+
+/* The columns of a take, checked (plain arrays of raw bytes: no object references): fills col/row
+ * from index `at` on and lowers *cap; 0 declines. */
+static int take_columns(PyObject *columns, Py_ssize_t at, PyArrayObject **arr, const char **col, npy_intp *row,
+                        npy_intp *cap) {
+    Py_ssize_t nc = PyTuple_GET_SIZE(columns);
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        PyArrayObject *c = plain_array(PyTuple_GET_ITEM(columns, i), 0);
+        if (c == NULL || PyArray_NDIM(c) < 1 || PyDataType_REFCHK(PyArray_DESCR(c))) return 0;
+        npy_intp len = PyArray_DIM(c, 0);
+        arr[i] = c; col[at + i] = PyArray_BYTES(c); row[at + i] = len ? PyArray_NBYTES(c) / len : 0;
+        *cap = *cap < 0 || len < *cap ? len : *cap;
+    }
+    return 1;
+}
+
+/* A tuple of fresh arrays, one per column of `arr`, shaped [n, *row shape]; their data pointers
+ * go to dst from index `at` on. NULL (an error set) if memory runs out. */
+static PyObject *new_takes(PyArrayObject **arr, Py_ssize_t nc, npy_intp n, Py_ssize_t at, char **dst) {
+    PyObject *result = PyTuple_New(nc);
+    if (result == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        npy_intp dims[NPY_MAXDIMS];
+        int nd = PyArray_NDIM(arr[i]);
+        dims[0] = n;
+        for (int d = 1; d < nd; d++) dims[d] = PyArray_DIM(arr[i], d);
+        PyArray_Descr *descr = PyArray_DESCR(arr[i]);
+        Py_INCREF(descr);   /* stolen by NewFromDescr */
+        PyObject *a = PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, NULL, NULL, 0, NULL);
+        if (a == NULL) { Py_DECREF(result); return NULL; }
+        PyTuple_SET_ITEM(result, i, a);
+        dst[at + i] = PyArray_BYTES((PyArrayObject *)a);
+    }
+    return result;
+}
+
+static int slots_inside(const int64_t *slots, npy_intp n, npy_intp cap) {
     for (npy_intp k = 0; k < n; k++)
-        if (slots[k] < 0 || slots[k] >= cap) goto decline;
-    npy_intp total = 0;
-    for (Py_ssize_t i = 0; i < nt; i++) total += n * row[i];
-    PyThreadState *ts = total >= RELEASE_GIL_FROM ? PyEval_SaveThread() : NULL;   /* as in copy_rows */
+        if (slots[k] < 0 || slots[k] >= cap) return 0;
+    return 1;
+}
+
+/* dst[i][k] = col[i][slots[k]] for every column i: every row of every column is prefetched first,
+ * so the cache misses of a random batch overlap instead of coming one after another. */
+static void copy_gathered(const int64_t *slots, npy_intp n, Py_ssize_t nc, const char **col, char **dst,
+                          const npy_intp *row) {
     for (npy_intp k = 0; k < n; k++)
-        for (Py_ssize_t i = 0; i < nt; i++) __builtin_prefetch(PyArray_BYTES(col[i]) + slots[k] * row[i]);
-    for (Py_ssize_t i = 0; i < nt; i++) {
-        const char *c = PyArray_BYTES(col[i]);
-        char *d = PyArray_BYTES(dst[i]);
+        for (Py_ssize_t i = 0; i < nc; i++) __builtin_prefetch(col[i] + slots[k] * row[i]);
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        const char *c = col[i];
+        char *d = dst[i];
         npy_intp r = row[i];
         for (npy_intp k = 0; k < n; k++) copy_row(d + k * r, c + slots[k] * r, r);
     }
+}
+
+static const int64_t *plain_slots(PyObject *o_slots, npy_intp *n) {
+    PyArrayObject *sl = plain_array(o_slots, 0);
+    if (sl == NULL || PyArray_TYPE(sl) != NPY_INT64 || PyArray_NDIM(sl) != 1) return NULL;
+    *n = PyArray_DIM(sl, 0);
+    return (const int64_t *)PyArray_DATA(sl);
+}
+
+/* gather_rows(slots, targets, out) -> bool
+ *
+ * out[name][i] = column[slots[i]] for every (name, column) of targets (out: a dict of arrays),
+ * prefetched first (copy_gathered). False (nothing written) unless slots is a C-contiguous int64
+ * array of n slots inside every column and each out is a writable C-contiguous array of n rows of
+ * its column's type and row size. */
+static PyObject *gather_rows(PyObject *self, PyObject *args) {
+    PyObject *o_slots, *targets, *out;
+    if (!PyArg_ParseTuple(args, "OO!O!", &o_slots, &PyTuple_Type, &targets, &PyDict_Type, &out)) return NULL;
+    npy_intp n, cap = -1, row[64];
+    const int64_t *slots = plain_slots(o_slots, &n);
+    Py_ssize_t nt = PyTuple_GET_SIZE(targets);
+    const char *col[64];
+    char *dst[64];
+    if (slots == NULL || nt > 64 || !gather_targets(targets, out, n, 0, col, dst, row, &cap)
+        || !slots_inside(slots, n, cap)) goto decline;
+    npy_intp total = 0;
+    for (Py_ssize_t i = 0; i < nt; i++) total += n * row[i];
+    PyThreadState *ts = total >= RELEASE_GIL_FROM ? PyEval_SaveThread() : NULL;   /* as in copy_rows */
+    copy_gathered(slots, n, nt, col, dst, row);
     if (ts != NULL) PyEval_RestoreThread(ts);
     Py_RETURN_TRUE;
 decline:
@@ -268,51 +330,54 @@ decline:
 /* take_rows(slots, columns) -> tuple of new arrays, or None
  *
  * (column[slots] for column in columns): each result a fresh C-contiguous array of the column's
- * type, shaped [n, *row shape], with every row of every column prefetched first (as gather_rows).
- * For a batch's provenance (its rows' seq and version), where the results are the batch's own.
- * None (nothing allocated) unless slots is a C-contiguous int64 array of 1-D slots inside every
- * column and every column is a plain array; the caller then indexes with numpy. */
+ * type, shaped [n, *row shape], prefetched first (copy_gathered). For a batch's provenance (its
+ * rows' seq and version), where the results are the batch's own. None (nothing allocated) unless
+ * slots is a C-contiguous int64 array of 1-D slots inside every column and every column is a plain
+ * array; the caller then indexes with numpy. */
 static PyObject *take_rows(PyObject *self, PyObject *args) {
     PyObject *o_slots, *columns;
     if (!PyArg_ParseTuple(args, "OO!", &o_slots, &PyTuple_Type, &columns)) return NULL;
-    PyArrayObject *sl = plain_array(o_slots, 0);
+    npy_intp n, cap = -1, row[16];
+    const int64_t *slots = plain_slots(o_slots, &n);
     Py_ssize_t nc = PyTuple_GET_SIZE(columns);
-    if (sl == NULL || PyArray_TYPE(sl) != NPY_INT64 || PyArray_NDIM(sl) != 1 || nc > 16) Py_RETURN_NONE;
-    npy_intp n = PyArray_DIM(sl, 0);
-    const int64_t *slots = (const int64_t *)PyArray_DATA(sl);
-    PyArrayObject *col[16];
-    npy_intp row[16], cap = -1;
-    for (Py_ssize_t i = 0; i < nc; i++) {
-        col[i] = plain_array(PyTuple_GET_ITEM(columns, i), 0);
-        if (col[i] == NULL || PyArray_NDIM(col[i]) < 1 || PyDataType_REFCHK(PyArray_DESCR(col[i])))
-            Py_RETURN_NONE;   /* rows holding object references are not raw bytes to copy */
-        npy_intp c = PyArray_DIM(col[i], 0);
-        row[i] = c ? PyArray_NBYTES(col[i]) / c : 0;
-        cap = cap < 0 || c < cap ? c : cap;
+    PyArrayObject *arr[16];
+    const char *col[16];
+    char *dst[16];
+    if (slots == NULL || nc > 16 || !take_columns(columns, 0, arr, col, row, &cap) || !slots_inside(slots, n, cap))
+        Py_RETURN_NONE;
+    PyObject *result = new_takes(arr, nc, n, 0, dst);
+    if (result != NULL) copy_gathered(slots, n, nc, col, dst, row);
+    return result;
+}
+
+/* gather_batch(slots, targets, out, columns) -> tuple of new arrays, or None
+ *
+ * gather_rows(slots, targets, out) and take_rows(slots, columns) in one pass: a 1-step batch's
+ * rows into its reused outputs and its provenance into fresh arrays, with the rows of both
+ * prefetched together, so that the provenance's cache misses overlap the rows' instead of
+ * following them. None (nothing written, nothing allocated) where either would decline. */
+static PyObject *gather_batch(PyObject *self, PyObject *args) {
+    PyObject *o_slots, *targets, *out, *columns;
+    if (!PyArg_ParseTuple(args, "OO!O!O!", &o_slots, &PyTuple_Type, &targets, &PyDict_Type, &out,
+                          &PyTuple_Type, &columns)) return NULL;
+    npy_intp n, cap = -1, row[80];
+    const int64_t *slots = plain_slots(o_slots, &n);
+    Py_ssize_t nt = PyTuple_GET_SIZE(targets), nc = PyTuple_GET_SIZE(columns);
+    PyArrayObject *arr[16];
+    const char *col[80];
+    char *dst[80];
+    if (slots == NULL || nt > 64 || nc > 16 || !gather_targets(targets, out, n, 0, col, dst, row, &cap)
+        || !take_columns(columns, nt, arr, col, row, &cap) || !slots_inside(slots, n, cap)) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
     }
-    for (npy_intp k = 0; k < n; k++)
-        if (slots[k] < 0 || slots[k] >= cap) Py_RETURN_NONE;
-    PyObject *result = PyTuple_New(nc);
+    PyObject *result = new_takes(arr, nc, n, nt, dst);
     if (result == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < nc; i++) {
-        npy_intp dims[NPY_MAXDIMS];
-        int nd = PyArray_NDIM(col[i]);
-        dims[0] = n;
-        for (int d = 1; d < nd; d++) dims[d] = PyArray_DIM(col[i], d);
-        PyArray_Descr *descr = PyArray_DESCR(col[i]);
-        Py_INCREF(descr);   /* stolen by NewFromDescr */
-        PyObject *a = PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, NULL, NULL, 0, NULL);
-        if (a == NULL) { Py_DECREF(result); return NULL; }
-        PyTuple_SET_ITEM(result, i, a);
-    }
-    for (npy_intp k = 0; k < n; k++)
-        for (Py_ssize_t i = 0; i < nc; i++) __builtin_prefetch(PyArray_BYTES(col[i]) + slots[k] * row[i]);
-    for (Py_ssize_t i = 0; i < nc; i++) {
-        const char *c = PyArray_BYTES(col[i]);
-        char *d = PyArray_BYTES((PyArrayObject *)PyTuple_GET_ITEM(result, i));
-        npy_intp r = row[i];
-        for (npy_intp k = 0; k < n; k++) copy_row(d + k * r, c + slots[k] * r, r);
-    }
+    npy_intp total = 0;
+    for (Py_ssize_t i = 0; i < nt; i++) total += n * row[i];
+    PyThreadState *ts = total >= RELEASE_GIL_FROM ? PyEval_SaveThread() : NULL;   /* as in gather_rows */
+    copy_gathered(slots, n, nt + nc, col, dst, row);
+    if (ts != NULL) PyEval_RestoreThread(ts);
     return result;
 }
 
@@ -413,6 +478,7 @@ static PyMethodDef methods[] = {
     {"shifted_union", shifted_union, METH_VARARGS, "shifted_union(a, b) -> read-only view of a's rows and b's last, or None"},
     {"take_rows", take_rows, METH_VARARGS, "take_rows(slots, columns) -> tuple of new arrays, or None"},
     {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(slots, targets, out) -> bool"},
+    {"gather_batch", gather_batch, METH_VARARGS, "gather_batch(slots, targets, out, columns) -> tuple of new arrays, or None"},
     {"check_columns", check_columns, METH_VARARGS, "check_columns(batch, fields) -> (n, columns) or None"},
     {"copy_rows", copy_rows, METH_VARARGS, "copy_rows(columns, targets, slot, n) -> bool"},
     {"write_meta", write_meta, METH_VARARGS, "write_meta(seq, next_seq, version, source, first, n, done, source, version, prev_tail) -> last row done, or None"},

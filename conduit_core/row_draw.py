@@ -4,9 +4,11 @@
 Why a route of its own: the draw's native work (the selection, the row gather, the provenance)
 is about half of a prioritized CartPole step; the rest was the general route's Python frames
 (argument forms, the pool's entries, the gather's layers). This route does the same work with
-the same calls in the same order (``selection.select_slots``, so the buffer's RNG is drawn
-alike by construction; ``ColumnarStorage.gather_reused``; ``Ring.gather_meta``), keeping the
-storage's plan for its life. ``delivery.sample``'s 1-step branch is the reference:
+the same selection (``selection.select_slots``, or the weighted selector's ``select`` it calls,
+so the buffer's RNG is drawn alike by construction), then gathers the rows into the pool and
+the provenance into fresh arrays in one native pass (``_rows.gather_batch``: the values of
+``ColumnarStorage.gather_reused`` and ``Ring.gather_meta``, which it falls back to, with the
+cache misses of both overlapping). ``delivery.sample``'s 1-step branch is the reference:
 tests/core/test_row_draw.py compares the two batch by batch (values, weights, provenance, RNG
 state, counts) across inserts, priority updates, wraps, removals and the fallbacks.
 
@@ -18,7 +20,13 @@ one plain host shard, no rate limit to wait on, no remote shard that may be lost
 from __future__ import annotations
 
 from .batch import Batch
+from .output_pool import handed_out
 from .selection import select_slots
+
+try:
+    from ._rows import gather_batch as _c_gather_batch
+except ImportError:  # pragma: no cover (the storage and the ring gather in turn)
+    _c_gather_batch = None
 
 
 class PooledRowDraw:
@@ -32,12 +40,15 @@ class PooledRowDraw:
         self._buffer, self._pool = buffer, pool
         self._storage = None     # the storage `_applies` was decided for (a migration swaps it)
         self._applies = False
+        self._names = None   # its fields, in the order of its (name, column) pairs
 
     def _decide(self, storage) -> None:
         """Whether draws from ``storage`` fill the pool here (fixed for the storage's life: one
         plain host shard, which a lost shard's replacement keeps, never one that may be lost)."""
         self._storage = storage
         self._applies = storage.fills_outputs() and storage.takes_into() and not storage.may_lose_shards
+        targets = storage.row_copy_targets() if self._applies else None
+        self._names = None if targets is None else tuple(name for name, _ in targets)
 
     def sample(self, batch_size: int, gamma: float, beta, episode_end: str) -> Batch | None:
         buf = self._buffer
@@ -58,16 +69,26 @@ class PooledRowDraw:
             pool = self._pool
             if selector.fills_weights_out:   # the weights go in place, into the same pool entry as the rows
                 out, views, weights_out = pool.get_weighted(batch_size)
-                slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta, weights_out[0])
+                if selector.weighted:   # (what select_slots calls for it)
+                    slots, weights = selector.select(batch_size, size, buf.rng, beta=beta, weights_out=weights_out[0])
+                else:
+                    slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta, weights_out[0])
             else:
                 weights_out = None
                 slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta)
                 out, views = pool.get(slots.shape)
-            data = storage.gather_reused(slots, out, views)
+            meta, targets = ring.meta, storage.row_copy_targets()
+            taken = None if targets is None or _c_gather_batch is None else _c_gather_batch(
+                slots, targets, out, (meta["seq"], meta["version"], meta["source"]))
+            if taken is not None:   # rows and provenance in one native pass (gather_reused's and gather_meta's values)
+                data = handed_out(self._names, out, views)
+                seqs, versions, sources = taken
+            else:
+                data = storage.gather_reused(slots, out, views)
+                seqs, versions, sources = ring.gather_meta(slots)
             buf.counts.sampled += batch_size
             if cond.waiters:
                 cond.notify_all()
-            seqs, versions, sources = ring.gather_meta(slots)
             if weights_out is not None and weights is weights_out[0]:   # written in place: the entry's tensor
                 weights = weights_out[1]
             elif weights is not None:

@@ -248,14 +248,15 @@ class Prioritized(Selector):
     def select(self, batch_size, size, rng, *, beta: float | None = None, weights_out: np.ndarray | None = None):
         """(slots, float32 importance weights); the weights go into ``weights_out`` if given."""
         beta = self.beta if beta is None else beta
-        total = self.index.total
         if self.index.use_c:  # draws, search and weights in one C pass (the numpy route's values)
+            trees = self.trees
             slots = np.empty(batch_size, dtype=np.int64)
             weights = np.empty(batch_size, dtype=np.float32) if weights_out is None else weights_out
             bits = rng.bit_generator
-            with bits.lock:
-                _c_draw_weighted(*self.index.trees(), bits.capsule, total, self.stratified, float(beta), slots, weights)
+            with bits.lock:   # (the total: the sum tree's root, as index.total reads it)
+                _c_draw_weighted(*trees, bits.capsule, float(trees[0][1]), self.stratified, float(beta), slots, weights)
             return slots, weights
+        total = self.index.total
         slots = self.index.find_prefixsum(self._masses(batch_size, total, rng))
         if beta == 0.0:
             weights = np.ones(batch_size, dtype=np.float32)

@@ -26,9 +26,9 @@ from .batch import Batch
 from .episodes import NATIVE_WALK, draw_windows, n_step_range, window_source
 
 try:
-    from ._rows import gather_rows as _c_gather_rows
+    from ._rows import gather_batch as _c_gather_batch, gather_rows as _c_gather_rows
 except ImportError:  # pragma: no cover (the general route gathers in numpy)
-    _c_gather_rows = None
+    _c_gather_rows = _c_gather_batch = None
 
 
 class PooledWindowDraw:
@@ -100,8 +100,10 @@ class PooledWindowDraw:
             walked = entry.walk
             drawn = draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, True,
                                  (slots, walked["weights"], ret, last, walked["n_step"]))
-            columns = entry.columns
-            if not _c_gather_rows(slots, first_plan, columns):   # (take_into names a slot out of range)
+            columns, meta = entry.columns, ring.meta
+            # the first rows and the provenance in one native pass (their cache misses overlap)
+            taken = _c_gather_batch(slots, first_plan, columns, (meta["seq"], meta["version"], meta["source"]))
+            if taken is None:   # (take_into names a slot out of range)
                 storage.take_into(slots, first_fields, columns)
             if not _c_gather_rows(last, last_plan, columns):
                 storage.take_into(last, last_fields, columns)
@@ -112,7 +114,7 @@ class PooledWindowDraw:
             buf.counts.sampled += b
             if cond.waiters:
                 cond.notify_all()
-            seqs, versions, sources = ring.gather_meta(slots)
+            seqs, versions, sources = ring.gather_meta(slots) if taken is None else taken
             batch = Batch(data, slots=slots, seqs=seqs, versions=versions, weights=out_weights,
                           inserted_at_selection=ring.inserted, sources=sources, n_steps=walked["n_step"],
                           redraws=drawn - b)

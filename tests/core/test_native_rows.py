@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import conduit_core.ring as ring_mod
+import conduit_core.row_draw as row_draw_mod
 import conduit_core.spec as spec_mod
 import conduit_core.storage as storage_mod
 from conduit_core import ExperienceBuffer, ExperienceSpec, FieldSpec, Uniform
@@ -270,6 +271,41 @@ def test_gather_rows_declines_what_take_would_do_otherwise():
             np.testing.assert_array_equal(out[k], before[k])
 
 
+@settings(max_examples=100, deadline=None)
+@given(cap=st.integers(1, 50), n=st.integers(0, 40), seed=st.integers(0, 2**31))
+def test_gather_batch_writes_what_gather_rows_and_take_rows_write(cap, n, seed):
+    rng = np.random.default_rng(seed)
+    cols = {"a": rng.standard_normal((cap, 3)).astype(np.float32), "d": rng.integers(0, 255, (cap, 5, 7), dtype=np.uint8)}
+    meta = (rng.integers(0, 99, cap), rng.integers(0, 99, cap), rng.random((cap, 2)) < 0.5)
+    slots = rng.integers(0, cap, n).astype(np.int64)
+    out = {k: np.empty((n, *v.shape[1:]), v.dtype) for k, v in cols.items()}
+    taken = native.gather_batch(slots, tuple(cols.items()), out, meta)
+    for k, v in cols.items():
+        np.testing.assert_array_equal(out[k], v.take(slots, axis=0))
+    assert len(taken) == len(meta)
+    for got, want in zip(taken, native.take_rows(slots, meta)):
+        assert got.dtype == want.dtype and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, want)
+
+
+def test_gather_batch_declines_what_either_would_decline_and_writes_nothing():
+    cols = (("a", np.arange(8, dtype=np.float32).reshape(4, 2)),)
+    good, meta = {"a": np.full((2, 2), -1, np.float32)}, (np.arange(4), np.arange(4))
+    for slots, out, columns in [(np.array([0, 4]), good, meta),                 # outside the rows
+                                (np.array([0, 3]), good, (np.arange(3),)),      # outside a meta column
+                                (np.array([0, 1], np.int32), good, meta),      # not int64
+                                (np.array([0, 1]), {"a": np.zeros((2, 2))}, meta),   # another type
+                                (np.array([0, 1]), good, (np.arange(8)[::2],)),      # a strided meta column
+                                (np.array([0, 1]), good, (np.array([None] * 4),)),   # object references
+                                (np.array([0, 1]), {}, meta)]:                  # no output for the field
+        before = {k: v.copy() for k, v in out.items()}
+        assert native.gather_batch(slots, cols, out, columns) is None
+        for k in out:
+            np.testing.assert_array_equal(out[k], before[k])
+    empty = native.gather_batch(np.empty(0, np.int64), cols, {"a": np.empty((0, 2), np.float32)}, meta)
+    assert [a.shape for a in empty] == [(0,), (0,)]
+
+
 @settings(max_examples=20, deadline=None)
 @given(capacity=st.integers(5, 60), seed=st.integers(0, 2**31), batch=st.integers(1, 40))
 def test_reused_output_batches_are_the_same_with_or_without_the_c_gather(capacity, seed, batch):
@@ -284,9 +320,12 @@ def test_reused_output_batches_are_the_same_with_or_without_the_c_gather(capacit
     with python_route():
         mp = pytest.MonkeyPatch()
         mp.setattr(storage_mod, "_c_gather_rows", None)
+        mp.setattr(ring_mod, "_c_take_rows", None)
+        mp.setattr(row_draw_mod, "_c_gather_batch", None)
         b = bufs[1].sample(batch)
         mp.undo()
-    np.testing.assert_array_equal(a.slots, b.slots)
+    for got, want in ((a.slots, b.slots), (a.seqs, b.seqs), (a.versions, b.versions), (a.sources, b.sources)):
+        np.testing.assert_array_equal(got, want)
     for name in SPEC.names:
         assert torch.equal(a[name], b[name]), name
     for buf in bufs:
