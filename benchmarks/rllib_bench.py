@@ -90,6 +90,7 @@ def run(workload: str, argv: list[str] | None) -> dict:
         for _ in range(a.warmup):
             algo.train()
             bar.update(1)
+    fill = {"before_blocks": {s: replay_fill(algo) for s, algo in algos.items()}}
     for block in range(a.blocks):
         order = SYSTEMS if block % 2 == 0 else SYSTEMS[::-1]  # alternate who goes first
         for s in order:
@@ -111,6 +112,7 @@ def run(workload: str, argv: list[str] | None) -> dict:
             rec[s]["steps"].append(timer.steps)
     bar.close()
     memory = {s: buffer_bytes_per_transition(algo) for s, algo in algos.items()}
+    fill["after_blocks"] = {s: replay_fill(algo) for s, algo in algos.items()}
     capacity = algos["rllib"].config.replay_buffer_config.get("capacity") if workload in RSS_KIND else None
     for algo in algos.values():
         algo.stop()
@@ -119,7 +121,7 @@ def run(workload: str, argv: list[str] | None) -> dict:
         "workload": f"rllib-{workload}", "args": vars(a), "systems": rec,
         "exposed_ratio": _ratio(rec["conduit"]["exposed_ms"], rec["rllib"]["exposed_ms"]),
         "iteration_ratio": _ratio(rec["conduit"]["iter_s"], rec["rllib"]["iter_s"]),
-        "versions": _versions(), "buffer_bytes_per_transition": memory, "replay_rss": rss,
+        "versions": _versions(), "buffer_bytes_per_transition": memory, "replay_rss": rss, "replay_fill": fill,
     }
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "report.json"), "w") as fh:
@@ -150,6 +152,15 @@ def replay_rss(workload: str, capacity: int | None, fill: int | None) -> dict | 
         return {"kind": kind, **measure(kind, n)}
     except Exception as exc:   # (a timeout): the run's timings are still written and printed
         return {"kind": kind, "n": n, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def replay_fill(algo) -> dict | None:
+    """{"stored": transitions in the replay buffer, "capacity": its capacity}: whether the blocks
+    ran on a full ring (a short run measures a partly filled one; ``--warmup`` fills it first)."""
+    buf = getattr(algo, "local_replay_buffer", None)
+    if buf is None:
+        return None
+    return {"stored": int(buf.get_num_timesteps()), "capacity": int(algo.config.replay_buffer_config["capacity"])}
 
 
 def buffer_bytes_per_transition(algo) -> float | None:
@@ -210,6 +221,13 @@ def render(report: dict) -> str:
         why = rss.get("error") or rss.get("rllib", {}).get("error") or rss.get("conduit", {}).get("error") \
             or "no error recorded"
         lines.append(f"  replay memory by RSS: failed ({why})")
+    before = (report.get("replay_fill") or {}).get("before_blocks") or {}
+    if all(before.get(s) for s in SYSTEMS):
+        share = {s: before[s]["stored"] / max(before[s]["capacity"], 1) for s in SYSTEMS}
+        lines.append("  replay fill when the blocks began (stored / capacity): " + ", ".join(
+            f"{s} {before[s]['stored']:,} / {before[s]['capacity']:,} ({share[s]:.0%})" for s in SYSTEMS)
+            + ("" if min(share.values()) >= 0.95   # (whole episodes leave: a full buffer holds a little less)
+               else "; a partly filled ring: --warmup N fills it first"))
     e, it = report["exposed_ratio"], report["iteration_ratio"]
     if e:
         lines.append(f"  exposed experience-path latency, conduit/rllib: {e['median']:.3f}x "
