@@ -280,24 +280,37 @@ static int slots_inside(const int64_t *slots, npy_intp n, npy_intp cap) {
 }
 
 /* Rows whose lines are prefetched ahead of the one being copied: enough misses in flight to cover
- * the memory latency (9 columns x 8 rows: 72 lines). Prefetching the whole batch first was slower,
- * likely because more prefetches were issued than the core can keep in flight: a 1M-row CartPole
- * ring's B=256 gather of 6 columns and 3 of provenance took 27.8 us that way and 22.5 us with 8 rows
- * ahead (4, 6, 12 and 16 rows: 22.8-23.7 us; B=32: 3.9 and 3.5 us; Atari rows within noise;
- * medians of 7, gather_batch called alone on pre-drawn slots). */
-#define ROWS_AHEAD 8
+ * the memory latency (9 columns x 8 rows: 72 lines). Prefetching every row of the batch first, as
+ * before, was slower on a full CartPole ring (`python -m benchmarks.bench_row_gather`, which sets
+ * this distance through set_rows_ahead to compare; 0 = the whole batch first). */
+static int rows_ahead = 8;
+
+/* set_rows_ahead(n) -> the previous distance (for benchmarks: the gathers read it). */
+static PyObject *set_rows_ahead(PyObject *self, PyObject *args) {
+    int n, before = rows_ahead;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    if (n < 0) { PyErr_SetString(PyExc_ValueError, "set_rows_ahead: n must be >= 0 (0: the whole batch first)"); return NULL; }
+    rows_ahead = n;
+    return PyLong_FromLong(before);
+}
 
 /* dst[i][k] = col[i][slots[k]] for every column i, row by row, with the lines of the row
- * ROWS_AHEAD further prefetched, so that the cache misses of a random batch overlap instead of
- * coming one after another. */
+ * rows_ahead further prefetched, so that the cache misses of a random batch overlap instead of
+ * coming one after another (rows_ahead 0: every row prefetched first, then copied column by column). */
 static void copy_gathered(const int64_t *slots, npy_intp n, Py_ssize_t nc, const char **col, char **dst,
                           const npy_intp *row) {
-    npy_intp first = n < ROWS_AHEAD ? n : ROWS_AHEAD;
+    npy_intp ahead = rows_ahead > 0 ? rows_ahead : n;
+    npy_intp first = n < ahead ? n : ahead;
     for (npy_intp k = 0; k < first; k++)
         for (Py_ssize_t i = 0; i < nc; i++) __builtin_prefetch(col[i] + slots[k] * row[i]);
+    if (rows_ahead <= 0) {
+        for (Py_ssize_t i = 0; i < nc; i++)
+            for (npy_intp k = 0; k < n; k++) copy_row(dst[i] + k * row[i], col[i] + slots[k] * row[i], row[i]);
+        return;
+    }
     for (npy_intp k = 0; k < n; k++) {
-        if (k + ROWS_AHEAD < n)
-            for (Py_ssize_t i = 0; i < nc; i++) __builtin_prefetch(col[i] + slots[k + ROWS_AHEAD] * row[i]);
+        if (k + ahead < n)
+            for (Py_ssize_t i = 0; i < nc; i++) __builtin_prefetch(col[i] + slots[k + ahead] * row[i]);
         for (Py_ssize_t i = 0; i < nc; i++) copy_row(dst[i] + k * row[i], col[i] + slots[k] * row[i], row[i]);
     }
 }
@@ -487,6 +500,7 @@ static PyMethodDef methods[] = {
     {"shifted_union", shifted_union, METH_VARARGS, "shifted_union(a, b) -> read-only view of a's rows and b's last, or None"},
     {"take_rows", take_rows, METH_VARARGS, "take_rows(slots, columns) -> tuple of new arrays, or None"},
     {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(slots, targets, out) -> bool"},
+    {"set_rows_ahead", set_rows_ahead, METH_VARARGS, "set_rows_ahead(n) -> previous: rows a gather prefetches ahead (0: all first)"},
     {"gather_batch", gather_batch, METH_VARARGS, "gather_batch(slots, targets, out, columns) -> tuple of new arrays, or None"},
     {"check_columns", check_columns, METH_VARARGS, "check_columns(batch, fields) -> (n, columns) or None"},
     {"copy_rows", copy_rows, METH_VARARGS, "copy_rows(columns, targets, slot, n) -> bool"},

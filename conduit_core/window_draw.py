@@ -26,9 +26,13 @@ from .batch import Batch
 from .episodes import NATIVE_WALK, draw_windows, n_step_range, window_source
 
 try:
-    from ._rows import gather_batch as _c_gather_batch, gather_rows as _c_gather_rows
+    from ._rows import gather_rows as _c_gather_rows
 except ImportError:  # pragma: no cover (the general route gathers in numpy)
-    _c_gather_rows = _c_gather_batch = None
+    _c_gather_rows = None
+try:
+    from ._rows import gather_batch as _c_gather_batch
+except ImportError:  # pragma: no cover (a build from before it: the rows, then the provenance)
+    _c_gather_batch = None
 
 
 class PooledWindowDraw:
@@ -102,8 +106,9 @@ class PooledWindowDraw:
                                  (slots, walked["weights"], ret, last, walked["n_step"]))
             columns, meta = entry.columns, ring.meta
             # the first rows and the provenance in one native pass (their cache misses overlap)
-            taken = _c_gather_batch(slots, first_plan, columns, (meta["seq"], meta["version"], meta["source"]))
-            if taken is None:   # (take_into names a slot out of range)
+            taken = None if _c_gather_batch is None else _c_gather_batch(
+                slots, first_plan, columns, (meta["seq"], meta["version"], meta["source"]))
+            if taken is None and not _c_gather_rows(slots, first_plan, columns):   # (take_into names a slot out of range)
                 storage.take_into(slots, first_fields, columns)
             if not _c_gather_rows(last, last_plan, columns):
                 storage.take_into(last, last_fields, columns)

@@ -278,14 +278,21 @@ def test_gather_batch_writes_what_gather_rows_and_take_rows_write(cap, n, seed):
     cols = {"a": rng.standard_normal((cap, 3)).astype(np.float32), "d": rng.integers(0, 255, (cap, 5, 7), dtype=np.uint8)}
     meta = (rng.integers(0, 99, cap), rng.integers(0, 99, cap), rng.random((cap, 2)) < 0.5)
     slots = rng.integers(0, cap, n).astype(np.int64)
-    out = {k: np.empty((n, *v.shape[1:]), v.dtype) for k, v in cols.items()}
-    taken = native.gather_batch(slots, tuple(cols.items()), out, meta)
-    for k, v in cols.items():
-        np.testing.assert_array_equal(out[k], v.take(slots, axis=0))
-    assert len(taken) == len(meta)
-    for got, want in zip(taken, native.take_rows(slots, meta)):
-        assert got.dtype == want.dtype and got.flags.c_contiguous
-        np.testing.assert_array_equal(got, want)
+    for ahead in (0, 1, 8):   # how far the copy prefetches ahead (0: the whole batch first) changes no value
+        before = native.set_rows_ahead(ahead)
+        try:
+            out = {k: np.empty((n, *v.shape[1:]), v.dtype) for k, v in cols.items()}
+            taken = native.gather_batch(slots, tuple(cols.items()), out, meta)
+        finally:
+            native.set_rows_ahead(before)
+        for k, v in cols.items():
+            np.testing.assert_array_equal(out[k], v.take(slots, axis=0))
+        assert len(taken) == len(meta)
+        for got, want in zip(taken, meta):
+            assert got.dtype == want.dtype and got.flags.c_contiguous
+            np.testing.assert_array_equal(got, want.take(slots, axis=0))
+    with pytest.raises(ValueError, match="set_rows_ahead"):
+        native.set_rows_ahead(-1)
 
 
 def test_gather_batch_declines_what_either_would_decline_and_writes_nothing():

@@ -75,3 +75,17 @@ def test_plain_ring_keeps_a_batch_for_its_outputs():
         assert ring.sample(8)["x"] is not first["x"]
     np.testing.assert_array_equal(first["x"], kept)
     assert ring.sample(8)["x"] is first["x"]   # the 5th sample reuses the first one's set
+
+
+def test_row_gather_benchmark_smoke(tmp_path):
+    """The prefetch-distance benchmark runs end to end (tiny sizes), leaves the distance as it
+    found it and writes its report; no timing asserted."""
+    from conduit_benchmarks import bench_row_gather
+    from conduit_core import _rows
+    before = _rows.set_rows_ahead(8)
+    _rows.set_rows_ahead(before)
+    out = tmp_path / "g.json"
+    bench_row_gather.main(["--capacity", "2000", "--batch", "8", "--reps", "1", "--calls", "10", "--json", str(out)])
+    arms = json.loads(out.read_text())["batches"]["8"]
+    assert arms["gather_batch, whole batch first"]["us"] > 0 and len(arms) == 5
+    assert _rows.set_rows_ahead(before) == before
