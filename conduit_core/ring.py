@@ -115,12 +115,19 @@ class Ring:
         """Which of ``slots`` (holding ``seqs`` in the metadata) hold a stored row."""
         return (seqs >= self.lo()) & (seqs < self.inserted) & (seqs % self.capacity == slots)
 
+    def provenance_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The metadata columns a batch's provenance comes from, (seq, version, source), each one
+        entry per slot: what ``gather_meta`` reads, and what a route that gathers the provenance
+        with its rows in one native pass (``_rows.gather_batch``) reads."""
+        meta = self.meta
+        return meta["seq"], meta["version"], meta["source"]
+
     def gather_meta(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(seq, version, source) of each of ``slots`` (1-D int64), in fresh arrays: a batch's
         provenance. One native pass that fetches every row's entries before reading them, where it can."""
-        seq, version, source = self.meta["seq"], self.meta["version"], self.meta["source"]
+        seq, version, source = columns = self.provenance_columns()
         if _c_take_rows is not None:
-            taken = _c_take_rows(slots, (seq, version, source))
+            taken = _c_take_rows(slots, columns)
             if taken is not None:
                 return taken
         return seq[slots], version[slots], source[slots]

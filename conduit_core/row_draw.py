@@ -77,9 +77,9 @@ class PooledRowDraw:
                 weights_out = None
                 slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta)
                 out, views = pool.get(slots.shape)
-            meta, targets = ring.meta, storage.row_copy_targets()
+            targets = storage.row_copy_targets()
             taken = None if targets is None or _c_gather_batch is None else _c_gather_batch(
-                slots, targets, out, (meta["seq"], meta["version"], meta["source"]))
+                slots, targets, out, ring.provenance_columns())
             if taken is not None:   # rows and provenance in one native pass (gather_reused's and gather_meta's values)
                 data = handed_out(self._names, out, views)
                 seqs, versions, sources = taken

@@ -104,10 +104,10 @@ class PooledWindowDraw:
             walked = entry.walk
             drawn = draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, True,
                                  (slots, walked["weights"], ret, last, walked["n_step"]))
-            columns, meta = entry.columns, ring.meta
+            columns = entry.columns
             # the first rows and the provenance in one native pass (their cache misses overlap)
             taken = None if _c_gather_batch is None else _c_gather_batch(
-                slots, first_plan, columns, (meta["seq"], meta["version"], meta["source"]))
+                slots, first_plan, columns, ring.provenance_columns())
             if taken is None and not _c_gather_rows(slots, first_plan, columns):   # (take_into names a slot out of range)
                 storage.take_into(slots, first_fields, columns)
             if not _c_gather_rows(last, last_plan, columns):
