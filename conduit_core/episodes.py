@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, SemanticError, SpecError
+from .walk_rows import PrefetchedRows, linked_rows, window_candidates
 
 try:  # the C helper's n-step walk (same results as the numpy path)
     from ._sumtree import nstep as _c_nstep
@@ -206,8 +207,12 @@ class EpisodeWalk:
     def sample_windows_reference(self, storage, selector, prioritized, sums, mins, tsize, lo, count, cap, seq, next_seq, u, n_lo,
                                   n_hi, gamma, beta, redraw, slots, weights, ret, last, steps, first):
         """The C ``sample_windows`` in Python, operation for operation (a fallback for
-        columns the C walk cannot read, and its reference in tests)."""
-        get = lambda name, s: storage.gather(np.array([s], dtype=np.int64), fields=[name])[name].numpy()[0]
+        columns the C walk cannot read, and its reference in tests). The rows it may read are
+        fetched first, in one gather (``walk_rows``): on a remote shard, one round trip per
+        call instead of one per row and field."""
+        source = (prioritized, sums, mins, tsize, lo, count, cap, seq, next_seq)
+        get = PrefetchedRows(storage, window_candidates(source, selector, u, n_lo, n_hi),
+                             ("reward", *self.done_fields)).read
         need = 2 if n_hi - n_lo > 1 else 1
         total, pmin = float(sums[1]), float(mins[1])
         i, j, b, m = first, 0, slots.shape[0], u.shape[0]
@@ -261,7 +266,10 @@ class EpisodeWalk:
         return self.n_step_returns_numpy(ring, storage, slots, n, gamma)
 
     def n_step_returns_numpy(self, ring, storage, slots: np.ndarray, n: np.ndarray, gamma: float):
-        get = lambda name, idx: storage.gather(idx, fields=[name])[name].numpy()
+        """``n_step_returns`` in numpy, step by step over the batch, on the rows it may read
+        fetched first in one gather (``walk_rows``)."""
+        get = PrefetchedRows(storage, linked_rows(ring.successors, slots, int(n.max()) if n.size else 1),
+                             ("reward", *self.done_fields)).take
         b = slots.shape[0]
         ret = get("reward", slots).astype(np.float64)
         cur = slots.copy()

@@ -180,6 +180,52 @@ def test_a_wide_gather_comes_back_in_pieces_and_reassembles(cluster):
         buf.close()
 
 
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_n_step_windows_over_a_remote_shard_take_one_round_trip_per_walk_and_equal_a_local_buffer(cluster,
+                                                                                                    prioritized):
+    """Found in session 32: the windows' walk over a remote shard read each row's reward and done
+    flags on its own, ~250 round trips per B=32 draw with RLlib's n-step (2, 5) (0.56 s per sample in
+    RLlib's DQN writing at the source). Now the rows a walk may read come in one gather: a draw
+    makes one round trip per walk (per pool of uniforms) and two for the batch's rows, and delivers what a buffer of one
+    host shard delivers, RNG and all (that one walks natively)."""
+    sel = lambda: Prioritized(alpha=0.6) if prioritized else None
+    remote = ExperienceBuffer(spec=SPEC, capacity=80, seed=3, selector=sel(),
+                              shards=[ShardSpec("remote", 80, node="conduit_node1")])
+    local = ExperienceBuffer(spec=SPEC, capacity=80, seed=3, selector=sel())
+    try:
+        rng = np.random.default_rng(0)
+        for i in range(30):   # 150 rows of three sources, episodes ending now and then
+            cols = rollout(5, 5 * i, done_at=4 if rng.random() < 0.4 else None)
+            cols["reward"] = rng.random(5).astype(np.float32)
+            remote.add(cols, source=i % 3)
+            local.add(cols, source=i % 3)
+        trips, part, walk = [0, 0], remote.storage.parts[0], remote.walk
+
+        def counting(fn, i):
+            def counted(*a, **k):
+                trips[i] += 1
+                return fn(*a, **k)
+            return counted
+        part.begin_gather = counting(part.begin_gather, 0)
+        # the walks: redraw's, one per pool of uniforms (a draw that redraws much takes several); shorten's, one
+        walk.sample_windows_reference = counting(walk.sample_windows_reference, 1)
+        walk.n_step_returns_numpy = counting(walk.n_step_returns_numpy, 1)
+        for end in ("redraw", "shorten", "redraw"):
+            trips[:] = [0, 0]
+            a, b = local.sample(32, n_step=(2, 5), episode_end=end), remote.sample(32, n_step=(2, 5), episode_end=end)
+            assert trips[1] >= 1 and trips[0] == trips[1] + 2, \
+                f"{trips[0]} round trips for {trips[1]} walks and the batch's two gathers"
+            assert np.array_equal(a.seqs, b.seqs) and all(torch.equal(a[k], b[k]) for k in a.keys())
+            if prioritized:
+                assert torch.equal(a.weights, b.weights)
+                local.update_priorities(a.slots, np.arange(32) + 1.0, seqs=a.seqs)
+                remote.update_priorities(b.slots, np.arange(32) + 1.0, seqs=b.seqs)
+        assert local.rng.bit_generator.state == remote.rng.bit_generator.state
+    finally:
+        remote.close()
+        local.close()
+
+
 def _fill(buf, rows=120):
     for i in range(0, rows, 10):
         buf.add(rollout(10, i), source=i // 10 % 3)

@@ -1,0 +1,113 @@
+"""n-step windows over a storage the native walk cannot read (here: two host shards) are walked
+by the Python reference on rows fetched first in one gather (``conduit_core.walk_rows``): the
+same batches as one host shard's native walk, and no row read on its own.
+
+Found in session 32: the reference read each row's reward and done flags with one gather per
+field and step, so on a remote shard a B=32 draw made ~250 Ray round trips (0.56 s per
+sample in RLlib's DQN writing at the source); tests/distributed/test_remote_tier.py checks the
+remote case."""
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized, ShardSpec, Uniform
+from conduit_core.episodes import window_source
+from conduit_core.walk_rows import window_candidates
+
+SPEC = ExperienceSpec.transition(obs_shape=(2,))
+
+
+def _fill(bufs, rng, episodes: int) -> None:
+    for c in range(episodes):
+        n = int(rng.integers(1, 12))
+        cols = {"obs": rng.random((n, 2), dtype=np.float32), "next_obs": rng.random((n, 2), dtype=np.float32),
+                "action": np.arange(n), "reward": rng.random(n).astype(np.float32),
+                "terminated": rng.random(n) < 0.15, "truncated": rng.random(n) < 0.05}
+        for buf in bufs:
+            buf.add(cols, source=c % 3)
+
+
+def _count_gathers(storage) -> list:
+    """Wrap ``storage.gather`` (on the instance) to record each call's row count and fields."""
+    calls, inner = [], storage.gather
+
+    def gather(slots, *args, fields=None, **kw):
+        calls.append((int(np.asarray(slots).size), None if fields is None else tuple(fields)))
+        return inner(slots, *args, fields=fields, **kw)
+    storage.gather = gather
+    return calls
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), prioritized=st.booleans(), n_step=st.sampled_from([3, (2, 5), (1, 4)]),
+       end=st.sampled_from(["shorten", "redraw"]), evict=st.integers(0, 5))
+def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_alone(seed, prioritized, n_step,
+                                                                                        end, evict):
+    rng = np.random.default_rng(seed)
+    cap = int(rng.integers(20, 90))
+    half = cap // 2
+    make = lambda shards: ExperienceBuffer(spec=SPEC, capacity=cap, shards=shards, seed=seed,
+                                           selector=Prioritized(alpha=0.7) if prioritized else Uniform())
+    one, two = make(None), make([ShardSpec("pageable", half), ShardSpec("pageable", cap - half)])
+    try:
+        assert one.storage.walk_views(one.walk.done_fields) is not None   # the native walk
+        assert two.storage.walk_views(two.walk.done_fields) is None       # the reference, on prefetched rows
+        _fill((one, two), rng, int(rng.integers(4, 30)))
+        if evict:
+            gone = rng.integers(one.inserted - len(one), one.inserted, evict)
+            one.evict(gone)
+            two.evict(gone)
+        if prioritized:
+            s = np.flatnonzero(one.selector.index.leaves() > 0)
+            p = rng.random(s.size) + 0.1
+            one.update_priorities(s, p)
+            two.update_priorities(s, p)
+        calls = _count_gathers(two.storage)
+        for _ in range(3):
+            try:
+                a = one.sample(16, n_step=n_step, episode_end=end)
+            except Exception as exc:   # (no window fits: both must say so, the same way)
+                try:
+                    two.sample(16, n_step=n_step, episode_end=end)
+                except type(exc) as twin:
+                    assert str(twin) == str(exc)
+                    break
+                raise AssertionError(f"one host shard raised {exc!r}, two shards did not")
+            b = two.sample(16, n_step=n_step, episode_end=end)
+            assert set(a.keys()) == set(b.keys())
+            for k in a.keys():
+                assert torch.equal(a[k], b[k]), k
+            assert np.array_equal(a.seqs, b.seqs) and np.array_equal(a.slots, b.slots)
+            assert (a.weights is None) == (b.weights is None)
+            if a.weights is not None:
+                assert torch.equal(a.weights, b.weights)
+        assert one.rng.bit_generator.state == two.rng.bit_generator.state
+        assert all(rows > 1 for rows, _ in calls), calls   # every walk read its rows in one gather
+    finally:
+        one.close()
+        two.close()
+
+
+def test_the_candidates_are_each_tries_start_and_its_linked_successors():
+    """Pure: the starts the uniforms pick, then n_hi - 2 links down each episode, stopping at a
+    successor the ring no longer holds."""
+    buf = ExperienceBuffer(spec=SPEC, capacity=10, seed=0)
+    try:
+        row = lambda n, done: {"obs": np.zeros((n, 2), np.float32), "next_obs": np.zeros((n, 2), np.float32),
+                               "action": np.zeros(n, np.int64), "reward": np.ones(n, np.float32),
+                               "terminated": np.r_[np.zeros(n - 1, bool), [done]], "truncated": np.zeros(n, bool)}
+        buf.add(row(6, True))     # seqs 0-5: one episode
+        buf.add(row(4, False))    # seqs 6-9: the next, still running
+        source, _ = window_source(buf.ring, buf.selector, None, None)
+        u = np.array([0.05, 0.55, 0.75, 0.95])   # one uniform per try (a fixed n): starts 0, 5, 7, 9
+        got = window_candidates(source, buf.selector, u, 3, 4)   # n = 3: a start and two successors
+        # 0 -> 1 -> 2 and 7 -> 8 -> 9; 5 ends its episode and 9 is the newest row: no successor
+        assert got.tolist() == [0, 1, 2, 5, 7, 8, 9]
+        buf.evict([8])   # a removed row ends the chain: 7 alone
+        source, _ = window_source(buf.ring, buf.selector, None, None)
+        assert window_candidates(source, buf.selector, np.array([0.75]), 3, 4).tolist() == [7]
+        assert window_candidates(source, buf.selector, u[:0], 3, 4).size == 0
+    finally:
+        buf.close()
