@@ -114,7 +114,7 @@ def test_dqn_cartpole_with_two_env_runners_writing_at_the_source(ray_session):
 
 
 def test_a_dropped_sample_is_abandoned_and_runners_whose_shard_is_lost_get_writers_again(ray_session):
-    """One DQN run (an algorithm costs ~40 s to build and train here), two faults in turn.
+    """One DQN run (an algorithm costs ~25 s to build and train here), two faults in turn.
     1. A runner's ``sample()`` whose result the driver never gets (RLlib drops one that outlives
        ``sample_timeout_s``): its receipts are abandoned at the runner's next result, their staged
        rows released (they stayed in the shard's actor for good).
