@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, SemanticError, SpecError
-from .walk_rows import PrefetchedRows, linked_rows, window_candidates
+from .walk_rows import PrefetchedRows, ScratchWalkViews, linked_rows, window_candidates
 
 try:  # the C helper's n-step walk (same results as the numpy path)
     from ._sumtree import nstep as _c_nstep
@@ -102,6 +102,7 @@ class EpisodeWalk:
         self._window_plans: dict = {}   # fields asked for -> window_plan's answer
         self._n_step_ranges: dict = {}  # n_step -> n_step_range's answer (a sampler asks the same each step)
         self._n_step_fields_ok = False  # check_n_step_fields passed (the spec is fixed)
+        self._scratch = None            # walk_prefetched's ScratchWalkViews (storage without walk views)
 
     def window_plan(self, fields) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """(the fields delivered, those read at a window's last step, those at its first)."""
@@ -199,10 +200,30 @@ class EpisodeWalk:
             weights, steps = out
         views = storage.walk_views(self.done_fields) if _c_sample_windows is not None else None
         reference = None if views is not None else (
-            lambda *args: self.sample_windows_reference(storage, selector, *args))
+            lambda *args: self.walk_prefetched(storage, selector, *args))
         drawn = draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, redraw,
                              (slots, weights, ret, last, steps), reference=reference)
         return slots, (weights if prioritized else None), ret, last, steps, drawn - b
+
+    def walk_prefetched(self, storage, selector, *args):
+        """``draw_windows``'s walk where the storage offers no walk views (a remote shard, several
+        shards): the native walk on ``ScratchWalkViews`` holding the rows it may reach, fetched in
+        one gather (``walk_rows``), else (columns it cannot read, no C helper) the reference."""
+        if _c_sample_windows is None:
+            return self.sample_windows_reference(storage, selector, *args)
+        source, (u, n_lo, n_hi) = args[:9], args[9:12]
+        cap = source[6]
+        scratch = self._scratch
+        if scratch is None or scratch.capacity != cap:
+            scratch = self._scratch = ScratchWalkViews(cap)
+        rows = window_candidates(source, selector, u, n_lo, n_hi)
+        views = scratch.fill(storage, rows, self.done_fields)
+        if views is None:
+            return self.sample_windows_reference(storage, selector, *args)
+        try:
+            return _c_sample_windows(*source, *views, *args[9:])
+        finally:
+            scratch.clear(rows)
 
     def sample_windows_reference(self, storage, selector, prioritized, sums, mins, tsize, lo, count, cap, seq, next_seq, u, n_lo,
                                   n_hi, gamma, beta, redraw, slots, weights, ret, last, steps, first):

@@ -96,3 +96,37 @@ class PrefetchedRows:
             if np.array_equal(self._slots[pos], slots):
                 return self._columns[name][pos]
         return self._storage.gather(slots, fields=[name])[name].numpy()
+
+
+class ScratchWalkViews:
+    """Ring-sized reward and done columns for the native walk (``_sumtree.sample_windows``) over
+    storage it cannot read directly: ``fill`` writes the rows a walk may read (one gather) and
+    ``clear`` takes them out again once it has walked. Every other row holds a NaN reward and
+    both done flags set, so a walk that read a row it was not given would deliver NaN returns and
+    cut windows: loud, and caught by the tests that compare it with one host shard's walk.
+    Allocated once per ring size (6 bytes a row; untouched pages cost no memory)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.reward = np.full(capacity, np.nan, dtype=np.float32)
+        self.terminated = np.ones(capacity, dtype=np.uint8)
+        self.truncated = np.ones(capacity, dtype=np.uint8)
+
+    def fill(self, storage, slots: np.ndarray, done_fields: tuple[str, ...]) -> tuple[np.ndarray, ...] | None:
+        """The walk's views with the rows at ``slots`` written in; None (nothing written) where the
+        stored columns are not what the native walk reads (float32 reward, two bool done flags)."""
+        if not slots.size:
+            return self.reward, self.terminated, self.truncated
+        got = storage.gather(slots, fields=["reward", *done_fields])
+        reward, *done = (got[name].numpy() for name in ("reward", *done_fields))
+        if reward.dtype != np.float32 or len(done) != 2 or any(d.dtype != np.bool_ for d in done):
+            return None
+        self.reward[slots] = reward
+        self.terminated[slots] = done[0]
+        self.truncated[slots] = done[1]
+        return self.reward, self.terminated, self.truncated
+
+    def clear(self, slots: np.ndarray) -> None:
+        self.reward[slots] = np.nan
+        self.terminated[slots] = 1
+        self.truncated[slots] = 1

@@ -1,6 +1,6 @@
-"""n-step windows over a storage the native walk cannot read (here: two host shards) are walked
-by the Python reference on rows fetched first in one gather (``conduit_core.walk_rows``): the
-same batches as one host shard's native walk, and no row read on its own.
+"""n-step windows over a storage the native walk cannot read directly (here: two host shards) are
+walked on rows fetched first in one gather (``conduit_core.walk_rows``): the same batches as one
+host shard's native walk, and no row read on its own.
 
 Found in session 32: the reference read each row's reward and done flags with one gather per
 field and step, so on a remote shard a B=32 draw made ~250 Ray round trips (0.56 s per
@@ -42,9 +42,12 @@ def _count_gathers(storage) -> list:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), prioritized=st.booleans(), n_step=st.sampled_from([3, (2, 5), (1, 4)]),
-       end=st.sampled_from(["shorten", "redraw"]), evict=st.integers(0, 5))
+       end=st.sampled_from(["shorten", "redraw"]), evict=st.integers(0, 5), python_walk=st.booleans())
 def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_alone(seed, prioritized, n_step,
-                                                                                        end, evict):
+                                                                                        end, evict, python_walk):
+    """The two-shard buffer walks natively on ``ScratchWalkViews`` (rows not fetched read as NaN
+    rewards and done flags: a walk that strayed would differ), or with ``python_walk`` by the
+    Python reference on ``PrefetchedRows`` (the route for columns the C walk cannot read)."""
     rng = np.random.default_rng(seed)
     cap = int(rng.integers(20, 90))
     half = cap // 2
@@ -53,7 +56,10 @@ def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_a
     one, two = make(None), make([ShardSpec("pageable", half), ShardSpec("pageable", cap - half)])
     try:
         assert one.storage.walk_views(one.walk.done_fields) is not None   # the native walk
-        assert two.storage.walk_views(two.walk.done_fields) is None       # the reference, on prefetched rows
+        assert two.storage.walk_views(two.walk.done_fields) is None       # walked on prefetched rows
+        if python_walk:
+            two.walk.walk_prefetched = lambda storage, selector, *args: two.walk.sample_windows_reference(
+                storage, selector, *args)
         _fill((one, two), rng, int(rng.integers(4, 30)))
         if evict:
             gone = rng.integers(one.inserted - len(one), one.inserted, evict)

@@ -208,7 +208,7 @@ def test_n_step_windows_over_a_remote_shard_take_one_round_trip_per_walk_and_equ
             return counted
         part.begin_gather = counting(part.begin_gather, 0)
         # the walks: redraw's, one per pool of uniforms (a draw that redraws much takes several); shorten's, one
-        walk.sample_windows_reference = counting(walk.sample_windows_reference, 1)
+        walk.walk_prefetched = counting(walk.walk_prefetched, 1)
         walk.n_step_returns_numpy = counting(walk.n_step_returns_numpy, 1)
         for end in ("redraw", "shorten", "redraw"):
             trips[:] = [0, 0]
