@@ -5,8 +5,9 @@ successor in its source's episode, checked against the slot's current ``seq`` so
 successor that was overwritten or evicted ends the walk). A walk stops at a done row,
 so neither ever crosses an episode boundary, even when several sources' rollouts
 interleave in the ring. The n-step walk runs in the C helper when the columns allow it
-(float32 rewards, bool done flags, one host shard), else vectorized in numpy; both give
-identical results (tested).
+(float32 rewards, bool done flags), directly on one host shard's columns, and on the rows it
+may reach fetched in one gather where the storage is several shards or a remote one
+(``walk_rows``); else in Python or vectorized numpy. All give identical results (tested).
 
 A part of its own: ``EpisodeWalk`` holds only the spec's view of episodes (which fields
 end one) and is handed the ring, storage, selector and RNG it walks at each call, so it
