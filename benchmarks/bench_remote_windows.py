@@ -1,7 +1,7 @@
 """n-step window draws over storage the native walk cannot read: a remote shard, two host shards,
 against one host shard (the native walk), on a two-node ``ray.cluster_utils.Cluster``.
 
-    OMP_NUM_THREADS=1 RAY_AUTH_MODE=disabled python -m benchmarks.bench_remote_windows   # ~1 min
+    OMP_NUM_THREADS=1 RAY_AUTH_MODE=disabled python -m benchmarks.bench_remote_windows   # ~1.5 min
 
 Each buffer holds the same CartPole-shaped rows (50,000: RLlib DQN's capacity, full), episodes of
 10-200 steps from four sources interleaved, prioritized (alpha 0.6). Timed per call, arms in
@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
             for cols, src in episodes:
                 buf.add(cols, source=src)
         rng = np.random.default_rng(1)
-        rows, report = [], {"machine": machine(), "capacity": cap, "results": {}}
+        rows, report = [], {"machine": machine(), "args": vars(a), "results": {}}
         for end in ("redraw", "shorten"):
             for b in a.batch:
                 prios = rng.random(b) + 0.1

@@ -210,7 +210,7 @@ class EpisodeWalk:
         """``draw_windows``'s walk where the storage offers no walk views (a remote shard, several
         shards): the native walk on ``ScratchWalkViews`` holding the rows it may reach, fetched in
         one gather (``walk_rows``), else (columns it cannot read, no C helper) the reference."""
-        if _c_sample_windows is None:
+        if _c_sample_windows is None or not ScratchWalkViews.reads(self.spec, self.done_fields):
             return self.sample_windows_reference(storage, selector, *args)
         source, (u, n_lo, n_hi) = args[:9], args[9:12]
         cap = source[6]
@@ -218,12 +218,9 @@ class EpisodeWalk:
         if scratch is None or scratch.capacity != cap:
             scratch = self._scratch = ScratchWalkViews(cap)
         rows = window_candidates(source, selector, u, n_lo, n_hi)
-        views = scratch.fill(storage, rows, self.done_fields)
-        if views is None:
-            return self.sample_windows_reference(storage, selector, *args)
         try:
-            return _c_sample_windows(*source, *views, *args[9:])
-        finally:
+            return _c_sample_windows(*source, *scratch.fill(storage, rows, self.done_fields), *args[9:])
+        finally:   # (a failed gather or walk too: the scratch holds nothing of it after)
             scratch.clear(rows)
 
     def sample_windows_reference(self, storage, selector, prioritized, sums, mins, tsize, lo, count, cap, seq, next_seq, u, n_lo,
@@ -307,8 +304,9 @@ class EpisodeWalk:
             go = want & ok
             if not go.any():
                 break
-            ret += np.where(go, (gamma ** k) * get("reward", nxt).astype(np.float64), 0.0)
-            cur = np.where(go, nxt, cur)
+            cur_next = np.where(go, nxt, cur)   # (an unlinked row's "successor" is slot 0: not read)
+            ret += np.where(go, (gamma ** k) * get("reward", cur_next).astype(np.float64), 0.0)
+            cur = cur_next
             steps += go
             alive = go
             for f in self.done_fields:

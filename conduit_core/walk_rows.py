@@ -1,29 +1,39 @@
 """The rows an n-step window walk may read, fetched in one gather before it walks.
 
-Why: where the storage offers no host views the native walk can read (a remote shard, several
-shards, a reward or done column with a codec), windows are walked by the Python reference
-(``EpisodeWalk.sample_windows_reference``). It read each row's reward and done flags as it went,
-one ``storage.gather`` per field and step; on a remote shard each of those is a Ray round trip.
-A B=32 draw with RLlib's n-step (2, 5) made about 250 of them: 0.56 s per ``sample()`` in RLlib's
-DQN with env runners writing at the source (one shard, an actor), where the learner's update
-takes milliseconds.
+Why: where the storage offers no host views the native walk can read directly (a remote shard,
+several shards), windows were walked by the Python reference
+(``EpisodeWalk.sample_windows_reference``), which read each row's reward and done flags as it
+went: one ``storage.gather`` per field and step, and on a remote shard each of those a Ray round
+trip. A B=32 draw with RLlib's n-step (2, 5) made 224-247 of them (0.4-0.56 s per ``sample()``;
+in RLlib's DQN with env runners writing at the source, 15-17 s per 300-step iteration).
 
 The rows a pool of uniforms can reach are known before the walk. Every try takes the same number
 of uniforms (``need``: the start, and n where n is drawn), so each try's start follows from its
 own first uniform alone, and its window runs at most ``n_hi - 1`` rows down the episode links,
-which are metadata on this host. So ``window_candidates`` lists them (a pure function of the
-source, the selector's tree and the uniforms), ``PrefetchedRows`` fetches them in one gather
-(each shard's part started before any is awaited), and the walk reads them from there,
-operation for operation as before: the same uniforms consumed, the same rows read, the same
-values. The vectorized walk of the shortened-window rule (``EpisodeWalk.n_step_returns_numpy``)
-read each field once per step, ``3 * n`` round trips; it reads ``linked_rows`` the same way. tests/core/test_review_regressions.py compares it with the native walk, and
-tests/core/test_walk_rows.py counts the gathers and compares several shards and a remote
-one with one host shard.
+which are metadata on this host. ``window_candidates`` lists them (from the source, the
+selector's tree and the uniforms); ``ScratchWalkViews`` takes them in one gather (each shard's
+part started before any is awaited) and the native walk runs on it, consuming the same uniforms
+and reading the same values as on one host shard. Where the stored columns are not what the
+native walk reads (a reward that is not one float32, done flags that are not bool), the Python
+reference walks on ``PrefetchedRows`` instead, operation for operation as before. The vectorized
+walk of the shortened-window rule (``EpisodeWalk.n_step_returns_numpy``), which read each field
+once per step (``3 * n`` round trips), reads ``linked_rows`` the same way.
+
+Tested: tests/core/test_walk_rows.py (two shards against one host shard, batch for batch, both
+routes, and the gathers counted), tests/core/test_review_regressions.py (the native walk against
+the Python reference), tests/distributed/test_remote_tier.py (a remote shard on a two-node
+Cluster, its round trips counted).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+try:
+    from ._sumtree import find as _c_find   # the prefix-sum search the native walk makes
+except ImportError:  # pragma: no cover - no C compiler where it was installed
+    _c_find = None
 
 
 def window_candidates(source: tuple, selector, u: np.ndarray, n_lo: int, n_hi: int) -> np.ndarray:
@@ -31,14 +41,19 @@ def window_candidates(source: tuple, selector, u: np.ndarray, n_lo: int, n_hi: i
     (``window_source``'s tuple): each try's start and up to ``n_hi - 2`` successors along its
     episode's stored links, sorted and unique. A superset: the walk stops earlier at a done row,
     and the last tries of the pool are read only where the earlier ones were redrawn."""
-    prioritized, sums, _mins, _tsize, lo, count, cap, seq, next_seq = source
+    prioritized, sums, _mins, tsize, lo, count, cap, seq, next_seq = source
     need = 2 if n_hi - n_lo > 1 else 1
     tries = u.shape[0] // need
     if tries == 0:
         return np.empty(0, dtype=np.int64)
     first = u[0:tries * need:need]   # each try's first uniform picks its start, as the walk does
-    if prioritized:
-        starts = np.asarray(selector.index.find_prefixsum(first * float(sums[1])), dtype=np.int64)
+    if prioritized:   # the search the walk makes, on the trees it is given
+        targets = np.ascontiguousarray(first * float(sums[1]))
+        if _c_find is not None:
+            starts = np.empty(tries, dtype=np.int64)
+            _c_find(sums, tsize, targets, starts)
+        else:   # pragma: no cover - no C helper: the selector's own search (the same descent)
+            starts = np.asarray(selector.index.find_prefixsum(targets), dtype=np.int64)
     else:
         offsets = np.minimum((first * float(count)).astype(np.int64), count - 1)
         starts = (lo + offsets) % cap
@@ -91,11 +106,15 @@ class PrefetchedRows:
 
     def take(self, name: str, slots: np.ndarray) -> np.ndarray:
         """Field ``name`` of the rows at ``slots`` (an array, as the vectorized walk reads it)."""
-        if self._slots.size:
-            pos = np.minimum(np.searchsorted(self._slots, slots), self._slots.shape[0] - 1)
-            if np.array_equal(self._slots[pos], slots):
-                return self._columns[name][pos]
-        return self._storage.gather(slots, fields=[name])[name].numpy()
+        if not self._slots.size:
+            return self._storage.gather(slots, fields=[name])[name].numpy()
+        pos = np.minimum(np.searchsorted(self._slots, slots), self._slots.shape[0] - 1)
+        found = self._slots[pos] == slots
+        if found.all():
+            return self._columns[name][pos]
+        out = self._columns[name][pos]   # (a fresh array: fancy indexing copies)
+        out[~found] = self._storage.gather(slots[~found], fields=[name])[name].numpy()
+        return out
 
 
 class ScratchWalkViews:
@@ -104,7 +123,7 @@ class ScratchWalkViews:
     ``clear`` takes them out again once it has walked. Every other row holds a NaN reward and
     both done flags set, so a walk that read a row it was not given would deliver NaN returns and
     cut windows: loud, and caught by the tests that compare it with one host shard's walk.
-    Allocated once per ring size (6 bytes a row; untouched pages cost no memory)."""
+    Allocated once per ring size: 6 bytes a row (6 MB for a million), written whole at first."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -112,15 +131,20 @@ class ScratchWalkViews:
         self.terminated = np.ones(capacity, dtype=np.uint8)
         self.truncated = np.ones(capacity, dtype=np.uint8)
 
-    def fill(self, storage, slots: np.ndarray, done_fields: tuple[str, ...]) -> tuple[np.ndarray, ...] | None:
-        """The walk's views with the rows at ``slots`` written in; None (nothing written) where the
-        stored columns are not what the native walk reads (float32 reward, two bool done flags)."""
+    @staticmethod
+    def reads(spec, done_fields: tuple[str, ...]) -> bool:
+        """Whether the native walk can walk these fields as delivered: one float32 reward and two
+        bool done flags per row (else the Python reference walks, on ``PrefetchedRows``)."""
+        fields = ("reward", *done_fields)
+        return len(done_fields) == 2 and all(f in spec and spec[f].shape == () for f in fields) \
+            and spec["reward"].dtype == torch.float32 and all(spec[f].dtype == torch.bool for f in done_fields)
+
+    def fill(self, storage, slots: np.ndarray, done_fields: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+        """The walk's views with the rows at ``slots`` written in (fields ``reads`` accepted)."""
         if not slots.size:
             return self.reward, self.terminated, self.truncated
         got = storage.gather(slots, fields=["reward", *done_fields])
         reward, *done = (got[name].numpy() for name in ("reward", *done_fields))
-        if reward.dtype != np.float32 or len(done) != 2 or any(d.dtype != np.bool_ for d in done):
-            return None
         self.reward[slots] = reward
         self.terminated[slots] = done[0]
         self.truncated[slots] = done[1]

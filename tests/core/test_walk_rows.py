@@ -8,6 +8,7 @@ sample in RLlib's DQN writing at the source); tests/distributed/test_remote_tier
 remote case."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -57,9 +58,14 @@ def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_a
     try:
         assert one.storage.walk_views(one.walk.done_fields) is not None   # the native walk
         assert two.storage.walk_views(two.walk.done_fields) is None       # walked on prefetched rows
-        if python_walk:
-            two.walk.walk_prefetched = lambda storage, selector, *args: two.walk.sample_windows_reference(
-                storage, selector, *args)
+        walks, walk = [0], two.walk
+        native_walk, numpy_walk = walk.walk_prefetched, walk.n_step_returns_numpy
+
+        def walked(*args):   # (redraw's walks, one per pool of uniforms; shorten's, one per draw)
+            walks[0] += 1
+            return walk.sample_windows_reference(*args) if python_walk and len(args) > 5 else (
+                native_walk(*args) if len(args) > 5 else numpy_walk(*args))
+        walk.walk_prefetched, walk.n_step_returns_numpy = walked, walked
         _fill((one, two), rng, int(rng.integers(4, 30)))
         if evict:
             gone = rng.integers(one.inserted - len(one), one.inserted, evict)
@@ -71,6 +77,8 @@ def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_a
             one.update_priorities(s, p)
             two.update_priorities(s, p)
         calls = _count_gathers(two.storage)
+        walk_fields = ("reward", *two.walk.done_fields)
+        samples = 0
         for _ in range(3):
             try:
                 a = one.sample(16, n_step=n_step, episode_end=end)
@@ -82,6 +90,7 @@ def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_a
                     break
                 raise AssertionError(f"one host shard raised {exc!r}, two shards did not")
             b = two.sample(16, n_step=n_step, episode_end=end)
+            samples += 1
             assert set(a.keys()) == set(b.keys())
             for k in a.keys():
                 assert torch.equal(a[k], b[k]), k
@@ -90,7 +99,9 @@ def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_a
             if a.weights is not None:
                 assert torch.equal(a.weights, b.weights)
         assert one.rng.bit_generator.state == two.rng.bit_generator.state
-        assert all(rows > 1 for rows, _ in calls), calls   # every walk read its rows in one gather
+        # every walk read its rows in one gather, and nothing else was read but each batch's rows (two)
+        assert sum(fields == walk_fields for _, fields in calls) == walks[0], (walks, calls)
+        assert len(calls) == walks[0] + 2 * samples, (walks, samples, calls)
     finally:
         one.close()
         two.close()
@@ -115,5 +126,44 @@ def test_the_candidates_are_each_tries_start_and_its_linked_successors():
         source, _ = window_source(buf.ring, buf.selector, None, None)
         assert window_candidates(source, buf.selector, np.array([0.75]), 3, 4).tolist() == [7]
         assert window_candidates(source, buf.selector, u[:0], 3, 4).size == 0
+    finally:
+        buf.close()
+
+
+def test_scratch_views_hold_only_the_rows_of_the_walk_and_a_failed_walk_leaves_none():
+    """Outside the rows filled in, a NaN reward and both done flags set; ``clear`` restores that,
+    and a walk that fails leaves nothing behind (``EpisodeWalk.walk_prefetched``'s finally)."""
+    from conduit_core.walk_rows import ScratchWalkViews
+    buf = ExperienceBuffer(spec=SPEC, capacity=40, seed=0,
+                           shards=[ShardSpec("pageable", 20), ShardSpec("pageable", 20)])
+    try:
+        _fill((buf,), np.random.default_rng(0), 12)
+        assert ScratchWalkViews.reads(buf.spec, buf.walk.done_fields)
+        scratch = ScratchWalkViews(40)
+        rows = np.array([1, 5, 30])
+        reward, term, trunc = scratch.fill(buf.storage, rows, buf.walk.done_fields)
+        stored = buf.storage.gather(rows, fields=["reward", "terminated"])
+        assert np.array_equal(reward[rows], stored["reward"].numpy())
+        assert np.array_equal(term[rows], stored["terminated"].numpy())
+        others = np.setdiff1d(np.arange(40), rows)
+        assert np.isnan(reward[others]).all() and (term[others] == 1).all() and (trunc[others] == 1).all()
+        scratch.clear(rows)
+        assert np.isnan(reward).all() and (term == 1).all() and (trunc == 1).all()
+
+        from conduit_core import episodes as episodes_mod
+        native = episodes_mod._c_sample_windows
+
+        def walk_fails(*args):   # the walk fails once its rows are written in
+            raise RuntimeError("injected")
+        episodes_mod._c_sample_windows = walk_fails
+        try:
+            with pytest.raises(RuntimeError, match="injected"):
+                buf.sample(8, n_step=3, episode_end="redraw")
+        finally:
+            episodes_mod._c_sample_windows = native
+        left = buf.walk._scratch   # (the walk's own scratch: nothing of the failed walk stays in it)
+        assert np.isnan(left.reward).all() and (left.terminated == 1).all() and (left.truncated == 1).all()
+        again = buf.sample(8, n_step=3, episode_end="redraw")   # the next draw is whole and finite
+        assert torch.isfinite(again["reward"]).all()
     finally:
         buf.close()
