@@ -12,13 +12,12 @@ argument per piece (what a remote shard's write gets), median of ``--calls`` rou
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import numpy as np
 
-from .common import fmt_table, machine, write_json
+from .common import fmt_table, machine, two_node_cluster, write_json
 
 
 class _Replier:
@@ -39,16 +38,8 @@ def main(argv=None) -> dict:
     p.add_argument("--calls", type=int, default=25)
     p.add_argument("--json", default="out/bench_remote_reply.json")
     a = p.parse_args(argv)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-    from ray.cluster_utils import Cluster
-
     from conduit_core.remote import INLINE_BYTES
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 256 << 20})
-    cluster.add_node(num_cpus=1, resources={"node1": 1}, object_store_memory=256 << 20)
-    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        cluster.wait_for_nodes()
+    with two_node_cluster() as ray:
         actor = ray.remote(num_cpus=0)(_Replier).options(resources={"node1": 0.001}).remote()
 
         def median_ms(call) -> float:
@@ -72,9 +63,6 @@ def main(argv=None) -> dict:
             send_pieces = median_ms(lambda: actor.take.remote(*cut)) if k > 1 else send_whole
             rows.append({"kib": kib, "pieces": k, "whole_ms": whole, "pieces_ms": pieces,
                          "send_whole_ms": send_whole, "send_pieces_ms": send_pieces})
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     print(fmt_table([[r["kib"], r["pieces"], f"{r['whole_ms']:.2f}", f"{r['pieces_ms']:.2f}",
                       f"{r['pieces_ms'] / r['whole_ms']:.2f}x", f"{r['send_whole_ms']:.2f}",
                       f"{r['send_pieces_ms']:.2f}", f"{r['send_pieces_ms'] / r['send_whole_ms']:.2f}x"] for r in rows],

@@ -15,11 +15,10 @@ walk cannot read the columns, the walk reads the rows a draw may reach in one ga
 from __future__ import annotations
 
 import argparse
-import os
 
 import numpy as np
 
-from .common import fmt_table, machine, median, paired_times, ratio_stats, write_json
+from .common import fmt_table, machine, median, paired_times, ratio_stats, two_node_cluster, write_json
 
 
 def _episodes(rows: int, seed: int = 0) -> list[tuple[dict, int]]:
@@ -43,50 +42,42 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", default="out/bench_remote_windows.json")
     a = p.parse_args(argv)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-    from ray.cluster_utils import Cluster
-
     from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized, ShardSpec
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 256 << 20})
-    cluster.add_node(num_cpus=1, resources={"node1": 1}, object_store_memory=256 << 20)
-    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     cap, half = a.capacity, a.capacity // 2
     layouts = {"one host shard": None,
                "two host shards": [ShardSpec("pageable", half), ShardSpec("pageable", cap - half)],
                "remote shard": [ShardSpec("remote", cap, node="node1")]}
     bufs = {}
-    try:
-        cluster.wait_for_nodes()
-        spec = ExperienceSpec.transition(obs_shape=(4,))
-        episodes = _episodes(cap)
-        for name, shards in layouts.items():
-            buf = bufs[name] = ExperienceBuffer(spec=spec, capacity=cap, shards=shards, seed=0,
-                                                selector=Prioritized(alpha=0.6))
-            for cols, src in episodes:
-                buf.add(cols, source=src)
-        rng = np.random.default_rng(1)
-        rows, report = [], {"machine": machine(), "args": vars(a), "results": {}}
-        for end in ("redraw", "shorten"):
-            for b in a.batch:
-                prios = rng.random(b) + 0.1
+    with two_node_cluster():
+        try:
+            spec = ExperienceSpec.transition(obs_shape=(4,))
+            episodes = _episodes(cap)
+            for name, shards in layouts.items():
+                buf = bufs[name] = ExperienceBuffer(spec=spec, capacity=cap, shards=shards, seed=0,
+                                                    selector=Prioritized(alpha=0.6))
+                for cols, src in episodes:
+                    buf.add(cols, source=src)
+            rng = np.random.default_rng(1)
+            rows, report = [], {"machine": machine(), "args": vars(a), "results": {}}
+            for end in ("redraw", "shorten"):
+                for b in a.batch:
+                    prios = rng.random(b) + 0.1
 
-                def step(buf=None, b=b, end=end):
-                    got = buf.sample(b, n_step=(2, 5), episode_end=end)
-                    buf.update_priorities(got.slots, prios, seqs=got.seqs)
-                t = paired_times({name: (lambda buf=buf: step(buf), a.calls) for name, buf in bufs.items()},
-                                 reps=a.reps)
-                base = t["one host shard"]
-                entry = report["results"][f"{end}_B{b}"] = {}
-                for name, ts in t.items():
-                    entry[name] = {"ms": median(ts) * 1e3, "reps_ms": [x * 1e3 for x in ts],
-                                   "ratio": ratio_stats(ts, base)}
-                    rows.append([end, b, name, f"{median(ts) * 1e3:.2f}", f"{entry[name]['ratio']['median']:.1f}x"])
-    finally:
-        for buf in bufs.values():
-            buf.close()
-        ray.shutdown()
-        cluster.shutdown()
+                    def step(buf=None, b=b, end=end):
+                        got = buf.sample(b, n_step=(2, 5), episode_end=end)
+                        buf.update_priorities(got.slots, prios, seqs=got.seqs)
+                    t = paired_times({name: (lambda buf=buf: step(buf), a.calls) for name, buf in bufs.items()},
+                                     reps=a.reps)
+                    base = t["one host shard"]
+                    entry = report["results"][f"{end}_B{b}"] = {}
+                    for name, ts in t.items():
+                        entry[name] = {"ms": median(ts) * 1e3, "reps_ms": [x * 1e3 for x in ts],
+                                       "ratio": ratio_stats(ts, base)}
+                        rows.append([end, b, name, f"{median(ts) * 1e3:.2f}",
+                                     f"{entry[name]['ratio']['median']:.1f}x"])
+        finally:
+            for buf in bufs.values():
+                buf.close()
     print(fmt_table(rows, ["episode end", "B", "layout", "ms per sample + update", "vs one host shard"]))
     write_json(a.json, report)
     return report

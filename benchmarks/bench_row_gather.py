@@ -51,8 +51,7 @@ def main(argv=None) -> dict:
     capacity = a.capacity or (1_000_000 if a.kind == "cartpole" else 40_000)
     buf = full_ring(a.kind, capacity)
     targets = buf.storage.row_copy_targets()
-    meta = buf.ring.meta
-    provenance = (meta["seq"], meta["version"], meta["source"])
+    provenance = buf.ring.provenance_columns()
     rng = np.random.default_rng(0)
     report: dict = {"machine": machine(), "args": vars(a), "capacity": capacity, "batches": {}}
     rows = []

@@ -7,7 +7,8 @@ import os
 import platform
 import statistics
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -83,3 +84,25 @@ def fmt_table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda r: "  ".join(str(x).rjust(w) for x, w in zip(r, widths))
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+@contextmanager
+def two_node_cluster(object_store_bytes: int = 256 << 20) -> Iterator:
+    """A two-node ``ray.cluster_utils.Cluster`` on this machine, Ray connected to it: the head
+    (one CPU) and a second node offering the custom resource ``node1`` (one CPU), where a remote
+    shard or actor is placed with ``resources={"node1": ...}``. Yields the ``ray`` module; shuts
+    Ray and the cluster down on the way out, also after a failure."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    from ray.cluster_utils import Cluster
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": object_store_bytes})
+    try:
+        cluster.add_node(num_cpus=1, resources={"node1": 1}, object_store_memory=object_store_bytes)
+        ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            cluster.wait_for_nodes()
+            yield ray
+        finally:
+            ray.shutdown()
+    finally:
+        cluster.shutdown()

@@ -265,10 +265,7 @@ class Ring:
     def successors(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Slot of each row's successor in its episode, and whether it exists (is stored and
         was not overwritten)."""
-        nseq = self.meta["next_seq"][slots]
-        nslot = np.where(nseq >= 0, nseq, 0) % self.capacity
-        ok = (nseq >= 0) & (self.meta["seq"][nslot] == nseq)
-        return nslot, ok
+        return stored_successors(self.meta["seq"], self.meta["next_seq"], self.capacity)(slots)
 
     def adopt(self, meta: dict[str, np.ndarray], capacity: int) -> None:
         """A new layout's metadata holding every live row at ``seq % capacity`` (a finished
@@ -283,3 +280,14 @@ class Ring:
         for seg in self.segments:
             seg.close()
         self.segments = []
+
+
+def stored_successors(seq: np.ndarray, next_seq: np.ndarray, capacity: int):
+    """The episode link rule over seq and next_seq columns (``Ring.successors``'s, and a walk
+    source's own): the slot of each row's successor and whether it is still stored (one
+    overwritten or removed ends the walk). One rule for every walk that follows the links."""
+    def successors(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        nseq = next_seq[slots]
+        nslot = np.where(nseq >= 0, nseq, 0) % capacity
+        return nslot, (nseq >= 0) & (seq[nslot] == nseq)
+    return successors

@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .ring import stored_successors
+
 try:
     from ._sumtree import find as _c_find   # the prefix-sum search the native walk makes
 except ImportError:  # pragma: no cover - no C compiler where it was installed
@@ -57,17 +59,8 @@ def window_candidates(source: tuple, selector, u: np.ndarray, n_lo: int, n_hi: i
     else:
         offsets = np.minimum((first * float(count)).astype(np.int64), count - 1)
         starts = (lo + offsets) % cap
-    chain = [starts]
-    cur = starts
-    for _ in range(n_hi - 2):   # a window of n rows reads its start and n - 1 successors; n <= n_hi - 1
-        nxt = next_seq[cur]
-        nslot = nxt % cap
-        linked = (nxt >= 0) & (seq[nslot] == nxt)   # a successor overwritten or removed ends the walk
-        if not linked.any():
-            break
-        cur = nslot[linked]
-        chain.append(cur)
-    return np.unique(np.concatenate(chain))
+    # a window of n rows reads its start and n - 1 successors; n <= n_hi - 1
+    return linked_rows(stored_successors(seq, next_seq, cap), starts, n_hi - 1)
 
 
 def linked_rows(successors, starts: np.ndarray, rows: int) -> np.ndarray:

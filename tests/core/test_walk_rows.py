@@ -61,11 +61,14 @@ def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_a
         walks, walk = [0], two.walk
         native_walk, numpy_walk = walk.walk_prefetched, walk.n_step_returns_numpy
 
-        def walked(*args):   # (redraw's walks, one per pool of uniforms; shorten's, one per draw)
+        def redraw_walk(*args):   # one per pool of uniforms
             walks[0] += 1
-            return walk.sample_windows_reference(*args) if python_walk and len(args) > 5 else (
-                native_walk(*args) if len(args) > 5 else numpy_walk(*args))
-        walk.walk_prefetched, walk.n_step_returns_numpy = walked, walked
+            return walk.sample_windows_reference(*args) if python_walk else native_walk(*args)
+
+        def shorten_walk(*args):   # one per draw
+            walks[0] += 1
+            return numpy_walk(*args)
+        walk.walk_prefetched, walk.n_step_returns_numpy = redraw_walk, shorten_walk
         _fill((one, two), rng, int(rng.integers(4, 30)))
         if evict:
             gone = rng.integers(one.inserted - len(one), one.inserted, evict)
