@@ -1,6 +1,7 @@
 /*
- * A plain host ring's rows in and out, in C. In: an insert in three calls (check a batch against
- * the spec, copy its columns into the ring's columns, write the rows' metadata). Out: a batch's
+ * A plain host ring's rows in and out, in C. In: an insert (check a batch against the spec, copy
+ * its columns into the ring's columns, write the rows' metadata), in three calls or in one
+ * (insert_rows, where the buffer has nothing to wait for or evict). Out: a batch's
  * rows gathered from every column into reused outputs in one call.
  *
  * Why: a CartPole rollout of 200 steps is ~9 KB; copying it takes well under a microsecond, but
@@ -50,21 +51,12 @@ static inline PyArrayObject *plain_array(PyObject *obj, int writable) {
     return a;
 }
 
-/* check_columns(batch, fields) -> (n, columns) or None
- *
- * fields: tuple of (name, dtype, trailing shape tuple, finite itemsize or 0). The batch must be
- * an exact dict holding exactly those names, each an exact ndarray, C-contiguous, of that dtype
- * (numpy's builtin dtypes are singletons, compared first; an equal copy, as an array that came
- * through pickle carries, is accepted too), of shape [n, *trailing], one n
- * for all, and a field with a finite itemsize must hold finite values only. Anything else gives
- * None: the Python route then accepts it (a torch tensor, a strided view) or names the error. */
-static PyObject *check_columns(PyObject *self, PyObject *args) {
-    PyObject *batch, *fields;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &batch, &PyTuple_Type, &fields)) return NULL;
+/* The batch's rows n, if ``batch`` (an exact dict) holds exactly the fields of ``fields`` as the
+ * fast route reads them (see check_columns); -1: it does not (declined); -2: a Python error.
+ * ``out`` (or NULL): a dict that gets each field's array. */
+static npy_intp check_batch(PyObject *batch, PyObject *fields, PyObject *out) {
     Py_ssize_t nf = PyTuple_GET_SIZE(fields);
-    if (!PyDict_CheckExact(batch) || PyDict_GET_SIZE(batch) != nf) Py_RETURN_NONE;
-    PyObject *out = PyDict_New();
-    if (out == NULL) return NULL;
+    if (!PyDict_CheckExact(batch) || PyDict_GET_SIZE(batch) != nf) return -1;
     npy_intp n = -1;
     for (Py_ssize_t i = 0; i < nf; i++) {
         PyObject *f = PyTuple_GET_ITEM(fields, i);
@@ -84,28 +76,43 @@ static PyObject *check_columns(PyObject *self, PyObject *args) {
         if (n < 0) n = dims[0];
         else if (dims[0] != n) goto decline;
         if (finite && PyArray_SIZE(a) && !all_finite_bits(PyArray_DATA(a), PyArray_SIZE(a), finite)) goto decline;
-        if (PyDict_SetItem(out, name, (PyObject *)a) != 0) goto decline;
+        if (out != NULL && PyDict_SetItem(out, name, (PyObject *)a) != 0) goto decline;
     }
-    return Py_BuildValue("(nN)", (Py_ssize_t)(n < 0 ? 0 : n), out);
+    return n < 0 ? 0 : n;
 decline:
-    Py_DECREF(out);
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_NONE;
+    return PyErr_Occurred() ? -2 : -1;
 }
 
-/* copy_rows(columns, targets, slot, n) -> bool
+/* check_columns(batch, fields) -> (n, columns) or None
  *
- * targets: tuple of (name, ring column); every column of ``columns`` (a dict) is copied to rows
- * slot, slot+1, ... of its ring column, wrapping at the column's length. False (nothing copied)
- * unless every source is a C-contiguous array of the target's item type and row size with n
- * rows, and n fits. */
-static PyObject *copy_rows(PyObject *self, PyObject *args) {
-    PyObject *columns, *targets;
-    Py_ssize_t slot, n;
-    if (!PyArg_ParseTuple(args, "O!O!nn", &PyDict_Type, &columns, &PyTuple_Type, &targets, &slot, &n)) return NULL;
+ * fields: tuple of (name, dtype, trailing shape tuple, finite itemsize or 0). The batch must be
+ * an exact dict holding exactly those names, each an exact ndarray, C-contiguous, of that dtype
+ * (numpy's builtin dtypes are singletons, compared first; an equal copy, as an array that came
+ * through pickle carries, is accepted too), of shape [n, *trailing], one n
+ * for all, and a field with a finite itemsize must hold finite values only. Anything else gives
+ * None: the Python route then accepts it (a torch tensor, a strided view) or names the error. */
+static PyObject *check_columns(PyObject *self, PyObject *args) {
+    PyObject *batch, *fields;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &batch, &PyTuple_Type, &fields)) return NULL;
+    PyObject *out = PyDict_New();
+    if (out == NULL) return NULL;
+    npy_intp n = check_batch(batch, fields, out);
+    if (n < 0) {
+        Py_DECREF(out);
+        if (n == -2) return NULL;
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(nN)", (Py_ssize_t)n, out);
+}
+
+/* Whether every column of ``columns`` (a dict) can be copied to rows slot, slot+1, ... (wrapping)
+ * of its ring column in ``targets`` (tuple of (name, ring column)): a C-contiguous array of the
+ * target's item type and row size with n rows, and n fits. 1: yes, with the arrays in src and dst
+ * (room for 64); 0: no (declined); -1: a Python error. Reads only: nothing is copied. */
+static int copy_plan(PyObject *columns, PyObject *targets, Py_ssize_t slot, Py_ssize_t n,
+                     PyArrayObject **src, PyArrayObject **dst) {
     Py_ssize_t nt = PyTuple_GET_SIZE(targets);
-    if (PyDict_GET_SIZE(columns) != nt || nt > 64 || n < 0) Py_RETURN_FALSE;
-    PyArrayObject *src[64], *dst[64];
+    if (PyDict_GET_SIZE(columns) != nt || nt > 64 || n < 0) return 0;
     for (Py_ssize_t i = 0; i < nt; i++) {
         PyObject *t = PyTuple_GET_ITEM(targets, i);
         src[i] = plain_array(PyDict_GetItemWithError(columns, PyTuple_GET_ITEM(t, 0)), 0);
@@ -117,6 +124,13 @@ static PyObject *copy_rows(PyObject *self, PyObject *args) {
             || PyArray_NBYTES(src[i]) != n * (PyArray_NBYTES(dst[i]) / cap))
             goto decline;
     }
+    return 1;
+decline:
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* The copies copy_plan accepted. */
+static void copy_planned(Py_ssize_t nt, PyArrayObject **src, PyArrayObject **dst, Py_ssize_t slot, Py_ssize_t n) {
     /* a large copy (Atari rollouts: megabytes) lets other threads run, as numpy's own copy does;
      * the arrays stay referenced by the caller's dict and tuple throughout */
     npy_intp total = 0;
@@ -132,10 +146,99 @@ static PyObject *copy_rows(PyObject *self, PyObject *args) {
         if (head < n) memmove(d, s + head * row, (size_t)((n - head) * row));
     }
     if (ts != NULL) PyEval_RestoreThread(ts);
+}
+
+/* copy_rows(columns, targets, slot, n) -> bool
+ *
+ * targets: tuple of (name, ring column); every column of ``columns`` (a dict) is copied to rows
+ * slot, slot+1, ... of its ring column, wrapping at the column's length. False (nothing copied)
+ * unless every source is a C-contiguous array of the target's item type and row size with n
+ * rows, and n fits. */
+static PyObject *copy_rows(PyObject *self, PyObject *args) {
+    PyObject *columns, *targets;
+    Py_ssize_t slot, n;
+    if (!PyArg_ParseTuple(args, "O!O!nn", &PyDict_Type, &columns, &PyTuple_Type, &targets, &slot, &n)) return NULL;
+    PyArrayObject *src[64], *dst[64];
+    int ok = copy_plan(columns, targets, slot, n, src, dst);
+    if (ok < 0) return NULL;
+    if (!ok) Py_RETURN_FALSE;
+    copy_planned(PyTuple_GET_SIZE(targets), src, dst, slot, n);
     Py_RETURN_TRUE;
-decline:
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_FALSE;
+}
+
+/* The ring's metadata columns and a batch's done fields as write_meta reads them. */
+typedef struct {
+    int64_t *seq, *nxt, *ver, *src;
+    npy_intp cap;
+    Py_ssize_t nd;
+    const unsigned char *last_step[8];   /* the last byte of row 0 of each done field */
+    npy_intp per[8];
+} meta_plan;
+
+/* Fill ``plan`` from the 4 metadata arrays and the done arrays (``done``: nd of them). 1: ready;
+ * 0: a done field is not n rows of 1-byte items (declined: Python's route); -1: a Python error
+ * (the metadata arrays are not 4 writable int64 arrays of one length, or n does not fit). */
+static int meta_plan_for(PyObject **objs, PyObject **done, Py_ssize_t nd, long long first, long long n, meta_plan *plan) {
+    int64_t *m[4];
+    npy_intp cap = -1;
+    for (int i = 0; i < 4; i++) {
+        PyArrayObject *a = plain_array(objs[i], 1);
+        if (a == NULL || PyArray_TYPE(a) != NPY_INT64 || PyArray_NDIM(a) != 1 || (cap >= 0 && PyArray_DIM(a, 0) != cap)) {
+            PyErr_SetString(PyExc_TypeError, "write_meta: ring metadata must be 4 writable int64 arrays of one length");
+            return -1;
+        }
+        cap = PyArray_DIM(a, 0);
+        m[i] = (int64_t *)PyArray_DATA(a);
+    }
+    if (n <= 0 || n > cap || first < 0) { PyErr_SetString(PyExc_ValueError, "write_meta: n out of range"); return -1; }
+    if (nd > 8) return 0;
+    for (Py_ssize_t k = 0; k < nd; k++) {   /* a done field that is not n rows of 1-byte items: Python's route */
+        PyArrayObject *a = plain_array(done[k], 0);
+        if (a == NULL || PyArray_ITEMSIZE(a) != 1 || PyArray_NDIM(a) < 1 || PyArray_DIM(a, 0) != n) return 0;
+        plan->per[k] = PyArray_SIZE(a) / n;
+        if (plan->per[k] < 1) return 0;
+        plan->last_step[k] = (const unsigned char *)PyArray_DATA(a) + plan->per[k] - 1;
+    }
+    plan->seq = m[0]; plan->nxt = m[1]; plan->ver = m[2]; plan->src = m[3];
+    plan->cap = cap;
+    plan->nd = nd;
+    return 1;
+}
+
+/* Write the metadata ``plan`` was made for; returns whether the last row is done. */
+static int meta_write(const meta_plan *plan, long long first, long long n, long long source_id, long long version_id,
+                      long long prev_tail) {
+    int64_t *seq = plan->seq, *nxt = plan->nxt, *ver = plan->ver, *src = plan->src;
+    npy_intp cap = plan->cap;
+    npy_intp start = (npy_intp)(first % cap), head = n < cap - start ? (npy_intp)n : cap - start;
+    for (int run = 0; run < 2; run++) {   /* the run up to the ring's end, then the one from slot 0 */
+        npy_intp count = run ? (npy_intp)n - head : head;
+        int64_t base = run ? first + head : first;
+        int64_t *sq = seq + (run ? 0 : start), *nx = nxt + (run ? 0 : start);
+        int64_t *vr = ver + (run ? 0 : start), *sr = src + (run ? 0 : start);
+        for (npy_intp i = 0; i < count; i++) {
+            sq[i] = base + i;
+            nx[i] = base + i + 1;
+            vr[i] = version_id;
+            sr[i] = source_id;
+        }
+    }
+    int last_done = 0;
+    for (Py_ssize_t k = 0; k < plan->nd; k++) {   /* done rows end their episode: no successor */
+        const unsigned char *step = plan->last_step[k];
+        npy_intp per = plan->per[k];
+        for (npy_intp i = 0; i < n; i++) {
+            if (step[i * per]) {
+                npy_intp s = start + i;
+                nxt[s >= cap ? s - cap : s] = -1;
+                if (i == n - 1) last_done = 1;
+            }
+        }
+    }
+    npy_intp last = start + (npy_intp)n - 1;
+    nxt[last >= cap ? last - cap : last] = -1;   /* the successor of the last row is not known yet */
+    if (prev_tail >= 0 && seq[prev_tail % cap] == prev_tail) nxt[prev_tail % cap] = first;
+    return last_done;
 }
 
 /* write_meta(seq, next_seq, version, source, first, n, done, source_id, version_id, prev_tail) -> bool or None
@@ -151,57 +254,63 @@ static PyObject *write_meta(PyObject *self, PyObject *args) {
     long long first, n, source_id, version_id, prev_tail;
     if (!PyArg_ParseTuple(args, "OOOOLLO!LLL", &objs[0], &objs[1], &objs[2], &objs[3], &first, &n, &PyTuple_Type,
                           &done, &source_id, &version_id, &prev_tail)) return NULL;
-    int64_t *m[4];
-    npy_intp cap = -1;
-    for (int i = 0; i < 4; i++) {
-        PyArrayObject *a = plain_array(objs[i], 1);
-        if (a == NULL || PyArray_TYPE(a) != NPY_INT64 || PyArray_NDIM(a) != 1 || (cap >= 0 && PyArray_DIM(a, 0) != cap)) {
-            PyErr_SetString(PyExc_TypeError, "write_meta: ring metadata must be 4 writable int64 arrays of one length");
-            return NULL;
-        }
-        cap = PyArray_DIM(a, 0);
-        m[i] = (int64_t *)PyArray_DATA(a);
+    meta_plan plan;
+    int ok = meta_plan_for(objs, &PyTuple_GET_ITEM(done, 0), PyTuple_GET_SIZE(done), first, n, &plan);
+    if (ok < 0) return NULL;
+    if (!ok) Py_RETURN_NONE;
+    return PyBool_FromLong(meta_write(&plan, first, n, source_id, version_id, prev_tail));
+}
+
+/* insert_rows(batch, fields, targets, meta, first, done_names, source_id, version_id, prev_tail)
+ *     -> (n, last row done) or None
+ *
+ * An insert in one call: check_columns(batch, fields), copy_rows(batch, targets, first % capacity,
+ * n) and write_meta(*meta, first, n, done, ...) with done the batch's fields named in done_names
+ * (a tuple of str), each checked before anything is written. None (nothing written) where any of
+ * the three would decline, and where the batch has no rows: the caller takes the route of three
+ * calls or the Python one, which name every error. meta: the ring's (seq, next_seq, version,
+ * source) columns. Why one call: an insert of a CartPole rollout is ~1 us of work; three calls
+ * and the Python frames around them were ~6 us (docs/benchmarks.md section 1). */
+static PyObject *insert_rows(PyObject *self, PyObject *args) {
+    PyObject *batch, *fields, *targets, *meta, *done_names;
+    long long first, source_id, version_id, prev_tail;
+    if (!PyArg_ParseTuple(args, "OO!O!O!LO!LLL", &batch, &PyTuple_Type, &fields, &PyTuple_Type, &targets,
+                          &PyTuple_Type, &meta, &first, &PyTuple_Type, &done_names, &source_id, &version_id,
+                          &prev_tail)) return NULL;
+    if (PyTuple_GET_SIZE(meta) != 4) {
+        PyErr_SetString(PyExc_TypeError, "insert_rows: meta must be the ring's 4 metadata columns");
+        return NULL;
     }
-    if (n <= 0 || n > cap || first < 0) { PyErr_SetString(PyExc_ValueError, "write_meta: n out of range"); return NULL; }
-    Py_ssize_t nd = PyTuple_GET_SIZE(done);
+    npy_intp n = check_batch(batch, fields, NULL);
+    if (n == -2) return NULL;
+    if (n <= 0) Py_RETURN_NONE;
+    Py_ssize_t nd = PyTuple_GET_SIZE(done_names);
     if (nd > 8) Py_RETURN_NONE;
-    const unsigned char *last_step[8];   /* the last byte of row 0 of each done field */
-    npy_intp per[8];
-    for (Py_ssize_t k = 0; k < nd; k++) {   /* a done field that is not n rows of 1-byte items: Python's route */
-        PyArrayObject *a = plain_array(PyTuple_GET_ITEM(done, k), 0);
-        if (a == NULL || PyArray_ITEMSIZE(a) != 1 || PyArray_NDIM(a) < 1 || PyArray_DIM(a, 0) != n) Py_RETURN_NONE;
-        per[k] = PyArray_SIZE(a) / n;
-        if (per[k] < 1) Py_RETURN_NONE;
-        last_step[k] = (const unsigned char *)PyArray_DATA(a) + per[k] - 1;
-    }
-    int64_t *seq = m[0], *nxt = m[1], *ver = m[2], *src = m[3];
-    npy_intp start = (npy_intp)(first % cap), head = n < cap - start ? (npy_intp)n : cap - start;
-    for (int run = 0; run < 2; run++) {   /* the run up to the ring's end, then the one from slot 0 */
-        npy_intp count = run ? (npy_intp)n - head : head;
-        int64_t base = run ? first + head : first;
-        int64_t *sq = seq + (run ? 0 : start), *nx = nxt + (run ? 0 : start);
-        int64_t *vr = ver + (run ? 0 : start), *sr = src + (run ? 0 : start);
-        for (npy_intp i = 0; i < count; i++) {
-            sq[i] = base + i;
-            nx[i] = base + i + 1;
-            vr[i] = version_id;
-            sr[i] = source_id;
+    PyObject *done[8];
+    for (Py_ssize_t k = 0; k < nd; k++) {
+        done[k] = PyDict_GetItemWithError(batch, PyTuple_GET_ITEM(done_names, k));
+        if (done[k] == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE;
         }
     }
-    int last_done = 0;
-    for (Py_ssize_t k = 0; k < nd; k++) {   /* done rows end their episode: no successor */
-        for (npy_intp i = 0; i < n; i++) {
-            if (last_step[k][i * per[k]]) {
-                npy_intp s = start + i;
-                nxt[s >= cap ? s - cap : s] = -1;
-                if (i == n - 1) last_done = 1;
-            }
+    meta_plan plan;
+    int ok = meta_plan_for(&PyTuple_GET_ITEM(meta, 0), done, nd, first, n, &plan);
+    if (ok <= 0) {
+        if (ok < 0 && PyErr_ExceptionMatches(PyExc_ValueError)) {   /* n larger than the ring: the caller's error */
+            PyErr_Clear();
+            Py_RETURN_NONE;
         }
+        if (ok < 0) return NULL;
+        Py_RETURN_NONE;
     }
-    npy_intp last = start + (npy_intp)n - 1;
-    nxt[last >= cap ? last - cap : last] = -1;   /* the successor of the last row is not known yet */
-    if (prev_tail >= 0 && seq[prev_tail % cap] == prev_tail) nxt[prev_tail % cap] = first;
-    return PyBool_FromLong(last_done);
+    PyArrayObject *src[64], *dst[64];
+    ok = copy_plan(batch, targets, (Py_ssize_t)(first % plan.cap), n, src, dst);
+    if (ok < 0) return NULL;
+    if (!ok) Py_RETURN_NONE;
+    copy_planned(PyTuple_GET_SIZE(targets), src, dst, (Py_ssize_t)(first % plan.cap), n);
+    int last_done = meta_write(&plan, first, n, source_id, version_id, prev_tail);
+    return Py_BuildValue("(nO)", (Py_ssize_t)n, last_done ? Py_True : Py_False);
 }
 
 /* One row of `row` bytes: a load and a store for the usual small sizes, else memcpy. */
@@ -504,6 +613,7 @@ static PyMethodDef methods[] = {
     {"gather_batch", gather_batch, METH_VARARGS, "gather_batch(slots, targets, out, columns) -> tuple of new arrays, or None"},
     {"check_columns", check_columns, METH_VARARGS, "check_columns(batch, fields) -> (n, columns) or None"},
     {"copy_rows", copy_rows, METH_VARARGS, "copy_rows(columns, targets, slot, n) -> bool"},
+    {"insert_rows", insert_rows, METH_VARARGS, "insert_rows(batch, fields, targets, meta, first, done_names, source, version, prev_tail) -> (n, last done) or None"},
     {"write_meta", write_meta, METH_VARARGS, "write_meta(seq, next_seq, version, source, first, n, done, source, version, prev_tail) -> last row done, or None"},
     {NULL, NULL, 0, NULL},
 };

@@ -32,9 +32,9 @@ from .tiers import host_zeros
 META_FIELDS = ("seq", "version", "source", "next_seq")
 
 try:
-    from ._rows import take_rows as _c_take_rows, write_meta as _c_write_meta   # the Python routes' values
-except ImportError:  # pragma: no cover - no C compiler where it was installed
-    _c_take_rows = _c_write_meta = None
+    from ._rows import insert_rows as _c_insert_rows, take_rows as _c_take_rows, write_meta as _c_write_meta
+except ImportError:  # pragma: no cover - no C compiler where it was installed: the Python routes
+    _c_insert_rows = _c_take_rows = _c_write_meta = None
 
 
 def write_meta_rows(meta: dict, cap: int, first: int, n: int, enc: Mapping[str, Any], done_fields, source: int,
@@ -227,6 +227,31 @@ class Ring:
         if not last_done:
             self.open_tail[source] = first + n - 1
         return prev
+
+    def insert_native(self, batch: dict, check: tuple, targets: tuple, done_fields: tuple, source: int,
+                      version: int) -> tuple[int, int] | None:
+        """A whole insert at the head in one native call (``_rows.insert_rows``): ``batch``
+        checked against the spec's plan ``check`` (``spec.native_row_check()``), copied into the
+        storage's ``targets`` (``storage.row_copy_targets()``), its metadata written and the
+        rows counted; what ``storage.write``, ``write`` and ``advance`` do, with the same values.
+        Returns (first seq, rows), or None with nothing changed where the call declines (no C
+        helper, a batch the check does not accept, no rows, more rows than the ring): the caller
+        then takes the general route, which names every error. The caller holds the buffer's lock
+        and has made sure nothing has to wait or be evicted first (``InlineInsert.insert_one``)."""
+        if _c_insert_rows is None:   # pragma: no cover - no C compiler where it was installed
+            return None
+        prev = self.open_tail.get(source)
+        first, meta = self.inserted, self.meta
+        got = _c_insert_rows(batch, check, targets, (meta["seq"], meta["next_seq"], meta["version"], meta["source"]),
+                             first, done_fields, source, version, -1 if prev is None else prev)
+        if got is None:
+            return None
+        n, last_done = got
+        self.open_tail.pop(source, None)   # (as write: the source's entry moves to the end)
+        if not last_done:
+            self.open_tail[source] = first + n - 1
+        self.inserted = first + n
+        return first, n
 
     def end_episode(self, source: int) -> None:
         """``source``'s open episode ends here: its next rows start a new one. For rows that

@@ -23,6 +23,13 @@ def twins(selector, capacity=48, **kw):
             for _ in range(2)]
 
 
+def general_add(buf, rollout, source, version):
+    """``ExperienceBuffer.add``'s general route (encode, then add_encoded): the reference, as
+    ``add`` itself takes ``insert_one``'s route where it applies."""
+    n, cols = buf.encode(rollout)
+    return buf.add_encoded(cols, n, source=source, policy_version=version)
+
+
 def assert_same_buffers(route, ref):
     assert_same_state(route.state_dict(), ref.state_dict())
     written = min(ref.inserted, ref.capacity)   # (slots never written hold whatever the memory held)
@@ -71,7 +78,7 @@ def insert(route, ref, ops, start, capacity):
         start += len(r["reward"])
     if len(parts) == 1:
         r, src, version = parts[0]
-        want = [(ref.add(r, source=src, policy_version=version), len(r["reward"]))]
+        want = [(general_add(ref, r, src, version), len(r["reward"]))]
     else:
         enc = [ref.encode(r) for r, _, _ in parts]
         firsts = ref.add_encoded_many([(cols, n, src, v) for (n, cols), (_, src, v) in zip(enc, parts)])
@@ -153,7 +160,7 @@ def test_the_route_follows_a_migration_to_the_new_storage():
                 r = rollout(5, start, done_at=4 if start % 2 else None)
                 start += 5
                 got = route.buffer.inline_insert.insert([(r, 1, 2)])
-                first = ref.buffer.add(r, source=1, policy_version=2)
+                first = general_add(ref.buffer, r, 1, 2)
                 if shards is None:   # two shards: not the route's layout (it declines, untouched)
                     assert got is None
                     route.buffer.add(r, source=1, policy_version=2)

@@ -164,12 +164,83 @@ def test_copy_rows_declines_what_is_not_the_same_item_type_or_layout():
     assert not native.copy_rows({"a": np.ones((2, 2), np.float32)}, (("a", frozen),), 0, 2)
 
 
+def ring_columns(cap: int, rng: np.random.Generator) -> tuple[tuple, tuple]:
+    """A ring's stored columns for SPEC (as copy targets) and its 4 metadata columns, random."""
+    targets = tuple((name, v) for name, v in good_batch(cap, rng).items())
+    meta = tuple(rng.integers(-1, 300, cap).astype(np.int64) for _ in range(4))
+    return targets, meta
+
+
+@settings(max_examples=200, deadline=None)
+@given(cap=st.integers(1, 30), first=st.integers(0, 200), n=st.integers(0, 40), how=st.sampled_from(BREAKS),
+       prev=st.one_of(st.none(), st.integers(0, 230)), seed=st.integers(0, 2**31))
+def test_insert_rows_does_what_the_three_calls_do_or_declines_and_writes_nothing(cap, first, n, how, prev, seed):
+    """``insert_rows`` (one call) against ``check_columns``, ``copy_rows`` and ``write_meta`` on the
+    same inputs, valid and broken, wrapping or not, with more rows than the ring too: the same
+    answer and the same ring, or None and the ring untouched."""
+    rng = np.random.default_rng(seed)
+    batch = broken(good_batch(n, rng), how, rng)
+    targets, meta = ring_columns(cap, rng)
+    if prev is not None:
+        meta[0][prev % cap] = prev   # a previous open row still in its slot
+    a_targets, a_meta = tuple((k, v.copy()) for k, v in targets), tuple(m.copy() for m in meta)
+    done = ("terminated", "truncated")
+    prev_tail = -1 if prev is None else prev
+    checked = native.check_columns(batch, SPEC._native_check)
+    want = None
+    if checked is not None and 0 < checked[0] <= cap and native.copy_rows(checked[1], a_targets, first % cap, checked[0]):
+        cols = checked[1]
+        last = native.write_meta(*a_meta, first, checked[0], tuple(cols[f] for f in done), 5, 2, prev_tail)
+        want = (checked[0], last)
+    got = native.insert_rows(batch, SPEC._native_check, targets, meta, first, done, 5, 2, prev_tail)
+    assert got == want
+    for (name, x), (_, y) in zip(targets, a_targets):
+        np.testing.assert_array_equal(x, y, err_msg=name)   # declined: both untouched
+    for x, y in zip(meta, a_meta):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_insert_rows_declines_done_fields_it_cannot_read_and_writes_nothing():
+    rng = np.random.default_rng(0)
+    targets, meta = ring_columns(8, rng)
+    before = [v.copy() for _, v in targets] + [m.copy() for m in meta]
+    batch = good_batch(3, rng)
+    for done in [("terminated", "nope"), ("action",), ("reward",)]:   # a name not in the batch; 8-byte items
+        assert native.insert_rows(batch, SPEC._native_check, targets, meta, 4, done, 0, 0, -1) is None
+    after = [v for _, v in targets] + list(meta)
+    for x, y in zip(after, before):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(TypeError, match="4 metadata columns"):
+        native.insert_rows(batch, SPEC._native_check, targets, meta[:3], 4, ("terminated",), 0, 0, -1)
+
+
+def test_add_takes_one_native_call_where_nothing_waits_and_the_general_route_elsewhere():
+    """``ExperienceBuffer.add``: one ``Ring.insert_native`` call for plain host columns; the general
+    route for what it declines (a tensor, initial priorities, a ring with removed rows), with the
+    same seqs either way."""
+    buf = ExperienceBuffer(spec=SPEC, capacity=16, selector=Uniform())
+    calls = []
+    native_insert = buf.ring.insert_native
+    buf.ring.insert_native = lambda *a: calls.append(native_insert(*a)) or calls[-1]
+    rng = np.random.default_rng(1)
+    try:
+        assert buf.add(good_batch(3, rng)) == 0 and calls == [(0, 3)]
+        tensors = {k: torch.from_numpy(v) for k, v in good_batch(2, rng).items()}
+        assert buf.add(tensors) == 3 and calls == [(0, 3), None]   # declined by the check: stored all the same
+        buf.evict([0])
+        assert buf.add(good_batch(2, rng)) == 5 and len(calls) == 2   # a hole: judged before the call
+        assert len(buf) == 6
+    finally:
+        buf.close()
+
+
 class python_route:
     """Within it, every insert takes the Python route (as where no C compiler was found)."""
 
     def __enter__(self):
         self.mp = pytest.MonkeyPatch()
-        for mod, name in ((spec_mod, "_c_check_columns"), (storage_mod, "_c_copy_rows"), (ring_mod, "_c_write_meta")):
+        for mod, name in ((spec_mod, "_c_check_columns"), (storage_mod, "_c_copy_rows"), (ring_mod, "_c_write_meta"),
+                          (ring_mod, "_c_insert_rows")):
             self.mp.setattr(mod, name, None)
 
     def __exit__(self, *exc):
