@@ -131,11 +131,15 @@ decline:
 
 /* The copies copy_plan accepted. */
 static void copy_planned(Py_ssize_t nt, PyArrayObject **src, PyArrayObject **dst, Py_ssize_t slot, Py_ssize_t n) {
-    /* a large copy (Atari rollouts: megabytes) lets other threads run, as numpy's own copy does;
-     * the arrays stay referenced by the caller's dict and tuple throughout */
+    /* a large copy (Atari rollouts: megabytes) lets other threads run, as numpy's own copy does.
+     * The sources are held here meanwhile: they came from a dict another thread may change while
+     * the GIL is released (the ring's columns are held by the caller's targets tuple). */
     npy_intp total = 0;
     for (Py_ssize_t i = 0; i < nt; i++) total += PyArray_NBYTES(src[i]);
-    PyThreadState *ts = total >= RELEASE_GIL_FROM ? PyEval_SaveThread() : NULL;
+    int release = total >= RELEASE_GIL_FROM;
+    if (release)
+        for (Py_ssize_t i = 0; i < nt; i++) Py_INCREF(src[i]);
+    PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t i = 0; i < nt; i++) {
         npy_intp cap = PyArray_DIM(dst[i], 0), row = PyArray_NBYTES(dst[i]) / cap;
         npy_intp head = n < cap - slot ? n : cap - slot;
@@ -146,6 +150,8 @@ static void copy_planned(Py_ssize_t nt, PyArrayObject **src, PyArrayObject **dst
         if (head < n) memmove(d, s + head * row, (size_t)((n - head) * row));
     }
     if (ts != NULL) PyEval_RestoreThread(ts);
+    if (release)
+        for (Py_ssize_t i = 0; i < nt; i++) Py_DECREF(src[i]);
 }
 
 /* copy_rows(columns, targets, slot, n) -> bool
@@ -267,10 +273,12 @@ static PyObject *write_meta(PyObject *self, PyObject *args) {
  * An insert in one call: check_columns(batch, fields), copy_rows(batch, targets, first % capacity,
  * n) and write_meta(*meta, first, n, done, ...) with done the batch's fields named in done_names
  * (a tuple of str), each checked before anything is written. None (nothing written) where any of
- * the three would decline, and where the batch has no rows: the caller takes the route of three
- * calls or the Python one, which name every error. meta: the ring's (seq, next_seq, version,
- * source) columns. Why one call: an insert of a CartPole rollout is ~1 us of work; three calls
- * and the Python frames around them were ~6 us (docs/benchmarks.md section 1). */
+ * the three would decline, where the batch has no rows and where it has more than the ring: the
+ * caller takes the route of three calls or the Python one, which name every error. An error
+ * (the metadata columns are not the ring's, a negative ``first``) is raised before any write.
+ * meta: the ring's (seq, next_seq, version, source) columns. Why one call: an insert of a CartPole
+ * rollout is ~1 us of work; three calls and the Python frames around them were ~6 us
+ * (docs/benchmarks.md section 1). */
 static PyObject *insert_rows(PyObject *self, PyObject *args) {
     PyObject *batch, *fields, *targets, *meta, *done_names;
     long long first, source_id, version_id, prev_tail;
@@ -294,23 +302,30 @@ static PyObject *insert_rows(PyObject *self, PyObject *args) {
             Py_RETURN_NONE;
         }
     }
+    PyArrayObject *seq = plain_array(PyTuple_GET_ITEM(meta, 0), 1);
+    if (seq != NULL && PyArray_NDIM(seq) == 1 && n > PyArray_DIM(seq, 0)) Py_RETURN_NONE;   /* the caller names it */
     meta_plan plan;
     int ok = meta_plan_for(&PyTuple_GET_ITEM(meta, 0), done, nd, first, n, &plan);
-    if (ok <= 0) {
-        if (ok < 0 && PyErr_ExceptionMatches(PyExc_ValueError)) {   /* n larger than the ring: the caller's error */
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-        if (ok < 0) return NULL;
-        Py_RETURN_NONE;
-    }
+    if (ok < 0) return NULL;
+    if (!ok) Py_RETURN_NONE;
     PyArrayObject *src[64], *dst[64];
     ok = copy_plan(batch, targets, (Py_ssize_t)(first % plan.cap), n, src, dst);
     if (ok < 0) return NULL;
     if (!ok) Py_RETURN_NONE;
+    /* the answer is made before the first write: nothing can fail once a byte is written */
+    PyObject *answer = PyTuple_New(2), *rows = PyLong_FromSsize_t((Py_ssize_t)n);
+    if (answer == NULL || rows == NULL) {
+        Py_XDECREF(answer);
+        Py_XDECREF(rows);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < nd; k++) Py_INCREF(done[k]);   /* read after the copy, which may release the GIL */
     copy_planned(PyTuple_GET_SIZE(targets), src, dst, (Py_ssize_t)(first % plan.cap), n);
     int last_done = meta_write(&plan, first, n, source_id, version_id, prev_tail);
-    return Py_BuildValue("(nO)", (Py_ssize_t)n, last_done ? Py_True : Py_False);
+    for (Py_ssize_t k = 0; k < nd; k++) Py_DECREF(done[k]);
+    PyTuple_SET_ITEM(answer, 0, rows);
+    PyTuple_SET_ITEM(answer, 1, Py_NewRef(last_done ? Py_True : Py_False));
+    return answer;
 }
 
 /* One row of `row` bytes: a load and a store for the usual small sizes, else memcpy. */

@@ -128,7 +128,8 @@ class ExperienceBuffer:
         return self.ring.meta
 
     @property
-    def evicted_early(self) -> int:   # rows evicted before the ring wrapped: the frame pool needed their frames
+    def evicted_early(self) -> int:
+        """Rows evicted before the ring wrapped because the frame pool needed their frames."""
         return self.ring.evicted_early
 
     @property
@@ -152,21 +153,8 @@ class ExperienceBuffer:
                                 "Fix: raise the buffer capacity or ingest the rollout in smaller pieces.")
         return n, enc
 
-    def add(self, batch: Mapping[str, Any], *, source: int = 0, policy_version: int = 0,
-            timeout: float | None = None, priorities: Any = None) -> int:
-        """Store a batch of transitions (one source's, in time order). Returns the first seq.
-        ``priorities`` (prioritized selectors only): one initial priority per item instead of the
-        running max (e.g. from a TD error the actor computed, as SRL's buffer does). Validation
-        and encoding happen before anything is written: a rejected batch leaves the buffer untouched."""
-        if priorities is None:   # plain host columns, nothing to wait for: one native call (inline_insert.py)
-            stored = self.inline_insert.insert_one(batch, int(source), int(policy_version))
-            if stored is not None:
-                return stored[0]
-        n, enc = self.encode(batch)
-        return self.add_encoded(enc, n, source=source, policy_version=policy_version, timeout=timeout,
-                                priorities=priorities)
-
-    # the write side's entry for batches ``encode`` already checked (insertion.py)
+    # the write side (insertion.py): add a batch; the entry for batches ``encode`` already checked
+    add = insertion.add
     add_encoded = insertion.add_encoded
     add_encoded_many = insertion.add_encoded_many
 
@@ -214,7 +202,8 @@ class ExperienceBuffer:
         return self.dual_writer is not None
 
     # ------------------------------------------------- layout changes (migration.py)
-    def check_open(self) -> None:   # ClosedError if the buffer is closed
+    def check_open(self) -> None:
+        """Raise ClosedError if the buffer is closed."""
         if self.closed:
             raise ClosedError("the buffer is closed. Fix: build a new one; state_dict() before close() keeps the data.")
 

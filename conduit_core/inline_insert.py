@@ -25,7 +25,7 @@ message.
 
 from __future__ import annotations
 
-from .insertion import insert_together
+from .insertion import insert_together, stores_at_once
 
 try:
     from ._rows import check_columns as _c_check_columns
@@ -95,11 +95,9 @@ class InlineInsert:
             return None
         with buf.lock.mutex:
             ring = buf.ring
-            # judged here, as insert_together judges it: nothing to wait for or evict, the layout
-            # the check was planned for; a removed row (a hole) the insert may overwrite: general route
-            if buf.closed or buf.storage is not storage or storage.pools or buf.dual_writer is not None \
-                    or storage.may_lose_shards or buf.selector.consumes \
-                    or buf.rate_limiter.samples_per_insert is not None or ring.holes:
+            # judged here, as insert_together judges it, on the layout the check was planned for; a
+            # removed row (a hole) the insert may overwrite takes the general route
+            if buf.closed or buf.storage is not storage or ring.holes or not stores_at_once(buf):
                 return None
             stored = ring.insert_native(columns, check, storage.row_copy_targets(), buf.done_fields, source, version)
             if stored is None:

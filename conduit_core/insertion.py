@@ -19,6 +19,26 @@ from .framestack import first_surviving_seq
 from .rate_gate import wait_to_insert
 
 
+def add(buf, batch: Mapping[str, Any], *, source: int = 0, policy_version: int = 0,
+        timeout: float | None = None, priorities: Any = None) -> int:
+    """``ExperienceBuffer.add``: store a batch of transitions (one source's, in time order).
+    Returns the first seq.
+
+    ``priorities`` (prioritized selectors only): one initial priority per item instead of the
+    running max (e.g. from a TD error the actor computed, as SRL's buffer does). Validation and
+    encoding happen before anything is written: a rejected batch leaves the buffer untouched.
+    Where nothing has to wait or be evicted first, plain host columns are stored in one native
+    call (``InlineInsert.insert_one``); everything else, and every error, takes ``encode`` and
+    ``add_encoded``."""
+    if priorities is None and type(source) is int and type(policy_version) is int:
+        stored = buf.inline_insert.insert_one(batch, source, policy_version)   # (None: it does not apply)
+        if stored is not None:
+            return stored[0]
+    n, enc = buf.encode(batch)
+    return add_encoded(buf, enc, n, source=source, policy_version=policy_version, timeout=timeout,
+                       priorities=priorities)
+
+
 def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0, policy_version: int = 0,
                 timeout: float | None = None, priorities: Any = None) -> int:
     """``ExperienceBuffer.add_encoded``: store ``n`` rows of one source, in time order, that
@@ -104,8 +124,7 @@ def insert_together(buf, parts: list) -> list[int] | None:
             buf.check_open()
         ring, storage = buf.ring, buf.storage
         # judged here, not before the lock: a migration (dual writer) or a new layout may have come in since
-        if storage.pools or buf.dual_writer is not None or storage.may_lose_shards \
-                or buf.selector.consumes or buf.rate_limiter.samples_per_insert is not None or total > ring.capacity:
+        if total > ring.capacity or not stores_at_once(buf):
             return None
         cap, first = ring.capacity, ring.inserted
         firsts, at, failure = [], first, None
@@ -133,6 +152,16 @@ def insert_together(buf, parts: list) -> list[int] | None:
                 failure.stored_parts = len(firsts)  # type: ignore[attr-defined]
             raise failure
         return firsts
+
+
+def stores_at_once(buf) -> bool:
+    """Whether an insert stores its rows as they come, with nothing to wait for or evict first:
+    no frame pool, no migration's dual writer, no shard that may be lost, not FIFO, no rate ratio.
+    Judged under the buffer's lock (the caller holds it): the routes that store in one step
+    (``insert_together``, ``InlineInsert.insert_one``) apply only where it holds."""
+    storage = buf.storage
+    return not (storage.pools or buf.dual_writer is not None or storage.may_lose_shards or buf.selector.consumes
+                or buf.rate_limiter.samples_per_insert is not None)
 
 
 def evict_for_frames(buf, pending: list, n: int) -> None:

@@ -238,7 +238,7 @@ class Ring:
         helper, a batch the check does not accept, no rows, more rows than the ring): the caller
         then takes the general route, which names every error. The caller holds the buffer's lock
         and has made sure nothing has to wait or be evicted first (``InlineInsert.insert_one``)."""
-        if _c_insert_rows is None:   # pragma: no cover - no C compiler where it was installed
+        if _c_insert_rows is None:   # (no C compiler where it was installed)
             return None
         prev = self.open_tail.get(source)
         first, meta = self.inserted, self.meta

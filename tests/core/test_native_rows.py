@@ -214,6 +214,61 @@ def test_insert_rows_declines_done_fields_it_cannot_read_and_writes_nothing():
         native.insert_rows(batch, SPEC._native_check, targets, meta[:3], 4, ("terminated",), 0, 0, -1)
 
 
+def test_insert_rows_declines_targets_it_cannot_copy_into_before_writing_metadata():
+    """The check passes and the metadata could be written, but a ring column cannot take the copy
+    (read-only, another dtype): declined, the metadata untouched (it is written only after the copy)."""
+    rng = np.random.default_rng(2)
+    for spoil in ("read-only", "dtype"):
+        targets, meta = ring_columns(8, rng)
+        cols = dict(targets)
+        if spoil == "read-only":
+            cols["reward"].flags.writeable = False
+        else:
+            cols["reward"] = cols["reward"].astype(np.float64)
+        before = [m.copy() for m in meta]
+        got = native.insert_rows(good_batch(3, rng), SPEC._native_check, tuple(cols.items()), meta, 4,
+                                 ("terminated", "truncated"), 0, 0, -1)
+        assert got is None, spoil
+        for m, b in zip(meta, before):
+            np.testing.assert_array_equal(m, b)
+    with pytest.raises(ValueError, match="out of range"):   # a caller's bug, not a decline
+        native.insert_rows(good_batch(3, rng), SPEC._native_check, *ring_columns(8, rng), -1,
+                           ("terminated",), 0, 0, -1)
+
+
+CHURN = """
+import threading, numpy as np
+from conduit_core import ExperienceBuffer, ExperienceSpec
+D, n = 1 << 18, 4   # 4 MB a field: the copy releases the GIL
+buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(D,)), capacity=8)
+batch = {"obs": np.ones((n, D), np.float32), "action": np.zeros(n, np.int64), "reward": np.ones(n, np.float32),
+         "next_obs": np.ones((n, D), np.float32), "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
+stop = []
+def churn():   # the caller's dict changes under the insert: the old arrays lose their last reference
+    while not stop:
+        batch["obs"] = np.ones((n, D), np.float32)
+        batch["terminated"] = np.zeros(n, bool)
+t = threading.Thread(target=churn)
+t.start()
+for _ in range(2000):
+    buf.add(batch)
+stop.append(1)
+t.join()
+print("ok", buf.inserted)
+"""
+
+
+def test_an_insert_holds_its_arrays_while_a_large_copy_lets_other_threads_run():
+    """Found in session 33's review: ``insert_rows`` read the batch's arrays from the caller's dict
+    while its copy had released the GIL; another thread replacing them freed the memory it was
+    copying (a segfault in 3 runs of 3). Run in a child process, so a crash fails this test."""
+    import subprocess
+    import sys
+    got = subprocess.run([sys.executable, "-c", CHURN], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert got.returncode == 0 and got.stdout.strip() == "ok 8000", (got.returncode, got.stderr[-2000:])
+
+
 def test_add_takes_one_native_call_where_nothing_waits_and_the_general_route_elsewhere():
     """``ExperienceBuffer.add``: one ``Ring.insert_native`` call for plain host columns; the general
     route for what it declines (a tensor, initial priorities, a ring with removed rows), with the
