@@ -121,7 +121,7 @@ def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, siz
         slots, weights, ret, last, steps, redraws = walk.sample_windows(
             ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True,
             out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]), stored=size)
-        data = walk.window_columns(buf.gather, slots, ret, last, steps, device, fields,
+        data = walk.window_columns(buf.storage.gather_each, slots, ret, last, steps, device, fields,
                                    take=buf.storage.take_fresh, pooled=pooled)
         if pooled is not None:   # drawn: the entry goes out with the batch
             pooled[3]()
@@ -129,8 +129,8 @@ def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, siz
                 weights = pooled[1].weights_tensor()
         return slots, weights, data, redraws
     slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta)
-    return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, buf.gather, slots, n_step, gamma,
-                                               device, fields), 0
+    return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, slots, n_step, gamma, device,
+                                               fields), 0
 
 
 def sample_sequences(buf, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:

@@ -125,7 +125,7 @@ class EpisodeWalk:
                                 "declare it, or sample without n_step")
         self._n_step_fields_ok = True
 
-    def n_step_columns(self, ring, storage, rng, gather, slots, n_step, gamma, device,
+    def n_step_columns(self, ring, storage, rng, slots, n_step, gamma, device,
                        fields=None) -> dict[str, torch.Tensor]:
         """The columns of n-step windows from start ``slots`` (the shortened-window rule)."""
         self.check_n_step_fields()
@@ -138,14 +138,16 @@ class EpisodeWalk:
         if (n < 1).any():
             raise ConfigError("n_step", ">= 1", int(n.min()), "use n_step=1 for one-step returns")
         ret, cur, steps = self.n_step_returns(ring, storage, slots, n, gamma)
-        return self.window_columns(gather, slots, ret, cur, steps, device, fields)
+        return self.window_columns(storage.gather_each, slots, ret, cur, steps, device, fields)
 
-    def window_columns(self, gather, slots, ret, cur, steps, device, fields=None, *,
+    def window_columns(self, gather_each, slots, ret, cur, steps, device, fields=None, *,
                        take=None, pooled=None) -> dict[str, torch.Tensor]:
         """Columns of n-step windows: first-step fields from ``slots``, ``next_obs`` and the
         done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``
-        (``fields``: only these of the spec's fields, ``n_step`` always). ``take`` (slots,
-        names) -> host columns or None: a one-pass route for host batches, tried before ``gather``.
+        (``fields``: only these of the spec's fields, ``n_step`` always). ``gather_each``:
+        ``ColumnarStorage.gather_each``, both gathers started before either is finished (over a
+        remote shard, one round trip for the two). ``take`` (slots, names) -> host columns or
+        None: a one-pass route for host batches, tried before ``gather_each``.
         ``pooled``: ``ExperienceBuffer.window_outputs``'s (take_into, the output pool's
         ``WindowOutputs`` whose walk arrays hold ``steps``, its window plan, took): the columns go
         into its arrays (host batches)."""
@@ -160,7 +162,8 @@ class EpisodeWalk:
         if take is not None and device is None:
             data, last = take(slots, first_fields), take(cur, last_fields)
         if data is None or last is None:
-            data, last = gather(slots, device, first_fields), gather(cur, device, last_fields)
+            data, last = gather_each([(slots, first_fields), (cur, last_fields)],
+                                     device=None if device is None else torch.device(device))
         data.update(last)
         on = (lambda t: t) if device is None else (lambda t: t.to(torch.device(device)))
         if "reward" in names:

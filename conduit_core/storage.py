@@ -14,7 +14,7 @@ Host shards are gathered with ``np.take(..., out=...)`` into reused output buffe
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ import torch
 from .errors import CapacityError, ConfigError
 from .framestack import FramePool, FrameStackCodec, PooledDecoder, frames_of, klast_columns, pool_frames
 from .output_pool import handed_out
+from .shard_gather import begin_stored_gather
 from .shards import Shard, ShardSpec, even_shards, shard_class
 from .spec import ExperienceSpec, as_tensor
 from .tiers import Tier
@@ -180,7 +181,7 @@ class ColumnarStorage:
     def read_rows(self, start: int, n: int) -> dict[str, torch.Tensor]:
         """Stored (encoded) rows ``start .. start+n`` (no wrap) on the host: for state dicts."""
         flat = np.arange(start, start + n, dtype=np.int64)
-        return self._gather_stored(flat, list(self.spec.names), _CPU)
+        return begin_stored_gather(self.parts, self.bounds, self.spec, flat, list(self.spec.names), _CPU)()
 
     # --------------------------------------------------------------- gather
     def gather(self, slots: np.ndarray, *, device: torch.device | None = None,
@@ -197,16 +198,39 @@ class ColumnarStorage:
         target = device if device is not None else _CPU
         if self._single_host and slots.ndim == 1:
             return self._gather_fast(slots, target, out, fields, out_tensors)
-        names = list(fields if fields is not None else self.spec.names)
         if self._single_host:   # one host shard, slots of any shape (sequences): a take per field
+            names = list(fields if fields is not None else self.spec.names)
             return {name: self._decode(name, self._take(name, slots, None if out is None or isinstance(
                 self.decoders[name], PooledDecoder) else out.get(name)), target) for name in names}
+        return self._begin_gather(slots, target, fields)()
+
+    def gather_each(self, requests: Sequence[tuple[np.ndarray, Sequence[str]]], *,
+                    device: torch.device | None = None) -> list[dict[str, torch.Tensor]]:
+        """``gather(slots, device=device, fields=fields)`` for each ``(slots, fields)`` of
+        ``requests``, with every shard's part of every one started before any is finished: over a
+        remote shard, one round trip's wait for all of them (shard_gather.py)."""
+        target = device if device is not None else _CPU
+        if self._single_host:
+            return [self.gather(slots, device=device, fields=fields) for slots, fields in requests]
+        finishes = [self._begin_gather(slots, target, fields) for slots, fields in requests]
+        return [finish() for finish in finishes]
+
+    def _begin_gather(self, slots: np.ndarray, target: torch.device, fields) -> Callable[[], dict[str, torch.Tensor]]:
+        """``gather`` over several shards or a remote one, started; the result finishes and decodes it."""
+        names = list(fields if fields is not None else self.spec.names)
         pooled = [n for n in names if isinstance(self.decoders[n], PooledDecoder)]
-        stored = self._gather_stored(slots.reshape(-1), [n for n in names if n not in pooled], target)
-        if pooled:  # frame ids stay on the host; the stacks go to the target
-            stored.update(self._gather_stored(slots.reshape(-1), pooled, _CPU))
-        return {name: self._decode(name, stored[name].view(*slots.shape, *self.spec[name].stored_shape), target)
-                for name in names}
+        flat = slots.reshape(-1)
+        rows = begin_stored_gather(self.parts, self.bounds, self.spec, flat, [n for n in names if n not in pooled],
+                                   target)
+        frame_ids = begin_stored_gather(self.parts, self.bounds, self.spec, flat, pooled, _CPU) if pooled else None
+
+        def finish() -> dict[str, torch.Tensor]:
+            stored = rows()
+            if frame_ids is not None:  # frame ids stay on the host; the stacks go to the target
+                stored.update(frame_ids())
+            return {name: self._decode(name, stored[name].view(*slots.shape, *self.spec[name].stored_shape), target)
+                    for name in names}
+        return finish
 
     def _decode(self, name: str, stored: torch.Tensor, target: torch.device) -> torch.Tensor:
         dec, f = self.decoders[name], self.spec[name]
@@ -346,37 +370,14 @@ class ColumnarStorage:
             result[name] = t if codec is None else codec.decode(t, dtype)
         return result
 
-    def _gather_stored(self, flat: np.ndarray, names: list[str], target: torch.device) -> dict[str, torch.Tensor]:
-        """Stored rows at ``flat`` for ``names``, ``[len(flat), *stored_shape]`` each, on
-        ``target``: each shard gathers its part where it lives (every shard started before any
-        is finished) and only the stored (encoded) bytes move."""
-        if not flat.size or not names:
-            return {name: torch.empty((0, *self.spec[name].stored_shape), dtype=self.spec[name].stored_dtype,
-                                      device=target) for name in names}
-        shard_ids = self.shard_of(flat)
-        first = int(shard_ids[0])
-        if (shard_ids == first).all():   # one shard holds every row: no scatter
-            got = self.parts[first].begin_gather(flat - int(self.bounds[first]), names, target)()
-            return {name: t if t.device == target else t.to(target) for name, t in got.items()}
-        started = []
-        for s in np.unique(shard_ids):
-            pos = np.nonzero(shard_ids == s)[0]
-            started.append((pos, self.parts[s].begin_gather(flat[pos] - self.bounds[s], names, target)))
-        res = {name: torch.empty((flat.shape[0], *self.spec[name].stored_shape), dtype=self.spec[name].stored_dtype,
-                                 device=target) for name in names}
-        for pos, finish in started:
-            index = torch.from_numpy(pos).to(target)
-            for name, part in finish().items():
-                res[name][index] = part if part.device == target else part.to(target)
-        return res
-
     def gather_stored(self, name: str, slots: np.ndarray) -> torch.Tensor:
         """Field ``name`` of the rows at ``slots`` as stored (encoded, not decoded), on the host:
         what a layout copy or a remote shard's reply moves."""
         if self._single_host:
             return self._take(name, np.asarray(slots), None)
         flat = np.asarray(slots).reshape(-1)
-        return self._gather_stored(flat, [name], _CPU)[name].view(*np.shape(slots), *self.spec[name].stored_shape)
+        got = begin_stored_gather(self.parts, self.bounds, self.spec, flat, [name], _CPU)()
+        return got[name].view(*np.shape(slots), *self.spec[name].stored_shape)
 
     def replace_shard(self, shard: int, *, timeout: float = 60.0) -> str:
         """A new, empty shard in place of a lost one (a remote actor that died or whose node

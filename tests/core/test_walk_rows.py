@@ -30,14 +30,22 @@ def _fill(bufs, rng, episodes: int) -> None:
             buf.add(cols, source=c % 3)
 
 
-def _count_gathers(storage) -> list:
-    """Wrap ``storage.gather`` (on the instance) to record each call's row count and fields."""
-    calls, inner = [], storage.gather
+def _count_gathers(storage, together: list | None = None) -> list:
+    """Wrap ``storage.gather`` and ``storage.gather_each`` (on the instance) to record each
+    gather's row count and fields; ``together`` gets how many gathers each ``gather_each`` call
+    started at once."""
+    calls, inner, inner_each = [], storage.gather, storage.gather_each
 
     def gather(slots, *args, fields=None, **kw):
         calls.append((int(np.asarray(slots).size), None if fields is None else tuple(fields)))
         return inner(slots, *args, fields=fields, **kw)
-    storage.gather = gather
+
+    def gather_each(requests, **kw):
+        calls.extend((int(np.asarray(slots).size), tuple(fields)) for slots, fields in requests)
+        if together is not None:
+            together.append(len(requests))
+        return inner_each(requests, **kw)
+    storage.gather, storage.gather_each = gather, gather_each
     return calls
 
 
@@ -79,7 +87,8 @@ def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_a
             p = rng.random(s.size) + 0.1
             one.update_priorities(s, p)
             two.update_priorities(s, p)
-        calls = _count_gathers(two.storage)
+        together = []
+        calls = _count_gathers(two.storage, together)
         walk_fields = ("reward", *two.walk.done_fields)
         samples = 0
         for _ in range(3):
@@ -105,6 +114,7 @@ def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_a
         # every walk read its rows in one gather, and nothing else was read but each batch's rows (two)
         assert sum(fields == walk_fields for _, fields in calls) == walks[0], (walks, calls)
         assert len(calls) == walks[0] + 2 * samples, (walks, samples, calls)
+        assert together == [2] * samples   # the batch's first and last rows started together
     finally:
         one.close()
         two.close()

@@ -186,7 +186,8 @@ def test_n_step_windows_over_a_remote_shard_take_one_round_trip_per_walk_and_equ
     """Found in session 32: the windows' walk over a remote shard read each row's reward and done
     flags on its own, ~250 round trips per B=32 draw with RLlib's n-step (2, 5) (0.56 s per sample in
     RLlib's DQN writing at the source). Now the rows a walk may read come in one gather: a draw
-    makes one round trip per walk (per pool of uniforms) and two for the batch's rows, and delivers what a buffer of one
+    makes one round trip per walk (per pool of uniforms) and two for the batch's rows, both started
+    before either is awaited (session 33: one wait, not two), and delivers what a buffer of one
     host shard delivers, RNG and all (that one walks natively)."""
     sel = lambda: Prioritized(alpha=0.6) if prioritized else None
     remote = ExperienceBuffer(spec=SPEC, capacity=80, seed=3, selector=sel(),
@@ -207,6 +208,13 @@ def test_n_step_windows_over_a_remote_shard_take_one_round_trip_per_walk_and_equ
                 return fn(*a, **k)
             return counted
         part.begin_gather = counting(part.begin_gather, 0)
+        events, begin = [], part.begin_gather
+
+        def begin_and_finish(*a, **k):   # the order gathers start and finish in
+            events.append("begin")
+            finish = begin(*a, **k)
+            return lambda: events.append("finish") or finish()
+        part.begin_gather = begin_and_finish
         # the walks: redraw's, one per pool of uniforms (a draw that redraws much takes several); shorten's, one
         walk.walk_prefetched = counting(walk.walk_prefetched, 1)
         walk.n_step_returns_numpy = counting(walk.n_step_returns_numpy, 1)
@@ -215,6 +223,8 @@ def test_n_step_windows_over_a_remote_shard_take_one_round_trip_per_walk_and_equ
             a, b = local.sample(32, n_step=(2, 5), episode_end=end), remote.sample(32, n_step=(2, 5), episode_end=end)
             assert trips[1] >= 1 and trips[0] == trips[1] + 2, \
                 f"{trips[0]} round trips for {trips[1]} walks and the batch's two gathers"
+            assert events[-4:] == ["begin", "begin", "finish", "finish"], events   # the batch's two: together
+            events.clear()
             assert np.array_equal(a.seqs, b.seqs) and all(torch.equal(a[k], b[k]) for k in a.keys())
             if prioritized:
                 assert torch.equal(a.weights, b.weights)
