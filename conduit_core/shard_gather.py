@@ -22,13 +22,17 @@ def begin_stored_gather(parts: Sequence, bounds: np.ndarray, spec, flat: np.ndar
     """Start gathering the stored rows at ``flat`` (ring slots, 1-D) for ``names`` from the shards
     ``parts`` (shard i holds slots ``bounds[i] .. bounds[i+1]``); the returned call finishes it:
     ``{name: tensor [len(flat), *stored_shape]}`` on ``target``, only the stored (encoded) bytes
-    moved. Every shard's part is started here."""
+    moved. Every shard's part is started here (host shards' rows are taken here: ``host_rows``)."""
     if not flat.size or not names:
         empty = {name: torch.empty((0, *spec[name].stored_shape), dtype=spec[name].stored_dtype, device=target)
                  for name in names}
         return lambda: empty
     shard_ids = np.searchsorted(bounds, flat, side="right") - 1
     first = int(shard_ids[0])
+    if target.type == "cpu":
+        rows = host_rows(parts, bounds, flat, shard_ids, names)
+        if rows is not None:
+            return lambda: rows
     if (shard_ids == first).all():   # one shard holds every row: no scatter
         finish_one = parts[first].begin_gather(flat - int(bounds[first]), names, target)
 
@@ -49,3 +53,30 @@ def begin_stored_gather(parts: Sequence, bounds: np.ndarray, spec, flat: np.ndar
                 res[name][index] = part if part.device == target else part.to(target)
         return res
     return scattered
+
+
+def host_rows(parts: Sequence, bounds: np.ndarray, flat: np.ndarray, shard_ids: np.ndarray,
+              names: list[str]) -> dict | None:
+    """The rows at ``flat`` taken with numpy where every shard they fall in holds every field of
+    ``names`` as a host numpy column (``Shard.host_column``), else None. Host shards have nothing
+    to wait for, so their rows are taken at once: one ``take`` per field and shard into the batch's
+    arrays, where torch's per-shard ``index_select`` and index assignment into fresh tensors took
+    most of a draw over two host shards (docs/benchmarks.md section 17b)."""
+    shards = np.unique(shard_ids)
+    columns = []
+    for s in shards.tolist():
+        cols = [parts[s].host_column(name) for name in names]
+        if any(c is None for c in cols):
+            return None
+        columns.append((s, cols))
+    if len(columns) == 1:
+        s, cols = columns[0]
+        local = flat - int(bounds[s])
+        return {name: torch.from_numpy(np.take(col, local, axis=0)) for name, col in zip(names, cols)}
+    out = [np.empty((flat.shape[0], *col.shape[1:]), dtype=col.dtype) for col in columns[0][1]]
+    for s, cols in columns:
+        pos = np.flatnonzero(shard_ids == s)
+        local = flat[pos] - int(bounds[s])
+        for res, col in zip(out, cols):
+            res[pos] = col[local]
+    return {name: torch.from_numpy(res) for name, res in zip(names, out)}
