@@ -9,16 +9,16 @@ finishing any lets them travel together: one round trip's wait instead of one pe
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
-Finish = Callable[[], dict]
+from .shards import Gathered
 
 
 def begin_stored_gather(parts: Sequence, bounds: np.ndarray, spec, flat: np.ndarray, names: list[str],
-                        target: torch.device) -> Finish:
+                        target: torch.device) -> Gathered:
     """Start gathering the stored rows at ``flat`` (ring slots, 1-D) for ``names`` from the shards
     ``parts`` (shard i holds slots ``bounds[i] .. bounds[i+1]``); the returned call finishes it:
     ``{name: tensor [len(flat), *stored_shape]}`` on ``target``, only the stored (encoded) bytes
@@ -57,11 +57,15 @@ def begin_stored_gather(parts: Sequence, bounds: np.ndarray, spec, flat: np.ndar
 
 def host_rows(parts: Sequence, bounds: np.ndarray, flat: np.ndarray, shard_ids: np.ndarray,
               names: list[str]) -> dict | None:
-    """The rows at ``flat`` taken with numpy where every shard they fall in holds every field of
-    ``names`` as a host numpy column (``Shard.host_column``), else None. Host shards have nothing
-    to wait for, so their rows are taken at once: one ``take`` per field and shard into the batch's
-    arrays, where torch's per-shard ``index_select`` and index assignment into fresh tensors took
-    most of a draw over two host shards (docs/benchmarks.md section 17b)."""
+    """The rows at ``flat`` (``shard_ids``: each one's shard) taken with numpy where every shard
+    they fall in holds every field of ``names`` as a host numpy column (``Shard.host_column``),
+    else None (the shards' own gathers then run). Host shards have nothing to wait for, so their
+    rows are taken at once into fresh arrays: per field, one numpy fancy-index read per shard and
+    its scatter into the batch's array, where torch's per-shard ``index_select`` and index
+    assignment into fresh tensors took most of a draw over two host shards (docs/benchmarks.md
+    section 17b)."""
+    if not flat.size:
+        return None
     shards = np.unique(shard_ids)
     columns = []
     for s in shards.tolist():

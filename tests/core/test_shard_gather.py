@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conduit_core import ExperienceBuffer, ExperienceSpec, FieldSpec, ShardSpec
+from conduit_core import ExperienceBuffer, ExperienceSpec, FieldSpec, Prioritized, ShardSpec, register_shard_kind
+from conduit_core.local_shard import LocalShard
 from conduit_core.shard_gather import begin_stored_gather, host_rows
 
 SPEC = ExperienceSpec([FieldSpec("obs", (3, 2), torch.float32), FieldSpec("action", (), torch.int64),
@@ -57,3 +58,53 @@ def test_several_host_shards_gather_what_one_host_shard_holds(sizes, seed, k, fi
     finally:
         one.close()
         many.close()
+
+
+@register_shard_kind
+class DeferredShard(LocalShard):
+    """A host shard that shows no host columns (as a remote or device shard): its gathers go
+    through ``begin_gather``, whose starts and finishes it records, as a remote shard's are
+    a request sent and an answer awaited."""
+    kind = "deferred_test"
+    events: list = []
+
+    @property
+    def on_host(self) -> bool:
+        return False
+
+    def host_column(self, name):
+        return None
+
+    def begin_gather(self, local, names, target):
+        DeferredShard.events.append("B")
+        finish = super().begin_gather(local, names, target)
+        return lambda: DeferredShard.events.append("F") or finish()
+
+
+def test_a_windows_first_and_last_rows_are_both_started_before_either_is_awaited():
+    """Session 33: the batch's two gathers of an n-step draw (first rows, last rows) start
+    together (``ColumnarStorage.gather_each``): over a shard that answers later, a draw waits once
+    for them, not twice. The walk's own gather comes first, and the batch equals a host shard's."""
+    rng = np.random.default_rng(4)
+    spec = ExperienceSpec.transition(obs_shape=(3,))
+    deferred = ExperienceBuffer(spec=spec, capacity=40, seed=1, selector=Prioritized(),
+                                shards=[ShardSpec("pageable", 40, kind="deferred_test")])
+    host = ExperienceBuffer(spec=spec, capacity=40, seed=1, selector=Prioritized())
+    try:
+        for i in range(8):
+            obs = rng.standard_normal((6, 3)).astype(np.float32)
+            data = {"obs": obs[:-1], "next_obs": obs[1:], "action": rng.integers(0, 2, 5),
+                    "reward": rng.random(5).astype(np.float32), "terminated": np.zeros(5, bool),
+                    "truncated": np.zeros(5, bool)}
+            data["terminated"][-1] = i % 3 == 2
+            deferred.add(data, source=i % 2)
+            host.add(data, source=i % 2)
+        for end in ("redraw", "shorten"):
+            DeferredShard.events.clear()
+            a = deferred.sample(8, n_step=3, episode_end=end)
+            b = host.sample(8, n_step=3, episode_end=end)
+            assert all(torch.equal(a[k], b[k]) for k in b.keys()), end
+            assert "".join(DeferredShard.events).endswith("BFBBFF"), (end, DeferredShard.events)
+    finally:
+        deferred.close()
+        host.close()
