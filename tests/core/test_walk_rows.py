@@ -34,17 +34,22 @@ def _count_gathers(storage, together: list | None = None) -> list:
     """Wrap ``storage.gather`` and ``storage.gather_each`` (on the instance) to record each
     gather's row count and fields; ``together`` gets how many gathers each ``gather_each`` call
     started at once."""
-    calls, inner, inner_each = [], storage.gather, storage.gather_each
+    calls, inner, inner_each, inside = [], storage.gather, storage.gather_each, [0]
 
     def gather(slots, *args, fields=None, **kw):
-        calls.append((int(np.asarray(slots).size), None if fields is None else tuple(fields)))
+        if not inside[0]:   # (gather_each's own gathers, on one host shard, are counted there)
+            calls.append((int(np.asarray(slots).size), None if fields is None else tuple(fields)))
         return inner(slots, *args, fields=fields, **kw)
 
     def gather_each(requests, **kw):
         calls.extend((int(np.asarray(slots).size), tuple(fields)) for slots, fields in requests)
         if together is not None:
             together.append(len(requests))
-        return inner_each(requests, **kw)
+        inside[0] += 1
+        try:
+            return inner_each(requests, **kw)
+        finally:
+            inside[0] -= 1
     storage.gather, storage.gather_each = gather, gather_each
     return calls
 

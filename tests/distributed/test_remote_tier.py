@@ -271,6 +271,32 @@ def test_a_killed_remote_shard_is_reported_and_the_buffer_goes_on(cluster, selec
         buf.close()
 
 
+def test_a_shard_lost_between_a_windows_two_batch_gathers_is_reported_and_the_draw_goes_on(cluster):
+    """Session 33's review: a window draw starts its first-rows and last-rows gathers together, so
+    the second may be sent to an actor that has died since the first was: the draw finds the loss,
+    reports it once, and delivers from the shard that is left; nothing hangs."""
+    buf = two_tier(Prioritized())
+    try:
+        _fill(buf)                                  # seqs 40..119: 40..79 on the remote shard
+        remote = {int(s) for s in buf.state_dict()["meta"]["seq"][40:80]}
+        part = buf.storage.parts[1]
+        begin, killed = part.begin_gather, []
+
+        def begin_then_die(local, names, target):   # the last rows' request finds the actor dead
+            if "next_obs" in names and not killed:
+                killed.append(1)
+                kill_and_wait(part.actor)
+            return begin(local, names, target)
+        part.begin_gather = begin_then_die
+        b = buf.sample(64, n_step=3, episode_end="redraw")
+        assert killed, "the draw never gathered last rows from the remote shard"
+        (loss,) = buf.losses
+        assert loss.shard == 1 and loss.rows == 40
+        assert not set(b.seqs.tolist()) & remote and len(buf) == 40
+    finally:
+        buf.close()
+
+
 def test_an_insert_that_finds_the_shard_lost_keeps_its_rows(cluster):
     buf = two_tier()
     try:
