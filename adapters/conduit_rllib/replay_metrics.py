@@ -24,7 +24,10 @@ reduce entries yourself (a Stats' ``clone()`` carries no values).
 
 from __future__ import annotations
 
+import collections
 import functools
+import time
+from types import SimpleNamespace
 
 NAN = float("nan")
 
@@ -82,84 +85,50 @@ class ReplayMetrics:
                 del ns[0]
 
     def result(self) -> dict:
-        m, LifetimeSumStats, MeanStats, SumStats, agent, module = _rllib_stats()
+        keys, made, agent, module = _rllib_stats()
+        per_call, lifetime, mean = made.per_call, made.lifetime, made.mean
+        made.now()   # (one clock read for every object's creation time)
         now = tuple(self.counters())
         steps_added, steps_evicted, eps_added, eps_evicted, sampled = (a - b for a, b in zip(now, self.last))
         self.ever_added |= self.adds > 0
         self.ever_sampled |= self.samples > 0
+        # Each entry as RLlib's reduce leaves it: a per-call sum holds the sum (NaN over no call), a
+        # lifetime sum what was added since the last call, a mean the mean of what was logged (NaN of
+        # none). The per-agent and per-module entries hold the same object, nested as RLlib's logger
+        # returns them. Straight-line code: this runs on every training step with cold caches.
         out = {}
-
-        def per_call(key, value, calls):
-            s = SumStats()   # as SumStats.reduce leaves it: the sum, NaN over no call (push() costs
-            s.values = [value if calls else NAN]   # ~6 us: tensor checks)
-            out[key] = s
-            return s
-
-        def lifetime(key, value):
-            s = LifetimeSumStats()
-            s._lifetime_sum += value   # what push() leaves for a finite host number (its NaN and
-            out[key] = s               # tensor checks cost ~4 us a call; the tests compare with RLlib's)
-            return s
-
-        def mean(key, values):   # as MeanStats.reduce leaves it: one value, the mean (NaN of none), so
-            s = MeanStats(window=self.window)   # the logger above averages per-call means, as RLlib's
-            s.values = [sum(values) / len(values) if values else NAN]   # (numpy's mean of a list: ~5 us)
-            out[key] = s
-            return s
-
-        def copies(pairs):   # the per-agent, then the per-module entries: the same objects
-            for who, keys in ((agent, 0), (module, 1)):
-                for names, s in pairs:
-                    out[names[keys]] = {who: s}   # (nested, as RLlib's logger returns them)
-
         if self.ever_added:
-            adds = self.adds
-            mean(m.NUM_EPISODES_STORED, [e for _, e in self.stored])
-            added = [
-                ((m.NUM_AGENT_EPISODES_ADDED, m.NUM_MODULE_EPISODES_ADDED),
-                 per_call(m.NUM_EPISODES_ADDED, eps_added, adds)),
-                ((m.NUM_AGENT_EPISODES_ADDED_LIFETIME, m.NUM_MODULE_EPISODES_ADDED_LIFETIME),
-                 lifetime(m.NUM_EPISODES_ADDED_LIFETIME, eps_added)),
-                ((m.NUM_AGENT_EPISODES_EVICTED, m.NUM_MODULE_EPISODES_EVICTED),
-                 per_call(m.NUM_EPISODES_EVICTED, eps_evicted, adds)),
-                ((m.NUM_AGENT_EPISODES_EVICTED_LIFETIME, m.NUM_MODULE_EPISODES_EVICTED_LIFETIME),
-                 lifetime(m.NUM_EPISODES_EVICTED_LIFETIME, eps_evicted)),
-            ]
-            mean(m.NUM_ENV_STEPS_STORED, [s for s, _ in self.stored])
-            added += [
-                ((m.NUM_AGENT_STEPS_ADDED, m.NUM_MODULE_STEPS_ADDED),
-                 per_call(m.NUM_ENV_STEPS_ADDED, steps_added, adds)),
-                ((m.NUM_AGENT_STEPS_ADDED_LIFETIME, m.NUM_MODULE_STEPS_ADDED_LIFETIME),
-                 lifetime(m.NUM_ENV_STEPS_ADDED_LIFETIME, steps_added)),
-                ((m.NUM_AGENT_STEPS_EVICTED, m.NUM_MODULE_STEPS_EVICTED),
-                 per_call(m.NUM_ENV_STEPS_EVICTED, steps_evicted, adds)),
-                ((m.NUM_AGENT_STEPS_EVICTED_LIFETIME, m.NUM_MODULE_STEPS_EVICTED_LIFETIME),
-                 lifetime(m.NUM_ENV_STEPS_EVICTED_LIFETIME, steps_evicted)),
-            ]
-            copies(added)
+            adds, stored, window = self.adds, self.stored, self.window
+            n = len(stored)
+            entries = (
+                mean(sum(e for _, e in stored) / n if n else NAN, window),   # episodes stored
+                per_call(eps_added if adds else NAN), lifetime(eps_added),
+                per_call(eps_evicted if adds else NAN), lifetime(eps_evicted),
+                mean(sum(s for s, _ in stored) / n if n else NAN, window),   # env steps stored
+                per_call(steps_added if adds else NAN), lifetime(steps_added),
+                per_call(steps_evicted if adds else NAN), lifetime(steps_evicted))
+            for (key, agent_key, module_key), s in zip(keys.added, entries):
+                out[key] = s
+                if agent_key:
+                    out[agent_key] = {agent: s}
+                    out[module_key] = {module: s}
         if self.ever_sampled:
-            calls, distinct = self.samples, self.distinct
+            calls, distinct, util, window = self.samples, self.distinct, self.utilization, self.window
             self.ever_n_step |= bool(self.n_steps)
-            sampled_pairs = [
-                ((m.NUM_AGENT_EPISODES_PER_SAMPLE, m.NUM_MODULE_EPISODES_PER_SAMPLE),
-                 per_call(m.NUM_EPISODES_PER_SAMPLE, self.episodes, calls)),
-                ((m.NUM_AGENT_STEPS_PER_SAMPLE, m.NUM_MODULE_STEPS_PER_SAMPLE),
-                 per_call(m.NUM_ENV_STEPS_PER_SAMPLE, distinct, calls)),
-                ((m.NUM_AGENT_STEPS_PER_SAMPLE_LIFETIME, m.NUM_MODULE_STEPS_PER_SAMPLE_LIFETIME),
-                 lifetime(m.NUM_ENV_STEPS_PER_SAMPLE_LIFETIME, distinct)),
-                ((m.NUM_AGENT_STEPS_SAMPLED, m.NUM_MODULE_STEPS_SAMPLED),
-                 per_call(m.NUM_ENV_STEPS_SAMPLED, sampled, calls)),
-                ((m.NUM_AGENT_STEPS_SAMPLED_LIFETIME, m.NUM_MODULE_STEPS_SAMPLED_LIFETIME),
-                 lifetime(m.NUM_ENV_STEPS_SAMPLED_LIFETIME, sampled)),
-                ((m.AGENT_STEP_UTILIZATION, m.MODULE_STEP_UTILIZATION),
-                 mean(m.ENV_STEP_UTILIZATION, self.utilization)),
-            ]
+            entries = [
+                per_call(self.episodes if calls else NAN), per_call(distinct if calls else NAN), lifetime(distinct),
+                per_call(sampled if calls else NAN), lifetime(sampled),
+                mean(sum(util) / len(util) if util else NAN, window),
+                per_call(self.redraws if calls else NAN)]
+            triples = keys.sampled
             if self.ever_n_step:
-                sampled_pairs.append(((m.AGENT_ACTUAL_N_STEP, m.MODULE_ACTUAL_N_STEP),
-                                      mean(m.ACTUAL_N_STEP, self.n_steps)))
-            sampled_pairs.append(((m.NUM_AGENT_RESAMPLES, m.NUM_MODULE_RESAMPLES),
-                                  per_call(m.NUM_RESAMPLES, self.redraws, calls)))
-            copies(sampled_pairs)
+                n_steps = self.n_steps
+                entries.append(mean(sum(n_steps) / len(n_steps) if n_steps else NAN, window))
+                triples = keys.sampled_n_step
+            for (key, agent_key, module_key), s in zip(triples, entries):
+                out[key] = s
+                out[agent_key] = {agent: s}
+                out[module_key] = {module: s}
         self.last, self.adds = now, 0
         self.stored.clear()
         self._clear_samples()
@@ -198,13 +167,117 @@ def batch_form_shape(rows: list) -> tuple[int, int, None, int]:
     return len(set(pieces)), len({e for e, _ in pieces}), None, 0
 
 
+class StatsMaker:
+    """RLlib's ``SumStats``, ``LifetimeSumStats`` and ``MeanStats`` as their constructors leave
+    them, holding the given values, without running the constructors: 18 objects are built on
+    every training step, and each constructor is four Python calls (some 2 us with the caches
+    cold after the learner's update).
+
+    Each kind's object is built once by RLlib's own constructor, twice a moment apart; a new
+    one takes a copy of its fields, with a new empty container wherever the constructor left
+    one (never shared between objects) and the current clock wherever the two constructions
+    read different clocks (``now()`` reads it once per ``get_metrics()``). A test compares every
+    field with an object RLlib builds (``tests/rllib/test_replay_metrics.py``)."""
+
+    def __init__(self, SumStats, LifetimeSumStats, MeanStats):
+        self._sum = self._kind(SumStats)
+        self._lifetime = self._kind(LifetimeSumStats)
+        self._means: dict[int, tuple] = {}
+        self._mean_cls = MeanStats
+        self._clock = time.perf_counter()
+
+    @staticmethod
+    def _kind(cls, **kwargs) -> tuple:
+        first = vars(cls(**kwargs))
+        time.sleep(0.001)
+        second = vars(cls(**kwargs))
+        containers = tuple((k, functools.partial(collections.deque, maxlen=v.maxlen) if type(v) is collections.deque
+                            else type(v)) for k, v in first.items() if isinstance(v, (dict, list, collections.deque)))
+        clocks = tuple(k for k, v in first.items() if not isinstance(v, (dict, list, collections.deque))
+                       and v != second[k])
+        return cls, first, containers, clocks
+
+    def now(self) -> None:
+        self._clock = time.perf_counter()
+
+    # (each kind's construction written out in its method: one Python call per object)
+    def per_call(self, value):
+        """A ``SumStats`` as its ``reduce`` leaves it: [the sum] (NaN over no call)."""
+        cls, fields, containers, clocks = self._sum
+        d = fields.copy()
+        for k, make in containers:
+            d[k] = make()
+        for k in clocks:
+            d[k] = self._clock
+        s = object.__new__(cls)
+        s.__dict__ = d
+        s.values = [value]
+        return s
+
+    def lifetime(self, value):
+        """A ``LifetimeSumStats`` as ``push(value)`` leaves it for a finite host number (push's NaN
+        and tensor checks cost ~4 us a call)."""
+        cls, fields, containers, clocks = self._lifetime
+        d = fields.copy()
+        for k, make in containers:
+            d[k] = make()
+        for k in clocks:
+            d[k] = self._clock
+        s = object.__new__(cls)
+        s.__dict__ = d
+        s._lifetime_sum += value
+        return s
+
+    def mean(self, value, window: int):
+        """A ``MeanStats(window=window)`` as its ``reduce`` leaves it: [the mean] (NaN of none)."""
+        kind = self._means.get(window)
+        if kind is None:
+            kind = self._means[window] = self._kind(self._mean_cls, window=window)
+        cls, fields, containers, clocks = kind
+        d = fields.copy()
+        for k, make in containers:
+            d[k] = make()
+        for k in clocks:
+            d[k] = self._clock
+        s = object.__new__(cls)
+        s.__dict__ = d
+        s.values = [value]
+        return s
+
+
 @functools.cache
 def _rllib_stats():
-    """RLlib's metric names, the three Stats classes and its single-agent buffers' agent and
-    module ids, imported once (RLlib is imported lazily)."""
+    """RLlib's metric names (each entry's key, per-agent key and per-module key), a ``StatsMaker`` and its single-agent buffers' agent and module ids,
+    imported once (RLlib is imported lazily)."""
     from ray.rllib.core import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
     from ray.rllib.utils import metrics
     from ray.rllib.utils.metrics.stats.lifetime_sum import LifetimeSumStats
     from ray.rllib.utils.metrics.stats.mean import MeanStats
     from ray.rllib.utils.metrics.stats.sum import SumStats
-    return metrics, LifetimeSumStats, MeanStats, SumStats, DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
+    m = metrics
+    triples = SimpleNamespace(
+        added=((m.NUM_EPISODES_STORED, None, None),
+               (m.NUM_EPISODES_ADDED, m.NUM_AGENT_EPISODES_ADDED, m.NUM_MODULE_EPISODES_ADDED),
+               (m.NUM_EPISODES_ADDED_LIFETIME, m.NUM_AGENT_EPISODES_ADDED_LIFETIME, m.NUM_MODULE_EPISODES_ADDED_LIFETIME),
+               (m.NUM_EPISODES_EVICTED, m.NUM_AGENT_EPISODES_EVICTED, m.NUM_MODULE_EPISODES_EVICTED),
+               (m.NUM_EPISODES_EVICTED_LIFETIME, m.NUM_AGENT_EPISODES_EVICTED_LIFETIME,
+                m.NUM_MODULE_EPISODES_EVICTED_LIFETIME),
+               (m.NUM_ENV_STEPS_STORED, None, None),
+               (m.NUM_ENV_STEPS_ADDED, m.NUM_AGENT_STEPS_ADDED, m.NUM_MODULE_STEPS_ADDED),
+               (m.NUM_ENV_STEPS_ADDED_LIFETIME, m.NUM_AGENT_STEPS_ADDED_LIFETIME, m.NUM_MODULE_STEPS_ADDED_LIFETIME),
+               (m.NUM_ENV_STEPS_EVICTED, m.NUM_AGENT_STEPS_EVICTED, m.NUM_MODULE_STEPS_EVICTED),
+               (m.NUM_ENV_STEPS_EVICTED_LIFETIME, m.NUM_AGENT_STEPS_EVICTED_LIFETIME,
+                m.NUM_MODULE_STEPS_EVICTED_LIFETIME)),
+        sampled=((m.NUM_EPISODES_PER_SAMPLE, m.NUM_AGENT_EPISODES_PER_SAMPLE, m.NUM_MODULE_EPISODES_PER_SAMPLE),
+                 (m.NUM_ENV_STEPS_PER_SAMPLE, m.NUM_AGENT_STEPS_PER_SAMPLE, m.NUM_MODULE_STEPS_PER_SAMPLE),
+                 (m.NUM_ENV_STEPS_PER_SAMPLE_LIFETIME, m.NUM_AGENT_STEPS_PER_SAMPLE_LIFETIME,
+                  m.NUM_MODULE_STEPS_PER_SAMPLE_LIFETIME),
+                 (m.NUM_ENV_STEPS_SAMPLED, m.NUM_AGENT_STEPS_SAMPLED, m.NUM_MODULE_STEPS_SAMPLED),
+                 (m.NUM_ENV_STEPS_SAMPLED_LIFETIME, m.NUM_AGENT_STEPS_SAMPLED_LIFETIME,
+                  m.NUM_MODULE_STEPS_SAMPLED_LIFETIME),
+                 (m.ENV_STEP_UTILIZATION, m.AGENT_STEP_UTILIZATION, m.MODULE_STEP_UTILIZATION),
+                 (m.NUM_RESAMPLES, m.NUM_AGENT_RESAMPLES, m.NUM_MODULE_RESAMPLES)))
+    # (the mean n-step, where one was logged, comes after the utilisation as RLlib's logs it; the
+    # entries' order is the dict's order only)
+    triples.sampled_n_step = triples.sampled + ((m.ACTUAL_N_STEP, m.AGENT_ACTUAL_N_STEP, m.MODULE_ACTUAL_N_STEP),)
+    return triples, StatsMaker(SumStats, LifetimeSumStats, MeanStats), DEFAULT_AGENT_ID, DEFAULT_MODULE_ID

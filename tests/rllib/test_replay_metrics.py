@@ -228,3 +228,42 @@ def test_redraws_of_batches_drawn_ahead_and_discarded_count_once():
     seqs, redraws = run({"mode": "overlapped"})
     assert np.array_equal(seqs, base_seqs) and base_redraws > 0
     assert redraws == base_redraws
+
+
+def test_the_stats_maker_builds_what_rllibs_constructors_build():
+    """``get_metrics()`` builds its Stats objects from copies of ones RLlib's constructors built:
+    every field equal to a freshly constructed object's once the values are set as RLlib's
+    reduce sets them, containers never shared between objects, clocks read at the call."""
+    import collections
+    import time
+
+    from ray.rllib.utils.metrics.stats.lifetime_sum import LifetimeSumStats
+    from ray.rllib.utils.metrics.stats.mean import MeanStats
+    from ray.rllib.utils.metrics.stats.sum import SumStats
+
+    from conduit_rllib.replay_metrics import StatsMaker
+
+    maker = StatsMaker(SumStats, LifetimeSumStats, MeanStats)
+    before = time.perf_counter()
+    maker.now()
+    made = {"sum": maker.per_call(3.0), "lifetime": maker.lifetime(7), "mean": maker.mean(2.5, 100)}
+    want = {"sum": SumStats(), "lifetime": LifetimeSumStats(), "mean": MeanStats(window=100)}
+    want["sum"].values = [3.0]
+    want["lifetime"].push(7)
+    want["mean"].values = [2.5]
+    for kind, s in made.items():
+        w = want[kind]
+        assert type(s) is type(w), kind
+        ours, theirs = vars(s), vars(w)
+        assert set(ours) == set(theirs), kind
+        for field, value in theirs.items():
+            if isinstance(value, float) and value > 1e3 and value == pytest.approx(time.perf_counter(), abs=60):
+                assert before <= ours[field] <= time.perf_counter(), (kind, field)   # a clock: read at now()
+            else:
+                assert ours[field] == value and type(ours[field]) is type(value), (kind, field, ours[field], value)
+        assert s.peek() == w.peek(), kind
+    again = maker.per_call(1.0), maker.mean(1.0, 100)
+    for a, b in zip(again, (made["sum"], made["mean"])):
+        for field, value in vars(a).items():
+            if isinstance(value, (dict, list, collections.deque)):
+                assert value is not vars(b)[field], field   # never shared
