@@ -86,10 +86,11 @@ class ReplayMetrics:
 
     def result(self) -> dict:
         keys, made, agent, module = _rllib_stats()
-        per_call, lifetime, mean = made.per_call, made.lifetime, made.mean
-        made.now()   # (one clock read for every object's creation time)
+        SUM, LIFETIME, MEAN = made.SUM, made.LIFETIME, made.mean_kind(self.window)
         now = tuple(self.counters())
-        steps_added, steps_evicted, eps_added, eps_evicted, sampled = (a - b for a, b in zip(now, self.last))
+        last = self.last   # (no generators: each is a Python frame resumed per item)
+        steps_added, steps_evicted = now[0] - last[0], now[1] - last[1]
+        eps_added, eps_evicted, sampled = now[2] - last[2], now[3] - last[3], now[4] - last[4]
         self.ever_added |= self.adds > 0
         self.ever_sampled |= self.samples > 0
         # Each entry as RLlib's reduce leaves it: a per-call sum holds the sum (NaN over no call), a
@@ -98,34 +99,38 @@ class ReplayMetrics:
         # returns them. Straight-line code: this runs on every training step with cold caches.
         out = {}
         if self.ever_added:
-            adds, stored, window = self.adds, self.stored, self.window
+            adds, stored = self.adds, self.stored
             n = len(stored)
-            entries = (
-                mean(sum(e for _, e in stored) / n if n else NAN, window),   # episodes stored
-                per_call(eps_added if adds else NAN), lifetime(eps_added),
-                per_call(eps_evicted if adds else NAN), lifetime(eps_evicted),
-                mean(sum(s for s, _ in stored) / n if n else NAN, window),   # env steps stored
-                per_call(steps_added if adds else NAN), lifetime(steps_added),
-                per_call(steps_evicted if adds else NAN), lifetime(steps_evicted))
+            steps_stored = eps_stored = 0
+            for s, e in stored:
+                steps_stored += s
+                eps_stored += e
+            entries = made.build((
+                (MEAN, eps_stored / n if n else NAN),   # episodes stored
+                (SUM, eps_added if adds else NAN), (LIFETIME, eps_added),
+                (SUM, eps_evicted if adds else NAN), (LIFETIME, eps_evicted),
+                (MEAN, steps_stored / n if n else NAN),   # env steps stored
+                (SUM, steps_added if adds else NAN), (LIFETIME, steps_added),
+                (SUM, steps_evicted if adds else NAN), (LIFETIME, steps_evicted)))
             for (key, agent_key, module_key), s in zip(keys.added, entries):
                 out[key] = s
                 if agent_key:
                     out[agent_key] = {agent: s}
                     out[module_key] = {module: s}
         if self.ever_sampled:
-            calls, distinct, util, window = self.samples, self.distinct, self.utilization, self.window
+            calls, distinct, util = self.samples, self.distinct, self.utilization
             self.ever_n_step |= bool(self.n_steps)
             entries = [
-                per_call(self.episodes if calls else NAN), per_call(distinct if calls else NAN), lifetime(distinct),
-                per_call(sampled if calls else NAN), lifetime(sampled),
-                mean(sum(util) / len(util) if util else NAN, window),
-                per_call(self.redraws if calls else NAN)]
+                (SUM, self.episodes if calls else NAN), (SUM, distinct if calls else NAN), (LIFETIME, distinct),
+                (SUM, sampled if calls else NAN), (LIFETIME, sampled),
+                (MEAN, sum(util) / len(util) if util else NAN),
+                (SUM, self.redraws if calls else NAN)]
             triples = keys.sampled
             if self.ever_n_step:
                 n_steps = self.n_steps
-                entries.append(mean(sum(n_steps) / len(n_steps) if n_steps else NAN, window))
+                entries.append((MEAN, sum(n_steps) / len(n_steps) if n_steps else NAN))
                 triples = keys.sampled_n_step
-            for (key, agent_key, module_key), s in zip(triples, entries):
+            for (key, agent_key, module_key), s in zip(triples, made.build(entries)):
                 out[key] = s
                 out[agent_key] = {agent: s}
                 out[module_key] = {module: s}
@@ -168,81 +173,63 @@ def batch_form_shape(rows: list) -> tuple[int, int, None, int]:
 
 
 class StatsMaker:
-    """RLlib's ``SumStats``, ``LifetimeSumStats`` and ``MeanStats`` as their constructors leave
-    them, holding the given values, without running the constructors: 18 objects are built on
-    every training step, and each constructor is four Python calls (some 2 us with the caches
-    cold after the learner's update).
+    """RLlib's ``SumStats``, ``LifetimeSumStats`` and ``MeanStats`` as their constructors and
+    ``reduce`` (or, for a lifetime sum, ``push``) leave them, without running the constructors:
+    18 objects are built on every training step, and each constructor is four Python calls (some
+    2 us with the caches cold after the learner's update).
 
     Each kind's object is built once by RLlib's own constructor, twice a moment apart; a new
     one takes a copy of its fields, with a new empty container wherever the constructor left
-    one (never shared between objects) and the current clock wherever the two constructions
-    read different clocks (``now()`` reads it once per ``get_metrics()``). A test compares every
-    field with an object RLlib builds (``tests/rllib/test_replay_metrics.py``)."""
+    one (never shared between objects) and the clock read at ``build`` wherever the two
+    constructions read different clocks. A test compares every field with an object RLlib
+    builds (``tests/rllib/test_replay_metrics.py``)."""
 
     def __init__(self, SumStats, LifetimeSumStats, MeanStats):
-        self._sum = self._kind(SumStats)
-        self._lifetime = self._kind(LifetimeSumStats)
+        self.SUM = self._kind(SumStats)
+        self.LIFETIME = self._kind(LifetimeSumStats)
         self._means: dict[int, tuple] = {}
-        self._mean_cls = MeanStats
-        self._clock = time.perf_counter()
+        self._mean_cls, self._lifetime_cls = MeanStats, LifetimeSumStats
 
     @staticmethod
     def _kind(cls, **kwargs) -> tuple:
         first = vars(cls(**kwargs))
         time.sleep(0.001)
         second = vars(cls(**kwargs))
+        mutable = (dict, list, collections.deque)
         containers = tuple((k, functools.partial(collections.deque, maxlen=v.maxlen) if type(v) is collections.deque
-                            else type(v)) for k, v in first.items() if isinstance(v, (dict, list, collections.deque)))
-        clocks = tuple(k for k, v in first.items() if not isinstance(v, (dict, list, collections.deque))
-                       and v != second[k])
+                            else type(v)) for k, v in first.items() if isinstance(v, mutable))
+        clocks = tuple(k for k, v in first.items() if not isinstance(v, mutable) and v != second[k])
         return cls, first, containers, clocks
 
-    def now(self) -> None:
-        self._clock = time.perf_counter()
-
-    # (each kind's construction written out in its method: one Python call per object)
-    def per_call(self, value):
-        """A ``SumStats`` as its ``reduce`` leaves it: [the sum] (NaN over no call)."""
-        cls, fields, containers, clocks = self._sum
-        d = fields.copy()
-        for k, make in containers:
-            d[k] = make()
-        for k in clocks:
-            d[k] = self._clock
-        s = object.__new__(cls)
-        s.__dict__ = d
-        s.values = [value]
-        return s
-
-    def lifetime(self, value):
-        """A ``LifetimeSumStats`` as ``push(value)`` leaves it for a finite host number (push's NaN
-        and tensor checks cost ~4 us a call)."""
-        cls, fields, containers, clocks = self._lifetime
-        d = fields.copy()
-        for k, make in containers:
-            d[k] = make()
-        for k in clocks:
-            d[k] = self._clock
-        s = object.__new__(cls)
-        s.__dict__ = d
-        s._lifetime_sum += value
-        return s
-
-    def mean(self, value, window: int):
-        """A ``MeanStats(window=window)`` as its ``reduce`` leaves it: [the mean] (NaN of none)."""
+    def mean_kind(self, window: int) -> tuple:
+        """The kind of a ``MeanStats(window=window)``."""
         kind = self._means.get(window)
         if kind is None:
             kind = self._means[window] = self._kind(self._mean_cls, window=window)
-        cls, fields, containers, clocks = kind
-        d = fields.copy()
-        for k, make in containers:
-            d[k] = make()
-        for k in clocks:
-            d[k] = self._clock
-        s = object.__new__(cls)
-        s.__dict__ = d
-        s.values = [value]
-        return s
+        return kind
+
+    def build(self, entries) -> list:
+        """[(kind, value)] -> the Stats objects, in order: a ``SUM`` holding [value] (as its
+        ``reduce`` leaves a per-call sum: NaN over no call), a ``LIFETIME`` as ``push(value)``
+        leaves it for a finite host number (push's NaN and tensor checks cost ~4 us a call), a
+        ``mean_kind`` holding [value] (the mean, as its ``reduce`` leaves it). One loop, no
+        Python call per object."""
+        clock, lifetime_cls, new = time.perf_counter(), self._lifetime_cls, object.__new__
+        out = []
+        for (cls, fields, containers, clocks), value in entries:
+            d = fields.copy()
+            for k, make in containers:
+                d[k] = make()
+            for k in clocks:
+                d[k] = clock
+            s = new(cls)
+            s.__dict__ = d
+            if cls is lifetime_cls:
+                s._lifetime_sum += value
+            else:
+                s.values = [value]
+            out.append(s)
+        return out
 
 
 @functools.cache

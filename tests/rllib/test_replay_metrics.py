@@ -245,8 +245,8 @@ def test_the_stats_maker_builds_what_rllibs_constructors_build():
 
     maker = StatsMaker(SumStats, LifetimeSumStats, MeanStats)
     before = time.perf_counter()
-    maker.now()
-    made = {"sum": maker.per_call(3.0), "lifetime": maker.lifetime(7), "mean": maker.mean(2.5, 100)}
+    made = dict(zip(("sum", "lifetime", "mean"), maker.build(
+        ((maker.SUM, 3.0), (maker.LIFETIME, 7), (maker.mean_kind(100), 2.5)))))
     want = {"sum": SumStats(), "lifetime": LifetimeSumStats(), "mean": MeanStats(window=100)}
     want["sum"].values = [3.0]
     want["lifetime"].push(7)
@@ -258,11 +258,11 @@ def test_the_stats_maker_builds_what_rllibs_constructors_build():
         assert set(ours) == set(theirs), kind
         for field, value in theirs.items():
             if isinstance(value, float) and value > 1e3 and value == pytest.approx(time.perf_counter(), abs=60):
-                assert before <= ours[field] <= time.perf_counter(), (kind, field)   # a clock: read at now()
+                assert before <= ours[field] <= time.perf_counter(), (kind, field)   # a clock: read at build()
             else:
                 assert ours[field] == value and type(ours[field]) is type(value), (kind, field, ours[field], value)
         assert s.peek() == w.peek(), kind
-    again = maker.per_call(1.0), maker.mean(1.0, 100)
+    again = maker.build(((maker.SUM, 1.0), (maker.mean_kind(100), 1.0)))
     for a, b in zip(again, (made["sum"], made["mean"])):
         for field, value in vars(a).items():
             if isinstance(value, (dict, list, collections.deque)):
