@@ -16,6 +16,11 @@
   turns, cold (``--cold-replay MB``, default 64), us per call and their ratio per replay (CartPole).
 - ``--split``: both systems, built as the bench builds them, iterations in turns: seconds per
   iteration spent in the env runner's ``sample`` and in ``learner_group.update``.
+- ``--against DIR --rounds N``: this tree and another checkout of the project (e.g. ``git
+  worktree add /tmp/before <commit>``, its C helpers built there), each run in fresh processes in
+  turns, N rounds: each call's median ms per step per tree and the median of the paired ratios
+  (this tree over the other). The machine's speed drifts by 10-20% over minutes: only paired,
+  interleaved runs tell a change of a few microseconds per call.
 - ``--cold-replay MB``: the recorded ``add()`` calls replayed into a fresh buffer, each followed
   (once 100 are in) by a sample with the last sample's arguments and a priority update; ``add()``
   and ``sample()`` timed alone, with and without a write over MB megabytes before each (the cache
@@ -27,6 +32,7 @@
     python -m benchmarks.rllib_conduit_path --workload dqn --iters 3 --cold-replay 64
     python -m benchmarks.rllib_conduit_path --workload dqn --iters 2 --route-ab
     python -m benchmarks.rllib_conduit_path --workload dqn --iters 1 --frames
+    python -m benchmarks.rllib_conduit_path --workload dqn --iters 3 --against /tmp/before --rounds 4
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import collections
 import copy
 import functools
 import json
+import pathlib
 import statistics
 import time
 from types import SimpleNamespace
@@ -277,6 +284,47 @@ def split(a) -> dict:
     return {s: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for s, rs in rows.items()}
 
 
+def run_in(tree: pathlib.Path, argv: list[str]) -> dict:
+    """This tool's run in a fresh process importing the project (core and adapters) from ``tree``."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "run.json"
+        env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{tree / 'adapters'}")
+        probe = "import conduit_core, conduit_rllib; print(conduit_core.__file__, conduit_rllib.__file__)"
+        where = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True, text=True,
+                               check=True).stdout.split()
+        if not all(w.startswith(str(tree)) for w in where):
+            raise RuntimeError(f"{tree}: the project was imported from elsewhere ({where}); build its C helpers "
+                               "there first (python setup.py build_ext --inplace)")
+        subprocess.run([sys.executable, "-m", "benchmarks.rllib_conduit_path", *argv, "--json", str(out)],
+                       cwd=tree, env=env, check=True, capture_output=True)
+        return json.loads(out.read_text())
+
+
+def against(a, argv: list[str]) -> dict:
+    """``--against``: both trees in turns, each call's median per tree and paired ratio."""
+    trees = {"this": pathlib.Path(__file__).resolve().parents[1], "other": pathlib.Path(a.against).resolve()}
+    runs: dict = {k: [] for k in trees}
+    for r in range(a.rounds):
+        for name in (("this", "other") if r % 2 == 0 else ("other", "this")):   # (who goes first alternates)
+            runs[name].append(run_in(trees[name], argv)["ms_per_step"])
+    report: dict = {"rounds": a.rounds, "argv": argv, "trees": {k: str(v) for k, v in trees.items()}, "runs": runs,
+                    "calls": {}}
+    for call in runs["this"][0]:
+        row = {name: statistics.median(r[call] for r in rs) for name, rs in runs.items()}
+        row["paired_ratio"] = statistics.median(t[call] / o[call] for t, o in zip(runs["this"], runs["other"]))
+        report["calls"][call] = row
+    total = lambda r: sum(r.values())
+    report["calls"]["total"] = {"this": statistics.median(map(total, runs["this"])),
+                                "other": statistics.median(map(total, runs["other"])),
+                                "paired_ratio": statistics.median(total(t) / total(o)
+                                                                  for t, o in zip(runs["this"], runs["other"]))}
+    return report
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.rllib_conduit_path", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", default="dqn", choices=["dqn", "dqn-atari"])
@@ -295,8 +343,24 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--frames", action="store_true",
                    help="Python frames and C calls per add/sample/update_priorities call (their times are then "
                         "the profiler's)")
+    p.add_argument("--against", default=None, metavar="DIR", help="another checkout, run in turns with this one")
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    if a.against:
+        import sys
+        raw = list(sys.argv[1:] if argv is None else argv)
+        for flag in ("--against", "--rounds", "--json"):   # (the runs' own arguments: the rest)
+            while flag in raw:
+                i = raw.index(flag)
+                del raw[i:i + 2]
+        out = against(a, raw)
+        for call, row in out["calls"].items():
+            print(f"{call:20s} this {row['this']:.4f}  other {row['other']:.4f} ms/step  this/other "
+                  f"{row['paired_ratio']:.3f}")
+        if a.json:
+            pathlib.Path(a.json).write_text(json.dumps(out, indent=1))
+        return out
     if a.warmup is None:
         a.warmup = 2 if a.workload == "dqn" else 6
     rllib_bench._init_ray()

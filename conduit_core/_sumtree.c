@@ -68,6 +68,7 @@ static Py_ssize_t descend(const double *sum, Py_ssize_t size, double v) {
  * These take B walks one level at a time: the B loads of a level are independent, so the memory
  * system serves them together (and the next level's are prefetched). The values are the one-walk
  * functions' (the same comparisons and sums, in the same order per walk). */
+#define UNIFORMS_ON_STACK 1024   /* sample_windows' uniforms drawn here: a batch of 256 with redraws */
 #define WALKS 64   /* walks in flight at once: enough to cover the memory latency, on the stack */
 
 /* One level of descend(): which child of a node whose children hold left and right (0 = left,
@@ -328,6 +329,12 @@ fail:
  *                u:f64[m], n_lo, n_hi, gamma, beta, redraw, out_slot:i64[b], out_w:f32[b], out_ret:f64[b],
  *                out_last:i64[b], out_steps:i64[b], first) -> (next item, uniforms used)
  *
+ * u may also be (bit_generator capsule, m): the m uniforms are then drawn here from that bit
+ * generator, each its next_double, which is what Generator.random(m) fills its array with (the
+ * same values, the generator left in the same state; the caller holds the bit generator's
+ * lock, as Generator.random does). Drawn before anything else is read, as the caller's
+ * rng.random(m) was. The array form serves the reference routes and the tests.
+ *
  * Selection and the n-step walk in one pass, for items first.. of the output. Each attempt
  * takes one uniform for the item (prioritized: the prefix-sum search over the tree; else
  * slot (lo + floor(u * count)) % cap, drawn again if that row was removed) and, when
@@ -354,6 +361,23 @@ static PyObject *sample_windows(PyObject *self, PyObject *args) {
     Py_buffer *all[13] = {&bsum, &bmin, &bseq, &bnext, &brew, &bterm, &btrunc, &bu, &bslot, &bw, &bret, &blast,
                           &bsteps};
     int got = 0;
+    double u_drawn[UNIFORMS_ON_STACK], *u_heap = NULL;
+    const double *u_from_bits = NULL;
+    Py_ssize_t m_from_bits = 0;
+    if (PyTuple_Check(o_u)) {   /* (capsule, m): the uniforms drawn here (see above) */
+        PyObject *o_capsule;
+        if (!PyArg_ParseTuple(o_u, "On", &o_capsule, &m_from_bits)) return NULL;
+        bitgen_t *bg = (bitgen_t *)PyCapsule_GetPointer(o_capsule, "BitGenerator");
+        if (bg == NULL) return NULL;
+        if (m_from_bits < 0) { PyErr_SetString(PyExc_ValueError, "sample_windows: m < 0 uniforms"); return NULL; }
+        double *to = u_drawn;
+        if (m_from_bits > UNIFORMS_ON_STACK) {
+            to = u_heap = PyMem_Malloc((size_t)m_from_bits * sizeof(double));
+            if (u_heap == NULL) return PyErr_NoMemory();
+        }
+        for (Py_ssize_t k = 0; k < m_from_bits; k++) to[k] = bg->next_double(bg->state);
+        u_from_bits = to;
+    }
     if (get_buf(o_sum, &bsum, "d", 0)) goto fail; got++;
     if (get_buf(o_min, &bmin, "d", 0)) goto fail; got++;
     if (get_buf(o_seq, &bseq, "ql", 0)) goto fail; got++;
@@ -361,7 +385,11 @@ static PyObject *sample_windows(PyObject *self, PyObject *args) {
     if (get_any(o_rew, &brew, 4, 0)) goto fail; got++;
     if (get_any(o_term, &bterm, 1, 0)) goto fail; got++;
     if (get_any(o_trunc, &btrunc, 1, 0)) goto fail; got++;
-    if (get_buf(o_u, &bu, "d", 0)) goto fail; got++;
+    if (u_from_bits != NULL) {   /* (an empty view in its place: released like the others) */
+        if (PyBuffer_FillInfo(&bu, NULL, (void *)u_from_bits, m_from_bits * (Py_ssize_t)sizeof(double), 1, PyBUF_SIMPLE))
+            goto fail;
+    } else if (get_buf(o_u, &bu, "d", 0)) goto fail;
+    got++;
     if (get_buf(o_slot, &bslot, "ql", 1)) goto fail; got++;
     if (get_any(o_w, &bw, 4, 1)) goto fail; got++;
     if (get_buf(o_ret, &bret, "d", 1)) goto fail; got++;
@@ -383,6 +411,7 @@ static PyObject *sample_windows(PyObject *self, PyObject *args) {
                 || btrunc.len < cap || bw.len / 4 < b || bret.len / 8 < b || blast.len / 8 < b
                 || bsteps.len / 8 < b || first < 0 || first > b) {
             for (int k = 0; k < got; k++) PyBuffer_Release(all[k]);
+            PyMem_Free(u_heap);
             PyErr_SetString(PyExc_ValueError, "sample_windows: inconsistent arguments");
             return NULL;
         }
@@ -441,11 +470,13 @@ static PyObject *sample_windows(PyObject *self, PyObject *args) {
         }
         Py_END_ALLOW_THREADS
         for (int k = 0; k < got; k++) PyBuffer_Release(all[k]);
+        PyMem_Free(u_heap);
         if (bad) { PyErr_SetString(PyExc_IndexError, "sample_windows: slot out of range"); return NULL; }
         return Py_BuildValue("nn", i, j);
     }
 fail:
     for (int k = 0; k < got; k++) PyBuffer_Release(all[k]);
+    PyMem_Free(u_heap);
     return NULL;
 }
 

@@ -77,20 +77,28 @@ def draw_windows(views, rng, source: tuple, n_lo: int, n_hi: int, gamma: float, 
     from ``source`` (``window_source``'s): the native walk over ``views`` (``ColumnarStorage.walk_views``), or
     ``reference`` (the same arguments, operation for operation) where there are none. Uniforms
     come from ``rng`` in pools sized for the redraws to come, so every route consumes the RNG
-    alike; a draw that keeps finding too few windows that fit gives up (``windows_too_short``).
+    alike (the native walk draws them itself from ``rng``'s bit generator: the values
+    ``rng.random`` would give, without its ~10 us of argument handling on a cold cache); a draw that
+    keeps finding too few windows that fit gives up (``windows_too_short``).
     Returns the items drawn, redrawn ones included (``len(slots)`` plus the redraws)."""
     slots = out[0]
     b = slots.shape[0]
     per_try = 2 if n_hi - n_lo > 1 else 1
     filled, tries, limit = 0, 0, 64 * b + 4096
+    bits = rng.bit_generator if views is not None and type(rng) is np.random.Generator else None
     while filled < b:
         if tries > limit:
             raise windows_too_short(tries, filled, b, n_lo, n_hi)
-        u = rng.random(per_try * (b - filled) * (2 if redraw else 1) + (16 if redraw else 0))
-        if views is not None:
-            filled, used = _c_sample_windows(*source, *views, u, n_lo, n_hi, gamma, beta, redraw, *out, filled)
+        m = per_try * (b - filled) * (2 if redraw else 1) + (16 if redraw else 0)
+        if bits is not None:   # the native walk draws the m uniforms rng.random(m) would (its lock held, as there)
+            with bits.lock:
+                filled, used = _c_sample_windows(*source, *views, (bits.capsule, m), n_lo, n_hi, gamma, beta,
+                                                 redraw, *out, filled)
+        elif views is not None:
+            filled, used = _c_sample_windows(*source, *views, rng.random(m), n_lo, n_hi, gamma, beta, redraw, *out,
+                                             filled)
         else:
-            filled, used = reference(*source, u, n_lo, n_hi, gamma, beta, redraw, *out, filled)
+            filled, used = reference(*source, rng.random(m), n_lo, n_hi, gamma, beta, redraw, *out, filled)
         tries += used // per_try
     return tries
 

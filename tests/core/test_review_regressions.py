@@ -141,6 +141,37 @@ def test_the_native_window_pass_equals_its_python_reference(capacity, episodes, 
             assert (x is None and y is None) or np.array_equal(x, y), trial
 
 
+
+@pytest.mark.parametrize("batch", [8, 600])   # 600: more uniforms than the C pass keeps on its stack
+def test_uniforms_the_native_pass_draws_itself_are_generator_randoms(batch):
+    """Given ``(bit_generator.capsule, m)`` in place of ``u``, the C sample_windows draws the m
+    uniforms ``rng.random(m)`` would: the same windows and the generator left in the same state."""
+    if episodes_mod._c_sample_windows is None:
+        pytest.skip("C helpers not built")
+    spec = ExperienceSpec.transition(obs_shape=(2,))
+    buf = ExperienceBuffer(spec=spec, capacity=2000, selector=Prioritized(alpha=0.7), seed=3)
+    rng0 = np.random.default_rng(11)
+    for c in range(150):
+        n = int(rng0.integers(1, 15))
+        buf.add({"obs": np.zeros((n, 2), np.float32), "next_obs": np.zeros((n, 2), np.float32),
+                 "action": np.arange(n), "reward": rng0.random(n).astype(np.float32),
+                 "terminated": rng0.random(n) < 0.15, "truncated": np.zeros(n, bool)}, source=c % 3)
+    views = buf.storage.walk_views(buf.walk.done_fields)
+    source, beta = episodes_mod.window_source(buf.ring, buf.selector, 0.4, None)
+    m = 4 * batch + 16
+    outs = []
+    for from_bits in (True, False):
+        rng = np.random.default_rng(7)
+        out = (np.empty(batch, np.int64), np.empty(batch, np.float32), np.empty(batch, np.float64),
+               np.empty(batch, np.int64), np.empty(batch, np.int64))
+        u = (rng.bit_generator.capsule, m) if from_bits else rng.random(m)
+        got = episodes_mod._c_sample_windows(*source, *views, u, 2, 5, 0.9, beta, True, *out, 0)
+        outs.append((got, out, rng.bit_generator.state))
+    (g1, o1, s1), (g2, o2, s2) = outs
+    assert g1 == g2 and g1[1] > 0 and s1 == s2
+    for x, y in zip(o1, o2):
+        assert np.array_equal(x, y)
+
 def _lose_on_first_call(storage, method, shard=0):
     """The first ``method`` call finds ``shard`` lost; its replacement is mocked ("node-x")."""
     from conduit_core import ShardLost
