@@ -304,6 +304,20 @@ def run_in(tree: pathlib.Path, argv: list[str]) -> dict:
         return json.loads(out.read_text())
 
 
+def runs_arguments(argv: list[str]) -> list[str]:
+    """The command line without ``--against``, ``--rounds`` and ``--json`` (either form): what each
+    run in turns is given."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--against", "--rounds", "--json"):
+            skip = True
+        elif not arg.startswith(("--against=", "--rounds=", "--json=")):
+            out.append(arg)
+    return out
+
+
 def against(a, argv: list[str]) -> dict:
     """``--against``: both trees in turns, each call's median per tree and paired ratio."""
     trees = {"this": pathlib.Path(__file__).resolve().parents[1], "other": pathlib.Path(a.against).resolve()}
@@ -349,12 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     if a.against:
         import sys
-        raw = list(sys.argv[1:] if argv is None else argv)
-        for flag in ("--against", "--rounds", "--json"):   # (the runs' own arguments: the rest)
-            while flag in raw:
-                i = raw.index(flag)
-                del raw[i:i + 2]
-        out = against(a, raw)
+        out = against(a, runs_arguments(list(sys.argv[1:] if argv is None else argv)))
         for call, row in out["calls"].items():
             print(f"{call:20s} this {row['this']:.4f}  other {row['other']:.4f} ms/step  this/other "
                   f"{row['paired_ratio']:.3f}")
