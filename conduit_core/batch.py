@@ -34,11 +34,6 @@ class Batch(dict):
       (``to("cpu")``) lives; None for fresh memory
     """
 
-    # (provenance in slots: a batch is built on every delivery, and 9 attributes in an instance
-    # dict cost it ~0.8 us more; __dict__ stays for anything else a caller sets)
-    __slots__ = ("slots", "seqs", "versions", "weights", "inserted_at_selection", "sources", "n_steps", "redraws",
-                 "holds", "__dict__")
-
     slots: np.ndarray
     seqs: np.ndarray
     versions: np.ndarray
