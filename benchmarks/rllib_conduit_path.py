@@ -293,12 +293,14 @@ def run_in(tree: pathlib.Path, argv: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "run.json"
         env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{tree / 'adapters'}")
-        probe = "import conduit_core, conduit_rllib; print(conduit_core.__file__, conduit_rllib.__file__)"
-        where = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True, text=True,
-                               check=True).stdout.split()
+        probe = ("import conduit_core, conduit_rllib, conduit_core.sumtree as t; "
+                 "print(conduit_core.__file__, conduit_rllib.__file__, t.HAVE_C)")
+        *where, native = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True,
+                                        text=True, check=True).stdout.split()
         if not all(w.startswith(str(tree)) for w in where):
-            raise RuntimeError(f"{tree}: the project was imported from elsewhere ({where}); build its C helpers "
-                               "there first (python setup.py build_ext --inplace)")
+            raise RuntimeError(f"{tree}: the project was imported from elsewhere ({where})")
+        if native != "True":   # (a tree without its C helpers runs numpy's routes: not the code compared)
+            raise RuntimeError(f"{tree}: its C helpers are not built; run python setup.py build_ext --inplace there")
         subprocess.run([sys.executable, "-m", "benchmarks.rllib_conduit_path", *argv, "--json", str(out)],
                        cwd=tree, env=env, check=True, capture_output=True)
         return json.loads(out.read_text())
@@ -327,7 +329,7 @@ def against(a, argv: list[str]) -> dict:
             runs[name].append(run_in(trees[name], argv)["ms_per_step"])
     report: dict = {"rounds": a.rounds, "argv": argv, "trees": {k: str(v) for k, v in trees.items()}, "runs": runs,
                     "calls": {}}
-    for call in runs["this"][0]:
+    for call in sorted(set(runs["this"][0]) & set(runs["other"][0])):   # (the calls both trees time)
         row = {name: statistics.median(r[call] for r in rs) for name, rs in runs.items()}
         row["paired_ratio"] = statistics.median(t[call] / o[call] for t, o in zip(runs["this"], runs["other"]))
         report["calls"][call] = row
@@ -340,7 +342,8 @@ def against(a, argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.rllib_conduit_path", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.rllib_conduit_path", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)   # (--against strips its own flags by their full names)
     p.add_argument("--workload", default="dqn", choices=["dqn", "dqn-atari"])
     p.add_argument("--iters", type=int, default=6)
     p.add_argument("--warmup", type=int, default=None, help="default: 2 (dqn), 6 (dqn-atari)")
@@ -362,6 +365,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.against:
+        if a.split:
+            p.error("--against compares the Conduit arm's calls; --split reports no calls")
         import sys
         out = against(a, runs_arguments(list(sys.argv[1:] if argv is None else argv)))
         for call, row in out["calls"].items():

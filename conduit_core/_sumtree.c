@@ -369,7 +369,10 @@ static PyObject *sample_windows(PyObject *self, PyObject *args) {
         if (!PyArg_ParseTuple(o_u, "On", &o_capsule, &m_from_bits)) return NULL;
         bitgen_t *bg = (bitgen_t *)PyCapsule_GetPointer(o_capsule, "BitGenerator");
         if (bg == NULL) return NULL;
-        if (m_from_bits < 0) { PyErr_SetString(PyExc_ValueError, "sample_windows: m < 0 uniforms"); return NULL; }
+        if (m_from_bits < 0 || m_from_bits > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(double)) {
+            PyErr_SetString(PyExc_ValueError, "sample_windows: uniforms to draw out of range");
+            return NULL;
+        }
         double *to = u_drawn;
         if (m_from_bits > UNIFORMS_ON_STACK) {
             to = u_heap = PyMem_Malloc((size_t)m_from_bits * sizeof(double));

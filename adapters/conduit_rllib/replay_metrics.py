@@ -112,32 +112,34 @@ class ReplayMetrics:
                 (MEAN, steps_stored / n if n else NAN),   # env steps stored
                 (SUM, steps_added if adds else NAN), (LIFETIME, steps_added),
                 (SUM, steps_evicted if adds else NAN), (LIFETIME, steps_evicted)))
-            for (key, agent_key, module_key), s in zip(keys.added, entries):
-                out[key] = s
-                if agent_key:
-                    out[agent_key] = {agent: s}
-                    out[module_key] = {module: s}
+            _put(out, keys.added, entries, keys.added_layout, agent, module)
         if self.ever_sampled:
             calls, distinct, util = self.samples, self.distinct, self.utilization
             self.ever_n_step |= bool(self.n_steps)
             entries = [
                 (SUM, self.episodes if calls else NAN), (SUM, distinct if calls else NAN), (LIFETIME, distinct),
                 (SUM, sampled if calls else NAN), (LIFETIME, sampled),
-                (MEAN, sum(util) / len(util) if util else NAN),
-                (SUM, self.redraws if calls else NAN)]
-            triples = keys.sampled
-            if self.ever_n_step:
+                (MEAN, sum(util) / len(util) if util else NAN)]
+            triples, layout = keys.sampled, keys.sampled_layout
+            if self.ever_n_step:   # (after the utilisation, as RLlib's buffers log it)
                 n_steps = self.n_steps
                 entries.append((MEAN, sum(n_steps) / len(n_steps) if n_steps else NAN))
-                triples = keys.sampled_n_step
-            for (key, agent_key, module_key), s in zip(triples, made.build(entries)):
-                out[key] = s
-                out[agent_key] = {agent: s}
-                out[module_key] = {module: s}
+                triples, layout = keys.sampled_n_step, keys.sampled_n_step_layout
+            entries.append((SUM, self.redraws if calls else NAN))
+            _put(out, triples, made.build(entries), layout, agent, module)
         self.last, self.adds = now, 0
         self.stored.clear()
         self._clear_samples()
         return out
+
+
+def _put(out: dict, triples, entries, layout, agent, module) -> None:
+    """The entries into ``out`` in RLlib's order: ``layout`` is (entry, 0 whole-buffer / 1 per-agent
+    / 2 per-module key) pairs in the order RLlib's buffers log them (a dict's order only: RLlib's
+    logger reads keys, never their order)."""
+    for i, level in layout:
+        s = entries[i]
+        out[triples[i][level]] = s if level == 0 else {agent: s} if level == 1 else {module: s}
 
 
 def one_step_shape(b, n_step, ledger) -> tuple[int, int, float, int]:
@@ -192,14 +194,25 @@ class StatsMaker:
 
     @staticmethod
     def _kind(cls, **kwargs) -> tuple:
+        """(cls, fields to copy, containers to make anew, clock fields, kwargs). Fields of any type
+        but a plain scalar or an empty dict, list or deque (a lock, a set, a tensor: what a later
+        RLlib's constructor might leave) give fields None: that kind is built by its constructor."""
         first = vars(cls(**kwargs))
         time.sleep(0.001)
         second = vars(cls(**kwargs))
-        mutable = (dict, list, collections.deque)
-        containers = tuple((k, functools.partial(collections.deque, maxlen=v.maxlen) if type(v) is collections.deque
-                            else type(v)) for k, v in first.items() if isinstance(v, mutable))
-        clocks = tuple(k for k, v in first.items() if not isinstance(v, mutable) and v != second[k])
-        return cls, first, containers, clocks
+        containers, clocks = [], []
+        for k, v in first.items():
+            if type(v) in (dict, list, collections.deque) and not v:
+                containers.append((k, functools.partial(collections.deque, maxlen=v.maxlen)
+                                   if type(v) is collections.deque else type(v)))
+            elif v is None or type(v) in (bool, int, str):
+                pass
+            elif type(v) is float:
+                if v != second[k] and not (v != v and second[k] != second[k]):   # (NaN in both: not a clock)
+                    clocks.append(k)
+            else:
+                return cls, None, (), (), kwargs
+        return cls, first, tuple(containers), tuple(clocks), kwargs
 
     def mean_kind(self, window: int) -> tuple:
         """The kind of a ``MeanStats(window=window)``."""
@@ -216,14 +229,17 @@ class StatsMaker:
         Python call per object."""
         clock, lifetime_cls, new = time.perf_counter(), self._lifetime_cls, object.__new__
         out = []
-        for (cls, fields, containers, clocks), value in entries:
-            d = fields.copy()
-            for k, make in containers:
-                d[k] = make()
-            for k in clocks:
-                d[k] = clock
-            s = new(cls)
-            s.__dict__ = d
+        for (cls, fields, containers, clocks, kwargs), value in entries:
+            if fields is None:   # (a field not understood: RLlib's constructor)
+                s = cls(**kwargs)
+            else:
+                d = fields.copy()
+                for k, make in containers:
+                    d[k] = make()
+                for k in clocks:
+                    d[k] = clock
+                s = new(cls)
+                s.__dict__ = d
             if cls is lifetime_cls:
                 s._lifetime_sum += value
             else:
@@ -234,8 +250,8 @@ class StatsMaker:
 
 @functools.cache
 def _rllib_stats():
-    """RLlib's metric names (each entry's key, per-agent key and per-module key), a ``StatsMaker`` and its single-agent buffers' agent and module ids,
-    imported once (RLlib is imported lazily)."""
+    """RLlib's metric names (each entry's key, per-agent key and per-module key), a ``StatsMaker``
+    and its single-agent buffers' agent and module ids, imported once (RLlib is imported lazily)."""
     from ray.rllib.core import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
     from ray.rllib.utils import metrics
     from ray.rllib.utils.metrics.stats.lifetime_sum import LifetimeSumStats
@@ -264,7 +280,17 @@ def _rllib_stats():
                   m.NUM_MODULE_STEPS_SAMPLED_LIFETIME),
                  (m.ENV_STEP_UTILIZATION, m.AGENT_STEP_UTILIZATION, m.MODULE_STEP_UTILIZATION),
                  (m.NUM_RESAMPLES, m.NUM_AGENT_RESAMPLES, m.NUM_MODULE_RESAMPLES)))
-    # (the mean n-step, where one was logged, comes after the utilisation as RLlib's logs it; the
-    # entries' order is the dict's order only)
-    triples.sampled_n_step = triples.sampled + ((m.ACTUAL_N_STEP, m.AGENT_ACTUAL_N_STEP, m.MODULE_ACTUAL_N_STEP),)
+    # the mean n-step, where one was logged, comes after the utilisation, as RLlib's buffers log it
+    triples.sampled_n_step = triples.sampled[:6] + ((m.ACTUAL_N_STEP, m.AGENT_ACTUAL_N_STEP, m.MODULE_ACTUAL_N_STEP),
+                                                    triples.sampled[6])
+    # the order RLlib's buffers log the entries in (tests/rllib/test_replay_metrics.py compares it)
+    per_added = (1, 2, 6, 7, 3, 4, 8, 9)   # episodes added, steps added, episodes evicted, steps evicted
+    triples.added_layout = tuple((i, 0) for i in range(10)) + tuple((i, 1) for i in per_added) + tuple(
+        (i, 2) for i in per_added)
+    per_sampled = (3, 4, 0, 1, 2, 5, 6)     # steps sampled, then the draws' shape, then redraws
+    triples.sampled_layout = tuple((i, 0) for i in range(7)) + tuple((i, 1) for i in per_sampled) + tuple(
+        (i, 2) for i in per_sampled)
+    per_sampled = (3, 4, 0, 1, 2, 5, 7)     # (with the mean n-step, entry 6: its three keys together)
+    triples.sampled_n_step_layout = tuple((i, 0) for i in range(7)) + ((6, 1), (6, 2), (7, 0)) + tuple(
+        (i, 1) for i in per_sampled) + tuple((i, 2) for i in per_sampled)
     return triples, StatsMaker(SumStats, LifetimeSumStats, MeanStats), DEFAULT_AGENT_ID, DEFAULT_MODULE_ID

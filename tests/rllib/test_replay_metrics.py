@@ -45,6 +45,7 @@ def _held(metrics: dict, path=()) -> dict:
 def _same(ours: dict, theirs: dict, when: str, *, shape_too: bool) -> dict:
     mine, want = _values(ours), _values(theirs)
     assert set(mine) == set(want), (when, set(mine) ^ set(want))
+    assert list(mine) == list(want), when   # in RLlib's order too (whole-buffer, per-agent, per-module)
     held, held_want = _held(ours), _held(theirs)
     assert {k: len(v) for k, v in held.items()} == {k: len(v) for k, v in held_want.items()}, when
     for k, v in mine.items():
@@ -267,3 +268,32 @@ def test_the_stats_maker_builds_what_rllibs_constructors_build():
         for field, value in vars(a).items():
             if isinstance(value, (dict, list, collections.deque)):
                 assert value is not vars(b)[field], field   # never shared
+
+
+
+def test_a_stats_field_the_maker_does_not_know_is_left_to_the_constructor():
+    """A field of a type the maker cannot copy safely (a lock, a set: what a later RLlib might add)
+    makes it build that kind with RLlib's constructor; a NaN default is not taken for a clock."""
+    import threading
+
+    from conduit_rllib.replay_metrics import StatsMaker
+
+    built = []
+
+    class Plain:
+        def __init__(self, window=None):
+            self.values, self.limit, self.t0 = [], float("nan"), 0.5
+
+    class Locked(Plain):
+        def __init__(self, window=None):
+            super().__init__(window)
+            self.guard = threading.Lock()
+            built.append(self)
+
+    maker = StatsMaker(Plain, Plain, Locked)
+    kind = maker.mean_kind(10)
+    assert kind[1] is None   # Locked: by its constructor
+    before = len(built)
+    a, b = maker.build(((kind, 1.0), (kind, 2.0)))
+    assert len(built) == before + 2 and a.guard is not b.guard and (a.values, b.values) == ([1.0], [2.0])
+    assert maker.SUM[1] is not None and maker.SUM[3] == ()   # Plain: copied; its NaN field is no clock
