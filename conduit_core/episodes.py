@@ -78,8 +78,8 @@ def draw_windows(views, rng, source: tuple, n_lo: int, n_hi: int, gamma: float, 
     ``reference`` (the same arguments, operation for operation) where there are none. Uniforms
     come from ``rng`` in pools sized for the redraws to come, so every route consumes the RNG
     alike (the native walk draws them itself from ``rng``'s bit generator: the values
-    ``rng.random`` would give, without its ~10 us of argument handling on a cold cache); a draw that
-    keeps finding too few windows that fit gives up (``windows_too_short``).
+    ``rng.random`` would give, without a numpy call and an array per pool); a draw that keeps
+    finding too few windows that fit gives up (``windows_too_short``).
     Returns the items drawn, redrawn ones included (``len(slots)`` plus the redraws)."""
     slots = out[0]
     b = slots.shape[0]
