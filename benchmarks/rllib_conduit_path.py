@@ -297,12 +297,14 @@ def run_in(tree: pathlib.Path, argv: list[str]) -> dict:
                  "print(conduit_core.__file__, conduit_rllib.__file__, t.HAVE_C)")
         *where, native = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True,
                                         text=True, check=True).stdout.split()
-        if not all(w.startswith(str(tree)) for w in where):
+        if not all(pathlib.Path(w).resolve().is_relative_to(tree) for w in where):
             raise RuntimeError(f"{tree}: the project was imported from elsewhere ({where})")
         if native != "True":   # (a tree without its C helpers runs numpy's routes: not the code compared)
             raise RuntimeError(f"{tree}: its C helpers are not built; run python setup.py build_ext --inplace there")
-        subprocess.run([sys.executable, "-m", "benchmarks.rllib_conduit_path", *argv, "--json", str(out)],
-                       cwd=tree, env=env, check=True, capture_output=True)
+        run = subprocess.run([sys.executable, "-m", "benchmarks.rllib_conduit_path", *argv, "--json", str(out)],
+                             cwd=tree, env=env, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"{tree}: the run failed ({run.returncode}):\n{run.stderr[-4000:]}")
         return json.loads(out.read_text())
 
 
@@ -329,11 +331,13 @@ def against(a, argv: list[str]) -> dict:
             runs[name].append(run_in(trees[name], argv)["ms_per_step"])
     report: dict = {"rounds": a.rounds, "argv": argv, "trees": {k: str(v) for k, v in trees.items()}, "runs": runs,
                     "calls": {}}
-    for call in sorted(set(runs["this"][0]) & set(runs["other"][0])):   # (the calls both trees time)
+    common = sorted(set(runs["this"][0]) & set(runs["other"][0]))   # (the calls both trees time)
+    report["left_out"] = sorted(set(runs["this"][0]) ^ set(runs["other"][0]))
+    for call in common:
         row = {name: statistics.median(r[call] for r in rs) for name, rs in runs.items()}
         row["paired_ratio"] = statistics.median(t[call] / o[call] for t, o in zip(runs["this"], runs["other"]))
         report["calls"][call] = row
-    total = lambda r: sum(r.values())
+    total = lambda r: sum(r[c] for c in common)
     report["calls"]["total"] = {"this": statistics.median(map(total, runs["this"])),
                                 "other": statistics.median(map(total, runs["other"])),
                                 "paired_ratio": statistics.median(total(t) / total(o)
@@ -367,6 +371,8 @@ def main(argv: list[str] | None = None) -> dict:
     if a.against:
         if a.split:
             p.error("--against compares the Conduit arm's calls; --split reports no calls")
+        if a.rounds < 1:
+            p.error(f"--rounds: expected >= 1, got {a.rounds}")
         import sys
         out = against(a, runs_arguments(list(sys.argv[1:] if argv is None else argv)))
         for call, row in out["calls"].items():
