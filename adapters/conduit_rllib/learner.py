@@ -14,10 +14,12 @@ import torch
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from conduit_core.nested import unflatten
 
 from .columns import EXTRA, RLLIB_COLUMNS
+from .learner_batch import SampleBatchMaker
 from .replay_buffer import DeliveredBatch
 
 
@@ -82,9 +84,28 @@ class ConduitLearnerConnector(ConnectorV2):
 
 
 class ConduitDQNTorchLearner(DQNTorchLearner):
+    """RLlib's DQN learner whose connector hands a delivered batch over as it is, and whose
+    train batch for it is built as RLlib builds it, with copied ``SampleBatch`` es
+    (``learner_batch.SampleBatchMaker``)."""
+
     def build(self) -> None:
         from .opt_in import check_learner_connector
         check_learner_connector(self.config)  # a piece added after enable() is refused here
         super().build()
         self._learner_connector = ConduitLearnerConnector(inner=self._learner_connector, device=self._device,
                                                           log_provenance=self.config.num_learners > 1)
+        self._conduit_sample_batches = SampleBatchMaker(SampleBatch)
+
+    def _make_batch_if_necessary(self, training_data):
+        """RLlib's, for one delivered batch: the same connector call, the same ``MultiAgentBatch``
+        (env steps = the batch's rows, as ``len`` of the one "episode"), its ``SampleBatch``
+        copied where ``SampleBatchMaker`` can. Anything else: RLlib's own."""
+        episodes = training_data.episodes
+        connector = self._learner_connector
+        if training_data.batch is not None or not episodes or len(episodes) != 1 \
+                or type(episodes[0]) is not DeliveredBatch or type(connector) is not ConduitLearnerConnector:
+            return super()._make_batch_if_necessary(training_data)
+        cols = connector(rl_module=self.module, batch={}, episodes=episodes, shared_data={}, metrics=self.metrics)
+        make = self._conduit_sample_batches.build
+        return MultiAgentBatch({module_id: make(module_data) for module_id, module_data in cols.items()},
+                               env_steps=len(episodes[0]))

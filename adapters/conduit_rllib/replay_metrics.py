@@ -24,10 +24,11 @@ reduce entries yourself (a Stats' ``clone()`` carries no values).
 
 from __future__ import annotations
 
-import collections
 import functools
 import time
 from types import SimpleNamespace
+
+from .constructed import constructed_fields
 
 NAN = float("nan")
 
@@ -195,27 +196,14 @@ class StatsMaker:
 
     @staticmethod
     def _kind(cls, **kwargs) -> tuple:
-        """(cls, fields to copy, containers to make anew, clock fields, kwargs). Fields of any type
-        but a plain scalar or an empty dict, list or deque (a lock, a set, a tensor: what a later
-        RLlib's constructor might leave) give fields None: that kind is built by its constructor."""
-        t0 = time.perf_counter()
-        first = vars(cls(**kwargs))
-        t1 = time.perf_counter()
-        time.sleep(0.001)
-        second = vars(cls(**kwargs))
-        containers, clocks = [], []
-        for k, v in first.items():
-            other = second.get(k, containers)   # (a field the second lacks: unlike any value)
-            if type(v) in (dict, list, collections.deque) and not v:
-                containers.append((k, functools.partial(collections.deque, maxlen=v.maxlen)
-                                   if type(v) is collections.deque else type(v)))
-            elif (v is None or type(v) in (bool, int, str, float)) and (v == other or (v != v and other != other)):
-                pass   # (the same in both: copied; NaN in both too)
-            elif type(v) is float and t0 <= v <= t1:
-                clocks.append(k)   # a perf_counter reading taken by the constructor
-            else:
-                return cls, None, (), (), kwargs
-        return cls, first, tuple(containers), tuple(clocks), kwargs
+        """(cls, fields to copy, containers to make anew, clock fields, kwargs), by
+        ``constructed.constructed_fields``. A field it cannot copy safely (a lock, a set, a
+        tensor: what a later RLlib's constructor might leave) gives fields None: that kind is
+        built by its constructor."""
+        made = constructed_fields(functools.partial(cls, **kwargs))
+        if made is None:
+            return cls, None, (), (), kwargs
+        return cls, made.fields, made.containers, made.clocks, kwargs
 
     def mean_kind(self, window: int) -> tuple:
         """The kind of a ``MeanStats(window=window)``."""
