@@ -36,6 +36,13 @@ class ConduitLearnerConnector(ConnectorV2):
         self.log_provenance = log_provenance
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.module_id = module_id
+        self._names: dict[tuple, tuple] = {}   # delivered keys -> RLlib's name of each (None: an extra output)
+
+    def _names_of(self, keys: tuple) -> tuple:
+        names = tuple(None if k.startswith(EXTRA) else RLLIB_COLUMNS.get(k, k) for k in keys)
+        if len(self._names) < 8:   # (a learner sees one or two layouts)
+            self._names[keys] = names
+        return names
 
     def __call__(self, *, rl_module, batch, episodes, explore=None, shared_data=None, metrics=None, **kwargs):
         if episodes and isinstance(episodes[0], DeliveredBatch):
@@ -58,14 +65,21 @@ class ConduitLearnerConnector(ConnectorV2):
                         break
             if not stay and weights is not None:
                 weights = weights.to(dev, non_blocking=True)
-            cols, extras = {}, []
-            for k, v in delivered.items():
-                if not stay and v.device != dev:
-                    v = v.to(dev, non_blocking=True)
-                if k.startswith(EXTRA):
-                    extras.append((k[len(EXTRA):], v))
-                else:
-                    cols[RLLIB_COLUMNS.get(k, k)] = v
+            keys = tuple(delivered)
+            names = self._names.get(keys)
+            if names is None:
+                names = self._names_of(keys)
+            if stay and None not in names:   # (the usual update: the columns renamed in one C call)
+                cols, extras = dict(zip(names, delivered.values())), ()
+            else:
+                cols, extras = {}, []
+                for (k, v), name in zip(delivered.items(), names):
+                    if not stay and v.device != dev:
+                        v = v.to(dev, non_blocking=True)
+                    if name is None:
+                        extras.append((k[len(EXTRA):], v))
+                    else:
+                        cols[name] = v
             if extras:  # include_extra_model_outputs: each under its key, nesting rebuilt (AddColumnsFrom...)
                 cols.update({k: v for k, v in unflatten(extras).items() if k not in cols})
             if weights is not None:

@@ -65,14 +65,13 @@ class SampleBatchMaker:
         if layout is False:
             layout = self._layout(keys, cols)
         if layout is not None:
-            rows = 0
-            for v in cols.values():
-                if type(v) is not torch.Tensor or not v.dim():
+            for v in cols.values():   # (tensors all: RLlib's constructor would convert nothing)
+                if type(v) is not torch.Tensor:
                     break
-                if not rows:
-                    rows = v.shape[0]
             else:
-                if rows:
+                first = cols[keys[0]]
+                rows = first.shape[0] if first.dim() else 0
+                if rows:   # (RLlib counts the first column with rows: this one)
                     fields, containers = layout
                     sb = dict.__new__(self._cls)
                     dict.update(sb, cols)
