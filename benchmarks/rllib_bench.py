@@ -57,6 +57,17 @@ def _ratio(a: list[float], b: list[float]) -> dict:
     return {"min": min(r), "median": statistics.median(r), "max": max(r)} if r else {}
 
 
+def iteration_floor(rec: dict, block_iters: int) -> dict:
+    """Per block, the iteration ratio Conduit's arm would have had if its whole exposed path had
+    cost nothing: (its iteration minus its exposed time per iteration) / RLlib's iteration. What
+    is left is RLlib's env runner, learner and metrics (the same code in both arms) and the
+    machine's spread: no data plane gets below this in that block."""
+    c, r = rec["conduit"], rec["rllib"]
+    rest = [it - ms * steps / 1e3 / max(block_iters, 1)
+            for it, ms, steps in zip(c["iter_s"], c["exposed_ms"], c["steps"])]
+    return _ratio(rest, r["iter_s"])
+
+
 def run(workload: str, argv: list[str] | None) -> dict:
     p = argparse.ArgumentParser(prog=f"conduit bench rllib-{workload}", description=__doc__.split("\n\n")[0])
     p.add_argument("--blocks", type=int, default=5, help="alternating blocks per system (paired for ratios)")
@@ -121,6 +132,7 @@ def run(workload: str, argv: list[str] | None) -> dict:
         "workload": f"rllib-{workload}", "args": vars(a), "systems": rec,
         "exposed_ratio": _ratio(rec["conduit"]["exposed_ms"], rec["rllib"]["exposed_ms"]),
         "iteration_ratio": _ratio(rec["conduit"]["iter_s"], rec["rllib"]["iter_s"]),
+        "iteration_floor": iteration_floor(rec, a.block_iters),
         "versions": _versions(), "buffer_bytes_per_transition": memory, "replay_rss": rss, "replay_fill": fill,
     }
     os.makedirs(a.out, exist_ok=True)
@@ -235,6 +247,10 @@ def render(report: dict) -> str:
     if it:
         lines.append(f"  end-to-end iteration time,      conduit/rllib: {it['median']:.3f}x "
                      f"(min {it['min']:.3f}, max {it['max']:.3f})")
+    fl = report.get("iteration_floor")
+    if fl:
+        lines.append(f"    with Conduit's exposed path at zero:   {fl['median']:.3f}x "
+                     f"(min {fl['min']:.3f}, max {fl['max']:.3f}): no data plane's iteration ratio is lower")
     # One seed's return after a few iterations says nothing about learning speed (seed to
     # seed it varies more than any data-plane effect): learning is compared over seeds, both
     # directions, by the convergence check.
