@@ -6,7 +6,8 @@
   bench (``rllib_timing.PathTimer``): ms per training step of each buffer call, in the run, where
   the caches are cold after the env step and the learner update.
 - ``--sections``: also the time inside a few of the core's steps per training step (validate,
-  encode, frame interning, frame pool write, storage write, frame-stack decode).
+  encode, frame interning, frame pool write, storage write, frame-stack decode) and inside its
+  native hot-path calls (``native_calls``).
 - ``--tight N``: then N sample + priority-update calls back to back with the last sample's
   arguments (the same code with warm caches), us per call.
 - ``--replay-adds``: the ``add()`` calls of the measured iterations, recorded, replayed into a
@@ -50,6 +51,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import rllib_bench
+from .native_calls import time_native_calls
 
 
 def _args(workload: str, seed: int) -> SimpleNamespace:
@@ -109,6 +111,7 @@ def conduit_arm(a) -> dict:
     counts: dict = collections.Counter()
     if a.sections:
         _timed_methods(section_targets(), totals, counts)
+        time_native_calls(totals, counts)
     algo = rllib_bench._build(a.workload, "conduit", _args(a.workload, a.seed))
     for _ in range(a.warmup):
         algo.train()
