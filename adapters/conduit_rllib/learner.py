@@ -119,7 +119,10 @@ class ConduitDQNTorchLearner(DQNTorchLearner):
         if training_data.batch is not None or not episodes or len(episodes) != 1 \
                 or type(episodes[0]) is not DeliveredBatch or type(connector) is not ConduitLearnerConnector:
             return super()._make_batch_if_necessary(training_data)
-        cols = connector(rl_module=self.module, batch={}, episodes=episodes, shared_data={}, metrics=self.metrics)
+        shared_data = {}
+        cols = connector(rl_module=self.module, batch={}, episodes=episodes, shared_data=shared_data,
+                         metrics=self.metrics)
         make = self._conduit_sample_batches.build
-        return MultiAgentBatch({module_id: make(module_data) for module_id, module_data in cols.items()},
-                               env_steps=len(episodes[0]))
+        return MultiAgentBatch({module_id: SampleBatch(module_data, _zero_padded=True)
+                                if shared_data.get(f"_zero_padded_for_mid={module_id}") else make(module_data)
+                                for module_id, module_data in cols.items()}, env_steps=len(episodes[0]))

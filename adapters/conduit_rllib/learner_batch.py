@@ -37,7 +37,7 @@ def _copyable(cols: dict) -> bool:
 def _rows(cols: dict) -> int:
     """RLlib's count (``attempt_count_timesteps``) of tensor columns: the first non-zero length."""
     for v in cols.values():
-        if v.dim() and v.shape[0]:
+        if not v.is_nested and v.dim() and v.shape[0]:   # (a nested tensor has no len: RLlib skips it)
             return v.shape[0]
     return 0
 
@@ -70,7 +70,7 @@ class SampleBatchMaker:
                     break
             else:
                 first = cols[keys[0]]
-                rows = first.shape[0] if first.dim() else 0
+                rows = first.shape[0] if first.dim() and not first.is_nested else 0
                 if rows:   # (RLlib counts the first column with rows: this one)
                     fields, containers = layout
                     sb = dict.__new__(self._cls)

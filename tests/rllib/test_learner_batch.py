@@ -54,6 +54,16 @@ def test_the_maker_builds_what_the_constructor_builds(cols):
         same_sample_batch(maker.build(dict(cols)), SampleBatch(dict(cols)))
 
 
+def test_plain_tensor_columns_take_the_copy_and_a_nested_tensor_the_constructor():
+    maker = SampleBatchMaker(SampleBatch)
+    cols = columns()
+    maker.build(cols)
+    assert maker._layouts[tuple(cols)] is not None   # (an RLlib whose constructor cannot be copied: slower, not wrong)
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    for odd in ({**cols, "obs": nested}, {"a": torch.zeros(0), "b": nested}):
+        same_sample_batch(maker.build(dict(odd)), SampleBatch(dict(odd)))
+
+
 def test_two_built_batches_share_no_container():
     maker = SampleBatchMaker(SampleBatch)
     a, b = maker.build(columns()), maker.build(columns())
