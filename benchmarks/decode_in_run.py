@@ -1,0 +1,119 @@
+"""Where the Qbert frame decode's time goes inside a real RLlib DQN run (issue 18).
+
+``PooledDecoder.decode`` writes RLlib's float32 [B, 84, 84, 4] stacks (3.6 MB per field at
+B=32) from the uint8 frame pool in one native call (``_frames.gather_stacks``). Alone, with
+the caches cooled, it runs at the machine's write bandwidth; in the run it follows the
+learner's update, which leaves every cache cold. This probe wraps the native call during
+real training iterations and, for each decode the run makes, times:
+
+- ``cold``: the call as the run makes it (fresh output, inputs and output out of cache);
+- ``again_same_output``: the same call again at once (inputs and output now in cache);
+- ``again_fresh_output``: again into another fresh output (inputs in cache, output not);
+- ``again_output_in_cache``: again into that output once it was written (both in cache).
+
+Decodes alternate between one thread and the rows split over two threads (a helper
+thread started once; the GIL is released inside the call), so ``cold`` is measured both ways in the same run; the ``again_*``
+figures are one thread's. Page faults inside the call are counted (``ru_minflt`` of the
+calling thread). Nothing here changes what the run delivers: the first call's output is the
+one handed on.
+
+    OMP_NUM_THREADS=1 python -m benchmarks.decode_in_run --iters 2 --json docs/results/decode_in_run_s36.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+
+def _split(gather, args: list, helper: ThreadPoolExecutor) -> None:
+    """The call with its rows split in two halves, one on ``helper``'s thread (started once)."""
+    ids, out = args[1], args[5]
+    h = ids.shape[0] // 2
+    first, second = list(args), list(args)
+    first[1], first[5] = ids[:h], out[:h]
+    second[1], second[5] = ids[h:], out[h:]
+    other = helper.submit(gather, *first)
+    gather(*second)
+    other.result()
+
+
+def probe(iters: int, warmup: int, seed: int) -> dict:
+    from benchmarks import rllib_bench
+    from benchmarks.rllib_conduit_path import _args
+    from conduit_core import framestack
+
+    native = framestack._c_gather_stacks
+    if native is None:
+        raise SystemExit("conduit_core._frames is not built: run `python setup.py build_ext --inplace`")
+    times: dict[str, list[float]] = {k: [] for k in ("cold_one_thread", "cold_two_threads", "again_same_output",
+                                                     "again_fresh_output", "again_output_in_cache")}
+    faults: list[int] = []
+    state = {"on": False, "calls": 0}
+    helper = ThreadPoolExecutor(1, thread_name_prefix="decode-half")
+
+    def timed(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    def gather(*args):
+        if not state["on"]:
+            return native(*args)
+        two = state["calls"] % 2 == 1
+        state["calls"] += 1
+        f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        times["cold_two_threads" if two else "cold_one_thread"].append(
+            timed(lambda: _split(native, list(args), helper) if two else native(*args)))
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0)
+        if not two:
+            times["again_same_output"].append(timed(lambda: native(*args)))
+            other = list(args)
+            other[5] = np.empty_like(args[5])
+            times["again_fresh_output"].append(timed(lambda: native(*other)))
+            times["again_output_in_cache"].append(timed(lambda: native(*other)))
+        return None
+
+    framestack._c_gather_stacks = gather
+    try:
+        algo = rllib_bench._build("dqn-atari", "conduit", _args("dqn-atari", seed))
+        for _ in range(warmup):
+            algo.train()
+        state["on"] = True
+        for _ in range(iters):
+            algo.train()
+        algo.stop()
+    finally:
+        framestack._c_gather_stacks = native
+        helper.shutdown()
+    out = {"calls": state["calls"], "page_faults_per_call": statistics.mean(faults) if faults else None,
+           "ms_per_call_median": {k: statistics.median(v) for k, v in times.items() if v},
+           "ms_per_call_quartiles": {k: statistics.quantiles(v, n=4) for k, v in times.items() if len(v) > 1}}
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--iters", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    out = probe(a.iters, a.warmup, a.seed)
+    out["command"] = "python -m benchmarks.decode_in_run " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = json.dumps(out, indent=1)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
