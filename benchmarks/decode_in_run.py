@@ -4,25 +4,28 @@
 B=32) from the uint8 frame pool in one native call (``_frames.gather_stacks``). Alone, with
 the caches cooled, it runs at the machine's write bandwidth; in the run it follows the
 learner's update, which leaves every cache cold. This probe wraps the native call during
-real training iterations and, for each decode the run makes, times:
+real training iterations. A step decodes two fields, obs then next obs (field0, field1); steps
+alternate between one thread and the rows split over two threads (a helper thread started
+once; the GIL is released inside the call), and each field's first call is timed as the run
+makes it: ``cold_one_thread_field{0,1}`` and ``cold_two_threads_field{0,1}`` (fresh output,
+inputs and output out of cache; field1 follows field0, whose frames it mostly shares). After a
+one-thread step's second field, that call is timed again:
 
-- ``cold``: the call as the run makes it (fresh output, inputs and output out of cache);
-- ``again_same_output``: the same call again at once (inputs and output now in cache);
-- ``again_fresh_output``: again into another fresh output (inputs in cache, output not);
-- ``again_output_in_cache``: again into that output once it was written (both in cache).
+- ``again_same_output``: at once, into the same output (inputs and output now in cache);
+- ``again_fresh_output``: into another fresh output (inputs in cache, output not);
+- ``again_output_in_cache``: into that output once it was written (both in cache).
 
-Decodes alternate between one thread and the rows split over two threads (a helper
-thread started once; the GIL is released inside the call), so ``cold`` is measured both ways in the same run; the ``again_*``
-figures are one thread's. Page faults inside the call are counted (``ru_minflt`` of the
-calling thread). Nothing here changes what the run delivers: the first call's output is the
-one handed on.
+Page faults inside the timed first calls are counted per arm (``ru_minflt`` of the process,
+the helper thread's included). Nothing here changes what the run delivers: the first call's
+output is the one handed on.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.decode_in_run --iters 2 --json docs/results/decode_in_run_s36.json
+    OMP_NUM_THREADS=1 python -m benchmarks.decode_in_run --iters 3 --json docs/results/decode_in_run_s36.json
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import resource
 import statistics
@@ -53,9 +56,10 @@ def probe(iters: int, warmup: int, seed: int) -> dict:
     native = framestack._c_gather_stacks
     if native is None:
         raise SystemExit("conduit_core._frames is not built: run `python setup.py build_ext --inplace`")
-    times: dict[str, list[float]] = {k: [] for k in ("cold_one_thread", "cold_two_threads", "again_same_output",
-                                                     "again_fresh_output", "again_output_in_cache")}
-    faults: list[int] = []
+    from conduit_core.output_pool import aligned_empty
+
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    faults: dict[str, list[int]] = collections.defaultdict(list)
     state = {"on": False, "calls": 0}
     helper = ThreadPoolExecutor(1, thread_name_prefix="decode-half")
 
@@ -67,21 +71,24 @@ def probe(iters: int, warmup: int, seed: int) -> dict:
     def gather(*args):
         if not state["on"]:
             return native(*args)
-        two = state["calls"] % 2 == 1
+        step, field = divmod(state["calls"], 2)   # (a step decodes obs, then next obs)
         state["calls"] += 1
-        f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        times["cold_two_threads" if two else "cold_one_thread"].append(
-            timed(lambda: _split(native, list(args), helper) if two else native(*args)))
-        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0)
-        if not two:
+        arm = "two_threads" if step % 2 else "one_thread"
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt   # (the process: the helper's faults too)
+        times[f"cold_{arm}_field{field}"].append(
+            timed(lambda: _split(native, list(args), helper) if arm == "two_threads" else native(*args)))
+        faults[arm].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        if arm == "one_thread" and field == 1:   # (after the step's measured calls: they stay cold)
             times["again_same_output"].append(timed(lambda: native(*args)))
             other = list(args)
-            other[5] = np.empty_like(args[5])
+            out = args[5]
+            other[5] = aligned_empty(out.shape, out.dtype)
             times["again_fresh_output"].append(timed(lambda: native(*other)))
             times["again_output_in_cache"].append(timed(lambda: native(*other)))
         return None
 
     framestack._c_gather_stacks = gather
+    algo = None
     try:
         algo = rllib_bench._build("dqn-atari", "conduit", _args("dqn-atari", seed))
         for _ in range(warmup):
@@ -89,11 +96,13 @@ def probe(iters: int, warmup: int, seed: int) -> dict:
         state["on"] = True
         for _ in range(iters):
             algo.train()
-        algo.stop()
     finally:
+        if algo is not None:
+            algo.stop()
         framestack._c_gather_stacks = native
         helper.shutdown()
-    out = {"calls": state["calls"], "page_faults_per_call": statistics.mean(faults) if faults else None,
+    out = {"calls": state["calls"],
+           "page_faults_per_call": {arm: statistics.mean(v) for arm, v in faults.items()},
            "ms_per_call_median": {k: statistics.median(v) for k, v in times.items() if v},
            "ms_per_call_quartiles": {k: statistics.quantiles(v, n=4) for k, v in times.items() if len(v) > 1}}
     return out
