@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -78,6 +79,15 @@ def write_json(path: str, payload: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:
         json.dump(payload, fh, indent=2, default=float)
+
+
+def report(out: dict, module: str, argv: list[str] | None, path: str | None) -> None:
+    """A probe's result with the command that made it (``python -m benchmarks.<module> ...``):
+    printed, and written to ``path`` when one is given."""
+    out["command"] = f"python -m benchmarks.{module} " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(json.dumps(out, indent=1))
+    if path:
+        write_json(path, out)
 
 
 def fmt_table(rows: list[list[str]], header: list[str]) -> str:

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import resource
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from benchmarks.common import report
 
 
 def _split(gather, args: list, helper: ThreadPoolExecutor) -> None:
@@ -115,13 +115,7 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json")
     a = p.parse_args(argv)
-    out = probe(a.iters, a.warmup, a.seed)
-    out["command"] = "python -m benchmarks.decode_in_run " + " ".join(sys.argv[1:] if argv is None else argv)
-    text = json.dumps(out, indent=1)
-    print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
+    report(probe(a.iters, a.warmup, a.seed), "decode_in_run", argv, a.json)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ step by call, medians over the iterations.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import threading
+
+from benchmarks.common import report
 
 CALLS = ("add", "sample", "update_priorities", "get_metrics")
 
@@ -141,13 +141,7 @@ def main(argv=None) -> None:
     p.add_argument("--no-pin", dest="pin", action="store_false")
     p.add_argument("--json")
     a = p.parse_args(argv)
-    out = probe(a.rounds, a.warmup, a.seed, a.pin)
-    out["command"] = "python -m benchmarks.warm_core_handoff " + " ".join(sys.argv[1:] if argv is None else argv)
-    text = json.dumps(out, indent=1)
-    print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
+    report(probe(a.rounds, a.warmup, a.seed, a.pin), "warm_core_handoff", argv, a.json)
 
 
 if __name__ == "__main__":

@@ -58,3 +58,14 @@ def test_worker_that_cannot_pin_raises_instead_of_hanging():
             w.call(lambda: 1)
     finally:
         w.close()
+
+
+def test_report_prints_and_writes_the_command(tmp_path, capsys):
+    import json
+
+    from benchmarks.common import report
+    path = tmp_path / "sub" / "r.json"
+    report({"x": 1.5}, "decode_in_run", ["--iters", "3"], str(path))
+    written = json.loads(path.read_text())
+    assert written == {"x": 1.5, "command": "python -m benchmarks.decode_in_run --iters 3"}
+    assert json.loads(capsys.readouterr().out) == written
