@@ -239,7 +239,7 @@ def capacity_report(*, capacity: int = 20_000, episode_len: int = 400, seed: int
     normalised as q/128 - 1, obs and next obs) with the lossless codecs, and a bit-exactness
     check of delivered batches. RLlib's episodes hold one such float32 stack per step."""
     from conduit_core import AffineCodec
-    from conduit_core.framestack import FrameStackCodec
+    from conduit_core.schema.framestack import FrameStackCodec
     rng = np.random.default_rng(seed)
     codec = FrameStackCodec(k=4, axis=-1, inner=AffineCodec.divide(128, offset=-1.0))
     spec = ExperienceSpec.transition(obs_shape=(84, 84, 4), obs_codec=codec)

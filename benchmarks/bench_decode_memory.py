@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=4, help="rounds over the arms, each arm first in turn")
     p.add_argument("--iters", type=int, default=1, help="training iterations per arm per round")
     a = p.parse_args(argv)
-    from conduit_core import output_pool
+    from conduit_core.memory import output_pool
 
     from . import rllib_bench
     rllib_bench._init_ray()

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from conduit_core import AffineCodec
-from conduit_core.framestack import FramePool, FrameStackCodec, PooledDecoder
+from conduit_core.schema.framestack import FramePool, FrameStackCodec, PooledDecoder
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -141,8 +141,8 @@ def output_memory(batches: list[int], reps: int, hold: int) -> dict:
 def parts(reps: int, pages: int = 64) -> dict:
     """The affine encode of a 4-row chunk (us, median of ``reps``) and the first write to each
     2 MB page of a fresh lazy mapping (ms per page: median and max over ``pages``)."""
-    from conduit_core import _affine
-    from conduit_core.tiers import lazy_huge_map
+    from conduit_core._native import _affine
+    from conduit_core.memory.tiers import lazy_huge_map
     codec = AffineCodec.divide(128, offset=-1.0)
     q = np.random.default_rng(0).integers(0, 256, (5, 84, 84, 4), dtype=np.uint8)
     x = (q.astype(np.float32) / 128 - 1).astype(np.float32)

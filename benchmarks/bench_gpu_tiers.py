@@ -103,7 +103,7 @@ def insert_ms(buf: ExperienceBuffer, chunk: dict, reps: int) -> float:
 
 
 def predictions(topology, transition_bytes: int, batch: int, capacity: int, inserts: int) -> dict:
-    from conduit_core.placement import Workload, fixed_plan, plan
+    from conduit_core.planning.placement import Workload, fixed_plan, plan
     w = Workload(transition_bytes=transition_bytes, capacity=capacity, batch_size=batch, inserts_per_step=inserts,
                  learner="gpu0")
     out = {}
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_gpu_tiers needs a CUDA GPU (pinned and device tiers, host -> device delivery)")
-    from conduit_core.topology import Topology, probe
+    from conduit_core.planning.topology import Topology, probe
     placements = ("naive",) + tuple(pl for pl in PLACEMENTS if pl in a.placements and pl != "naive")
     topo = Topology.load(a.topology) if a.topology else probe()
     rng = np.random.default_rng(0)

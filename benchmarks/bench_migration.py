@@ -61,7 +61,7 @@ def live_rows_exact(buf, inserted: int) -> bool:
 
 
 def topology_for(budget_bytes: int, reps: int):
-    from conduit_core.topology import Link, TierInfo, Topology, probe_remote
+    from conduit_core.planning.topology import Link, TierInfo, Topology, probe_remote
     host_bw = memcpy_bandwidth(64 << 20, reps)
     node_tier, node_links = probe_remote(NODE, nbytes=16 << 20, reps=reps)
     return Topology("this-host+ray-node", (TierInfo("host", "pageable", budget_bytes), node_tier),
@@ -72,7 +72,7 @@ def topology_for(budget_bytes: int, reps: int):
 def run(strategy: str, *, spec, topo, w0, w1, a) -> dict:
     from conduit_core import ExperienceBuffer, ExperienceDataPlane
     from conduit_core.errors import CapacityError
-    from conduit_core.placement import conservative_plan, greedy_plan, plan, shard_specs
+    from conduit_core.planning.placement import conservative_plan, greedy_plan, plan, shard_specs
 
     first = {"conservative": lambda: conservative_plan(w1, topo), "greedy": lambda: greedy_plan(w0, topo)}.get(
         strategy, lambda: plan(w0, topo))()
@@ -157,7 +157,7 @@ def main(argv=None) -> dict:
     from ray.cluster_utils import Cluster
 
     from conduit_core import ExperienceSpec
-    from conduit_core.placement import Workload
+    from conduit_core.planning.placement import Workload
 
     spec = ExperienceSpec.transition(obs_shape=(a.features,))
     tb = spec.stored_bytes_per_transition

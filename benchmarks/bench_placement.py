@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 
 from conduit_core.errors import CapacityError
-from conduit_core.placement import BASELINES, Workload, conservative_plan, fixed_plan, greedy_plan, plan
-from conduit_core.topology import PRESETS
+from conduit_core.planning.placement import BASELINES, Workload, conservative_plan, fixed_plan, greedy_plan, plan
+from conduit_core.planning.topology import PRESETS
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -6,7 +6,7 @@ direct-call limit (100 KB), which Ray carries in the reply instead of the object
 Times a Ray actor on the second node returning N bytes as one value vs as pieces of at most
 96 KB (``num_returns`` = the number of pieces), and receiving them as one argument vs as one
 argument per piece (what a remote shard's write gets), median of ``--calls`` round trips. The cut
-``conduit_core.remote.reply_pieces`` uses (pieces up to 2 MB a column) comes from this table.
+``conduit_core.remote.wire.reply_pieces`` uses (pieces up to 2 MB a column) comes from this table.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def main(argv=None) -> dict:
     p.add_argument("--calls", type=int, default=25)
     p.add_argument("--json", default="out/bench_remote_reply.json")
     a = p.parse_args(argv)
-    from conduit_core.remote import INLINE_BYTES
+    from conduit_core.remote.wire import INLINE_BYTES
     with two_node_cluster() as ray:
         actor = ray.remote(num_cpus=0)(_Replier).options(resources={"node1": 0.001}).remote()
 

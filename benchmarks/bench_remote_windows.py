@@ -9,7 +9,7 @@ turns (``common.paired_times``), median of ``--reps``: ``sample(B, n_step=(2, 5)
 episode-end rule (``redraw``) and by the shortened-window rule (``shorten``), each followed by its
 priority update. The ratio is against one host shard in the same repetition. Where the native
 walk cannot read the columns, the walk reads the rows a draw may reach in one gather per walk
-(``conduit_core.walk_rows``; before session 32, one gather per row and field: docs §17b).
+(``conduit_core.buffer.walk_rows``; before session 32, one gather per row and field: docs §17b).
 """
 
 from __future__ import annotations

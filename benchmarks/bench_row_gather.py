@@ -39,7 +39,7 @@ def full_ring(kind: str, capacity: int):
 
 
 def main(argv=None) -> dict:
-    from conduit_core import _rows
+    from conduit_core._native import _rows
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_row_gather", description=__doc__.split("\n\n")[0])
     p.add_argument("--kind", default="cartpole", choices=["cartpole", "atari"])
     p.add_argument("--capacity", type=int, default=None, help="default: 1,000,000 (cartpole), 40,000 (atari)")

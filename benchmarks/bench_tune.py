@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from conduit_core import ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Prioritized, Rollout, Schedule
-from conduit_core.costmodel import Config, Profile, enumerate_configs, fit_operator, operator_times, predict
-from conduit_core.topology import probe
+from conduit_core.planning.costmodel import Config, Profile, enumerate_configs, fit_operator, operator_times, predict
+from conduit_core.planning.topology import probe
 
 from .common import fmt_table, machine, write_json
 

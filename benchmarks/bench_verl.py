@@ -96,7 +96,7 @@ def part1(reps: int, prompts: int, n: int, resp_len: int, hidden: int, dp: int) 
 
 def part2(reps: int, rows: int, seqlen: int, *, tier: str = "pageable") -> dict:
     """Conduit's ingest + deliver of the batch; ``tier="remote"``: the buffer's shard is a Ray
-    actor (``conduit_core.remote``), so the rows cross processes as TransferQueue's do."""
+    actor (``conduit_core.remote.remote_shard``), so the rows cross processes as TransferQueue's do."""
     from conduit_core import ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Fifo, ShardSpec
     fields = {"input_ids": torch.randint(0, 1000, (rows, seqlen)), "attention_mask": torch.ones(rows, seqlen, dtype=torch.int64),
               "old_log_probs": torch.randn(rows, seqlen)}
@@ -219,7 +219,7 @@ def with_transferqueue(fn):
     import transfer_queue as tq
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if not ray.is_initialized():
-        from conduit_core.ray_local import init_local
+        from conduit_core.remote.ray_local import init_local
         init_local(num_cpus=4, object_store_memory=1 << 30, log_to_driver=False)
     t0 = time.perf_counter()
     tq.init()

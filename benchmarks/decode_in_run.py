@@ -51,12 +51,12 @@ def _split(gather, args: list, helper: ThreadPoolExecutor) -> None:
 def probe(iters: int, warmup: int, seed: int) -> dict:
     from benchmarks import rllib_bench
     from benchmarks.rllib_conduit_path import _args
-    from conduit_core import framestack
+    from conduit_core.schema import framestack
 
     native = framestack._c_gather_stacks
     if native is None:
-        raise SystemExit("conduit_core._frames is not built: run `python setup.py build_ext --inplace`")
-    from conduit_core.output_pool import aligned_empty
+        raise SystemExit("conduit_core._native._frames is not built: run `python setup.py build_ext --inplace`")
+    from conduit_core.memory.output_pool import aligned_empty
 
     times: dict[str, list[float]] = collections.defaultdict(list)
     faults: dict[str, list[int]] = collections.defaultdict(list)

@@ -37,7 +37,7 @@ class _TimedModule:
 
 def time_native_calls(totals: dict, counts: dict) -> None:
     """Wrap the hot path's native entry points where the core's modules hold them."""
-    from conduit_core import batch, episodes, ring, row_draw, selectors, sumtree, window_draw
+    from conduit_core.schema import batch, episodes, ring, row_draw, selectors, sumtree, window_draw
     for module, name in ((episodes, "_c_sample_windows"), (window_draw, "_c_gather_rows"),
                          (window_draw, "_c_gather_batch"), (row_draw, "_c_gather_batch"),
                          (selectors, "_c_set_delivered"), (ring, "_c_insert_rows"), (batch, "_c_draw_counts")):

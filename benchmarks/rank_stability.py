@@ -8,7 +8,7 @@ Per size: the predicted top-8's pairs in the confirmed order (strict); the boots
 that the confirmed top-8 order comes out the same again, and its mean pairs; two halves of
 the confirmation rounds (top-8 of one, ordered by the other); and the survey's top-8 ordered
 by the confirmation rounds (two separate measurements of the same configurations).
-See ``conduit_core.ranking`` for why this is the ceiling for an "identical top-8" criterion.
+See ``conduit_core.planning.ranking`` for why this is the ceiling for an "identical top-8" criterion.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import statistics
 
 from .common import fmt_table
-from conduit_core.ranking import concordant_pairs, order_stability, split_half
+from conduit_core.planning.ranking import concordant_pairs, order_stability, split_half
 
 
 def analyse(report: dict, resamples: int = 2000) -> list[dict]:

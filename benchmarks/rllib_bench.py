@@ -25,7 +25,7 @@ def _init_ray() -> None:
     import ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if not ray.is_initialized():
-        from conduit_core.ray_local import init_local
+        from conduit_core.remote.ray_local import init_local
         init_local(num_cpus=max(2, os.cpu_count() or 2), object_store_memory=256 << 20, log_to_driver=False,
                    configure_logging=False)
 

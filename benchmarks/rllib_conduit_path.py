@@ -13,7 +13,7 @@
 - ``--replay-adds``: the ``add()`` calls of the measured iterations, recorded, replayed into a
   fresh buffer of the same configuration in a tight loop, us per call (CartPole).
 - ``--route-ab``: the recorded ``add()`` calls replayed, each followed (once 100 are in) by a
-  ``sample()`` by the window route (``conduit_core.window_draw``) and one by the general route, in
+  ``sample()`` by the window route (``conduit_core.buffer.window_draw``) and one by the general route, in
   turns, cold (``--cold-replay MB``, default 64), us per call and their ratio per replay (CartPole).
 - ``--split``: both systems, built as the bench builds them, iterations in turns: seconds per
   iteration spent in the env runner's ``sample`` and in ``learner_group.update``.
@@ -100,7 +100,7 @@ def count_frames(buf, names=("add", "sample", "update_priorities")) -> dict:
 
 
 def section_targets() -> list[tuple[type, str]]:
-    from conduit_core import framestack, spec, storage
+    from conduit_core.schema import framestack, spec, storage
     return [(spec.ExperienceSpec, "validate"), (spec.ExperienceSpec, "encode"),
             (storage.ColumnarStorage, "plan_frames"), (storage.ColumnarStorage, "write"),
             (framestack.FramePool, "write"), (framestack.PooledDecoder, "decode")]
@@ -296,7 +296,7 @@ def run_in(tree: pathlib.Path, argv: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "run.json"
         env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{tree / 'adapters'}")
-        probe = ("import conduit_core, conduit_rllib, conduit_core.sumtree as t; "
+        probe = ("import conduit_core, conduit_rllib, conduit_core.selection.sumtree as t; "
                  "print(conduit_core.__file__, conduit_rllib.__file__, t.HAVE_C)")
         *where, native = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True,
                                         text=True, check=True).stdout.split()

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from conduit_core.ranking import order_stability, pair_agreement, split_half
+from conduit_core.planning.ranking import order_stability, pair_agreement, split_half
 
 ENV = "conduit-synthetic-obs"
 
@@ -91,7 +91,7 @@ class LiveRun:
         return self.buffer.edp
 
     def apply(self, config) -> None:
-        from conduit_core.tuner import migrate_to, schedule_for
+        from conduit_core.planning.tuner import migrate_to, schedule_for
         if config.placement != self.placement:
             migrate_to(self.edp, config.placement)
             self.placement = config.placement
@@ -111,7 +111,7 @@ class LiveRun:
 def warm_up(run: LiveRun, least: int, most: int, window: int, tol: float) -> dict:
     """Train until the iteration time is steady (``tuner.is_steady``), between ``least`` and
     ``most`` iterations; returns the iteration times and whether steady state was reached."""
-    from conduit_core.tuner import is_steady
+    from conduit_core.planning.tuner import is_steady
     times: list[float] = []
     while len(times) < most:
         t0 = time.perf_counter()
@@ -127,7 +127,7 @@ def warm_up(run: LiveRun, least: int, most: int, window: int, tol: float) -> dic
 
 def profile(run: LiveRun, iters: int, staleness: int):
     """The profile taken up front: the auto-tuner's calibration phases, each twice."""
-    from conduit_core.tuner import PHASES, PhaseResult
+    from conduit_core.planning.tuner import PHASES, PhaseResult
     results = []
     for c in list(PHASES) * 2:
         run.apply(c)
@@ -138,7 +138,7 @@ def profile(run: LiveRun, iters: int, staleness: int):
 
 
 def profile_of(run: LiveRun, results: list, staleness: int):
-    from conduit_core.tuner import profile_from_phases
+    from conduit_core.planning.tuner import profile_from_phases
     bsz = max(1, round(results[0].per_step["deliver_items"]))
     run.phases = [{"config": r.config.label, "step_s": r.step_s, **r.per_step} for r in results]
     return profile_from_phases(results, transition_bytes=run.edp.buffer.spec.stored_bytes_per_transition,
@@ -152,7 +152,7 @@ def measure(run: LiveRun, configs, *, rounds: int, iters: int, rng: random.Rando
     the placements alternating) so that drift on a noisy machine spreads over all of them.
     With ``phases`` (a list), the measurements of the calibration configurations
     (``tuner.PHASES``) are also appended to it as profiling phases, and nothing else is."""
-    from conduit_core.tuner import PHASES, PhaseResult
+    from conduit_core.planning.tuner import PHASES, PhaseResult
     calibration = {c.label for c in PHASES}
     runs: dict[str, list[float]] = {c.label: [] for c in configs}
     placements = sorted({c.placement for c in configs})
@@ -181,7 +181,7 @@ def main(argv=None):
     import ray
 
     from .common import fmt_table, machine, write_json
-    from conduit_core.costmodel import enumerate_configs, predict
+    from conduit_core.planning.costmodel import enumerate_configs, predict
     p = argparse.ArgumentParser(prog="conduit tune rllib-dqn", description=__doc__.split("\n\n")[0])
     p.add_argument("--dims", type=int, nargs="+", default=[128, 256, 512, 1000, 2000])
     p.add_argument("--iters", type=int, default=1, help="RLlib iterations per measurement")
@@ -205,7 +205,7 @@ def main(argv=None):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not ray.is_initialized():
-        from conduit_core.ray_local import init_local
+        from conduit_core.remote.ray_local import init_local
         init_local(num_cpus=2, object_store_memory=256 << 20, log_to_driver=False)
     configs = enumerate_configs()
     by_label = {c.label: c for c in configs}

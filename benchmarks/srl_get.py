@@ -148,7 +148,7 @@ def replay_arms(args, samples) -> dict:
     """SRL's replay kind, Conduit's with sequential delivery and with delivery prepared ahead; each
     filled with ``--max-size`` samples before the clock runs (puts during the run go on at ``--rate``)."""
     from rlsrl.base import buffer as srl_buffer
-    from conduit_core.schedule import Schedule
+    from conduit_core.planning.schedule import Schedule
     from conduit_srl.buffers import make_buffer
     import torch
     if not torch.cuda.is_available():  # SRL's replay buffers pin their storage; on CPU that is the identity

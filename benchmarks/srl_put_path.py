@@ -16,7 +16,7 @@ import numpy as np
 
 
 def main(reps: int = 7) -> None:
-    from conduit_core.entry_queue import EntryQueue
+    from conduit_core.queues.entry_queue import EntryQueue
     from conduit_srl import samples
 
     from .srl_buffers import make_sample

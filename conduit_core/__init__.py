@@ -1,24 +1,57 @@
 """Conduit core: the framework-agnostic Experience Data Plane.
 
-Imports no RL framework; needs torch and numpy only.
+Imports no RL framework; needs torch and numpy only. Subpackages by concern, each importing only
+those before it (tests/core/test_import_boundaries.py holds the code to this order)::
+
+    errors, state_io      one error hierarchy; state files without pickle
+    memory                tiers, allocation, budgets, staging, reused outputs
+    schema                the spec, codecs, frame stacks, Batch
+    storage               shards and columnar storage (rows, not meaning)
+    remote                shards held by Ray actors; how columns travel to them
+    planning              placement, topology, schedule, cost model, tuner (pure decisions)
+    selection             selectors, sum tree, rate limiter
+    source                writers at the actor, receipts committed once
+    buffer                the experience buffer: ring, insert, draws, episodes, migration
+    plane                 the data plane: ingestion, delivery, placement calls, metrics
+    queues, kv            SRL's entry queues; verl's keyed variable-length rows
+    cli                   the ``conduit`` command
+
+What a user calls is exported here; the parts for those who compose their own are exported by
+each subpackage's ``__init__``; everything else is the subpackages' own business.
 """
 
-from .batch import Batch
-from .buffer import ExperienceBuffer, ShardLoss, prioritized_replay, queue, replay
-from .codecs import AffineCodec, Codec, IdentityCodec
-from .edp import ExperienceDataPlane
-from .errors import (CapacityError, ClosedError, CodecError, ConduitError, ConfigError, ExperienceTimeout,
-                     RateLimitError, RateLimitTimeout, RowsNotStored, SemanticError, ShardLost, SpecError, StateError,
-                     WorkerError)
-from .hooks import Rollout
-from .metrics import ControlPointMetrics, MetricsSnapshot
-from .rate_limiter import RateLimiter
-from .schedule import Schedule
-from .selectors import Fifo, Prioritized, Selector, Uniform
-from .spec import ExperienceSpec, FieldSpec
-from .shards import Shard, ShardSpec, even_shards, register_shard_kind
-from .tiers import Tier, cuda_available
 from . import state_io
+from ._moved import install as _install_moved
+from .buffer.experience_buffer import ExperienceBuffer, ShardLoss, prioritized_replay, queue, replay
+from .errors import (
+                     CapacityError,
+                     ClosedError,
+                     CodecError,
+                     ConduitError,
+                     ConfigError,
+                     ExperienceTimeout,
+                     RateLimitError,
+                     RateLimitTimeout,
+                     RowsNotStored,
+                     SemanticError,
+                     ShardLost,
+                     SpecError,
+                     StateError,
+                     WorkerError,
+)
+from .memory.tiers import Tier, cuda_available
+from .plane.edp import ExperienceDataPlane
+from .plane.hooks import Rollout
+from .plane.metrics import ControlPointMetrics, MetricsSnapshot
+from .planning.schedule import Schedule
+from .schema.batch import Batch
+from .schema.codecs import AffineCodec, Codec, IdentityCodec, register_codec
+from .schema.spec import ExperienceSpec, FieldSpec
+from .selection.rate_limiter import RateLimiter
+from .selection.selectors import Fifo, Prioritized, Selector, Uniform
+from .storage.shards import Shard, ShardSpec, even_shards, register_shard_kind
+
+_install_moved(__name__)
 
 __version__ = "0.1.0"
 
@@ -29,5 +62,5 @@ __all__ = [
     "RateLimitTimeout", "RateLimiter", "Rollout", "RowsNotStored", "Schedule", "SemanticError", "Selector", "ShardLoss", "ShardLost",
     "Shard", "ShardSpec",
     "SpecError", "StateError", "Tier", "Uniform", "WorkerError", "cuda_available", "even_shards",
-    "prioritized_replay", "queue", "register_shard_kind", "replay", "__version__",
+    "prioritized_replay", "queue", "register_codec", "register_shard_kind", "replay", "__version__",
 ]

@@ -26,8 +26,8 @@ def _cmd_info(_args: list[str]) -> int:
     import torch
 
     from . import __version__
-    from .sumtree import HAVE_C
-    from .tiers import Tier, cuda_available
+    from .memory.tiers import Tier, cuda_available
+    from .selection.sumtree import HAVE_C
     tiers = [t.value for t in Tier if not t.needs_cuda or cuda_available()]
     print(f"conduit {__version__}  torch {torch.__version__}  numpy {np.__version__}")
     print(f"tiers available: {', '.join(tiers)}")
@@ -95,7 +95,7 @@ def _cmd_probe(args: list[str]) -> int:
                         "(repeatable; the name a ShardSpec(tier='remote', node=...) uses)")
     p.add_argument("--ray-address", default="auto", help="the Ray cluster to join for --remote-node")
     a = p.parse_args(args)
-    from .topology import probe, with_remote_nodes
+    from .planning.topology import probe, with_remote_nodes
     t = probe(nbytes=a.mib << 20)
     if a.remote_node:
         import ray
@@ -132,8 +132,8 @@ def _cmd_plan(args: list[str]) -> int:
     p.add_argument("--actors", default="host")
     a = p.parse_args(args)
     from .errors import ConduitError
-    from .placement import BASELINES, Workload, fixed_plan, plan
-    from .topology import PRESETS, Topology, probe
+    from .planning.placement import BASELINES, Workload, fixed_plan, plan
+    from .planning.topology import PRESETS, Topology, probe
     topo = probe(nbytes=32 << 20, reps=3) if a.topology == "probe" else (
         PRESETS[a.topology]() if a.topology in PRESETS else Topology.load(a.topology))
     w = Workload(transition_bytes=a.transition_bytes, capacity=a.capacity, batch_size=a.batch_size,
@@ -156,7 +156,7 @@ def _cmd_plan(args: list[str]) -> int:
 
 
 def _cmd_simulate(args: list[str]) -> int:
-    from .simulate import CLUSTERS, WORKLOADS, assumptions, simulate
+    from .planning.simulate import CLUSTERS, WORKLOADS, assumptions, simulate
     p = argparse.ArgumentParser(prog="conduit simulate",
                                 description="Strong and weak scaling of the experience path and of the iteration "
                                             "time, 8 to 1,024 GPUs, from the node presets and stated assumptions "

@@ -35,7 +35,7 @@ def main(args: Args) -> None:
     import conduit_rllib
     from conduit_rllib.atari import dqn_atari
 
-    from conduit_core.ray_local import init_local
+    from conduit_core.remote.ray_local import init_local
     init_local(num_cpus=2, object_store_memory=256 << 20, log_to_driver=False)  # loopback only
     config = dqn_atari(seed=args.seed, game=args.game, learning_starts=500, iteration_steps=250)
     if not args.native:

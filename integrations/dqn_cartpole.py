@@ -34,7 +34,7 @@ def main(args: Args) -> None:
     import conduit_rllib
     from conduit_rllib import workloads
 
-    from conduit_core.ray_local import init_local
+    from conduit_core.remote.ray_local import init_local
     init_local(num_cpus=2, object_store_memory=256 << 20, log_to_driver=False)  # loopback only
     # 1. RLlib's tuned DQN CartPole config, unchanged.
     config = workloads.dqn_cartpole(seed=args.seed)

@@ -3,7 +3,7 @@
 Observations come from ``wrap_atari_for_new_api_stack(..., dim=84, framestack=4)``: grayscale
 84x84 frames normalised to ``q/128 - 1`` (float32) and stacked 4 deep on the last axis, i.e.
 113 KB per observation. With ``obs_codec='auto'`` Conduit stores each frame once as uint8
-(see ``conduit_core.framestack``), bit-exact on delivery.
+(see ``conduit_core.schema.framestack``), bit-exact on delivery.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from conduit_core import AffineCodec, ExperienceSpec, FieldSpec, SpecError
-from conduit_core.nested import flatten
-from conduit_core.spec import as_torch_dtype
+from conduit_core.schema.nested import flatten
+from conduit_core.schema.spec import as_torch_dtype
 
 # Conduit field -> RLlib column (ray.rllib.core.columns.Columns)
 RLLIB_COLUMNS = {"obs": "obs", "next_obs": "new_obs", "action": "actions", "reward": "rewards",
@@ -171,7 +171,7 @@ def spec_for(cols: dict[str, np.ndarray], *, obs_codec: str | None) -> Experienc
     """The experience spec implied by the first chunk RLlib hands us. With obs_codec='auto',
     pixel observations get lossless codecs: uint8 storage for normalised floats and, for
     frame stacks, each frame stored once (obs and next_obs share one frame pool)."""
-    from conduit_core.framestack import FrameStackCodec
+    from conduit_core.schema.framestack import FrameStackCodec
     obs = cols["obs"]
     codec = None
     if obs_codec == "auto" and obs.ndim >= 3:

@@ -274,7 +274,7 @@ def _train_until(cfg, *, threshold: float, max_env_steps: int) -> ConvergenceRes
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = not ray.is_initialized()  # a caller's session is left as found; ours is shut down
     if started:
-        from conduit_core.ray_local import init_local
+        from conduit_core.remote.ray_local import init_local
         init_local(num_cpus=3, object_store_memory=256 << 20, log_to_driver=False, configure_logging=False)
     try:
         return _train_until_in_session(cfg, threshold=threshold, max_env_steps=max_env_steps)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from conduit_core.nested import unflatten
+from conduit_core.schema.nested import unflatten
 
 from .columns import EXTRA
 

@@ -108,7 +108,7 @@ class EpisodeIngest:
         dropped = [ep.receipt for ep, _, src, _ in chunks if src in drop and getattr(ep, "receipt", None)] \
             if drop else None
         if dropped:   # RLlib's rule drops them: their staged rows were never accepted
-            from conduit_core.source_commit import decline
+            from conduit_core.source.source_commit import decline
             decline(self.edp.buffer, dropped)
         for ep, _, src, _ in chunks:
             if ep.is_done or src in drop:  # over, or evicted: its id starts a new episode if it comes back

@@ -16,7 +16,7 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-from conduit_core.nested import unflatten
+from conduit_core.schema.nested import unflatten
 
 from .columns import EXTRA, RLLIB_COLUMNS
 from .learner_batch import SampleBatchMaker

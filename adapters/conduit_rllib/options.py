@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from conduit_core.errors import ConfigError
-from conduit_core.schedule import Schedule
-from conduit_core.tiers import Tier
+from conduit_core.planning.schedule import Schedule
+from conduit_core.memory.tiers import Tier
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class ConduitOptions:
     cost model and the tuner use. ``mode``: 'sequential' (inline, RLlib's exact semantics),
     'overlapped' (a background worker ingests and prepares the next batch) or 'auto' (profile
     the first training steps, then the cost model picks overlap and granularity; see
-    conduit_core.tuner). ``worker``: 'thread' or 'process' for the overlapped mode. ``staleness``: inserts an off-policy batch
+    conduit_core.planning.tuner). ``worker``: 'thread' or 'process' for the overlapped mode. ``staleness``: inserts an off-policy batch
     may miss (0 = RLlib's semantics). ``obs_codec``: 'auto' stores float observations
     that are k/255 as uint8 (verified exactly on every insert), None keeps them as they
     are. ``tier``: where the buffer lives. ``reuse_outputs``: reuse this many delivered

@@ -143,7 +143,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         self._extra_fields = frozenset(f for f in spec.names if f.startswith(EXTRA))   # every add() checks them
         self._spec_fields = frozenset(spec.names)
         if self.options.mode == "auto":
-            from conduit_core.tuner import AutoTuner
+            from conduit_core.planning.tuner import AutoTuner
             self.tuner = AutoTuner(self.edp, steps_per_phase=self.options.autotune_steps_per_phase,
                                    settle=self.options.autotune_settle)
 

@@ -28,7 +28,7 @@ from typing import Any
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
 from conduit_core.errors import StagedRowsLost
-from conduit_core.source_writer import Receipt
+from conduit_core.source.source_writer import Receipt
 
 from .columns import chunk_lookback_row, episode_columns, episode_infos
 

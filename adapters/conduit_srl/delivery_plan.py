@@ -2,8 +2,8 @@
 delivery against a thread preparing ahead, at each delivery granularity g_del, and the best
 becomes the ``Schedule`` passed to ``conduit_srl.enable(delivery=...)``.
 
-The decision is pure (a measured ``conduit_core.costmodel.Profile`` in, a ``Schedule`` out), as
-``conduit_core.tuner`` makes it for the data plane. Only host placement and ingestion as SRL runs
+The decision is pure (a measured ``conduit_core.planning.costmodel.Profile`` in, a ``Schedule`` out), as
+``conduit_core.planning.tuner`` makes it for the data plane. Only host placement and ingestion as SRL runs
 it (``put`` on the trainer's main thread) are in the space: the buffer stays where SRL's trainer
 worker is. The profile's ``staleness`` bounds what preparing ahead can save (the cost model counts
 batches that puts would make stale as wasted), and the result keeps it as the guard.
@@ -11,10 +11,10 @@ batches that puts would make stale as wasted), and the result keeps it as the gu
 
 from __future__ import annotations
 
-from conduit_core.costmodel import Profile, enumerate_configs, rank
+from conduit_core.planning.costmodel import Profile, enumerate_configs, rank
 from conduit_core.errors import ConfigError
-from conduit_core.schedule import Schedule
-from conduit_core.tuner import schedule_for
+from conduit_core.planning.schedule import Schedule
+from conduit_core.planning.tuner import schedule_for
 
 GRANULARITIES = (1, 2, 4, 8)
 
@@ -42,8 +42,8 @@ def plan_delivery(profile: Profile, *, cores: int, granularities: tuple[int, ...
     update it must see and is discarded (measured: all of them, with the redraw in the way of the
     ``get``); there is nothing to hide."""
     if not isinstance(profile, Profile):
-        raise ConfigError("profile", "a conduit_core.costmodel.Profile", type(profile).__name__,
-                          "measure one (conduit_core.tuner.profile_from_phases) or build it by hand")
+        raise ConfigError("profile", "a conduit_core.planning.costmodel.Profile", type(profile).__name__,
+                          "measure one (conduit_core.planning.tuner.profile_from_phases) or build it by hand")
     check_delivery(None, priority_lag)
     if prioritized and priority_lag == 0:
         return Schedule.sequential(staleness=profile.staleness)

@@ -21,11 +21,11 @@ def enable(*, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priorit
     trainer worker (for a Conduit ``SampleConsumer``; :func:`enable_consumer` does only that).
 
     ``lease_depth``: gets after which a served queue entry's memory may be reused (2 covers SRL's
-    one-step prefetching trainers; see ``conduit_core.entry_queue``).
+    one-step prefetching trainers; see ``conduit_core.queues.entry_queue``).
 
     ``delivery``: how the replay kinds deliver, a ``conduit_core.Schedule`` (the scheduler's choice:
     :func:`conduit_srl.delivery_plan.plan_delivery` ranks it with the cost model, or
-    ``conduit_core.tuner.schedule_for`` maps a cost-model ``Config``). None (the default, conservative):
+    ``conduit_core.planning.tuner.schedule_for`` maps a cost-model ``Config``). None (the default, conservative):
     sequential, each ``get`` draws on the training thread. ``Schedule.overlapped(delivery_granularity=g,
     depth=d, staleness=s)``: a thread prepares SRL's batch objects ahead, ``g`` per call, at most ``d``;
     one is handed out only if at most ``s`` chunks were put since its draw (0: exactly SRL's

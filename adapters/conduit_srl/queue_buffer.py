@@ -1,6 +1,6 @@
 """SRL's two queue kinds, ``simple_queue`` and ``priority_queue``, on an :class:`EntryQueue`.
 
-The queue does the work (slots, reuses, overflow, leases: ``conduit_core.entry_queue``); this
+The queue does the work (slots, reuses, overflow, leases: ``conduit_core.queues.entry_queue``); this
 class is SRL's ``Buffer`` interface over it: SRL's defaults per kind, SRL's return values and
 exceptions, and SRL's ``ReplayEntry`` (a reused batch comes back as the same object, its counters
 updated, as from SRL's priority queue). ``put`` runs on the trainer worker's main thread, ``get``
@@ -10,7 +10,7 @@ queue's state lock for an index update, never waiting behind a put's copies.
 
 ``None`` anywhere in a sample (a left-out field or sub-structure, the first sample's included) is
 batched as SRL's ``recursive_aggregate`` batches it: ``None`` where every sample of the batch left it
-out, zeros where only some did (the codec grows the nesting, :mod:`conduit_core.entry_queue` keeps
+out, zeros where only some did (the codec grows the nesting, :mod:`conduit_core.queues.entry_queue` keeps
 the rule per entry).
 
 Deliberate difference from SRL's queues (for correctness; shown in
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from conduit_core.entry_queue import EntryQueue
+from conduit_core.queues.entry_queue import EntryQueue
 from conduit_core.errors import CapacityError, ClosedError, ConfigError, SpecError
 
 from . import samples

@@ -9,7 +9,7 @@ rebuilt time-major ``[T, B, ...]``, a get's chunks in slot order as SRL's buffer
 ``put`` runs on the trainer worker's main thread, ``get`` and ``update_priorities`` on its
 training thread; SRL's own buffers have no lock, this one is thread-safe, and ``get`` never blocks.
 
-Delivery (``conduit_core.prepared_replay``): ``delivery`` is the core's ``Schedule`` (the
+Delivery (``conduit_core.plane.prepared_replay``): ``delivery`` is the core's ``Schedule`` (the
 scheduler's choice; default sequential: every ``get`` draws, gathers and rebuilds on the training
 thread, as before). ``Schedule.overlapped(delivery_granularity=g, depth=d)`` prepares SRL's batch
 objects ahead in a worker thread, ``g`` per operator call, at most ``d`` ahead; a prepared batch is
@@ -47,13 +47,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit_core.buffer import ExperienceBuffer
+from conduit_core.buffer.experience_buffer import ExperienceBuffer
 from conduit_core.errors import ConfigError, SpecError
-from conduit_core.prepared_deliveries import DeliveryRequest
-from conduit_core.prepared_replay import PreparedReplay
-from conduit_core.schedule import Schedule
-from conduit_core.selectors import Prioritized, Uniform
-from conduit_core.spec import ExperienceSpec, FieldSpec
+from conduit_core.plane.prepared_deliveries import DeliveryRequest
+from conduit_core.plane.prepared_replay import PreparedReplay
+from conduit_core.planning.schedule import Schedule
+from conduit_core.selection.selectors import Prioritized, Uniform
+from conduit_core.schema.spec import ExperienceSpec, FieldSpec
 
 from . import left_out, samples
 from .delivery_plan import check_delivery

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from conduit_core.errors import ConfigError
-from conduit_core.ragged import Column, RaggedStore
+from conduit_core.kv.ragged import Column, RaggedStore
 
 
 def put_undo(store: RaggedStore, keys: np.ndarray, columns: dict[str, Column]) -> dict:

@@ -4,7 +4,7 @@ verl's V1 trainer moves every stage's columns through TransferQueue (TQ): a stag
 TensorDict for some rows (TQ's global indexes), a later stage gets some fields of some rows.
 TQ's default backend, SimpleStorage, keeps each row's value of each field as its own object in
 storage-unit actors, sends them per row over ZMQ and re-packs them per row into nested tensors
-on every get. Here the storage units are Ray actors holding a ``conduit_core.ragged.RaggedStore``:
+on every get. Here the storage units are Ray actors holding a ``conduit_core.kv.ragged.RaggedStore``:
 each field one flat arena, a batch written with one copy per field and read with one gather per
 field; rows travel as one byte array per field plus per-row lengths, and a get rebuilds jagged
 tensors from offsets, with no per-row Python on tensor fields.
@@ -54,9 +54,9 @@ from transfer_queue.metadata import BatchMeta
 from transfer_queue.storage.bootstrap.provider import StorageBootstrapProvider
 from transfer_queue.storage.managers.base import StorageManager, StorageManagerFactory
 
-from conduit_core import shared_arena
+from conduit_core.kv import shared_arena
 from conduit_core.errors import ConfigError
-from conduit_core.ragged import KeyNotStored
+from conduit_core.kv.ragged import KeyNotStored
 
 from . import tq_shared_path as shared_path
 from .tq_late_puts import give_back_unsettled, revoke_late

@@ -16,7 +16,7 @@ from tensordict import NonTensorStack, TensorDict
 from transfer_queue.metadata import extract_field_schema
 
 from conduit_core.errors import ConfigError
-from conduit_core.ragged import Column, gather_segments
+from conduit_core.kv.ragged import Column, gather_segments
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -1,5 +1,5 @@
 """The same-node path of ``tq_backend``: a client on a storage unit's node moves the bytes through
-the unit's shared arenas (``conduit_core.shared_arena``), the Ray actor calls carry only keys,
+the unit's shared arenas (``conduit_core.kv.shared_arena``), the Ray actor calls carry only keys,
 offsets and lengths.
 
     put:  unit.reserve(keys, sizes) -> (segment, offset) per field   one small call per unit
@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from conduit_core.ragged import Column, copy_segments, gather_segments
+from conduit_core.kv.ragged import Column, copy_segments, gather_segments
 
 GET_ATTEMPTS = 4   # a get re-asks when a segment went between the unit's answer and the open
 

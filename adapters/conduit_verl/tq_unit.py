@@ -14,9 +14,9 @@ from collections import OrderedDict, deque
 import numpy as np
 import ray
 
-from conduit_core import shared_arena
+from conduit_core.kv import shared_arena
 from conduit_core.errors import ConfigError
-from conduit_core.ragged import Column, Located, RaggedStore
+from conduit_core.kv.ragged import Column, Located, RaggedStore
 
 from .put_undo import put_undo, restore_put
 

@@ -107,9 +107,9 @@ def test_a_migration_starting_before_the_lock_gets_the_rows():
     import threading
     import time
 
-    from conduit_core.migration import begin_migration
-    from conduit_core.shards import ShardSpec
-    from conduit_core.tiers import Tier
+    from conduit_core.buffer.migration import begin_migration
+    from conduit_core.storage.shards import ShardSpec
+    from conduit_core.memory.tiers import Tier
     buf = make(Uniform(), capacity=20)
     rng = np.random.default_rng(0)
     parts = []

@@ -10,7 +10,7 @@ import pytest
 from benchmarks.decode_in_run import _split
 from benchmarks.warm_core_handoff import Worker
 
-_frames = pytest.importorskip("conduit_core._frames", reason="C helpers not built (python setup.py build_ext --inplace)")
+_frames = pytest.importorskip("conduit_core._native._frames", reason="C helpers not built (python setup.py build_ext --inplace)")
 
 
 @pytest.mark.parametrize("affine", [None, (128.0, True, -1.0)])

@@ -5,7 +5,7 @@ from scipy import stats
 
 from conduit_core import (CapacityError, ConfigError, ExperienceBuffer, ExperienceTimeout, Fifo, Prioritized,
                           RateLimiter, RateLimitError, RateLimitTimeout, SemanticError, ShardSpec, Tier, even_shards)
-from conduit_core.buffer import prioritized_replay, queue, replay
+from conduit_core.buffer.experience_buffer import prioritized_replay, queue, replay
 
 from .helpers import SPEC, rollout
 
@@ -265,7 +265,7 @@ def test_close_frees_shared_memory_and_rejects_calls():
 
 
 def test_n_step_c_walk_equals_numpy_walk():
-    import conduit_core.episodes as ep
+    import conduit_core.buffer.episodes as ep
     if ep._c_nstep is None:
         pytest.skip("C helper not built")
     buf = replay(spec=SPEC, capacity=64, seed=0)

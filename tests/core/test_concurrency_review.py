@@ -191,7 +191,7 @@ def test_a_queued_ingest_many_that_fails_part_way_names_the_rollouts_it_accepted
 def test_metrics_read_after_flush_count_every_stored_row(monkeypatch):
     """The worker marked a group stored before recording its metrics; a recorder made slow here
     (2 ms) widens that window so that a flush() returning in it is seen."""
-    from conduit_core.metrics import MetricsRecorder
+    from conduit_core.plane.metrics import MetricsRecorder
     record = MetricsRecorder.add_busy
 
     def slow_record(self, *args, **kwargs):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from conduit_core import ExperienceBuffer, ExperienceDataPlane, Prioritized, Schedule
-from conduit_core.costmodel import Config, OperatorCost, Profile, enumerate_configs, fit_operator, predict, rank
-from conduit_core.tuner import AutoTuner
+from conduit_core.planning.costmodel import Config, OperatorCost, Profile, enumerate_configs, fit_operator, predict, rank
+from conduit_core.planning.tuner import AutoTuner
 
 from .helpers import SPEC, rollout
 
@@ -74,8 +74,8 @@ def test_auto_tuner_calibrates_on_the_live_run_and_switches_without_loss():
 
 def _phase_from(config, p, cores=2):
     """What a profiling phase would measure if the machine followed the model exactly."""
-    from conduit_core.costmodel import operator_times
-    from conduit_core.tuner import PhaseResult
+    from conduit_core.planning.costmodel import operator_times
+    from conduit_core.planning.tuner import PhaseResult
     pr = predict(config, p, cores=cores)
     i_s, d_s = operator_times(config, p)
     seq = config.mode == "sequential"
@@ -88,7 +88,7 @@ def _phase_from(config, p, cores=2):
 def test_profile_from_phases_recovers_the_profile_that_produced_them():
     """The pure half of the auto-tuner (and of `conduit tune`): phases measured on a machine that
     follows the model give back its profile, so the predictions for all 48 points match."""
-    from conduit_core.tuner import PHASES, profile_from_phases
+    from conduit_core.planning.tuner import PHASES, profile_from_phases
     true = prof(staleness=16, thread_interference=0.6, process_interference=0.2)
     phases = [_phase_from(c, true) for c in PHASES]
     got = profile_from_phases(phases, transition_bytes=true.transition_bytes, batch_size=true.batch_size,
@@ -99,13 +99,13 @@ def test_profile_from_phases_recovers_the_profile_that_produced_them():
 
 
 def test_profile_from_phases_needs_two_sequential_granularities():
-    from conduit_core.tuner import profile_from_phases
+    from conduit_core.planning.tuner import profile_from_phases
     with pytest.raises(ValueError, match="two granularities"):
         profile_from_phases([_phase_from(Config(), prof())], transition_bytes=100, batch_size=32, staleness=0)
 
 
 def test_steady_state_waits_for_the_drift_to_stop():
-    from conduit_core.tuner import is_steady
+    from conduit_core.planning.tuner import is_steady
     falling = [1.0 - 0.03 * i for i in range(12)]           # still getting faster by 3% a step
     assert not is_steady(falling, window=4, tol=0.03)
     flat = falling + [0.64, 0.65, 0.64, 0.65, 0.64, 0.65, 0.64, 0.65]
@@ -116,7 +116,7 @@ def test_steady_state_waits_for_the_drift_to_stop():
 
 
 def test_auto_tuner_waits_for_a_steady_step_time_before_calibrating(monkeypatch):
-    import conduit_core.tuner as tuner_mod
+    import conduit_core.planning.tuner as tuner_mod
     buf = ExperienceBuffer(spec=SPEC, capacity=100)
     edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential())
     clock = [0.0]
@@ -143,7 +143,7 @@ def test_auto_tuner_waits_for_a_steady_step_time_before_calibrating(monkeypatch)
 
 
 def test_auto_tuner_migrates_the_buffer_to_the_placement_it_picks():
-    from conduit_core.tuner import current_placement
+    from conduit_core.planning.tuner import current_placement
     buf = ExperienceBuffer(spec=SPEC, capacity=1000)
     edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential())
     assert current_placement(buf) == "host"

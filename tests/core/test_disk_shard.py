@@ -1,4 +1,4 @@
-"""A new storage tier is one module (issue 14): ``conduit_core/disk_shard.py`` registers the
+"""A new storage tier is one module (issue 14): ``conduit_core/storage/disk_shard.py`` registers the
 disk kind, and every delivery path, a mixed layout, a migration and a state round trip
 serve it unchanged, delivering exactly what a host-memory buffer delivers."""
 
@@ -10,8 +10,8 @@ import torch
 
 from conduit_core import (CapacityError, ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec,
                           FieldSpec, Prioritized, Shard, ShardSpec, register_shard_kind)
-from conduit_core.disk_shard import DiskShard
-from conduit_core.shards import shard_kinds
+from conduit_core.storage.disk_shard import DiskShard
+from conduit_core.storage.shards import shard_kinds
 
 
 def spec():

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from conduit_core import Batch
-from conduit_core import batch as batch_mod
+from conduit_core.schema import batch as batch_mod
 
 
 def _batch(seqs, sources, steps):

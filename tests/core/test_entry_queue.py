@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conduit_core.entry_queue import EntryQueue
+from conduit_core.queues.entry_queue import EntryQueue
 from conduit_core.errors import CapacityError, ConfigError, SpecError
-from conduit_core.nested import flatten, unflatten
-from conduit_core.reuse_order import ReuseOrder
+from conduit_core.schema.nested import flatten, unflatten
+from conduit_core.queues.reuse_order import ReuseOrder
 
 T = 3
 

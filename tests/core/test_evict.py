@@ -68,8 +68,8 @@ def test_removal_survives_a_state_round_trip():
 
 
 def test_removal_during_and_after_a_migration():
-    from conduit_core.migration import begin_migration
-    from conduit_core.storage import ShardSpec
+    from conduit_core.buffer.migration import begin_migration
+    from conduit_core.storage.columnar import ShardSpec
     buf = filled(Prioritized(), capacity=100, rows=80)
     buf.evict(np.arange(0, 10))
     mig = begin_migration(buf, shards=[ShardSpec("pageable", 200)], capacity=200, chunk_bytes=512)
@@ -109,7 +109,7 @@ def test_a_load_while_a_migration_copies_the_buffer_is_refused_and_changes_nothi
     """Found in review: the load wrote the old layout while the migration kept its copy of the
     rows from before it, and finish() brought those back under the restored seqs."""
     from conduit_core import ConfigError, ShardSpec
-    from conduit_core.migration import begin_migration
+    from conduit_core.buffer.migration import begin_migration
     saved = ExperienceBuffer(spec=SPEC, capacity=8)
     saved.add(rollout(3, start=500))
     state = saved.state_dict()

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conduit_core import AffineCodec, CapacityError, ExperienceBuffer, ExperienceSpec, Fifo, Prioritized
-from conduit_core.framestack import FrameStackCodec
+from conduit_core.schema.framestack import FrameStackCodec
 
 H, K = 12, 4
 
@@ -113,8 +113,8 @@ def test_bad_stack_axis_is_a_clear_error():
 def test_native_stack_gather_equals_the_numpy_route(k, axis, inner):
     """The C pass (gather + layout + table decode) returns bit for bit what the numpy route does,
     for every layout, stack depth and codec, including ids that wrap the pool's ring."""
-    from conduit_core.codecs import IdentityCodec
-    from conduit_core.framestack import FramePool, PooledDecoder
+    from conduit_core.schema.codecs import IdentityCodec
+    from conduit_core.schema.framestack import FramePool, PooledDecoder
 
     codec_inner = {"atari": AffineCodec.divide(128, offset=-1.0), "divide255": AffineCodec.divide(255),
                    "identity": IdentityCodec()}[inner]
@@ -140,7 +140,7 @@ def test_vectorised_decode_equals_the_table_bit_for_bit(frame_shape, inner):
     """RLlib's layout (k = 4 last) decoded with vector arithmetic (q * a + offset or q / a +
     offset, chosen only where it reproduces the codec's table for all 256 values) against the
     lookup per byte: the same bits, for frames whose pixel count leaves a tail (35, 15) or none."""
-    from conduit_core.framestack import FramePool, PooledDecoder
+    from conduit_core.schema.framestack import FramePool, PooledDecoder
 
     codec_inner = {"atari": AffineCodec.divide(128, offset=-1.0), "divide255": AffineCodec.divide(255),
                    "divide127.5": AffineCodec.divide(127.5, offset=-1.0), "scale0.1": AffineCodec(scale=0.1, offset=0.5),
@@ -162,8 +162,8 @@ def test_vectorised_decode_equals_the_table_bit_for_bit(frame_shape, inner):
 def test_a_batch_beyond_the_caches_decodes_the_same_bits(misaligned, monkeypatch):
     """From 16 MB a batch is written with non-temporal stores (aligned output only; a misaligned
     one, as a plain malloc gives, takes the ordinary stores): the same bits as the table route."""
-    from conduit_core import framestack
-    from conduit_core.framestack import FramePool, PooledDecoder
+    from conduit_core.schema import framestack
+    from conduit_core.schema.framestack import FramePool, PooledDecoder
 
     if misaligned:   # 16 bytes past a 64-byte boundary: no 32-byte aligned store exists
         aligned = framestack.aligned_empty
@@ -183,8 +183,8 @@ def test_a_batch_beyond_the_caches_decodes_the_same_bits(misaligned, monkeypatch
 def test_native_stack_links_equal_the_numpy_route(k, monkeypatch):
     """FramePool.plan finds equal and shifted-by-one stacks with memcmp in C; the numpy route it
     replaced must give the same plan, including the link to the last stack written before."""
-    from conduit_core import framestack
-    from conduit_core.framestack import FramePool
+    from conduit_core.schema import framestack
+    from conduit_core.schema.framestack import FramePool
 
     assert framestack._c_stack_links is not None
     rng = np.random.default_rng(k)
@@ -213,7 +213,7 @@ def test_klast_plan_and_write_equal_the_transposed_route(k, fields):
     read in place (``plan_klast``, C), against ``plan`` on the transposed [m, k, *frame] copy
     it spares: the same links, frame ids, new frames and pool contents over several calls
     (each linking to the last stack the call before wrote), for one field or obs + next obs."""
-    from conduit_core.framestack import FramePool
+    from conduit_core.schema.framestack import FramePool
 
     rng = np.random.default_rng(10 * k + fields)
     frames = rng.integers(0, 3, (60, 5, 7), dtype=np.uint8)   # few values: equal frames happen
@@ -245,7 +245,7 @@ def test_klast_shift_links_on_atari_sized_frames(where, frame, odd_pixel):
     for the tail: a one-byte difference anywhere a shift would carry (any of the three carried
     frames, either pixel of a word) must break the link, and one in the frame a shift drops must
     not; the same links as ``plan`` on the transposed copy."""
-    from conduit_core.framestack import FramePool
+    from conduit_core.schema.framestack import FramePool
 
     rng = np.random.default_rng(7)
     frames = rng.integers(0, 256, (6, 84, 84), dtype=np.uint8)
@@ -272,8 +272,8 @@ def test_klast_shift_links_on_atari_sized_frames(where, frame, odd_pixel):
 def test_frame_ids_of_a_few_stacks_equal_the_vectorised_route(links, k, cursor):
     """An env step's handful of stacks gets its frame ids from a Python loop; any number of
     stacks from numpy: the same last ids, the same (stack, frame) picks, the same count."""
-    from conduit_core import framestack
-    from conduit_core.framestack import FramePool
+    from conduit_core.schema import framestack
+    from conduit_core.schema.framestack import FramePool
 
     pool = FramePool(name="f", frames=8, frame_shape=(1,), dtype=torch.uint8, k=k)
     pool.cursor = cursor

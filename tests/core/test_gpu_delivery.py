@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conduit_core import ConfigError, ExperienceBuffer, ExperienceSpec, FieldSpec, ShardSpec
-from conduit_core.codecs import AffineCodec
-from conduit_core.staging import PinnedStaging, device_alias
+from conduit_core.schema.codecs import AffineCodec
+from conduit_core.memory.staging import PinnedStaging, device_alias
 
 from .helpers import SPEC, rollout
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conduit_core import (AffineCodec, ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Fifo,
                           Prioritized, RateLimiter, Schedule, ShardSpec, SpecError, Uniform)
-from conduit_core.hooks import Rollout
+from conduit_core.plane.hooks import Rollout
 
 from .helpers import SPEC, assert_same_state, rollout
 

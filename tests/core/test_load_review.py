@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-import conduit_core.buffer as buffer_module
+import conduit_core.buffer.experience_buffer as buffer_module
 from conduit_core import (ExperienceBuffer, ExperienceSpec, FieldSpec, Prioritized, ShardSpec, StateError, Tier,
                           Uniform, state_io)
-from conduit_core.framestack import FrameStackCodec
-from conduit_core.migration import begin_migration
+from conduit_core.schema.framestack import FrameStackCodec
+from conduit_core.buffer.migration import begin_migration
 
 from .helpers import SPEC, rollout
 

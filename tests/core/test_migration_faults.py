@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conduit_core import ExperienceBuffer, ShardSpec, StateError
-from conduit_core.migration import BackgroundMigration, begin_migration
+from conduit_core.buffer.migration import BackgroundMigration, begin_migration
 
 from .helpers import SPEC, rollout
 
@@ -63,7 +63,8 @@ def test_a_background_migrations_failed_dual_write_reaches_wait():
 def test_a_blocking_migration_that_fails_is_aborted_and_the_buffer_keeps_its_layout(monkeypatch):
     """Found by a review (session 24): ``migrate(background=False)`` left a failed migration attached
     (its new layout's shards, remote actors included, stayed up; the caller had no handle to abort)."""
-    from conduit_core import ExperienceDataPlane, migration
+    from conduit_core import ExperienceDataPlane
+    from conduit_core.buffer import migration
     edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=SPEC, capacity=20))
     try:
         edp.ingest(rollout(10))
@@ -89,7 +90,8 @@ def test_a_blocking_migration_that_fails_is_aborted_and_the_buffer_keeps_its_lay
 def test_a_failure_after_the_swap_does_not_abort_the_layout_in_use(monkeypatch):
     """Found by a review (session 24): the abort above also ran for a failure after the swap (the old
     layout's close raising), closing the new layout, which the buffer then used."""
-    from conduit_core import ExperienceDataPlane, migration
+    from conduit_core import ExperienceDataPlane
+    from conduit_core.buffer import migration
     edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=SPEC, capacity=20))
     try:
         edp.ingest(rollout(10))

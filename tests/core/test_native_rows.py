@@ -1,4 +1,4 @@
-"""The insert path in C (``conduit_core/_rows.c``) against the Python route it shortcuts.
+"""The insert path in C (``conduit_core/_native/_rows.c``) against the Python route it shortcuts.
 
 Each C function either does exactly what the Python route does or declines (None / False) and
 leaves the job to it: checked here on the same inputs, valid and broken, by Hypothesis, and end
@@ -10,15 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import conduit_core.ring as ring_mod
-import conduit_core.row_draw as row_draw_mod
-import conduit_core.spec as spec_mod
-import conduit_core.storage as storage_mod
+import conduit_core.buffer.ring as ring_mod
+import conduit_core.buffer.row_draw as row_draw_mod
+import conduit_core.schema.spec as spec_mod
+import conduit_core.storage.columnar as storage_mod
 from conduit_core import ExperienceBuffer, ExperienceSpec, FieldSpec, Uniform
 from conduit_core.errors import SpecError
-from conduit_core.ring import write_meta_rows
+from conduit_core.buffer.ring import write_meta_rows
 
-native = pytest.importorskip("conduit_core._rows", reason="the C helpers were not built (python setup.py build_ext --inplace)")
+native = pytest.importorskip("conduit_core._native._rows", reason="the C helpers were not built (python setup.py build_ext --inplace)")
 
 SPEC = ExperienceSpec([FieldSpec("obs", (3,), torch.float32), FieldSpec("action", (), torch.int64),
                        FieldSpec("reward", (), torch.float32), FieldSpec("img", (2, 2), torch.uint8),

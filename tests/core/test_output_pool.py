@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conduit_core import ExperienceDataPlane, Schedule
-from conduit_core.output_pool import OutputPool
+from conduit_core.memory.output_pool import OutputPool
 
 from .test_prioritized_step import filled
 
@@ -58,7 +58,7 @@ def test_a_refused_sample_uses_up_no_pooled_weights():
     refuses must not shorten the validity of the batch the learner holds."""
     from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized
     from conduit_core.errors import RateLimitError
-    from conduit_core.rate_limiter import RateLimiter
+    from conduit_core.selection.rate_limiter import RateLimiter
     buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,)), capacity=64,
                            selector=Prioritized(alpha=0.6, beta=0.4), reuse_outputs=2, seed=0,
                            rate_limiter=RateLimiter(min_size=8, samples_per_insert=1.0, tolerance=4.0,
@@ -109,8 +109,8 @@ def test_weights_are_fresh_where_the_columns_are():
     """Storage that does not fill the pool's arrays (two shards) returns fresh columns; the
     batch's weights are fresh then too (the pool's rule is one method, ``gathers_pooled``)."""
     from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized
-    from conduit_core.shards import ShardSpec
-    from conduit_core.tiers import Tier
+    from conduit_core.storage.shards import ShardSpec
+    from conduit_core.memory.tiers import Tier
     buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,)), capacity=64,
                            selector=Prioritized(alpha=0.6, beta=0.4), reuse_outputs=1, seed=0,
                            shards=[ShardSpec(Tier.PAGEABLE, 32), ShardSpec(Tier.PAGEABLE, 32)])

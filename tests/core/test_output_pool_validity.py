@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conduit_core import ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Prioritized, Schedule, Uniform
-from conduit_core.output_pool import OutputPool
+from conduit_core.memory.output_pool import OutputPool
 
 
 def rows(n, rng, ep_len=None):
@@ -151,8 +151,8 @@ def test_evicts_between_deliveries_let_the_worker_overwrite_the_held_batch():
 
 
 def test_prepared_replay_refreshes_overwrite_the_held_batch():
-    from conduit_core.prepared_replay import PreparedReplay
-    from conduit_core.prepared_deliveries import DeliveryRequest
+    from conduit_core.plane.prepared_replay import PreparedReplay
+    from conduit_core.plane.prepared_deliveries import DeliveryRequest
     buf = make(reuse=2, capacity=1024, n=200)
     lock = threading.Lock()
     pr = PreparedReplay(buffer=buf, schedule=Schedule.overlapped(depth=2), lock=lock)

@@ -12,10 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conduit_core import CapacityError, page_commit
-from conduit_core.framestack import FramePool
-from conduit_core.page_commit import CommitAhead, next_commit_range
-from conduit_core.tiers import lazy_huge_map
+from conduit_core import CapacityError
+from conduit_core.memory import page_commit
+from conduit_core.schema.framestack import FramePool
+from conduit_core.memory.page_commit import CommitAhead, next_commit_range
+from conduit_core.memory.tiers import lazy_huge_map
 
 
 def populate_supported() -> bool:
@@ -328,7 +329,7 @@ def test_a_restore_below_a_pending_refusal_keeps_it(monkeypatch):
 def test_a_fork_during_a_populate_leaves_the_child_a_mapping_it_can_close():
     """Found in review: the populate held an export of the mapping while the GIL was let go, so
     a child forked meanwhile inherited an export nothing there releases and could never unmap it."""
-    from conduit_core.tiers import LazyHostSegment
+    from conduit_core.memory.tiers import LazyHostSegment
     seg = LazyHostSegment((128 << 20,), torch.uint8)
     committer = CommitAhead(seg._mm, 128 << 20, name="fork", ahead=256 << 20, chunk=128 << 20)
     try:

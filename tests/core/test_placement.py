@@ -7,10 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conduit_core import CapacityError, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, ShardSpec
-from conduit_core.migration import begin_migration
-from conduit_core.placement import (BASELINES, Workload, best_access, conservative_plan, fixed_plan, greedy_plan, plan,
+from conduit_core.buffer.migration import begin_migration
+from conduit_core.planning.placement import (BASELINES, Workload, best_access, conservative_plan, fixed_plan, greedy_plan, plan,
                                      shard_specs)
-from conduit_core.topology import Link, TierInfo, Topology, a100_nvlink_8, mi250x_8, probe
+from conduit_core.planning.topology import Link, TierInfo, Topology, a100_nvlink_8, mi250x_8, probe
 
 from .helpers import SPEC, rollout
 
@@ -177,7 +177,7 @@ def test_migration_loses_and_duplicates_nothing_under_concurrent_ingest_and_deli
 
 
 def test_chunks_are_sized_to_hold_the_lock_about_the_target():
-    from conduit_core.migration import next_chunk_rows
+    from conduit_core.buffer.migration import next_chunk_rows
     assert next_chunk_rows(1000, 0.004, target_s=0.002, most=10**6) == 500     # too slow: shrink at once
     assert next_chunk_rows(1000, 0.0001, target_s=0.002, most=10**6) == 2000   # fast: at most double
     assert next_chunk_rows(1000, 0.0, target_s=0.002, most=1500) == 1500       # capped

@@ -1,4 +1,4 @@
-"""Replay deliveries prepared ahead for a buffer written inline (conduit_core.prepared_replay).
+"""Replay deliveries prepared ahead for a buffer written inline (conduit_core.plane.prepared_replay).
 
 The invariant: with ``staleness=0`` and ``priority_lag=0``, what the learner gets is exactly what a
 sequential run gets on the same stores, gets and priority updates (same seqs, same weights, in the
@@ -15,13 +15,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conduit_core.buffer import ExperienceBuffer
+from conduit_core.buffer.experience_buffer import ExperienceBuffer
 from conduit_core.errors import ConfigError, WorkerError
-from conduit_core.prepared_deliveries import DeliveryRequest
-from conduit_core.prepared_replay import PreparedReplay
-from conduit_core.schedule import Schedule
-from conduit_core.selectors import Prioritized, Uniform
-from conduit_core.spec import ExperienceSpec, FieldSpec
+from conduit_core.plane.prepared_deliveries import DeliveryRequest
+from conduit_core.plane.prepared_replay import PreparedReplay
+from conduit_core.planning.schedule import Schedule
+from conduit_core.selection.selectors import Prioritized, Uniform
+from conduit_core.schema.spec import ExperienceSpec, FieldSpec
 
 B = 3
 

@@ -16,10 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import conduit_core.ring as ring_mod
+import conduit_core.buffer.ring as ring_mod
 from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized
 from conduit_core.errors import SpecError
-from conduit_core.tiers import LAZY_THRESHOLD, host_zeros
+from conduit_core.memory.tiers import LAZY_THRESHOLD, host_zeros
 
 
 def filled(seed: int = 0, capacity: int = 64, reuse: int = 2) -> ExperienceBuffer:
@@ -174,7 +174,7 @@ def test_weights_are_fresh_where_the_columns_are(kw):
 def test_fresh_gathers_equal_numpy_takes(seed, n, fields):
     """Fresh outputs (n-step windows and field subsets take them) from the one native pass equal
     a take per field, as without a compiler."""
-    import conduit_core.storage as storage_mod
+    import conduit_core.storage.columnar as storage_mod
     buf = filled(seed, reuse=0)
     slots = np.random.default_rng(seed).integers(0, buf.capacity, n)
     with buf.lock:

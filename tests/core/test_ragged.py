@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conduit_core import ConfigError
-from conduit_core.ragged import Column, KeyNotStored, RaggedStore, gather_segments
+from conduit_core.kv.ragged import Column, KeyNotStored, RaggedStore, gather_segments
 
 
 def tensor_column(rows: list[np.ndarray], scalar=False) -> Column:
@@ -22,7 +22,7 @@ def rows_of(col: Column, inner=(3,), dtype=np.float32) -> list[np.ndarray]:
 
 
 def test_segments_native_and_numpy_agree(monkeypatch):
-    from conduit_core import byte_segments as ragged   # where the C helper is bound
+    from conduit_core.kv import byte_segments as ragged   # where the C helper is bound
     src = np.random.default_rng(0).integers(0, 256, 1000, dtype=np.uint8)
     starts, lengths = np.array([5, 900, 0, 300]), np.array([10, 100, 0, 1])
     want = np.concatenate([src[s:s + n] for s, n in zip(starts, lengths)])
@@ -37,8 +37,8 @@ def test_segments_native_and_numpy_agree(monkeypatch):
 
 def test_copy_segments_native_and_numpy_agree(monkeypatch):
     """Rows of one source put at their places in an output (a get over several storage units)."""
-    from conduit_core import byte_segments
-    from conduit_core.ragged import copy_segments
+    from conduit_core.kv import byte_segments
+    from conduit_core.kv.ragged import copy_segments
     src = np.random.default_rng(1).integers(0, 256, 1000, dtype=np.uint8)
     src_starts, lengths, dst_starts = np.array([5, 900, 0, 300]), np.array([10, 100, 0, 1]), np.array([100, 0, 7, 110])
     want = np.zeros(200, np.uint8)

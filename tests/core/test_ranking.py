@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conduit_core.ranking import concordant_pairs, order_stability, pair_agreement, split_half
+from conduit_core.planning.ranking import concordant_pairs, order_stability, pair_agreement, split_half
 
 
 def test_pair_agreement_counts_strict_and_tied_pairs():

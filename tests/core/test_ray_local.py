@@ -8,7 +8,7 @@ ray = pytest.importorskip("ray")
 
 
 def test_init_local_starts_its_own_instance_unless_told_to_join(monkeypatch):
-    from conduit_core.ray_local import init_local
+    from conduit_core.remote.ray_local import init_local
     calls = []
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
     init_local(num_cpus=2)

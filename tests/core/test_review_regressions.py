@@ -6,7 +6,7 @@ import pytest
 
 from conduit_core import (ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, ExperienceTimeout, Prioritized,
                           RateLimiter, Schedule, StateError, Uniform, WorkerError)
-from conduit_core import episodes as episodes_mod
+from conduit_core.buffer import episodes as episodes_mod
 
 from .helpers import SPEC, rollout
 from .test_framestack import episode, fill, make
@@ -351,10 +351,10 @@ def test_a_replaced_shard_keeps_its_index():
     """Review: a replacement reported itself as shard 0, so its own loss wiped shard 0."""
     from unittest import mock
 
-    from conduit_core.remote import RemoteShard
-    from conduit_core.shards import ShardSpec
-    with mock.patch("conduit_core.remote.spawn", return_value=mock.MagicMock()), \
-            mock.patch("conduit_core.remote.wait_ready"), mock.patch("ray.get", return_value="node-id"), \
+    from conduit_core.remote.remote_shard import RemoteShard
+    from conduit_core.storage.shards import ShardSpec
+    with mock.patch("conduit_core.remote.remote_shard.spawn", return_value=mock.MagicMock()), \
+            mock.patch("conduit_core.remote.remote_shard.wait_ready"), mock.patch("ray.get", return_value="node-id"), \
             mock.patch("ray.kill"):
         shard = RemoteShard(SPEC, ShardSpec("remote", 10, node="n1"))
         shard.index = 3
@@ -468,8 +468,8 @@ def test_an_insert_that_fails_after_a_lost_shard_leaves_no_live_row_with_wrong_d
 def test_a_commit_that_fails_part_way_reports_what_it_did_and_releases_what_it_took(monkeypatch):
     """Found in review (session 16): a commit that raised at its k-th receipt lost its report and
     never released the staged rows of the receipts committed before it."""
-    from conduit_core import source_commit
-    from conduit_core.source_writer import Receipt
+    from conduit_core.source import source_commit
+    from conduit_core.source.source_writer import Receipt
 
     class Actor:
         def __init__(self):
@@ -540,7 +540,7 @@ def test_two_buffers_restored_from_one_state_do_not_take_each_others_receipts():
     so either committed the receipts of the other's writers. A receipt of a writer handed out
     before the save is still taken by each (once each: they continue the same past)."""
     from conduit_core import ConfigError
-    from conduit_core.source_writer import Receipt
+    from conduit_core.source.source_writer import Receipt
     a = ExperienceBuffer(spec=SPEC, capacity=8)
     state = a.state_dict()
     b1, b2 = ExperienceBuffer(spec=SPEC, capacity=8), ExperienceBuffer(spec=SPEC, capacity=8)
@@ -567,8 +567,8 @@ def test_abandon_never_takes_a_receipt_a_commit_in_another_thread_holds(monkeypa
     took r1 (only the receipt in hand was marked pending); the commit then reported r1 a duplicate
     and its rows were never stored."""
     import threading
-    from conduit_core import source_commit
-    from conduit_core.source_writer import Receipt
+    from conduit_core.source import source_commit
+    from conduit_core.source.source_writer import Receipt
 
     class Actor:
         class release:   # noqa: N801 - the actor method's shape: .options(...).remote(keys)

@@ -78,7 +78,7 @@ def test_uniform_draws_are_uniform_on_the_range(n):
     a chi-square test over 20 equal bins (p > 1e-4), for small and large ranges."""
     from scipy import stats
 
-    from conduit_core import selectors
+    from conduit_core.selection import selectors
     assert selectors._c_uniform_ints is not None
     x = selectors.uniform_ints(np.random.default_rng(n), n, 200_000)
     assert x.dtype == np.int64 and x.min() >= 0 and x.max() < n
@@ -99,7 +99,7 @@ def test_uniform_draws_are_uniform_on_the_range(n):
 def test_prioritized_draws_in_c_equal_the_numpy_route(stratified):
     """The prioritized draw takes its uniforms from the generator's bit generator inside C; it must
     give the slots and weights that Generator.random + select_weighted give for the same seed."""
-    from conduit_core._sumtree import select_weighted
+    from conduit_core._native._sumtree import select_weighted
 
     sel = Prioritized(alpha=0.6, beta=0.4, stratified=stratified)
     sel.bind(1000)

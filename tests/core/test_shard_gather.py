@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conduit_core import ExperienceBuffer, ExperienceSpec, FieldSpec, Prioritized, ShardSpec, register_shard_kind
-from conduit_core.local_shard import LocalShard
-from conduit_core.shard_gather import begin_stored_gather, host_rows
+from conduit_core.storage.local_shard import LocalShard
+from conduit_core.storage.shard_gather import begin_stored_gather, host_rows
 
 SPEC = ExperienceSpec([FieldSpec("obs", (3, 2), torch.float32), FieldSpec("action", (), torch.int64),
                        FieldSpec("reward", (), torch.float32), FieldSpec("terminated", (), torch.bool),

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conduit_core.errors import ConfigError
-from conduit_core.simulate import CLUSTERS, WORKLOADS, allreduce_s, experience_s, simulate
+from conduit_core.planning.simulate import CLUSTERS, WORKLOADS, allreduce_s, experience_s, simulate
 
 
 def by(points, layout, mode="sequential"):

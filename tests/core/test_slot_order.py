@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conduit_core import ConfigError, ExperienceBuffer, Prioritized, Uniform
-from conduit_core.delivery_operator import DeliveryOperator
-from conduit_core.prepared_deliveries import DeliveryRequest
+from conduit_core.plane.delivery_operator import DeliveryOperator
+from conduit_core.plane.prepared_deliveries import DeliveryRequest
 
 from .helpers import SPEC, rollout
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from conduit_core import ConfigError
-from conduit_core.source_commit import shard_runs
-from conduit_core.writer_placement import assign_sources
-from conduit_core.source_writer import TicketSet
+from conduit_core.source.source_commit import shard_runs
+from conduit_core.source.writer_placement import assign_sources
+from conduit_core.remote.staging_area import TicketSet
 
 
 def test_a_source_stages_on_its_own_node_and_the_rest_spread_evenly():

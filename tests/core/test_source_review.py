@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conduit_core import ConfigError, ExperienceBuffer, ExperienceSpec, FieldSpec, Fifo
-from conduit_core.source_writer import SourceWriter
+from conduit_core.source.source_writer import SourceWriter
 
 
 def spec():
@@ -50,7 +50,7 @@ def test_a_pull_that_fails_unexpectedly_answers_so_its_release_still_runs():
     pytest.importorskip("ray")
     from types import SimpleNamespace
 
-    from conduit_core.remote import RemoteShard, ShardActor
+    from conduit_core.remote.remote_shard import RemoteShard, ShardActor
 
     class Unreachable:   # a staging actor whose call fails in a way Ray does not wrap
         def options(self, **_):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conduit_core import AffineCodec, CodecError, ExperienceBuffer, ExperienceSpec, FieldSpec, SpecError
-from conduit_core.spec import ExperienceSpec as _ES
+from conduit_core.schema.spec import ExperienceSpec as _ES
 
 from .helpers import SPEC, rollout
 
@@ -109,7 +109,7 @@ def test_native_encode_equals_the_numpy_route_value_for_value(codec, seed, at, m
     last 255 % 32 by the scalar loop) accepts exactly what the numpy route accepts, stores the
     same bytes, and rejects at the same first index: grid values, near misses, out-of-range
     values, infinities, NaN and signed zeros, in the vector body and in the tail."""
-    from conduit_core import codecs as codecs_module
+    from conduit_core.schema import codecs as codecs_module
     rng = np.random.default_rng(seed)
     grid = codec._lut(torch.float32)
     x = grid[rng.integers(0, 256, (3, 17, 5))].copy()
@@ -140,7 +140,7 @@ def test_native_encode_equals_the_numpy_route_value_for_value(codec, seed, at, m
     else:
         assert err_native == err_numpy  # same index, same value, same message
     assert codec._native_ok()  # every codec above takes the C route here
-    from conduit_core import _affine
+    from conduit_core._native import _affine
     cpu_flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
     assert _affine.AVX2 == ("avx2" in cpu_flags)   # the vector loop is the one compared, where the CPU has it
 
@@ -151,7 +151,7 @@ def test_native_encode_equals_the_numpy_route_value_for_value(codec, seed, at, m
 def test_a_negative_zero_the_codec_would_give_back_as_positive_is_refused_by_every_route(codec, index, monkeypatch):
     """Found in review: the round-trip check compared with ==, and -0.0 == +0.0, so -0.0 was
     stored and came back as +0.0. The check is bit for bit on every route (C, numpy, torch)."""
-    from conduit_core import codecs as codecs_module
+    from conduit_core.schema import codecs as codecs_module
     x = np.zeros(41, np.float32)
     accepted = codec.encode("obs", x)                      # +0.0: on the grid, bit for bit
     assert np.array_equal(codec.decode(accepted, torch.float32).numpy().view(np.uint32), x.view(np.uint32))
@@ -171,7 +171,7 @@ def test_a_negative_zero_the_codec_would_give_back_as_positive_is_refused_by_eve
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_finite_scan_finds_every_kind_of_non_finite_value(dtype):
-    from conduit_core import spec as spec_module
+    from conduit_core.schema import spec as spec_module
     assert spec_module._c_all_finite is not None
     a = np.ones((101, 3), dtype)
     assert spec_module._c_all_finite(a)
@@ -192,7 +192,7 @@ def test_nonfinite_values_in_a_verified_codec_field_are_refused_by_the_codec(bad
     in its own pass (an Atari stack is read once, not twice): such a value is still refused with
     validate's error (the field, the value, its row, allow_nonfinite), and nothing is stored."""
     from conduit_core import ExperienceBuffer, ExperienceSpec
-    from conduit_core.framestack import FrameStackCodec
+    from conduit_core.schema.framestack import FrameStackCodec
     inner = AffineCodec.divide(128, offset=-1.0)
     codec = FrameStackCodec(k=4, axis=-1, inner=inner) if stacked else inner
     spec = ExperienceSpec.transition(obs_shape=(6, 6, 4), obs_codec=codec)
@@ -278,7 +278,7 @@ def _union_cases():
 def test_shifted_rows_union_native_and_python_agree(case):
     """``_rows.shifted_union`` (C) and its Python stand-in pair the same arrays and make the same
     read-only view of the n + 1 rows."""
-    from conduit_core import shifted_rows
+    from conduit_core.schema import shifted_rows
     name, a, b, paired = case
     b = a if b is None else b
     assert shifted_rows._union_if_shifted is not shifted_rows._union_if_shifted_py   # the C route is built here
@@ -294,7 +294,7 @@ def test_obs_and_next_obs_of_one_array_are_encoded_once_and_as_apart():
     """A framework's obs[:-1] / next_obs[1:] of one array: the spec finds the pair, encodes the
     n + 1 rows once, and stores what encoding each field apart stores; a value it refuses in the
     last row is named as next_obs's."""
-    from conduit_core import shifted_rows
+    from conduit_core.schema import shifted_rows
     codec = AffineCodec.divide(128, offset=-1.0)
     spec = ExperienceSpec.transition(obs_shape=(3, 4), obs_codec=codec)
     q = np.random.default_rng(1).integers(0, 256, (6, 3, 4), dtype=np.uint8)
@@ -334,7 +334,7 @@ def test_three_fields_each_the_next_shifted_are_all_stored_whatever_their_order(
     """w, x, y the rows [:-2], [1:-1], [2:] of one array (x is w shifted, y is x shifted), one
     row-wise codec: at most one pair is encoded together (no chains), and every field is stored
     as encoding it apart stores it."""
-    from conduit_core import shifted_rows
+    from conduit_core.schema import shifted_rows
     codec = AffineCodec.divide(128, offset=-1.0)
     spec = ExperienceSpec([FieldSpec(name, (3,), torch.float32, codec) for name in ("w", "x", "y")])
     q = np.random.default_rng(5).integers(0, 256, (7, 3), dtype=np.uint8)

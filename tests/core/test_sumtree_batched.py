@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-c = pytest.importorskip("conduit_core._sumtree", reason="the C helpers were not built (python setup.py build_ext --inplace)")
+c = pytest.importorskip("conduit_core._native._sumtree", reason="the C helpers were not built (python setup.py build_ext --inplace)")
 
 
 def min_positive(a: float, b: float) -> float:

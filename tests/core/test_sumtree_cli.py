@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from conduit_core.sumtree import HAVE_C, PriorityIndex
+from conduit_core.selection.sumtree import HAVE_C, PriorityIndex
 
 
 @pytest.mark.parametrize("use_c", [pytest.param(True, marks=pytest.mark.skipif(not HAVE_C, reason="C helper not built")),
@@ -81,7 +81,7 @@ def test_row_gather_benchmark_smoke(tmp_path):
     """The prefetch-distance benchmark runs end to end (tiny sizes), leaves the distance as it
     found it and writes its report; no timing asserted."""
     from conduit_benchmarks import bench_row_gather
-    from conduit_core import _rows
+    from conduit_core._native import _rows
     before = _rows.set_rows_ahead(8)
     _rows.set_rows_ahead(before)
     out = tmp_path / "g.json"

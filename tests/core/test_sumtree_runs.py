@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conduit_core.sumtree import HAVE_C, PriorityIndex, _c
+from conduit_core.selection.sumtree import HAVE_C, PriorityIndex, _c
 
 pytestmark = pytest.mark.skipif(not HAVE_C, reason="C helper not built")
 

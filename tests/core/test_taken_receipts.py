@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conduit_core.errors import StateError
-from conduit_core.source_commit import CommitLedger
-from conduit_core.taken_receipts import TakenReceipts
+from conduit_core.source.source_commit import CommitLedger
+from conduit_core.source.taken_receipts import TakenReceipts
 
 keys = st.lists(st.tuples(st.sampled_from(["w0", "w1", "w2"]), st.integers(0, 40)), max_size=120)
 

@@ -1,5 +1,5 @@
 """n-step windows over a storage the native walk cannot read directly (here: two host shards) are
-walked on rows fetched first in one gather (``conduit_core.walk_rows``): the same batches as one
+walked on rows fetched first in one gather (``conduit_core.buffer.walk_rows``): the same batches as one
 host shard's native walk, and no row read on its own.
 
 Found in session 32: the reference read each row's reward and done flags with one gather per
@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized, ShardSpec, Uniform
-from conduit_core.episodes import window_source
-from conduit_core.walk_rows import window_candidates
+from conduit_core.buffer.episodes import window_source
+from conduit_core.buffer.walk_rows import window_candidates
 
 SPEC = ExperienceSpec.transition(obs_shape=(2,))
 
@@ -151,7 +151,7 @@ def test_the_candidates_are_each_tries_start_and_its_linked_successors():
 def test_scratch_views_hold_only_the_rows_of_the_walk_and_a_failed_walk_leaves_none():
     """Outside the rows filled in, a NaN reward and both done flags set; ``clear`` restores that,
     and a walk that fails leaves nothing behind (``EpisodeWalk.walk_prefetched``'s finally)."""
-    from conduit_core.walk_rows import ScratchWalkViews
+    from conduit_core.buffer.walk_rows import ScratchWalkViews
     buf = ExperienceBuffer(spec=SPEC, capacity=40, seed=0,
                            shards=[ShardSpec("pageable", 20), ShardSpec("pageable", 20)])
     try:
@@ -168,7 +168,7 @@ def test_scratch_views_hold_only_the_rows_of_the_walk_and_a_failed_walk_leaves_n
         scratch.clear(rows)
         assert np.isnan(reward).all() and (term == 1).all() and (trunc == 1).all()
 
-        from conduit_core import episodes as episodes_mod
+        from conduit_core.buffer import episodes as episodes_mod
         native = episodes_mod._c_sample_windows
 
         def walk_fails(*args):   # the walk fails once its rows are written in

@@ -101,8 +101,8 @@ def test_data_plane_migrates_onto_the_remote_node_while_serving(cluster):
 
 
 def test_replan_carries_out_a_plan_with_a_remote_node(cluster):
-    from conduit_core.placement import Workload, plan
-    from conduit_core.topology import Link, TierInfo, Topology
+    from conduit_core.planning.placement import Workload, plan
+    from conduit_core.planning.topology import Link, TierInfo, Topology
     topo = Topology("two-nodes", (TierInfo("host", "pageable", 10_000 * SPEC.stored_bytes_per_transition),
                                   TierInfo("conduit_node1", "remote", 10**9)),
                     (Link("host", "host", 10.0, 1.0), Link("conduit_node1", "host", 1.0, 200.0),
@@ -120,7 +120,7 @@ def test_replan_carries_out_a_plan_with_a_remote_node(cluster):
 
 
 def test_probe_remote_measures_the_node_as_a_tier(cluster):
-    from conduit_core.topology import probe_remote
+    from conduit_core.planning.topology import probe_remote
     tier, links = probe_remote("conduit_node1", nbytes=1 << 20, reps=3)
     assert tier.name == "conduit_node1" and tier.kind == "remote" and tier.capacity_bytes > 0
     assert {(l.src, l.dst) for l in links} == {("host", "conduit_node1"), ("conduit_node1", "host")}
@@ -128,8 +128,8 @@ def test_probe_remote_measures_the_node_as_a_tier(cluster):
 
 
 def test_a_probed_node_joins_the_topology_and_the_planner_spills_onto_it(cluster):
-    from conduit_core.placement import Workload, plan
-    from conduit_core.topology import Link, TierInfo, Topology, with_remote_nodes
+    from conduit_core.planning.placement import Workload, plan
+    from conduit_core.planning.topology import Link, TierInfo, Topology, with_remote_nodes
     host = Topology("budgeted", (TierInfo("host", "pageable", 10**6),), (Link("host", "host", 10.0, 1.0),), cores=2)
     topo = with_remote_nodes(host, ["conduit_node1"], nbytes=1 << 20, reps=3)
     assert [t.name for t in topo.tiers] == ["host", "conduit_node1"] and "conduit_node1" in topo.notes[-1]
@@ -140,7 +140,7 @@ def test_a_probed_node_joins_the_topology_and_the_planner_spills_onto_it(cluster
 
 def test_a_shard_on_a_node_nobody_advertises_fails_with_the_resource_named(cluster):
     from conduit_core import StateError
-    from conduit_core.remote import spawn, wait_ready
+    from conduit_core.remote.remote_shard import spawn, wait_ready
     actor = spawn(SPEC.to_config(), 10, "no_such_node")
     try:
         with pytest.raises(StateError, match="no_such_node"):
@@ -151,7 +151,7 @@ def test_a_shard_on_a_node_nobody_advertises_fails_with_the_resource_named(clust
 
 def test_probe_remote_needs_ray(monkeypatch):
     from conduit_core import ConfigError
-    from conduit_core.topology import probe_remote
+    from conduit_core.planning.topology import probe_remote
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with pytest.raises(ConfigError, match="probe_remote"):
         probe_remote("conduit_node1")
@@ -159,7 +159,7 @@ def test_probe_remote_needs_ray(monkeypatch):
 
 def test_a_wide_gather_comes_back_in_pieces_and_reassembles(cluster):
     from conduit_core import ExperienceSpec
-    from conduit_core.remote import INLINE_BYTES, join_reply, reply_layout, reply_pieces
+    from conduit_core.remote.wire import INLINE_BYTES, join_reply, reply_layout, reply_pieces
     spec = ExperienceSpec.transition(obs_shape=(256,))            # 1 KB obs: 300 rows = 300 KB, 4 pieces
     assert len(reply_pieces(300, spec["obs"].stored_bytes)) == 4
     assert reply_pieces(10, 8) == [(0, 10)] and reply_pieces(10**5, 1024) == [(0, 10**5)]  # small / huge: whole

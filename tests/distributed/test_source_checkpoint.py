@@ -16,7 +16,7 @@ from ..core.helpers import SPEC, rollout  # noqa: E402
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from conduit_core.ray_local import init_local
+    from conduit_core.remote.ray_local import init_local
     init_local(num_cpus=2, object_store_memory=96 << 20, log_to_driver=False, configure_logging=False,
                ignore_reinit_error=True)
     yield

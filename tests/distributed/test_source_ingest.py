@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 hypothesis = pytest.importorskip("hypothesis")
 
 from conduit_core import ExperienceBuffer, Fifo, ShardSpec, SpecError  # noqa: E402
-from conduit_core.source_commit import committed_seqs  # noqa: E402
+from conduit_core.source.source_commit import committed_seqs  # noqa: E402
 
 from ..core.helpers import SPEC, rollout  # noqa: E402
 

@@ -12,7 +12,7 @@ pytest.importorskip("cv2", reason="RLlib's Atari wrappers need opencv-python-hea
 def test_qbert_episodes_round_trip_bit_exact_with_frames_stored_once(ray_session):
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-    from conduit_core.framestack import FrameStackCodec
+    from conduit_core.schema.framestack import FrameStackCodec
     from conduit_rllib.atari import make_atari_env
     from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
 

@@ -57,7 +57,7 @@ def ray_session():
     """One Ray session for the module, with two node resources: two remote shards on this node."""
     import ray
 
-    from conduit_core.ray_local import init_local
+    from conduit_core.remote.ray_local import init_local
     init_local(num_cpus=2, resources={"gap_a": 1, "gap_b": 1}, object_store_memory=128 << 20, log_to_driver=False,
                configure_logging=False)
     yield

@@ -49,7 +49,7 @@ def test_overlapped_schedule_trains(ray_session):
 
 
 def test_auto_schedule_settles_calibrates_and_switches_without_loss(ray_session):
-    from conduit_core.tuner import current_placement, schedule_for
+    from conduit_core.planning.tuner import current_placement, schedule_for
     algo = small_dqn(mode="auto", autotune_settle=(5, 30), autotune_steps_per_phase=5).build_algo()
     try:
         buf = algo.local_replay_buffer

@@ -10,7 +10,7 @@ from ray.rllib.utils.metrics import TD_ERROR_KEY
 
 import conduit_rllib
 from conduit_core import ConfigError
-from conduit_core.batch import Batch
+from conduit_core.schema.batch import Batch
 from conduit_rllib import workloads
 from conduit_rllib.learner import FIRST_SEQ_KEY
 from conduit_rllib.replay_buffer import DeliveredBatch

@@ -6,7 +6,7 @@ statistics (the measurement's own top-8 reproducibility among them)."""
 import json
 import statistics
 
-from conduit_core.costmodel import enumerate_configs
+from conduit_core.planning.costmodel import enumerate_configs
 
 
 def test_tune_rllib_dqn_reports_every_configuration(ray_session, tmp_path, capsys):

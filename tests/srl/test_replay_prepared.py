@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conduit_core.costmodel import OperatorCost, Profile
+from conduit_core.planning.costmodel import OperatorCost, Profile
 from conduit_core.errors import ConfigError, WorkerError
-from conduit_core.schedule import Schedule
+from conduit_core.planning.schedule import Schedule
 
 T, B = 4, 3
 

@@ -52,7 +52,7 @@ def test_a_later_sample_whose_values_the_first_samples_dtype_would_change_is_ref
     floats it holds without overflow are still taken (as before); others are refused naming the field. (``conform`` is what the queue
     kinds' put runs on each sample; the put itself needs SRL's samples: tests/srl_venv.)"""
     from conduit_core.errors import SpecError
-    from conduit_core.sample_layout import conform, layout_of
+    from conduit_core.queues.sample_layout import conform, layout_of
     first = {"obs": np.zeros((2, 3), np.float32), "version": np.zeros(2, np.int32)}
     layout = layout_of(first)
     ok = conform({"obs": np.ones((2, 3), np.float64), "version": np.array([1, 2], np.int64)}, layout)

@@ -14,7 +14,7 @@ from scipy import stats
 
 import conduit_srl
 from conduit_srl.buffers import ConduitQueueBuffer, ConduitReplayBuffer, make_buffer
-from conduit_core.schedule import Schedule
+from conduit_core.planning.schedule import Schedule
 from rlsrl.api.trainer import SampleBatch
 from rlsrl.base import buffer as srl_buffer
 from rlsrl.base import namedarray

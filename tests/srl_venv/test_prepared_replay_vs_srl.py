@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conduit_core.schedule import Schedule
+from conduit_core.planning.schedule import Schedule
 from conduit_srl.buffers import make_buffer
 from rlsrl.base import buffer as srl_buffer
 

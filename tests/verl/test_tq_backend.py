@@ -217,7 +217,7 @@ def test_a_checkpoint_with_a_bad_unit_file_loads_nothing(tmp_path):
 def test_undoing_a_put_gives_back_exactly_what_it_changed():
     """put_undo/restore_put on one store: new rows, new fields on stored rows and real
     overwrites all return to the state before the put (compared through the store's state)."""
-    from conduit_core.ragged import RaggedStore
+    from conduit_core.kv.ragged import RaggedStore
     from conduit_verl.put_undo import put_undo, restore_put
     store = RaggedStore(slots=4)
     enc = tq_backend.encode

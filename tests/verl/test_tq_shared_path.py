@@ -20,8 +20,8 @@ pytest.importorskip("transfer_queue", reason="needs verl[verl-core] (TransferQue
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from conduit_core import shared_arena  # noqa: E402
-from conduit_core.ragged import Column  # noqa: E402
+from conduit_core.kv import shared_arena  # noqa: E402
+from conduit_core.kv.ragged import Column  # noqa: E402
 from conduit_verl.tq_shared_path import sizes_only  # noqa: E402
 from conduit_verl.tq_unit import StorageUnit  # noqa: E402
 
@@ -147,7 +147,7 @@ def test_readers_racing_puts_clears_and_compactions_never_see_another_rows_bytes
     must be one row's own bytes, whole."""
     import threading
 
-    from conduit_core.ragged import copy_segments
+    from conduit_core.kv.ragged import copy_segments
     unit = StorageUnit(slots=4, shm_prefix=f"cdtrace{os.getpid()}")
     calls = threading.Lock()
     writer_maps, reader_maps = shared_arena.SegmentMaps(), shared_arena.SegmentMaps()

@@ -97,7 +97,7 @@ def transferqueue():
     if ray.is_initialized():  # a session another module left behind has the wrong CPU count
         ray.shutdown()
     # TransferQueue's controller and storage actors each take a CPU: 2 would deadlock here
-    from conduit_core.ray_local import init_local
+    from conduit_core.remote.ray_local import init_local
     init_local(num_cpus=4, object_store_memory=256 << 20, log_to_driver=False)
     tq.init()
     yield tq

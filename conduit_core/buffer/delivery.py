@@ -1,0 +1,327 @@
+"""The buffer's delivery side: draw a batch (replay), a batch of sequences, or consume the
+oldest rows (FIFO), and gather them decoded on the learner's device.
+
+Each function takes the buffer and uses only its public parts (its lock, ring, storage,
+selector, episode walk, RNG, counters and ``gather``); ``ExperienceBuffer``'s methods of
+the same names are the documented entry points. Arguments are checked before anything is
+drawn (``sampling_args``); a lost remote shard during a draw is recovered and the draw runs
+again (``shard_loss``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import CapacityError, ConfigError, ExperienceTimeout, RowsNotStored, SpecError
+from ..schema.batch import Batch
+from ..selection.rate_gate import wait_to_sample, wait_until
+from .sampling_args import check_batch_size, check_fields, check_length
+from .selection import select_slots
+
+
+@dataclass
+class DeliveryCounts:
+    """What left the buffer: rate limits and state dicts read these."""
+
+    sampled: int = 0         # items ever delivered by sample()/take()
+    dropped_stale: int = 0   # FIFO: items dropped for being from an older policy version
+    lost: int = 0            # FIFO: queued items lost with a shard (never to be taken; see shard_loss)
+
+
+def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
+           n_step: int | tuple[int, int] | None = None, gamma: float = 0.99,
+           beta: float | None = None, timeout: float | None = None,
+           fields: Sequence[str] | None = None, episode_end: str = "shorten", in_slot_order: bool = False) -> Batch:
+    """Select ``batch_size`` items (uniform or prioritized) and gather them, decoded,
+    on ``device``. With ``n_step`` (an int, or ``(lo, hi)`` drawn per item from
+    ``[lo, hi)`` as RLlib does), ``reward`` is the discounted n-step return within the
+    episode and ``next_obs``/done fields come from the last step; ``n_step`` is added
+    (the window's true length, for the gamma^n_step bootstrap).
+
+    ``episode_end`` decides what happens to a window that would run past its episode's
+    stored end (the episode ended, or its next steps are not stored yet). 'shorten'
+    delivers the shorter window (RLlib's uniform ``EpisodeReplayBuffer`` draws these);
+    'redraw' draws the item and its n again, so every delivered window has its full n
+    (RLlib's ``PrioritizedEpisodeReplayBuffer``). The two are different distributions
+    over the same data, and they change how fast DQN learns: pick the framework's.
+
+    ``in_slot_order`` (1-step draws): the batch's items sorted by ring slot, stably (an item
+    drawn twice keeps its draws' order), weights with them; the draw itself is the same. For a
+    framework that hands its batches out so (SRL sorts its gather indices): the gather reads
+    the ring in order and the adapter need not permute the batch after it."""
+    if n_step is None and device is None and fields is None and not in_slot_order and buf.pooled_rows is not None:
+        batch = buf.pooled_rows.sample(batch_size, gamma, beta, episode_end)   # (row_draw.py: the same batch)
+        if batch is not None:
+            return batch
+    if buf.selector.consumes:
+        raise ConfigError("selector", "uniform or prioritized for sample()", "fifo",
+                          "use take() to consume FIFO (on-policy) data")
+    if isinstance(n_step, list):
+        n_step = tuple(n_step)
+    buf.sampling_checks.check(buf, batch_size, n_step, gamma, beta, episode_end, fields)
+    if in_slot_order and n_step is not None:
+        raise ConfigError("in_slot_order", "1-step draws (n_step=None)", f"n_step={n_step!r}",
+                          "sample n-step windows in draw order (in_slot_order=False)")
+    ring, cond = buf.ring, buf.lock
+    # the columns come from the output pool for a plain 1-step gather of every field on the host
+    # and for host windows drawn with the redraw rule (window_outputs); the others are fresh
+    with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
+        if buf.closed:
+            buf.check_open()
+        size, limiter = ring.stored_count(), buf.rate_limiter   # (buf.size for a selector that does not consume)
+        if limiter.samples_per_insert is not None or size < limiter.min_size:   # (else wait_to_sample returns size)
+            size = wait_to_sample(buf, batch_size, timeout)
+        pooled = n_step is None and buf.gathers_pooled(fields, device)
+        weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.fills_weights_out else None
+        if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
+            slots, weights, data, redraws = buf.run_storage(
+                lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, buf.size,
+                              weights_out, in_slot_order),
+                then=lambda: wait_to_sample(buf, batch_size, timeout))
+        else:
+            slots, weights, data, redraws = _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size,
+                                         weights_out, in_slot_order)
+        buf.counts.sampled += batch_size
+        if cond.waiters:
+            cond.notify_all()
+        seqs, versions, sources = ring.gather_meta(slots)
+        if weights_out is not None and weights is weights_out[0]:   # written in place: hand the entry out
+            buf.took_pooled_weights(batch_size)
+            weights = weights_out[1]
+        elif weights is not None and type(weights) is not torch.Tensor:   # (a pooled window batch's is one)
+            weights = buf.weights_tensor(weights, device)
+        batch = Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
+                      inserted_at_selection=ring.inserted, sources=sources, redraws=redraws)
+        if buf.output_pool is not None:
+            buf.output_pool.bind(batch)
+        return batch
+
+
+def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size, weights_out=None,
+          in_slot_order=False):
+    """One draw of ``sample`` (the lock held; ``size`` items stored): (slots, importance weights
+    or None, columns, items redrawn). A plain draw's weights go into ``weights_out`` (array, tensor) if given."""
+    ring, walk, selector = buf.ring, buf.walk, buf.selector
+    if n_step is None:
+        slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta,
+                                      None if weights_out is None else weights_out[0])
+        if in_slot_order and slots.size > 1 and not bool((slots[1:] >= slots[:-1]).all()):
+            order = np.argsort(slots, kind="stable")
+            slots = slots[order]
+            if weights is not None:
+                weights[:] = weights[order]   # (in place: a pooled weights array stays the one handed out)
+        return slots, weights, buf.gather(slots, device, fields), 0
+    if episode_end == "redraw":
+        pooled = buf.window_outputs(batch_size, fields, device)   # (steps and weights written in place)
+        slots, weights, ret, last, steps, redraws = walk.sample_windows(
+            ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True,
+            out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]), stored=size)
+        data = walk.window_columns(buf.storage.gather_each, slots, ret, last, steps, device, fields,
+                                   take=buf.storage.take_fresh, pooled=pooled)
+        if pooled is not None:   # drawn: the entry goes out with the batch
+            pooled[3]()
+            if weights is not None:
+                weights = pooled[1].weights_tensor()
+        return slots, weights, data, redraws
+    slots, weights = select_slots(ring, selector, buf.rng, batch_size, size, beta)
+    return slots, weights, walk.n_step_columns(ring, buf.storage, buf.rng, slots, n_step, gamma, device,
+                                               fields), 0
+
+
+def sample_sequences(buf, batch_size: int, length: int, *, device=None, timeout: float | None = None) -> Batch:
+    """``batch_size`` sequences of ``length`` consecutive steps of one episode each,
+    shaped ``[B, T, ...]``, with a boolean ``mask`` [B, T] that is False after the
+    episode ends (those steps repeat the last real step and must be ignored).
+    Starts are chosen by the selector."""
+    check_length(length, buf.capacity)
+    if buf.selector.consumes:
+        raise ConfigError("selector", "uniform or prioritized for sample_sequences()", "fifo",
+                          "use take() for FIFO data")
+    check_batch_size(batch_size, buf.row_bytes)
+    ring = buf.ring
+    with buf.lock:
+        buf.check_open()
+        wait_to_sample(buf, batch_size, timeout)
+
+        def draw():
+            starts, weights = select_slots(ring, buf.selector, buf.rng, batch_size, buf.size, None)
+            grid, mask = buf.walk.sequence_grid(ring, starts, length)
+            return starts, weights, mask, buf.gather(grid, device)
+        starts, weights, mask, data = buf.run_storage(draw, then=lambda: wait_to_sample(buf, batch_size, timeout))
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        data["mask"] = torch.from_numpy(mask).to(dev)
+        buf.counts.sampled += batch_size
+        buf.lock.notify_all()
+        batch = Batch(data, slots=starts, seqs=ring.meta["seq"][starts], versions=ring.meta["version"][starts],
+                      weights=None if weights is None else torch.from_numpy(weights).to(dev),
+                      inserted_at_selection=ring.inserted)
+        if buf.output_pool is not None:
+            buf.output_pool.bind(batch)
+        return batch
+
+
+def take(buf, batch_size: int | None = None, *, policy_version: int | None = None,
+         device=None, timeout: float | None = None, wait: bool = True) -> Batch:
+    """Consume the oldest unconsumed items, each exactly once (FIFO selector only).
+
+    With ``policy_version``, items from older versions are dropped (counted in
+    ``dropped_stale``), never delivered; an item from a *newer* version is a caller
+    error. ``batch_size=None`` takes everything available now."""
+    if not buf.selector.consumes:
+        raise ConfigError("selector", "Fifo() for take()", buf.selector.name,
+                          "build the buffer with selector=Fifo() for on-policy data")
+    ring = buf.ring
+
+    def drop_stale() -> None:
+        if policy_version is not None:
+            buf.counts.dropped_stale += ring.drop_stale_prefix(policy_version)
+
+    def enough() -> bool:
+        drop_stale()
+        return ring.queued(policy_version) >= batch_size
+
+    def wait_for_rows() -> None:
+        """Until ``batch_size`` rows of the version are queued (again, after a lost shard)."""
+        if batch_size is None:
+            drop_stale()
+            return
+        if enough():
+            return
+        gaps = ring.inserted - ring.head - ring.queued()
+        if gaps and ring.inserted - ring.head >= buf.capacity:   # full of queued rows and gaps: no insert can come
+            raise ExperienceTimeout(
+                f"take: expected {batch_size} items of policy version {policy_version}, "
+                f"{ring.queued(policy_version)} are queued and no more can be: a lost shard's rows hold "
+                f"{gaps} slots until the rows before them are taken. Fix: "
+                "take what is there (batch_size=None), then go on.")
+        if not wait:
+            raise ExperienceTimeout(
+                f"take: expected {batch_size} items of policy version {policy_version}, "
+                f"{ring.queued(policy_version)} are available. Fix: flush the "
+                "producers first, or take batch_size=None for what is there.")
+        wait_until(buf.lock, enough, limiter=buf.rate_limiter, timeout=timeout,
+                   why=f"{ring.queued(policy_version)} of {batch_size} items of version {policy_version} "
+                       "available", kind="take", check_open=buf.check_open)
+
+    def draw():
+        k = ring.queued(policy_version) if batch_size is None else batch_size
+        seqs = ring.queued_seqs(k)
+        slots = seqs % buf.capacity
+        data = buf.gather(slots, device) if k else {f.name: torch.empty((0, *f.shape), dtype=f.dtype)
+                                                     for f in buf.spec}
+        return k, seqs, slots, data
+    with buf.lock:
+        buf.check_open()
+        if batch_size is not None:
+            check_batch_size(batch_size, buf.row_bytes)
+            if batch_size > buf.capacity:
+                raise CapacityError(f"batch_size: expected at most capacity={buf.capacity}, got "
+                                    f"{batch_size}. Fix: raise capacity or take smaller batches.")
+        wait_for_rows()
+        k, seqs, slots, data = buf.run_storage(draw, then=wait_for_rows)   # a lost shard's rows are passed over
+        versions = ring.meta["version"][slots].copy()
+        if k:
+            ring.consume_through(int(seqs[-1]))
+        buf.counts.sampled += k
+        buf.lock.notify_all()
+        batch = Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=ring.inserted)
+        if buf.output_pool is not None:
+            buf.output_pool.bind(batch)
+        return batch
+
+
+def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None,
+                      abs_floor: float | None = None) -> int:
+    """Set new priorities for delivered items. With ``seqs`` (from the Batch), items
+    overwritten since they were delivered are skipped. ``abs_floor``: priorities given as
+    TD errors, each stored as ``max(|p|, abs_floor)`` (RLlib floors at 1e-12). Returns how
+    many were updated."""
+    if abs_floor is not None and not (type(abs_floor) is float and 0.0 <= abs_floor < math.inf) and (
+            isinstance(abs_floor, (bool, np.bool_)) or not isinstance(abs_floor, (int, float, np.integer, np.floating))
+            or not 0.0 <= abs_floor < math.inf):
+        raise ConfigError("abs_floor", "None or a finite number >= 0", repr(abs_floor),
+                          "e.g. abs_floor=1e-12 for |TD error| priorities, or None to store them as given")
+    if seqs is not None and type(slots) is np.ndarray and type(seqs) is np.ndarray \
+            and type(priorities) is np.ndarray:   # a delivered batch's own arrays: one native call
+        with buf.lock.mutex:
+            if buf.closed:
+                buf.check_open()
+            stored_seqs = buf.ring.meta["seq"]
+            if abs_floor is None:
+                done = buf.selector.update_delivered(slots, seqs, priorities, stored_seqs)
+            else:
+                try:
+                    done = buf.selector.update_delivered(slots, seqs, priorities, stored_seqs,
+                                                         abs_floor=float(abs_floor))
+                except TypeError:   # a selector written before abs_floor: the route below floors
+                    done = None
+        if done is not None:
+            return done   # else: not int64/float64, not flat, or refused; the route below converts or names it
+    slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+    pr = priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
+    pr = pr.reshape(-1)
+    if abs_floor is not None:
+        pr = np.maximum(np.abs(pr.astype(np.float64)), float(abs_floor))
+    if pr.shape[0] != slots.shape[0]:
+        raise SpecError("priorities", f"{slots.shape[0]} values (one per delivered item)", pr.shape[0],
+                        "pass one priority per row of the batch")
+    with buf.lock.mutex:
+        buf.check_open()
+        if seqs is not None:   # the usual case, one native step where the selector has one
+            done = buf.selector.update_delivered(np.ascontiguousarray(slots),
+                                                 np.ascontiguousarray(seqs, dtype=np.int64).reshape(-1),
+                                                 np.ascontiguousarray(pr, dtype=np.float64), buf.meta["seq"])
+            if done is not None:
+                return done
+        if slots.size and (slots.min() < 0 or slots.max() >= buf.capacity):
+            bad = int(slots[(slots < 0) | (slots >= buf.capacity)][0])
+            raise SpecError("slots", f"ring slots in [0, {buf.capacity})", bad,
+                            "pass the slots of a delivered Batch (batch.slots) with batch.seqs")
+        stored = buf.meta["seq"][slots]
+        if seqs is not None:
+            keep = stored == np.asarray(seqs).reshape(-1)
+            if not keep.all():  # rows overwritten since delivery: skipped
+                slots, pr = slots[keep], pr[keep]
+        elif slots.size and not (live := buf.ring.live(slots, stored)).all():
+            bad = int(slots[~live][0])
+            raise SpecError("slots", "slots that hold a stored row", f"slot {bad} (empty or evicted)",
+                            "pass the slots of a delivered Batch, with its seqs so rows overwritten since "
+                            "are skipped")
+        buf.selector.update_priorities(slots, pr)
+        return int(slots.shape[0])
+
+
+def read(buf, seqs, *, fields: Sequence[str] | None = None,
+         device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """Stored rows by their seq, decoded: each field shaped ``seqs.shape + field shape``.
+
+    For an adapter that rebuilds its framework's own objects around rows it already
+    knows (RLlib's episode slices, with their lookback): no selection, no RNG draw,
+    nothing counted as sampled. A seq that is not stored (never written, overwritten by
+    the ring, evicted, or on a lost shard) is an error naming it; nothing is read then.
+    A remote shard found lost by the read is recovered (``ExperienceBuffer.losses``) and the
+    read checked again: its rows asked for are then not stored (``RowsNotStored``)."""
+    seqs = np.asarray(seqs, dtype=np.int64)
+    flat = seqs.reshape(-1)
+    check_fields(buf.spec, fields)
+    target = None if device is None else torch.device(device)
+
+    def checked_gather():   # again after a recovery: the lost shard's rows left the ring
+        live = buf.ring.stored(flat)
+        if not live.all():
+            bad = int(flat[np.argmin(live)])
+            raise RowsNotStored(f"read: seq {bad} is not stored (stored seqs are in [{buf.ring.lo()}, "
+                                f"{buf.ring.inserted}) minus evicted rows and rows of lost shards). Fix: read "
+                                "only rows this buffer still holds (e.g. seqs from a delivered batch or from the "
+                                "adapter's own ledger of stored episodes, updated from ExperienceBuffer.losses).")
+        return buf.storage.gather((flat % buf.capacity).reshape(seqs.shape), device=target, fields=fields)
+
+    with buf.lock:
+        buf.check_open()
+        data = buf.run_storage(checked_gather)
+    return dict(data)

@@ -1,0 +1,8 @@
+"""Remote: shards held by Ray actors, on another node if asked (the ``remote`` shard kind), the
+staging area where writers at the source leave rows for them, how columns travel between them,
+and the local Ray session Conduit's own tools start. Ray is imported only when one is used."""
+
+from .ray_local import init_local
+from .remote_shard import RemoteShard, ShardActor
+
+__all__ = ["RemoteShard", "ShardActor", "init_local"]
