@@ -59,8 +59,8 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         if batch is not None:
             return batch
     if buf.selector.consumes:
-        raise ConfigError("selector", "uniform or prioritized for sample()", "fifo",
-                          "use take() to consume FIFO (on-policy) data")
+        raise ConfigError("selector", "a selector that does not consume (uniform, prioritized) for sample()",
+                          f"{buf.selector.name} (consumes=True)", "use take() to consume queued (on-policy) data")
     if isinstance(n_step, list):
         n_step = tuple(n_step)
     buf.sampling_checks.check(buf, batch_size, n_step, gamma, beta, episode_end, fields)
@@ -140,8 +140,8 @@ def sample_sequences(buf, batch_size: int, length: int, *, device=None, timeout:
     Starts are chosen by the selector."""
     check_length(length, buf.capacity)
     if buf.selector.consumes:
-        raise ConfigError("selector", "uniform or prioritized for sample_sequences()", "fifo",
-                          "use take() for FIFO data")
+        raise ConfigError("selector", "a selector that does not consume (uniform, prioritized) for sample_sequences()",
+                          f"{buf.selector.name} (consumes=True)", "use take() for queued (on-policy) data")
     check_batch_size(batch_size, buf.row_bytes)
     ring = buf.ring
     with buf.lock:
@@ -167,14 +167,15 @@ def sample_sequences(buf, batch_size: int, length: int, *, device=None, timeout:
 
 def take(buf, batch_size: int | None = None, *, policy_version: int | None = None,
          device=None, timeout: float | None = None, wait: bool = True) -> Batch:
-    """Consume the oldest unconsumed items, each exactly once (FIFO selector only).
+    """Consume queued items, each exactly once: those the consuming selector picks (``Fifo``: the
+    oldest, in order; a ``select`` of your own: any positions among the queued rows, oldest = 0).
 
     With ``policy_version``, items from older versions are dropped (counted in
     ``dropped_stale``), never delivered; an item from a *newer* version is a caller
     error. ``batch_size=None`` takes everything available now."""
     if not buf.selector.consumes:
-        raise ConfigError("selector", "Fifo() for take()", buf.selector.name,
-                          "build the buffer with selector=Fifo() for on-policy data")
+        raise ConfigError("selector", "a consuming selector (Fifo(), or one with consumes = True) for take()",
+                          buf.selector.name, "build the buffer with selector=Fifo() for on-policy data")
     ring = buf.ring
 
     def drop_stale() -> None:
@@ -209,8 +210,10 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
                        "available", kind="take", check_open=buf.check_open)
 
     def draw():
-        k = ring.queued(policy_version) if batch_size is None else batch_size
-        seqs = ring.queued_seqs(k)
+        queued = ring.queued(policy_version)
+        k = queued if batch_size is None else batch_size
+        seqs = ring.queued_seqs(queued)[consumed_positions(buf.selector, k, queued, buf.rng)] if k else \
+            np.empty(0, dtype=np.int64)
         slots = seqs % buf.capacity
         data = buf.gather(slots, device) if k else {f.name: torch.empty((0, *f.shape), dtype=f.dtype)
                                                      for f in buf.spec}
@@ -225,14 +228,29 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
         wait_for_rows()
         k, seqs, slots, data = buf.run_storage(draw, then=wait_for_rows)   # a lost shard's rows are passed over
         versions = ring.meta["version"][slots].copy()
-        if k:
-            ring.consume_through(int(seqs[-1]))
+        ring.consume(seqs)
         buf.counts.sampled += k
         buf.lock.notify_all()
         batch = Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=ring.inserted)
         if buf.output_pool is not None:
             buf.output_pool.bind(batch)
         return batch
+
+
+def consumed_positions(selector, k: int, queued: int, rng: np.random.Generator) -> np.ndarray:
+    """The consuming selector's choice of ``k`` of the ``queued`` rows (positions, oldest first),
+    checked: each row is delivered once, so a position twice or out of range is the selector's bug."""
+    positions, _ = selector.select(k, queued, rng)
+    positions = np.asarray(positions)
+    if positions.shape != (k,) or positions.dtype.kind not in "iu" or (k and (
+            positions.min() < 0 or positions.max() >= queued or np.unique(positions).size != k)):
+        got = f"shape {positions.shape}, dtype {positions.dtype}" + (
+            f", range [{positions.min()}, {positions.max()}], {np.unique(positions).size} distinct"
+            if positions.size and positions.dtype.kind in "iu" else "")
+        raise ConfigError(f"{type(selector).__name__}.select({k}, {queued}, rng)",
+                          f"{k} distinct int positions in [0, {queued}) (a consuming selector delivers each row once)",
+                          got, "return positions among the queued rows, oldest = 0, each at most once")
+    return positions.astype(np.int64, copy=False)
 
 
 def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None,

@@ -182,8 +182,8 @@ class ExperienceBuffer:
         a removed slot; a prioritized one has priority 0); the ring reuses their slots in
         turn. Returns how many rows were removed."""
         if self.selector.consumes:
-            raise ConfigError("evict()", "a replay buffer (uniform or prioritized)", "fifo",
-                              "FIFO data leaves when it is taken; use take()")
+            raise ConfigError("evict()", "a replay buffer (a selector that does not consume)",
+                              f"{self.selector.name} (consumes=True)", "queued data leaves when it is taken; use take()")
         seqs = np.unique(np.asarray(seqs, dtype=np.int64).reshape(-1))
         with self._cond:
             self.check_open()

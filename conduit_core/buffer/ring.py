@@ -179,6 +179,19 @@ class Ring:
         bad = np.flatnonzero(vers != policy_version)
         return int(bad[0]) if bad.size else int(vers.shape[0])
 
+    def consume(self, seqs: np.ndarray) -> None:
+        """The queued rows ``seqs`` (distinct, from ``queued_seqs``) were delivered: they leave. The
+        front of the queue moves the head; rows taken from behind it become removed rows, passed
+        over by the queue and overwritten in turn (a LIFO's, or any consuming selector's)."""
+        if not seqs.size:
+            return
+        front = self.queued_seqs(int(seqs.size))
+        if front.size == seqs.size and (seqs == front).all():
+            self.consume_through(int(seqs[-1]))
+            return
+        self.remove(seqs)
+        self.skip_leading_holes()
+
     def consume_through(self, seq: int) -> None:
         """Rows up to ``seq`` are consumed (removed rows among them, and right after, are passed over)."""
         self.head = max(self.head, int(seq) + 1)

@@ -65,9 +65,9 @@ def wait_to_insert(buf, n: int, timeout: float | None) -> None:
     if allowed():
         return
     if fifo_full():
-        why = (f"the FIFO queue holds {ring.queued()} unconsumed items (and {ring.inserted - ring.head - ring.queued()} "
-               f"slots of lost rows behind them) of capacity {buf.capacity}; overwriting them would lose "
-               "on-policy data")
+        why = (f"the queue holds {ring.queued()} unconsumed items (and {ring.inserted - ring.head - ring.queued()} "
+               f"slots of rows taken or lost among them, freed once the rows before them leave) of capacity "
+               f"{buf.capacity}; overwriting them would lose on-policy data")
     else:
         why = rl.why_not_insert(inserts=ring.inserted, samples=buf.counts.sampled + buf.counts.lost, n=n)
     wait_until(buf.lock, allowed, limiter=rl, timeout=timeout, why=why, kind="insert", check_open=buf.check_open)

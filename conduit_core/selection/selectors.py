@@ -50,7 +50,14 @@ class Selector(ABC):
     """Chooses slots among the ``size`` valid ones of a ring of ``capacity`` slots."""
 
     name: str = "abstract"
-    consumes: bool = False  # FIFO consume-once selectors remove what they deliver
+    # The remover rule (Reverb's max_times_sampled=1): a row is delivered once, then leaves.
+    # A consuming selector is driven by ``ExperienceBuffer.take()``, which asks its ``select``
+    # for positions among the queued rows (oldest first) and removes the rows delivered; the
+    # buffer never overwrites a queued row (a full queue makes inserts wait). FIFO, LIFO and
+    # any consuming selector of your own are selectors like the others. The ring frees slots
+    # oldest first: a row taken from behind the oldest queued one frees its slot once the rows
+    # before it leave, so a LIFO's room is what lies beyond its oldest queued row.
+    consumes: bool = False
     # Selection follows per-row priorities the learner updates: it draws ring slots from its
     # own index (not positions in the live window), delivers importance weights, and a batch
     # drawn before a priority update is not the one the framework would draw after it.
@@ -375,8 +382,8 @@ class Fifo(Selector):
     name = "fifo"
     consumes = True
 
-    def select(self, batch_size, size, rng):  # pragma: no cover - the buffer drives FIFO itself
-        raise NotImplementedError("FIFO selection is positional; the buffer handles it")
+    def select(self, batch_size, size, rng):
+        return np.arange(batch_size, dtype=np.int64), None   # the oldest queued rows, in order
 
 
 def libm_powers(pr: np.ndarray, alpha: float) -> np.ndarray:

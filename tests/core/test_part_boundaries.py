@@ -11,11 +11,11 @@ CORE = pathlib.Path(__file__).resolve().parents[2] / "conduit_core"
 
 ALLOWED = {
     # the standard library's SharedMemory registers its segment under the private name
-    ("tiers.py", "self._shm._name"),
+    ("memory/tiers.py", "self._shm._name"),
     # RaggedStore.from_state fills the store it has just built (same class, before anyone sees it)
-    ("ragged.py", "store._slots_for_write"), ("ragged.py", "store._slot_of"), ("ragged.py", "store._tensors"),
-    ("ragged.py", "store._slots"), ("ragged.py", "store._objects"), ("ragged.py", "store._object_set"),
-    ("ragged.py", "store._fill"),
+    ("kv/ragged.py", "store._slots_for_write"), ("kv/ragged.py", "store._slot_of"), ("kv/ragged.py", "store._tensors"),
+    ("kv/ragged.py", "store._slots"), ("kv/ragged.py", "store._objects"), ("kv/ragged.py", "store._object_set"),
+    ("kv/ragged.py", "store._fill"),
 }
 
 
@@ -43,7 +43,7 @@ ALLOWED_IN_ADAPTERS = {
 }
 
 
-def private_reaches(folder: pathlib.Path = CORE, pattern: str = "*.py") -> list[tuple[str, int, str]]:
+def private_reaches(folder: pathlib.Path = CORE, pattern: str = "**/*.py") -> list[tuple[str, int, str]]:
     out = []
     for path in sorted(folder.glob(pattern)):
         for node in ast.walk(ast.parse(path.read_text())):

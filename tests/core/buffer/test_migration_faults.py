@@ -1,0 +1,110 @@
+"""A migration whose new layout fails under it (a new remote shard lost during a dual write):
+the buffer keeps every accepted row and its episode links in the old layout, and the error
+reaches the migration's caller, not the actor that inserted."""
+
+import numpy as np
+import pytest
+
+from conduit_core import ExperienceBuffer, ShardSpec, StateError
+from conduit_core.buffer.migration import BackgroundMigration, begin_migration
+
+from ..helpers import SPEC, rollout
+
+
+def _failing_once(write):
+    calls = {"n": 0}
+
+    def write_or_fail(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ConnectionError("the new shard's actor died")
+        return write(*args, **kw)
+    return write_or_fail
+
+
+def test_a_failed_dual_write_fails_the_migration_and_keeps_the_insert_and_its_links():
+    buf = ExperienceBuffer(spec=SPEC, capacity=20)
+    buf.add(rollout(15), source=0)                       # one open episode: rows 0..14
+    m = begin_migration(buf, shards=[ShardSpec("pageable", 40)], capacity=40)
+    m.storage.write = _failing_once(m.storage.write)
+    assert buf.add(rollout(5, 15), source=0) == 15      # the insert is accepted whole
+    assert not buf.migrating
+    buf.add(rollout(3, 20, done_at=2), source=0)
+    meta = buf.state_dict()["meta"]
+    slots = np.arange(3, 23) % 20
+    np.testing.assert_array_equal(meta["seq"][slots], np.arange(3, 23))
+    np.testing.assert_array_equal(meta["next_seq"][slots][:-1], np.arange(4, 23))   # one chain, in order
+    b = buf.sample(200, n_step=3, gamma=1.0)
+    np.testing.assert_array_equal(b["obs"][:, 0].numpy(), b.seqs.astype(np.float32))
+    with pytest.raises(StateError, match="dual write.*ConnectionError.*abort"):
+        m.step()
+    with pytest.raises(StateError, match="dual write"):
+        m.finish()
+    m.abort()
+    assert buf.capacity == 20
+    begin_migration(buf, shards=[ShardSpec("pageable", 40)], capacity=40).finish()   # a new one works
+    assert buf.capacity == 40 and len(buf) == 20
+    buf.close()
+
+
+def test_a_background_migrations_failed_dual_write_reaches_wait():
+    buf = ExperienceBuffer(spec=SPEC, capacity=20)
+    buf.add(rollout(20), source=0)
+    m = begin_migration(buf, shards=[ShardSpec("pageable", 20)])
+    m.storage.write = _failing_once(m.storage.write)
+    buf.add(rollout(2, 20), source=0)
+    bg = BackgroundMigration(m)
+    with pytest.raises(StateError, match="dual write"):
+        bg.wait(30)
+    assert not buf.migrating and len(buf) == 20
+    buf.close()
+
+
+def test_a_blocking_migration_that_fails_is_aborted_and_the_buffer_keeps_its_layout(monkeypatch):
+    """Found by a review (session 24): ``migrate(background=False)`` left a failed migration attached
+    (its new layout's shards, remote actors included, stayed up; the caller had no handle to abort)."""
+    from conduit_core import ExperienceDataPlane
+    from conduit_core.buffer import migration
+    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=SPEC, capacity=20))
+    try:
+        edp.ingest(rollout(10))
+        closed = []
+        real_abort = migration.Migration.abort
+
+        def finish(self):
+            raise OSError("the new tier is full")
+
+        def abort(self):
+            closed.append(self.storage)
+            real_abort(self)
+        monkeypatch.setattr(migration.Migration, "finish", finish)
+        monkeypatch.setattr(migration.Migration, "abort", abort)
+        with pytest.raises(OSError, match="full"):
+            edp.migrate(shards=[ShardSpec("pageable", 40)], capacity=40, background=False)
+        assert len(closed) == 1 and not edp.buffer.migrating and edp.buffer.capacity == 20
+        assert len(edp.buffer) == 10
+    finally:
+        edp.close()
+
+
+def test_a_failure_after_the_swap_does_not_abort_the_layout_in_use(monkeypatch):
+    """Found by a review (session 24): the abort above also ran for a failure after the swap (the old
+    layout's close raising), closing the new layout, which the buffer then used."""
+    from conduit_core import ExperienceDataPlane
+    from conduit_core.buffer import migration
+    edp = ExperienceDataPlane(buffer=ExperienceBuffer(spec=SPEC, capacity=20))
+    try:
+        edp.ingest(rollout(10))
+        real_finish = migration.Migration.finish
+
+        def finish(self):
+            real_finish(self)
+            raise OSError("closing the old layout failed")
+        monkeypatch.setattr(migration.Migration, "finish", finish)
+        with pytest.raises(OSError, match="old layout"):
+            edp.migrate(shards=[ShardSpec("pageable", 40)], capacity=40, background=False)
+        assert edp.buffer.capacity == 40 and len(edp.buffer) == 10
+        edp.ingest(rollout(5, 10))
+        assert len(edp.buffer) == 15 and edp.buffer.sample(8)["obs"].shape == (8, 4)
+    finally:
+        edp.close()
