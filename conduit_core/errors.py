@@ -8,6 +8,8 @@ builtin (``ValueError``, ``TimeoutError``, ...) so generic handlers keep working
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class ConduitError(Exception):
     """Base class of every error Conduit raises on purpose."""
@@ -103,3 +105,27 @@ class StagedRowsLost(ConduitError, RuntimeError):
     """Rows a ``SourceWriter`` staged are gone before the buffer took them (their staging
     shard's actor died, or its node left): they were never accepted, so nothing counts them.
     The writer's caller sends them again (a new writer from ``ExperienceBuffer.writer``)."""
+
+
+INT64_MAX = (1 << 63) - 1
+
+
+def require_int(name: str, value, *, low: int = 0, high: int = INT64_MAX, fix: str | None = None) -> int:
+    """``value`` as an int in ``[low, high]``, else a ConfigError naming ``name``: an id, a
+    version, a seq or a slot is never a float (``int(2.7)`` would silently be 2), a bool, a
+    string, or outside what the buffer's int64 metadata holds."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(name, f"an int in [{low}, {high}]", repr(value), fix or f"pass {name} as an int")
+    v = int(value)
+    if not low <= v <= high:
+        raise ConfigError(name, f"an int in [{low}, {high}]", v, fix or f"pass {name} in that range")
+    return v
+
+
+def require_int_array(name: str, values, *, fix: str) -> np.ndarray:
+    """``values`` as a 1-D int64 array: ints only (a float 3.7 is not slot 3), named otherwise."""
+    arr = values if isinstance(values, np.ndarray) else np.asarray(values)
+    if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
+        raise ConfigError(name, "integers", f"dtype {arr.dtype}" + (f" (e.g. {arr.reshape(-1)[0]!r})" if arr.size else ""),
+                          fix)
+    return arr.astype(np.int64, copy=False).reshape(-1)

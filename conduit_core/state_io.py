@@ -11,7 +11,8 @@ load their tuples as lists and their scalars as Python numbers, as they were sav
 Loading never executes code from the file, so a checkpoint from an untrusted place
 cannot run anything (unlike pickle), and it checks every section: a truncated file or a
 flipped bit raises ``StateError`` naming the section, never loads wrong data. Files of
-format 1 (no checksums) still load.
+format 1 (no checksums, Conduit 0.1's first releases) load only when asked for
+(``allow_unchecked=True``): nothing can tell a flipped bit in them from data.
 """
 
 from __future__ import annotations
@@ -86,13 +87,22 @@ def _damaged(section: str, how: str) -> StateError:
                       "another copy (nothing was loaded)")
 
 
-def loads(blob: bytes | memoryview) -> dict:
-    """The state in ``blob``, every section checked first (format 2: checksums)."""
+def loads(blob: bytes | memoryview, *, allow_unchecked: bool = False) -> dict:
+    """The state in ``blob``, every section checked first (format 2: checksums). A format-1 file
+    (no checksums) only with ``allow_unchecked=True``."""
     mv = memoryview(blob)
     magic = bytes(mv[:8])
+    if magic[:7] == MAGIC[:7] and len(magic) == 8 and magic[7] > MAGIC[7]:
+        raise StateError(f"state file: expected format 1 or 2, got format {magic[7]}: written by a newer version of "
+                         "Conduit. Fix: load it with that version, or upgrade conduit-edp (nothing was loaded)")
     if magic not in (MAGIC, MAGIC_V1):
         raise StateError("state file: expected a Conduit state (magic CONDUIT\\x01 or \\x02), got other bytes. "
                          "Fix: pass a file written by conduit_core.state_io.save().")
+    if magic == MAGIC_V1 and not allow_unchecked:
+        raise StateError("state file: expected format 2 (every section checksummed), got format 1, which has no "
+                         "checksums: a damaged byte in it would load as wrong data. Fix: if you trust the file, "
+                         "load it once with state_io.load(path, allow_unchecked=True) and save it again (format 2); "
+                         "nothing was loaded")
     checked = magic == MAGIC
     prefix = 20 if checked else 16
     if len(mv) < prefix:
@@ -160,12 +170,20 @@ def save(state: dict, path: str | os.PathLike) -> None:
     """Write ``state`` to ``path`` atomically and durably: a temporary file, flushed to disk,
     renamed over ``path``, and the rename itself flushed (its directory), so a crash leaves the
     old file or the new one, never a torn or empty one."""
+    blob = dumps(state)   # (a state that cannot be written fails here, before any file is touched)
     tmp = f"{os.fspath(path)}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(dumps(state))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(blob)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:   # a full disk, a file-size limit: the old file stays, and no partial copy beside it
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     try:
         fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
     except OSError:   # a directory that cannot be opened (some platforms): the file itself is on disk
@@ -178,6 +196,6 @@ def save(state: dict, path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def load(path: str | os.PathLike) -> dict:
+def load(path: str | os.PathLike, *, allow_unchecked: bool = False) -> dict:
     with open(path, "rb") as fh:
-        return loads(fh.read())
+        return loads(fh.read(), allow_unchecked=allow_unchecked)

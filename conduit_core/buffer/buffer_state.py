@@ -104,6 +104,13 @@ def check_state(state: Mapping[str, Any], *, spec: ExperienceSpec, capacity: int
                                                                          np.flatnonzero(meta["seq"] >= 0))):
         raise bad("meta.seq", f"each row's seq < inserted={c['inserted']} and stored at seq % capacity",
                   "seqs that do not fit their slots")
+    lo = max(c["inserted"] - capacity, c["floor"], 0)   # the ring's live window: Ring.lo()
+    if live.size and live.min() < lo:
+        raise bad("counters", f"counters that place every stored row in the live window [{lo}, {c['inserted']})",
+                  f"a row of seq {int(live.min())} outside it (inserted={c['inserted']}, floor={c['floor']})")
+    if c["holes"] != (c["inserted"] - lo) - live.size:
+        raise bad("counters.holes", f"{(c['inserted'] - lo) - live.size} (the window's {c['inserted'] - lo} seqs "
+                  f"less its {live.size} stored rows)", c["holes"])
     try:
         probe = np.random.default_rng()
         probe.bit_generator.state = state["rng"]

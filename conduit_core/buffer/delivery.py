@@ -17,10 +17,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..errors import CapacityError, ConfigError, ExperienceTimeout, RowsNotStored, SpecError
+from ..errors import CapacityError, ConfigError, ExperienceTimeout, RowsNotStored, SpecError, require_int_array
 from ..schema.batch import Batch
 from ..selection.rate_gate import wait_to_sample, wait_until
-from .sampling_args import check_batch_size, check_fields, check_length
+from .sampling_args import check_batch_size, check_device, check_fields, check_length
 from .selection import select_slots
 
 
@@ -58,6 +58,8 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         batch = buf.pooled_rows.sample(batch_size, gamma, beta, episode_end)   # (row_draw.py: the same batch)
         if batch is not None:
             return batch
+    if device is not None:
+        check_device(device)
     if buf.selector.consumes:
         raise ConfigError("selector", "a selector that does not consume (uniform, prioritized) for sample()",
                           f"{buf.selector.name} (consumes=True)", "use take() to consume queued (on-policy) data")
@@ -139,6 +141,8 @@ def sample_sequences(buf, batch_size: int, length: int, *, device=None, timeout:
     episode ends (those steps repeat the last real step and must be ignored).
     Starts are chosen by the selector."""
     check_length(length, buf.capacity)
+    if device is not None:
+        check_device(device)
     if buf.selector.consumes:
         raise ConfigError("selector", "a selector that does not consume (uniform, prioritized) for sample_sequences()",
                           f"{buf.selector.name} (consumes=True)", "use take() for queued (on-policy) data")
@@ -176,6 +180,8 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
     if not buf.selector.consumes:
         raise ConfigError("selector", "a consuming selector (Fifo(), or one with consumes = True) for take()",
                           buf.selector.name, "build the buffer with selector=Fifo() for on-policy data")
+    if device is not None:
+        check_device(device)
     ring = buf.ring
 
     def drop_stale() -> None:
@@ -254,11 +260,17 @@ def consumed_positions(selector, k: int, queued: int, rng: np.random.Generator) 
 
 
 def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarray | None = None,
-                      abs_floor: float | None = None) -> int:
-    """Set new priorities for delivered items. With ``seqs`` (from the Batch), items
-    overwritten since they were delivered are skipped. ``abs_floor``: priorities given as
+                      abs_floor: float | None = None, slots_only: bool = False) -> int:
+    """Set new priorities for delivered items: ``slots`` and ``seqs`` of the delivered Batch, so
+    that items overwritten since they were delivered are skipped (their slots hold other rows
+    now). ``slots_only=True`` updates whatever row sits in each slot now, without that check:
+    for a caller that knows no insert can have come between. ``abs_floor``: priorities given as
     TD errors, each stored as ``max(|p|, abs_floor)`` (RLlib floors at 1e-12). Returns how
     many were updated."""
+    if seqs is None and slots_only is not True:
+        raise ConfigError("seqs", "the delivered batch's seqs (batch.seqs)", "None",
+                          "pass seqs=batch.seqs, so rows overwritten since the batch was delivered keep their "
+                          "priority; slots_only=True updates whatever row now sits in each slot")
     if abs_floor is not None and not (type(abs_floor) is float and 0.0 <= abs_floor < math.inf) and (
             isinstance(abs_floor, (bool, np.bool_)) or not isinstance(abs_floor, (int, float, np.integer, np.floating))
             or not 0.0 <= abs_floor < math.inf):
@@ -280,7 +292,12 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
                     done = None
         if done is not None:
             return done   # else: not int64/float64, not flat, or refused; the route below converts or names it
-    slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+    slots = require_int_array("slots", slots, fix="pass the delivered batch's slots (batch.slots)")
+    if seqs is not None:
+        seqs = require_int_array("seqs", seqs, fix="pass the delivered batch's seqs (batch.seqs)")
+        if seqs.shape != slots.shape:
+            raise SpecError("seqs", f"{slots.shape[0]} seqs (one per slot)", seqs.shape[0],
+                            "pass the slots and seqs of the same delivered batch")
     pr = priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
     pr = pr.reshape(-1)
     if abs_floor is not None:
@@ -324,9 +341,12 @@ def read(buf, seqs, *, fields: Sequence[str] | None = None,
     the ring, evicted, or on a lost shard) is an error naming it; nothing is read then.
     A remote shard found lost by the read is recovered (``ExperienceBuffer.losses``) and the
     read checked again: its rows asked for are then not stored (``RowsNotStored``)."""
-    seqs = np.asarray(seqs, dtype=np.int64)
-    flat = seqs.reshape(-1)
+    given = seqs if isinstance(seqs, np.ndarray) else np.asarray(seqs)
+    flat = require_int_array("seqs", given, fix="pass the seqs of stored rows (e.g. a delivered batch's seqs)")
+    seqs = flat.reshape(given.shape)
     check_fields(buf.spec, fields)
+    if device is not None:
+        check_device(device)
     target = None if device is None else torch.device(device)
 
     def checked_gather():   # again after a recovery: the lost shard's rows left the ring

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..errors import CapacityError, ClosedError, ConfigError
+from ..errors import CapacityError, ClosedError, ConfigError, require_int, require_int_array
 from ..memory.output_pool import OutputPool
 from ..memory.tiers import Tier
 from ..schema.spec import ExperienceSpec
@@ -66,6 +66,9 @@ class ExperienceBuffer:
         if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
             raise ConfigError("capacity", "a positive int number of transitions", repr(capacity),
                               "use e.g. capacity=100_000")
+        require_int("seed", seed, fix="pass an int seed, e.g. seed=0")
+        require_int("reuse_outputs", reuse_outputs, fix="pass how many deliveries an output stays valid for, "
+                                                         "e.g. reuse_outputs=4, or 0 for fresh memory each time")
         self.spec = spec
         self.row_bytes = spec.bytes_per_transition  # delivered bytes per row (checked per sample: cached)
         capacity = int(capacity)
@@ -184,7 +187,7 @@ class ExperienceBuffer:
         if self.selector.consumes:
             raise ConfigError("evict()", "a replay buffer (a selector that does not consume)",
                               f"{self.selector.name} (consumes=True)", "queued data leaves when it is taken; use take()")
-        seqs = np.unique(np.asarray(seqs, dtype=np.int64).reshape(-1))
+        seqs = np.unique(require_int_array("seqs", seqs, fix="pass the seqs of the rows to remove"))
         with self._cond:
             self.check_open()
             seqs, slots = self.ring.remove(seqs)

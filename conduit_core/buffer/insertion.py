@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ..errors import CapacityError, ConfigError
+from ..errors import INT64_MAX, CapacityError, ConfigError, require_int
 from ..schema.framestack import first_surviving_seq
 from ..selection.rate_gate import wait_to_insert
 
@@ -30,7 +30,8 @@ def add(buf, batch: Mapping[str, Any], *, source: int = 0, policy_version: int =
     Where nothing has to wait or be evicted first, plain host columns are stored in one native
     call (``InlineInsert.insert_one``); everything else, and every error, takes ``encode`` and
     ``add_encoded``."""
-    if priorities is None and type(source) is int and type(policy_version) is int:
+    if priorities is None and type(source) is int and type(policy_version) is int \
+            and 0 <= source <= INT64_MAX and 0 <= policy_version <= INT64_MAX:
         stored = buf.inline_insert.insert_one(batch, source, policy_version)   # (None: it does not apply)
         if stored is not None:
             return stored[0]
@@ -43,6 +44,9 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
                 timeout: float | None = None, priorities: Any = None) -> int:
     """``ExperienceBuffer.add_encoded``: store ``n`` rows of one source, in time order, that
     ``encode`` already validated and encoded. Returns the first seq."""
+    source = require_int("source", source, fix="pass the producer's id (e.g. the env runner's index), an int >= 0")
+    policy_version = require_int("policy_version", policy_version,
+                                 fix="pass the version of the policy that produced the rows, an int >= 0")
     if n == 0:
         return buf.ring.inserted
     if priorities is not None:
@@ -50,7 +54,6 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
             raise ConfigError("priorities", "no initial priorities while a migration runs", "priorities",
                               "wait for the migration to finish, or add without priorities")
         priorities = buf.selector.check_initial_priorities(n, priorities)  # before anything is written
-    source, policy_version = int(source), int(policy_version)
     with buf.lock.mutex:   # the condition's own RLock, entered in C (the hot path; notify works under it)
         if buf.closed:
             buf.check_open()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from ..errors import CapacityError, ConfigError, SpecError
 from ..memory.budget import available_bytes, fmt
@@ -28,6 +29,20 @@ def replay_args(fields, n_step) -> tuple:
     if isinstance(n_step, list) or (isinstance(n_step, np.ndarray) and n_step.ndim == 1):
         n_step = tuple(int(v) if isinstance(v, np.integer) else v for v in n_step)
     return fields, n_step
+
+
+def check_device(device) -> None:
+    """A delivery's ``device``: None (host memory) or a device this machine has, named before
+    anything is drawn (torch's own error would come from inside the gather)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError("device", "None (host memory) or a torch device such as 'cpu' or 'cuda:0'", repr(device),
+                          "pass device=None or a device name torch knows") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError("device", "a device this machine has", f"{device!r} (torch sees "
+                          f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no'} CUDA devices)",
+                          "pass device=None (host memory), or run where that GPU is")
 
 
 def check_batch_size(batch_size, row_bytes: int) -> None:

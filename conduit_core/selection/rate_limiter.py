@@ -45,8 +45,11 @@ class RateLimiter:
         if self.on_limit not in ("block", "raise"):
             raise ConfigError("RateLimiter.on_limit", "'block' or 'raise'", repr(self.on_limit),
                               "choose 'block' (wait up to timeout) or 'raise' (fail at once)")
-        if not self.timeout > 0:
-            raise ConfigError("RateLimiter.timeout", "> 0 seconds", self.timeout, "every wait needs a timeout")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
+                or not 0 < self.timeout < float("inf"):
+            raise ConfigError("RateLimiter.timeout", "a finite number of seconds > 0", repr(self.timeout),
+                              "every wait needs a timeout that ends (a blocked run then says why); "
+                              "pass a long one, e.g. timeout=3600.0, rather than none")
 
     # Pure decisions --------------------------------------------------------
     def can_sample(self, *, size: int, inserts: int, samples: int, n: int) -> bool:

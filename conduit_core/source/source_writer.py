@@ -29,16 +29,15 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ..errors import CapacityError, ConfigError, ExperienceTimeout, StagedRowsLost
+from ..errors import CapacityError, ConfigError, ExperienceTimeout, StagedRowsLost, require_int
 from ..remote.staging_area import RETIRED, STAGING_GROUP
 from ..remote.wire import cut_columns
 from ..schema.spec import ExperienceSpec
 
 
 def _check_int(name: str, value) -> None:
-    """An id or version: an int (``int()`` would silently truncate 2.7 to 2)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(name, "an int", repr(value), f"pass {name} as an int")
+    """An id, version or ticket: an int >= 0 (``int()`` would silently truncate 2.7 to 2)."""
+    require_int(name, value, fix=f"pass {name} as an int >= 0")
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def set_same_priorities(native, conduit, truth):
     n = len(buf)
     stored = buf.storage.gather(np.arange(n), fields=["obs"])["obs"].numpy()
     pr = np.array([priority_of(int(o[0]), int(o[1])) for o in stored])
-    buf.update_priorities(np.arange(n), pr)
+    buf.update_priorities(np.arange(n), pr, slots_only=True)
 
 
 @pytest.mark.parametrize("n_step", [(2, 5), 3, 1, (1, 4)])

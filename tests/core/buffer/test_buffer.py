@@ -78,7 +78,7 @@ def test_prioritized_sampling_passes_chi_square_and_weights_match_rllib_formula(
     buf.add(rollout(40))
     b = buf.sample(40)
     prios = np.linspace(0.1, 4.0, 40)
-    buf.update_priorities(np.arange(40), prios)
+    buf.update_priorities(np.arange(40), prios, slots_only=True)
     counts = np.zeros(40)
     for _ in range(300):
         b = buf.sample(256)
@@ -96,7 +96,7 @@ def test_prioritized_sampling_passes_chi_square_and_weights_match_rllib_formula(
 def test_prioritized_never_samples_empty_or_zero_priority_slots():
     buf = prioritized_replay(spec=SPEC, capacity=1000, seed=0)
     buf.add(rollout(10))
-    buf.update_priorities(np.arange(10), np.r_[np.zeros(9), [1.0]] )
+    buf.update_priorities(np.arange(10), np.r_[np.zeros(9), [1.0]] , slots_only=True)
     b = buf.sample(500)
     assert set(b.slots.tolist()) <= set(range(10))
 
@@ -114,9 +114,9 @@ def test_bad_priorities_are_rejected():
     buf = prioritized_replay(spec=SPEC, capacity=10)
     buf.add(rollout(4))
     with pytest.raises(ValueError, match="finite"):
-        buf.update_priorities(np.arange(2), [1.0, np.nan])
+        buf.update_priorities(np.arange(2), [1.0, np.nan], slots_only=True)
     with pytest.raises(ValueError, match="one per"):
-        buf.update_priorities(np.arange(2), [1.0])
+        buf.update_priorities(np.arange(2), [1.0], slots_only=True)
 
 
 def test_n_step_returns_respect_episode_end_and_interleaved_sources():
@@ -223,7 +223,7 @@ def test_state_dict_round_trip_is_exact(tmp_path, selector):
         a.add(rollout(8, 8 * i), source=i % 2, policy_version=0 if selector == "fifo" else i)
     if selector == "prioritized":
         b0 = a.sample(8)
-        a.update_priorities(b0.slots, np.arange(8) + 1.0)
+        a.update_priorities(b0.slots, np.arange(8) + 1.0, slots_only=True)
     if selector == "fifo":
         a.take(3)
     path = tmp_path / "buf.conduit"

@@ -302,22 +302,28 @@ def test_a_copy_that_fails_midway_leaves_what_the_general_route_leaves():
 
 
 def test_sources_and_versions_that_are_not_plain_ints_go_the_general_route():
-    """The general route converts them (or names them, after the data's own check), takes the
-    tickets first and stores zero-row rollouts whatever they carry: the same answers."""
+    """A numpy int goes the general route with the same answer; anything else that is not an int
+    >= 0 (a bool, a string, None, a negative one), even on a rollout of zero rows, is refused by
+    both routes alike, naming the argument, before a ticket is taken or a row stored."""
     route, ref = (ExperienceDataPlane(buffer=b, schedule=Schedule.sequential()) for b in twins(Prioritized))
     general_route(ref)
     bad = rollout(2)
     bad["action"] = bad["action"].astype(np.float32)
     try:
-        for items in ([Rollout(rollout(2), source=np.int64(3), policy_version=True)],
-                      [Rollout(rollout(0), source="actor-7")],
-                      [Rollout(rollout(2), source=1), Rollout(rollout(0), policy_version=None)]):
+        for items in ([Rollout(rollout(2), source=np.int64(3), policy_version=np.int32(2))],
+                      [Rollout(rollout(2), source=1), Rollout(rollout(0), policy_version=4)]):
             assert route.ingest_many(items) == ref.ingest_many(items)
-        for items, error in (([Rollout(rollout(2), source=None)], TypeError),
-                             ([Rollout(bad, source=None)], SpecError)):
+        for items, error in (([Rollout(rollout(2), source=np.int64(3), policy_version=True)], ConfigError),
+                             ([Rollout(rollout(0), source="actor-7")], ConfigError),
+                             ([Rollout(rollout(2), source=1), Rollout(rollout(0), policy_version=None)], ConfigError),
+                             ([Rollout(rollout(2), source=-1)], ConfigError),
+                             ([Rollout(rollout(2), source=None)], ConfigError),
+                             ([Rollout(bad, source=2)], SpecError)):
             for p in (route, ref):
+                tickets, rows = p.ingestion.ticket, len(p.buffer)
                 with pytest.raises(error):
                     p.ingest_many(items)
+                assert len(p.buffer) == rows and (error is SpecError or p.ingestion.ticket == tickets)
         assert route.ingestion.ticket == ref.ingestion.ticket
         assert_same_state(route.buffer.state_dict(), ref.buffer.state_dict())
     finally:

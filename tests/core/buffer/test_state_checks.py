@@ -9,7 +9,7 @@ from conduit_core import (ExperienceBuffer, ExperienceDataPlane, ExperienceSpec,
                           Schedule, StateError)
 
 
-from ..helpers import SPEC, rollout
+from ..helpers import SPEC, assert_same_state, rollout
 
 from ..schema.test_framestack import fill, make
 
@@ -77,3 +77,23 @@ def test_a_state_with_a_part_of_the_wrong_kind_is_named_and_changes_nothing(part
     after = edp.state_dict()
     assert after["ticket"] == before["ticket"] and after["buffer"]["counters"] == before["buffer"]["counters"]
     edp.close()
+
+
+@pytest.mark.parametrize("change", [dict(inserted=1_000_000), dict(holes=3), dict(floor=120)],
+                         ids=["inserted far past the rows", "holes that are not there", "a floor above stored rows"])
+def test_counters_that_disagree_with_the_rows_are_refused(change):
+    """A state whose counters place its rows outside the live window would serve old rows and write
+    the next seq far from them: refused before anything loads."""
+    donor = ExperienceBuffer(spec=SPEC, capacity=100)
+    for _ in range(7):
+        donor.add(rollout(20))                   # seqs 40..139 stored
+    state = donor.state_dict()
+    state["counters"] = {**state["counters"], **change}
+    target = ExperienceBuffer(spec=SPEC, capacity=100)
+    before = target.state_dict()
+    with pytest.raises(StateError, match="counters"):
+        target.load_state_dict(state)
+    assert_same_state(before, target.state_dict())
+    target.load_state_dict(donor.state_dict())   # the untouched state loads
+    donor.close()
+    target.close()

@@ -90,8 +90,8 @@ def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_a
         if prioritized:
             s = np.flatnonzero(one.selector.index.leaves() > 0)
             p = rng.random(s.size) + 0.1
-            one.update_priorities(s, p)
-            two.update_priorities(s, p)
+            one.update_priorities(s, p, slots_only=True)
+            two.update_priorities(s, p, slots_only=True)
         together = []
         calls = _count_gathers(two.storage, together)
         walk_fields = ("reward", *two.walk.done_fields)

@@ -43,7 +43,7 @@ def test_the_native_window_pass_equals_its_python_reference(capacity, episodes, 
         buf.evict(rng0.integers(lo, buf.inserted, 3))
         if isinstance(sel, Prioritized):
             s = np.flatnonzero(buf.selector.index.leaves() > 0)
-            buf.update_priorities(s, rng0.random(s.size) + 0.1)
+            buf.update_priorities(s, rng0.random(s.size) + 0.1, slots_only=True)
         if len(buf) == 0:
             continue
         outs = []

@@ -65,7 +65,7 @@ def test_a_refused_sample_uses_up_no_pooled_weights():
                                                     on_limit="raise"))
     rng = np.random.default_rng(0)
     buf.add(_rows(8, rng))
-    buf.update_priorities(np.arange(8), np.arange(1, 9, dtype=np.float64))
+    buf.update_priorities(np.arange(8), np.arange(1, 9, dtype=np.float64), slots_only=True)
     held = buf.sample(8)
     kept = held.weights.clone()
     with pytest.raises(RateLimitError):
@@ -97,7 +97,7 @@ def test_custom_weighted_selectors_get_their_own_weights_delivered():
         buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,)), capacity=64,
                                selector=cls(alpha=0.6, beta=0.4), reuse_outputs=2, seed=0)
         buf.add(_rows(40, np.random.default_rng(0)))
-        buf.update_priorities(np.arange(40), np.arange(1, 41, dtype=np.float64))
+        buf.update_priorities(np.arange(40), np.arange(1, 41, dtype=np.float64), slots_only=True)
         b = buf.sample(16)
         got.append((b.slots.copy(), b.weights.clone()))
         buf.close()

@@ -165,7 +165,7 @@ def _filled(selector=None, n=50, capacity=40):
     for i in range(0, n, 5):
         buf.add(rollout(5, i), source=i % 3)
     k = min(10, n, capacity)
-    buf.update_priorities(np.arange(k), np.linspace(0.1, 2, k))
+    buf.update_priorities(np.arange(k), np.linspace(0.1, 2, k), slots_only=True)
     return buf
 
 
@@ -301,7 +301,7 @@ def test_zero_priorities_without_eps_are_refused():
     from conduit_core import Prioritized, SpecError
     buf = _filled(Prioritized(eps=0.0))
     with pytest.raises(SpecError, match="eps=0"):
-        buf.update_priorities(np.arange(3), np.array([1.0, 0.0, 2.0]))
+        buf.update_priorities(np.arange(3), np.array([1.0, 0.0, 2.0]), slots_only=True)
 
 
 @pytest.mark.parametrize("slots", [[45], [39], [-1], [1 << 20]])
@@ -313,7 +313,7 @@ def test_priorities_go_only_to_slots_that_hold_data(slots):
     buf.add(rollout(30, 0))
     before = buf.state_dict()["selector_state"]["leaves"].copy()
     with pytest.raises(SpecError, match="slot"):
-        buf.update_priorities(np.array(slots), np.ones(len(slots)))
+        buf.update_priorities(np.array(slots), np.ones(len(slots)), slots_only=True)
     assert np.array_equal(buf.state_dict()["selector_state"]["leaves"], before)
     buf.sample(16)
 
