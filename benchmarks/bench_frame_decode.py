@@ -20,7 +20,7 @@ ahead), in ms per page.
 With ``--hold K``, what the decode's output memory costs when the learner holds ``K`` batches at a
 time: one [B, 84, 84, 4] float32 output allocated and written (a store per 4 KB page) by torch's
 allocator vs numpy's (the decode's, ``output_pool.output_empty``). In this process alone they cost
-about the same; inside RLlib's run they did not (``benchmarks/bench_decode_memory.py``).
+about the same; inside RLlib's run they did not (docs/benchmarks-history.md, section 3b).
 
     python -m benchmarks.bench_frame_decode [--batch 32] [--reps 50] [--device cpu|cuda] [--ingest] [--parts] [--hold 3]
 """

@@ -11,7 +11,7 @@ process with the same kind of wrapper; since the driver blocks on all learners' 
 slowest learner's connector time counts as exposed. num_learners values run one after another
 (both arms of one value alive at a time), so learner processes of different values never overlap.
 
-    python -m benchmarks.bench_rllib_learners --blocks 3 --json docs/results/bench_rllib_learners.json
+    python -m benchmarks.bench_rllib_learners --blocks 3 --json docs/results/rllib-learners/DATE.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 stored in tune reports (``rounds_s_per_step``) and sets the predicted order's agreement
 beside the measurement's agreement with itself.
 
-    python -m benchmarks.rank_stability docs/results/tune_rllib_*.json
+    python -m benchmarks.rank_stability docs/results/tune-rllib-dqn/*.json docs/results/history/tune_rllib_*.json
 
 Per size: the predicted top-8's pairs in the confirmed order (strict); the bootstrap chance
 that the confirmed top-8 order comes out the same again, and its mean pairs; two halves of

@@ -6,8 +6,7 @@
   bench (``rllib_timing.PathTimer``): ms per training step of each buffer call, in the run, where
   the caches are cold after the env step and the learner update.
 - ``--sections``: also the time inside a few of the core's steps per training step (validate,
-  encode, frame interning, frame pool write, storage write, frame-stack decode) and inside its
-  native hot-path calls (``native_calls``).
+  encode, frame interning, frame pool write, storage write, frame-stack decode).
 - ``--tight N``: then N sample + priority-update calls back to back with the last sample's
   arguments (the same code with warm caches), us per call.
 - ``--replay-adds``: the ``add()`` calls of the measured iterations, recorded, replayed into a
@@ -51,7 +50,6 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import rllib_bench
-from .native_calls import time_native_calls
 
 
 def _args(workload: str, seed: int) -> SimpleNamespace:
@@ -100,7 +98,8 @@ def count_frames(buf, names=("add", "sample", "update_priorities")) -> dict:
 
 
 def section_targets() -> list[tuple[type, str]]:
-    from conduit_core.schema import framestack, spec, storage
+    from conduit_core.schema import framestack, spec
+    from conduit_core.storage import columnar as storage
     return [(spec.ExperienceSpec, "validate"), (spec.ExperienceSpec, "encode"),
             (storage.ColumnarStorage, "plan_frames"), (storage.ColumnarStorage, "write"),
             (framestack.FramePool, "write"), (framestack.PooledDecoder, "decode")]
@@ -111,7 +110,6 @@ def conduit_arm(a) -> dict:
     counts: dict = collections.Counter()
     if a.sections:
         _timed_methods(section_targets(), totals, counts)
-        time_native_calls(totals, counts)
     algo = rllib_bench._build(a.workload, "conduit", _args(a.workload, a.seed))
     for _ in range(a.warmup):
         algo.train()

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from benchmarks.srl_buffers import make_sample
+from .srl_buffers import make_sample
 
 
 def _spin(us: float) -> None:

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 # Where a decode's host output comes from: numpy's allocator, not torch's. Inside RLlib's Qbert run
-# torch.empty's 3.6 MB blocks were faulted in anew for every batch (the replay sample() took 1.57 vs
-# 1.14 ms: benchmarks/bench_decode_memory.py, which swaps this to compare).
+# torch.empty's multi-MB blocks were faulted in anew for every batch, numpy's were reused
+# (measured in the run: docs/benchmarks-history.md, section 3b).
 output_empty = np.empty
 
 
