@@ -107,3 +107,79 @@ def test_a_kind_may_not_shadow_a_tier_and_needs_a_name():
         with pytest.raises(ConfigError):
             register_shard_kind(cls)
     assert {"local", "mapped", "remote", "disk"} <= set(shard_kinds())
+
+
+FULL_DISK_SCRIPT = r"""
+import os, subprocess, sys, tempfile
+import numpy as np
+from conduit_core import CapacityError, ExperienceBuffer, ExperienceSpec, FieldSpec, ShardSpec
+import torch
+disk = tempfile.mkdtemp()
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", disk], check=True)
+spec = ExperienceSpec([FieldSpec("obs", (128,), torch.float32)])          # 512 B a row
+cap = 4096                                                               # 2 MiB of rows
+buf = ExperienceBuffer(spec=spec, capacity=cap, shards=[ShardSpec("disk", cap, path=disk)])
+rows = lambda a, n: {"obs": np.repeat(np.arange(a, a + n, dtype=np.float32)[:, None], 128, 1)}
+buf.add(rows(0, 100))
+with open(os.path.join(disk, "filler"), "wb") as fh:                     # another file takes the rest
+    try:
+        while True:
+            fh.write(b"x" * (256 << 10)); fh.flush()
+    except OSError:
+        pass
+for a in range(100, 3 * cap, 500):                                       # pages never written before
+    buf.add(rows(a, 500))
+got = buf.read(np.arange(buf.ring.inserted - 10, buf.ring.inserted))["obs"][:, 0]
+assert got.tolist() == list(range(buf.ring.inserted - 10, buf.ring.inserted)), got
+try:
+    ExperienceBuffer(spec=spec, capacity=cap, shards=[ShardSpec("disk", cap, path=disk)])
+    print("second shard accepted")
+except CapacityError as exc:
+    print("refused:", exc)
+assert buf.read(np.arange(buf.ring.inserted - 3, buf.ring.inserted))["obs"].shape == (3, 128)
+buf.close()
+os.unlink(os.path.join(disk, "filler"))
+print("left:", os.listdir(disk))
+print("ok")
+"""
+
+
+def test_a_disk_that_fills_after_construction_never_kills_the_process():
+    """The shard's blocks are reserved when it is made: another file filling the disk later leaves
+    every write of the shard its block (a sparse file's write there is a SIGBUS that kills the
+    process with every row in memory), and a second shard that no longer fits is a CapacityError
+    naming the folder. Run in a mount namespace of its own, on a 6 MiB tmpfs."""
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare to mount a small tmpfs in a private mount namespace")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace here: {probe.stderr.decode().strip()}")
+    r = subprocess.run(["unshare", "-m", sys.executable, "-c", FULL_DISK_SCRIPT], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, f"exit {r.returncode} (SIGBUS is -7)\n{r.stdout}\n{r.stderr[-3000:]}"
+    assert "refused: ShardSpec.path" in r.stdout and "left: []" in r.stdout and "ok" in r.stdout, r.stdout
+
+
+def test_a_killed_owner_leaves_no_file_behind(tmp_path):
+    """The shard's files are unlinked once mapped: a process killed with its buffer open (SIGKILL:
+    no close, no atexit) leaves nothing under the shard's path, and its blocks go back to the disk."""
+    import signal
+    import subprocess
+    import sys
+    script = ("import numpy as np, sys, time\n"
+              "from conduit_core import ExperienceBuffer, ExperienceSpec, ShardSpec\n"
+              f"buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(4,)), capacity=1000,\n"
+              f"                       shards=[ShardSpec('disk', 1000, path={str(tmp_path)!r})])\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert os.listdir(tmp_path) == []          # already while it runs
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    assert os.listdir(tmp_path) == []
