@@ -43,10 +43,12 @@ STRATEGIES = ("conduit-online", "conduit-blocking", "greedy", "conservative")
 
 
 def rows(spec_features: int, start: int, n: int) -> dict:
-    seq = np.arange(start, start + n, dtype=np.float32)
+    """``n`` rows whose action column holds each row's own seq, exactly (int64: a float32 id stops
+    telling rows apart past 2^24, which a busy run's learner loop reaches during the migration)."""
+    seq = np.arange(start, start + n, dtype=np.int64)
     obs = np.zeros((n, spec_features), np.float32)
-    obs[:, 0] = seq
-    return {"obs": obs, "action": (np.arange(n) % 2).astype(np.int64), "reward": np.ones(n, np.float32),
+    obs[:, 0] = seq % 4096
+    return {"obs": obs, "action": seq, "reward": np.ones(n, np.float32),
             "next_obs": obs, "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
 
 
@@ -56,7 +58,7 @@ def live_rows_exact(buf, inserted: int) -> bool:
     seq = state["meta"]["seq"]
     keep = seq >= inserted - len(buf)
     seqs = seq[keep]
-    own = np.array_equal(state["data"]["obs"][keep][:, 0], seqs.astype(np.float32))
+    own = np.array_equal(state["data"]["action"][keep], seqs)
     return own and np.sort(seqs).tolist() == list(range(inserted - len(buf), inserted))
 
 
@@ -95,7 +97,7 @@ def run(strategy: str, *, spec, topo, w0, w1, a) -> dict:
             nid += a.inserts
             b = edp.deliver(a.batch)
             dt = time.perf_counter() - t0
-            if not np.array_equal(b["obs"][:, 0].numpy(), b.seqs.astype(np.float32)):
+            if not np.array_equal(b["action"].numpy(), b.seqs):
                 raise AssertionError(f"{strategy}: a delivered row is not the row of its seq")
             return dt
 
@@ -104,12 +106,14 @@ def run(strategy: str, *, spec, topo, w0, w1, a) -> dict:
         t_grow = time.perf_counter()
         if strategy == "conduit-online":
             handle = edp.replan(plan(w1, topo), topo, background=True, max_hold_s=a.max_hold_ms / 1e3,
-                                chunk_bytes=int(a.chunk_mb * 2**20) if a.chunk_mb else None)
+                                chunk_bytes=int(a.chunk_mb * 2**20) if a.chunk_mb else None,
+                                deadline_s=a.deadline_s)
             while handle.thread.is_alive():
                 during.append(step())
             handle.wait()
             out["migration_s"] = time.perf_counter() - t_grow
             out["chunks"], out["longest_hold_ms"] = handle.migration.chunks, handle.migration.longest_hold_s * 1e3
+            out["finished_at_deadline"] = handle.finished_at_deadline
         elif strategy == "conduit-blocking":
             edp.replan(plan(w1, topo), topo, background=False)
             out["migration_s"] = time.perf_counter() - t_grow
@@ -149,6 +153,8 @@ def main(argv=None) -> dict:
                    help="online migration: each chunk holds the buffer's lock about this long")
     p.add_argument("--chunk-mb", type=float, default=None,
                    help="online migration: fixed chunks of this size instead (64: the earlier default)")
+    p.add_argument("--deadline-s", type=float, default=30.0,
+                   help="online migration: past this, the rest is copied at once under the lock")
     p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     p.add_argument("--json", default="out/bench_migration.json")
     a = p.parse_args(argv)
@@ -165,9 +171,9 @@ def main(argv=None) -> dict:
     w0 = Workload(tb, a.capacity, a.batch, a.inserts)
     w1 = Workload(tb, int(a.capacity * a.grow), a.batch, a.inserts)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 512 << 20})
-    cluster.add_node(num_cpus=1, resources={NODE: 1}, object_store_memory=512 << 20)
-    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
+        cluster.add_node(num_cpus=1, resources={NODE: 1}, object_store_memory=512 << 20)
+        ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         cluster.wait_for_nodes()
         topo = topology_for(budget, a.reps)
         report = {"machine": machine(), "args": vars(a), "transition_bytes": tb, "host_budget_bytes": budget,
@@ -180,7 +186,7 @@ def main(argv=None) -> dict:
             for s in (a.strategies if rep % 2 == 0 else a.strategies[::-1]):
                 report["runs"].append({"rep": rep, **run(s, spec=spec, topo=topo, w0=w0, w1=w1, a=a)})
                 write_json(a.json, report)
-    finally:
+    finally:   # Ray's connection first: a cluster refuses to remove a node a client is connected to
         ray.shutdown()
         cluster.shutdown()
     report["summary"] = summarize(report["runs"], a.strategies)

@@ -21,6 +21,12 @@ microseconds to a host shard and milliseconds to a remote one over Ray. Between 
 background thread rests as long as the chunk held the lock, so waiting deliveries and
 inserts get the lock (and the GIL) in between. A background migration also allocates the new
 layout in its own thread: a remote shard's actor takes about a second to start.
+
+Its progress is bounded: a busy learner can take the lock between every two chunks and starve the
+copy (on a machine whose cores are all busy, it ran 28 times longer). So a background migration
+has a deadline (``deadline_s``, from its start): once past it, the rest is copied at once under the
+lock, in the largest chunks, and the swap follows. Deliveries and inserts wait for that last part;
+the handle says so (``finished_at_deadline``) and a warning is logged.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from .experience_buffer import ExperienceBuffer
 from .ring import META_FIELDS, write_meta_rows
 
 FIRST_CHUNK_BYTES = 256 << 10   # the first adaptive chunk, before any timing is known
+DEFAULT_DEADLINE_S = 30.0       # a background migration's share of the buffer ends here (see above)
 MAX_CHUNK_BYTES = 64 << 20
 
 log = logging.getLogger("conduit")
@@ -178,9 +185,11 @@ class Migration:
             pass
 
     def finish(self) -> None:
-        """Copy what is left and swap layouts, atomically with respect to inserts and deliveries."""
+        """Copy what is left and swap layouts, atomically with respect to inserts and deliveries
+        (in the largest chunks: everything waits for the lock meanwhile anyway)."""
         b = self.buffer
         with b.lock:
+            self.adaptive = False
             while not self.step():
                 pass
             old_storage = b.adopt_layout(self.storage, self.meta, self.capacity)
@@ -200,20 +209,37 @@ def begin_migration(buffer, *, shards: Sequence[ShardSpec], capacity: int | None
                      start=start)
 
 
+def check_deadline(deadline_s) -> None:
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not 0 < deadline_s < float("inf"):
+        raise ConfigError("deadline_s", "a finite number of seconds > 0", repr(deadline_s),
+                          "give how long the copy may share the buffer with the learner, e.g. 30.0")
+
+
 class BackgroundMigration:
     """Runs a migration in its own thread; ``wait()`` joins it and re-raises its error."""
 
-    def __init__(self, migration: Migration):
+    def __init__(self, migration: Migration, *, deadline_s: float = DEFAULT_DEADLINE_S):
+        check_deadline(deadline_s)
         self.migration = migration
+        self.deadline_s = float(deadline_s)
+        self.finished_at_deadline = False   # the rest was copied at once under the lock (the deadline passed)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="conduit-migration", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         try:
+            started = time.monotonic()
             if self.migration.storage is None:
                 self.migration.start()
             while not self.migration.step():
+                if time.monotonic() - started > self.deadline_s:
+                    self.finished_at_deadline = True
+                    m = self.migration
+                    log.warning("conduit: an online migration passed its deadline (%.1f s, %d chunks copied, "
+                                "%d rows left): copying the rest at once under the buffer's lock; deliveries and "
+                                "inserts wait for it", self.deadline_s, m.chunks, max(0, m.until - m.cursor))
+                    break
                 # Rest as long as the chunk held the lock: a delivery or insert waiting for the
                 # lock (and for the GIL, which the copy also held) gets in between chunks, and
                 # the migration takes at most half of the buffer's time.

@@ -35,7 +35,7 @@ import torch
 
 from ..buffer.episodes import EPISODE_END_RULES
 from ..buffer.experience_buffer import ExperienceBuffer
-from ..buffer.migration import MAX_CHUNK_BYTES, BackgroundMigration, begin_migration
+from ..buffer.migration import DEFAULT_DEADLINE_S, MAX_CHUNK_BYTES, BackgroundMigration, begin_migration, check_deadline
 from ..buffer.sampling_args import PLAIN_FIELDS, PLAIN_N_STEP, replay_args
 from ..errors import ClosedError, ConfigError, WorkerError
 from ..planning.placement import shard_specs
@@ -314,21 +314,24 @@ class ExperienceDataPlane:
     # -- placement: move the buffer to other shards while ingestion and delivery go on --
 
     def migrate(self, *, shards, capacity: int | None = None, background: bool = True,
-                max_hold_s: float = 0.002, chunk_bytes: int | None = None):
+                max_hold_s: float = 0.002, chunk_bytes: int | None = None, deadline_s: float = DEFAULT_DEADLINE_S):
         """Move the buffer to ``shards`` (optionally growing ``capacity``) while ingestion and
         delivery go on. Returns a handle whose ``wait()`` joins the copy (background), or
         None after a blocking migration. Prepared deliveries are dropped (their rows may move).
         In the background, each chunk of the copy holds the buffer's lock about ``max_hold_s``
         (the longest a delivery or insert waits for it); ``chunk_bytes`` fixes the chunk size
         instead. A blocking migration copies in the largest chunks, since everything waits
-        for it anyway."""
+        for it anyway. A background copy that is still running ``deadline_s`` after it began (a
+        busy learner can starve it) copies the rest at once under the lock: the handle's
+        ``finished_at_deadline`` says so."""
+        check_deadline(deadline_s)
         self._check_usable()
         with self._cond:
             self._prepared.drop_locked()
         m = begin_migration(self.buffer, shards=shards, capacity=capacity, max_hold_s=max_hold_s,
                             chunk_bytes=chunk_bytes if background else MAX_CHUNK_BYTES, start=not background)
         if background:
-            return BackgroundMigration(m)
+            return BackgroundMigration(m, deadline_s=deadline_s)
         try:
             m.finish()
         except BaseException:   # before the swap: the buffer keeps its layout, the new one (its actors) goes
@@ -338,11 +341,12 @@ class ExperienceDataPlane:
         return None
 
     def replan(self, plan, topology, *, background: bool = True, max_hold_s: float = 0.002,
-               chunk_bytes: int | None = None):
+               chunk_bytes: int | None = None, deadline_s: float = DEFAULT_DEADLINE_S):
         """Carry out a placement ``Plan`` (see placement.plan) on ``topology``: one shard per
         assigned tier (a 'remote' tier's name is the Ray custom resource of its node)."""
         return self.migrate(shards=shard_specs(plan, topology), capacity=sum(a.slots for a in plan.assignments),
-                            background=background, max_hold_s=max_hold_s, chunk_bytes=chunk_bytes)
+                            background=background, max_hold_s=max_hold_s, chunk_bytes=chunk_bytes,
+                            deadline_s=deadline_s)
 
     def _check_usable(self, *, restarting: bool = False) -> None:
         if self.closed:

@@ -13,12 +13,15 @@ pytest.importorskip("ray")
 def test_growth_past_the_host_budget_by_each_strategy(tmp_path):
     from conduit_benchmarks.bench_migration import main
     report = main(["--capacity", "6000", "--grow", "3", "--steps", "20", "--reps", "1", "--inserts", "256",
-                   "--json", str(tmp_path / "m.json")])
+                   "--deadline-s", "20", "--json", str(tmp_path / "m.json")])
     s = report["summary"]
     assert all(row["exact"] for row in s.values())                     # nothing lost or duplicated
     assert s["conduit-online"]["capacity_end"] == s["conduit-blocking"]["capacity_end"] == 18_000
     online = next(r for r in report["runs"] if r["strategy"] == "conduit-online")
-    assert online["chunks"] >= 1 and online["migration_s"] > 0
+    # the copy ran beside the learner (it stepped meanwhile) or, on a machine too busy for that,
+    # finished at its deadline; either way within it (plus the last part and the swap)
+    assert online["chunks"] >= 1 and (online["steps_during"] >= 1 or online["finished_at_deadline"])
+    assert online["migration_s"] < 20 + 30
     assert s["greedy"]["capacity_end"] == 6000 and "greedy: the fastest tier host" in s["greedy"]["failed"]
     assert report["runs"][0]["start"] == {"host": 6000}                 # the start fits the host budget
     cons = next(r for r in report["runs"] if r["strategy"] == "conservative")

@@ -108,3 +108,44 @@ def test_a_failure_after_the_swap_does_not_abort_the_layout_in_use(monkeypatch):
         assert len(edp.buffer) == 15 and edp.buffer.sample(8)["obs"].shape == (8, 4)
     finally:
         edp.close()
+
+
+def test_a_starved_background_migration_finishes_at_its_deadline_with_every_row():
+    """A learner that takes the buffer's lock between every two chunks can starve the copy; past
+    its deadline the rest is copied at once under the lock and the swap follows: every row there,
+    each once, and the handle says how it ended."""
+    import threading
+    import time
+    buf = ExperienceBuffer(spec=SPEC, capacity=4000)
+    buf.add(rollout(4000), source=0)
+    m = begin_migration(buf, shards=[ShardSpec("pageable", 8000)], capacity=8000, chunk_bytes=SPEC.stored_bytes_per_transition)
+    stop = threading.Event()
+
+    def learner():   # holds the lock most of the time, as a busy learner's calls do
+        while not stop.is_set():
+            with buf.lock:
+                time.sleep(0.002)
+    t = threading.Thread(target=learner)
+    t.start()
+    try:
+        started = time.monotonic()
+        handle = BackgroundMigration(m, deadline_s=0.3)
+        handle.wait(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        t.join()
+    assert handle.finished_at_deadline and buf.capacity == 8000
+    assert 0.3 <= took < 20
+    assert sorted(buf.ring.live_seqs().tolist()) == list(range(4000))
+    assert np.array_equal(buf.read(np.arange(4000))["obs"].numpy(), np.asarray(rollout(4000)["obs"]))
+
+
+def test_a_migration_deadline_must_be_finite():
+    buf = ExperienceBuffer(spec=SPEC, capacity=20)
+    from conduit_core import ConfigError, ExperienceDataPlane
+    with ExperienceDataPlane(buffer=buf) as edp:
+        for bad in (0, -1.0, float("inf"), "30"):
+            with pytest.raises(ConfigError, match="deadline_s"):
+                edp.migrate(shards=[ShardSpec("pageable", 40)], capacity=40, deadline_s=bad)
+        assert not buf.migrating
