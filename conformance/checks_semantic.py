@@ -3,6 +3,8 @@ on-policy isolation, staleness, state, and equivalence with the native path."""
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +24,7 @@ class Ctx:
     seed: int
 
     def session(self, **kw) -> Session:
-        return self.harness.session(seed=self.seed, **kw)
+        return self.harness.session(seed=self.seed, **session_args(self.harness, kw))
 
     def rollouts(self, *, n_rollouts: int = 12, sources: int = 3, version: int = 0, start: int = 0,
                  max_len: int = 9) -> list[SyntheticRollout]:
@@ -42,6 +44,23 @@ class Ctx:
         if "onpolicy" in caps:
             return self.session(onpolicy=True, **kw)
         raise CheckSkipped("the adapter declares neither 'replay' nor 'onpolicy'")
+
+
+def session_args(harness: Harness, kw: dict) -> dict:
+    """``kw`` as ``harness.session`` takes it. A harness written before ``schedule=`` was renamed
+    ``mode=`` (0.1.x) still gets its argument under the old name, with a DeprecationWarning, until 0.3."""
+    if "mode" not in kw:
+        return kw
+    params = inspect.signature(harness.session).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if "mode" in params or takes_any or "schedule" not in params:
+        return kw
+    warnings.warn(f"{type(harness).__name__}.session(schedule=...) is deprecated: the suite passes mode=... "
+                  "('sequential' or 'overlapped'); rename the parameter (the old name is accepted until "
+                  "conduit-edp 0.3, see CHANGELOG.md)", DeprecationWarning, stacklevel=3)
+    kw = dict(kw)
+    kw["schedule"] = kw.pop("mode")
+    return kw
 
 
 def _ids(rollouts) -> np.ndarray:

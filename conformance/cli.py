@@ -1,4 +1,5 @@
-"""``conduit conformance <adapter> [--level semantic|convergence] [--xfails FILE] [--report out.json] [-k PATTERN]``"""
+"""``conduit conformance <adapter> [--level semantic|convergence] [--xfails FILE] [--report out.json] [-k PATTERN]
+[--require CAP]``"""
 
 from __future__ import annotations
 
@@ -16,14 +17,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--xfails", default=None, help="file of 'check/id: reason' lines (expected failures)")
     p.add_argument("--report", default=None, help="write the report as JSON here")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-k", dest="select", action="append", default=None, help="only checks matching (repeatable)")
+    p.add_argument("-k", dest="select", action="append", default=None,
+                   help="only checks whose id matches (a substring or a glob; repeatable); one that matches none "
+                        "is an error")
+    p.add_argument("--require", action="append", default=[], metavar="CAP",
+                   help="a capability that must be certified: a check skipped because the harness does not "
+                        "declare it fails (repeatable)")
     a = p.parse_args(argv)
     try:
         harness = load_harness(a.adapter)
     except (ImportError, ValueError, TypeError) as exc:
         print(f"conduit conformance: cannot load adapter {a.adapter!r}: {exc}", file=sys.stderr)
         return 2
-    report = check_adapter(harness, level=a.level, seed=a.seed, xfails=load_xfails(a.xfails), select=a.select)
+    try:
+        report = check_adapter(harness, level=a.level, seed=a.seed, xfails=load_xfails(a.xfails), select=a.select,
+                               require=a.require)
+    except ValueError as exc:
+        print(f"conduit conformance: {exc}", file=sys.stderr)
+        return 2
     print(report.table())
     if a.report:
         with open(a.report, "w") as fh:

@@ -24,6 +24,8 @@ class CheckResult:
 class Report:
     header: dict
     results: list[CheckResult] = field(default_factory=list)
+    # undeclared capability (or capabilities) -> the checks skipped for it: what this run does not certify
+    not_certified: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -41,7 +43,8 @@ class Report:
 
     def to_json(self) -> str:
         return json.dumps({"header": self.header, "ok": self.ok, "counts": self.counts(),
-                           "results": [asdict(r) for r in self.results]}, indent=2)
+                           "not_certified": self.not_certified, "results": [asdict(r) for r in self.results]},
+                          indent=2)
 
     def table(self) -> str:
         h = self.header
@@ -55,5 +58,12 @@ class Report:
                     "error": "ERROR"}[r.status]
             lines.append(f"  {r.id:<{w}}  {mark:<5}  {r.seconds:6.2f}s  {r.detail}".rstrip())
         c = self.counts()
-        lines += ["", "  " + ", ".join(f"{v} {k}" for k, v in c.items()) + ("  -> OK" if self.ok else "  -> FAILED")]
+        if self.not_certified:
+            lines += ["", "not certified (capabilities the harness does not declare; --require CAP makes one a "
+                          "failure):"]
+            lines += [f"  {caps}: {len(ids)} check{'s' if len(ids) > 1 else ''} skipped ({', '.join(ids)})"
+                      for caps, ids in sorted(self.not_certified.items())]
+        skipped = sum(len(ids) for ids in self.not_certified.values())
+        verdict = ("  -> OK" + (f" ({skipped} not certified)" if skipped else "")) if self.ok else "  -> FAILED"
+        lines += ["", "  " + ", ".join(f"{v} {k}" for k, v in c.items()) + verdict]
         return "\n".join(lines)

@@ -126,21 +126,41 @@ def run_one(harness: Harness, chk, args: tuple, *, seed: int) -> tuple[str, str]
 
 
 def check_adapter(harness: Harness, *, level: str = "semantic", seed: int = 0, xfails: dict[str, str] | None = None,
-                  select: Iterable[str] | None = None) -> Report:
-    """Run every applicable check; every failure is collected, not only the first."""
+                  select: Iterable[str] | None = None, require: Iterable[str] = ()) -> Report:
+    """Run every applicable check; every failure is collected, not only the first. Nothing passes
+    silently: a check skipped for an undeclared capability is listed as not certified in the report,
+    a skip of a capability in ``require`` is a failure, and a ``select`` pattern that matches no
+    check is an error."""
+    require = sorted(set(require))
+    unknown = sorted(set(require) - CAPABILITIES)
+    if unknown:
+        raise ValueError(f"require: expected capabilities among {sorted(CAPABILITIES)}, got {unknown}. Fix: spell "
+                         "them as listed (docs/writing-an-adapter.md, capabilities)")
     import conduit_core
     xfails = dict(xfails or {})
     departures = dict(getattr(harness, "known_departures", {}))   # the adapter's own, with why
     header = {"conduit": conduit_core.__version__, "adapter": harness.name, "adapter_version": harness.version,
               "framework": harness.framework, "framework_version": harness.framework_version, "level": level,
-              "seed": seed, "capabilities": sorted(harness.capabilities)}
+              "seed": seed, "capabilities": sorted(harness.capabilities), "required": require}
     report = Report(header)
     patterns = list(select or [])
-    for rid, chk, args in expand(harness, level):
-        if patterns and not any(fnmatch.fnmatch(rid, p) or p in rid for p in patterns):
+    expanded = expand(harness, level)
+    matched = {p: False for p in patterns}
+    for rid, chk, args in expanded:
+        hits = [p for p in patterns if fnmatch.fnmatch(rid, p) or p in rid]
+        if patterns and not hits:
             continue
+        for p in hits:
+            matched[p] = True
         t0 = time.perf_counter()
         status, detail = run_one(harness, chk, args, seed=seed)
+        undeclared = sorted(chk.needs - set(harness.capabilities))
+        if status == "skip" and undeclared:
+            report.not_certified.setdefault(", ".join(undeclared), []).append(rid)
+            if set(undeclared) & set(require):
+                status, detail = "fail", (f"capability {', '.join(sorted(set(undeclared) & set(require)))} is "
+                                          "required (--require) but the harness does not declare it. Fix: declare "
+                                          "and implement it, or do not require it")
         if rid in xfails or rid in departures:
             reason = xfails.pop(rid) if rid in xfails else departures[rid]
             if status == "fail":
@@ -150,4 +170,9 @@ def check_adapter(harness: Harness, *, level: str = "semantic", seed: int = 0, x
         report.results.append(CheckResult(rid, status, detail, time.perf_counter() - t0))
     for rid, reason in xfails.items():
         report.results.append(CheckResult(rid, "error", f"xfails names an unknown or unselected check ({reason})"))
+    for p, hit in matched.items():
+        if not hit:
+            report.results.append(CheckResult(f"select:{p}", "error", (
+                f"-k {p!r} selects no check at level {level!r}; known ids: "
+                f"{', '.join(rid for rid, _, _ in expanded)}. Fix: match an id (a substring or a glob)")))
     return report

@@ -174,3 +174,40 @@ def test_cli_finds_a_scaffolded_adapter_in_the_current_folder(tmp_path):
     r = subprocess.run([sys.executable, "-m", "conduit_core.cli", "conformance", "conduit_nowhere.conformance:harness"],
                        cwd=tmp_path, capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "conduit_nowhere" in r.stderr and "pip install -e" in r.stderr
+
+
+def test_nothing_passes_silently_a_filter_that_selects_nothing_is_an_error(tmp_path):
+    report = check_adapter(example_harness(), select=["nosuchcheck"])
+    assert not report.ok and [r.id for r in report.results] == ["select:nosuchcheck"]
+    r = subprocess.run([sys.executable, "-m", "conduit_core.cli", "conformance", "example", "-k", "nosuchcheck"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "selects no check" in r.stdout
+
+
+def test_what_is_not_certified_is_listed_and_a_required_capability_cannot_be_skipped():
+    report = check_adapter(example_harness())
+    assert report.ok
+    assert set(report.not_certified) == {"nstep", "sequences"}
+    assert "deliver/nstep_rows_true" in report.not_certified["nstep"]
+    assert "not certified" in report.table() and json.loads(report.to_json())["not_certified"] == report.not_certified
+    required = check_adapter(example_harness(), require=["nstep"])
+    assert not required.ok
+    assert failed(required) == set(report.not_certified["nstep"])
+    with pytest.raises(ValueError, match="require"):
+        check_adapter(example_harness(), require=["n-step"])
+
+
+def test_a_harness_written_for_the_old_schedule_argument_still_runs_with_a_warning():
+    """``Harness.session(schedule=)`` became ``mode=``: an outside harness keeps working for a
+    release, warned, instead of failing three checks with a TypeError."""
+    from conduit_conformance.examples.conduit_minirl.conformance import AdapterHarness
+
+    class OldHarness(AdapterHarness):
+        def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
+                    schedule="sequential", staleness=0):
+            return super().session(seed=seed, capacity=capacity, prioritized=prioritized, alpha=alpha,
+                                   onpolicy=onpolicy, mode=schedule, staleness=staleness)
+
+    with pytest.warns(DeprecationWarning, match="mode="):
+        report = check_adapter(OldHarness(), select=["overlap", "staleness", "sees_newest"])
+    assert report.ok and {r.status for r in report.results} == {"pass"}, report.table()
