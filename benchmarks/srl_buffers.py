@@ -1,6 +1,6 @@
 """SRL's buffers vs Conduit's: the work of the trainer worker's two threads, same samples, one run.
 
-    $CONDUIT_SRL_PYTHON -m benchmarks.srl_buffers            # SRL's venv (../shared/srl); ~1 min
+    $CONDUIT_SRL_PYTHON -m benchmarks.srl_buffers            # SRL's venv (scripts/srl); ~1 min
 
 For each workload (a MAPPO CartPole sample and an Atari-sized one, both time-major with SRL's
 field layout), the same samples are put into SRL's ``PriorityQueueBuffer`` (its default kind)

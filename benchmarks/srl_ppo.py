@@ -13,7 +13,7 @@ the per-seed ratios):
 - return reached in the same wall time: mean of the last 20 finished episodes when the run is stopped.
 
 SRL must be importable by ``--python`` (default ``$CONDUIT_SRL_PYTHON``, else this interpreter):
-``../shared/srl/setup-srl-venv.sh SRC VENV``.
+``scripts/srl/setup-srl-venv.sh SRC VENV``.
 
     PYTHONPATH=.:adapters /work/srl-venv/bin/python -m benchmarks.srl_ppo --seeds 3 --seconds 90 \\
         --json out/bench_srl_ppo.json

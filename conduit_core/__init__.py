@@ -20,40 +20,67 @@ What a user calls is exported here; the parts for those who compose their own ar
 each subpackage's ``__init__``; everything else is the subpackages' own business.
 """
 
-from . import state_io
+import importlib
+from typing import TYPE_CHECKING
+
 from ._moved import install as _install_moved
-from .buffer.experience_buffer import ExperienceBuffer, ShardLoss, prioritized_replay, queue, replay
-from .errors import (
-                     CapacityError,
-                     ClosedError,
-                     CodecError,
-                     ConduitError,
-                     ConfigError,
-                     ExperienceTimeout,
-                     RateLimitError,
-                     RateLimitTimeout,
-                     RowsNotStored,
-                     SemanticError,
-                     ShardLost,
-                     SpecError,
-                     StateError,
-                     WorkerError,
-)
-from .memory.tiers import Tier, cuda_available
-from .plane.edp import ExperienceDataPlane
-from .plane.hooks import Rollout
-from .plane.metrics import ControlPointMetrics, MetricsSnapshot
-from .planning.schedule import Schedule
-from .schema.batch import Batch
-from .schema.codecs import AffineCodec, Codec, IdentityCodec, register_codec
-from .schema.spec import ExperienceSpec, FieldSpec
-from .selection.rate_limiter import RateLimiter
-from .selection.selectors import Fifo, Prioritized, Selector, Uniform
-from .storage.shards import Shard, ShardSpec, even_shards, register_shard_kind
+from .errors import (CapacityError, ClosedError, CodecError, ConduitError, ConfigError, ExperienceTimeout,
+                     RateLimitError, RateLimitTimeout, RowsNotStored, SemanticError, ShardLost, SpecError, StateError,
+                     WorkerError)
 
 _install_moved(__name__)
 
 __version__ = "0.1.0"
+
+# name -> the module (under conduit_core) it is loaded from on first use
+_EXPORTS = {
+    "ExperienceBuffer": "buffer.experience_buffer", "ShardLoss": "buffer.experience_buffer",
+    "prioritized_replay": "buffer.experience_buffer", "queue": "buffer.experience_buffer",
+    "replay": "buffer.experience_buffer",
+    "Tier": "memory.tiers", "cuda_available": "memory.tiers",
+    "ExperienceDataPlane": "plane.edp", "Rollout": "plane.hooks",
+    "ControlPointMetrics": "plane.metrics", "MetricsSnapshot": "plane.metrics",
+    "Schedule": "planning.schedule",
+    "Batch": "schema.batch", "AffineCodec": "schema.codecs", "Codec": "schema.codecs",
+    "IdentityCodec": "schema.codecs", "register_codec": "schema.codecs",
+    "ExperienceSpec": "schema.spec", "FieldSpec": "schema.spec",
+    "RateLimiter": "selection.rate_limiter",
+    "Fifo": "selection.selectors", "Prioritized": "selection.selectors", "Selector": "selection.selectors",
+    "Uniform": "selection.selectors",
+    "Shard": "storage.shards", "ShardSpec": "storage.shards", "even_shards": "storage.shards",
+    "register_shard_kind": "storage.shards",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name == "state_io":
+        value = importlib.import_module(".state_io", __name__)
+    else:
+        raise AttributeError(f"module 'conduit_core' has no attribute {name!r}")
+    globals()[name] = value   # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | {"state_io"})
+
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors (never run)
+    from . import state_io
+    from .buffer.experience_buffer import ExperienceBuffer, ShardLoss, prioritized_replay, queue, replay
+    from .memory.tiers import Tier, cuda_available
+    from .plane.edp import ExperienceDataPlane
+    from .plane.hooks import Rollout
+    from .plane.metrics import ControlPointMetrics, MetricsSnapshot
+    from .planning.schedule import Schedule
+    from .schema.batch import Batch
+    from .schema.codecs import AffineCodec, Codec, IdentityCodec, register_codec
+    from .schema.spec import ExperienceSpec, FieldSpec
+    from .selection.rate_limiter import RateLimiter
+    from .selection.selectors import Fifo, Prioritized, Selector, Uniform
+    from .storage.shards import Shard, ShardSpec, even_shards, register_shard_kind
 
 __all__ = [
     "AffineCodec", "Batch", "CapacityError", "ClosedError", "Codec", "CodecError", "ConduitError", "ConfigError",

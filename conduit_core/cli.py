@@ -21,7 +21,9 @@ import argparse
 import sys
 
 
-def _cmd_info(_args: list[str]) -> int:
+def _cmd_info(args: list[str]) -> int:
+    argparse.ArgumentParser(prog="conduit info", description="What this machine offers Conduit: tiers, the C "
+                            "helpers, versions.").parse_args(args)
     import numpy as np
     import torch
 
@@ -46,13 +48,32 @@ def _contributed(group: str) -> dict:
     return {ep.name: ep for ep in entry_points(group=group)}
 
 
+# where each missing module comes from (from a checkout: the folder pip installs; from the registry: its name)
+INSTALL_HINTS = {
+    "conduit_benchmarks": "the lab: pip install -e benchmarks (conduit-benchmarks)",
+    "conduit_rllib": "the RLlib adapter: pip install -e adapters/conduit_rllib (conduit-rllib)",
+    "ray": "the RLlib adapter, which brings ray[rllib]: pip install -e adapters/conduit_rllib",
+    "conduit_verl": "the verl adapter: pip install -e adapters/conduit_verl (conduit-verl)",
+    "verl": "the verl adapter, which brings verl: pip install -e adapters/conduit_verl",
+    "conduit_srl": "the SRL adapter: pip install -e adapters/conduit_srl, in SRL's venv (scripts/srl)",
+    "rlsrl": "SRL itself, from a copy of its source: bash scripts/srl/setup-srl-venv.sh SRC VENV .",
+    "scipy": "the suite's statistics: pip install -e '.[test]'",
+    "ale_py": "the Atari workload: pip install -e 'adapters/conduit_rllib[atari]'",
+    "cv2": "the Atari workload: pip install -e 'adapters/conduit_rllib[atari]'",
+}
+
+
+def install_hint(module: str | None, fallback: str) -> str:
+    top = (module or "").split(".")[0]
+    return INSTALL_HINTS.get(top, INSTALL_HINTS.get(fallback, f"install the package that provides {top or fallback}"))
+
+
 def _load(ep, what: str):
     try:
         return ep.load()
     except ImportError as exc:
         package = ep.value.split(":")[0].split(".")[0]
-        print(f"{what}: cannot import {ep.value} ({exc}). Fix: install what {package} needs, e.g. "
-              f"pip install -e '.[{'rllib' if 'rllib' in package else 'verl' if 'verl' in package else 'test'}]'",
+        print(f"{what}: cannot import {ep.value} ({exc}). Fix: install {install_hint(exc.name, package)}",
               file=sys.stderr)
         return None
 
@@ -64,9 +85,9 @@ def _dispatch(group: str, prog: str, args: list[str], blurb: str) -> int:
         return 0 if args else 2
     name, rest = args[0], args[1:]
     if name not in found:
-        print(f"{prog}: unknown workload {name!r}; expected one of {sorted(found)} (contributed by the installed "
-              f"packages through the {group!r} entry points; reinstall with pip install -e . if one is missing)",
-              file=sys.stderr)
+        print(f"{prog}: unknown workload {name!r}; expected one of {sorted(found) or '(none installed)'}. Fix: "
+              f"workloads come from installed packages ({group!r} entry points); for the project's own, install "
+              f"{INSTALL_HINTS['conduit_benchmarks']}", file=sys.stderr)
         return 2
     fn = _load(found[name], f"{prog} {name}")
     if fn is None:

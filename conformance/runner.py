@@ -15,7 +15,7 @@ KNOWN_ADAPTERS = {
     "rllib": "conduit_rllib.conformance:harness",
     "example": "conduit_conformance.examples.conduit_minirl.conformance:harness",
     "verl": "conduit_verl.conformance:harness",
-    "srl": "conduit_srl.conformance:harness",     # in a venv with real SRL (../shared/srl/)
+    "srl": "conduit_srl.conformance:harness",     # in a venv with real SRL (scripts/srl/)
 }
 
 

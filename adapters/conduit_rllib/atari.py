@@ -12,7 +12,13 @@ ENV_NAME = "conduit-atari"
 
 
 def make_atari_env(cfg: dict | None = None):
-    import ale_py
+    try:
+        import ale_py
+        import cv2  # noqa: F401 - RLlib's Atari wrappers resize frames with it
+    except ImportError as exc:
+        raise ImportError(f"the Atari workload needs {exc.name}: expected the 'atari' extra of conduit-rllib, got it "
+                          "missing. Fix: pip install 'conduit-rllib[atari]' (from a checkout: pip install -e "
+                          "'adapters/conduit_rllib[atari]')", name=exc.name) from None
     import gymnasium as gym
     from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
     cfg = dict(cfg or {})

@@ -42,7 +42,7 @@ def enable(*, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priorit
         from rlsrl.base import buffer as srl_buffer
     except ImportError as e:
         raise ConfigError("conduit_srl.enable", "SRL importable (module rlsrl)", f"ImportError: {e}",
-                          "build SRL's venv with ../shared/srl/setup-srl-venv.sh SRC VENV and run there") from e
+                          "build SRL's venv with scripts/srl/setup-srl-venv.sh SRC VENV and run there") from e
     import multiprocessing
     method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
     if method != "fork":
@@ -97,4 +97,4 @@ def enable_consumer() -> None:
         trainer_worker.install()
     except ImportError as e:
         raise ConfigError("conduit_srl.enable_consumer", "SRL importable (module rlsrl)", f"ImportError: {e}",
-                          "build SRL's venv with ../shared/srl/setup-srl-venv.sh SRC VENV and run there") from e
+                          "build SRL's venv with scripts/srl/setup-srl-venv.sh SRC VENV and run there") from e

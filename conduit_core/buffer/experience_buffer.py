@@ -16,6 +16,7 @@ timeout and end in a clear error, never a hang.
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import Any, Mapping, Sequence
 
@@ -41,6 +42,8 @@ from .row_draw import PooledRowDraw
 from .sampling_args import SamplingChecks
 from .shard_loss import ShardLoss, ShardLossRecovery
 from .window_draw import PooledWindowDraw
+
+log = logging.getLogger("conduit")
 
 __all__ = ["ExperienceBuffer", "ShardLoss", "prioritized_replay", "queue", "replay"]
 
@@ -109,6 +112,9 @@ class ExperienceBuffer:
         self.pooled_rows, self.pooled_windows = (None, None) if self._out is None else (
             PooledRowDraw(self, self._out), PooledWindowDraw(self, self._out))
         self.inline_insert = InlineInsert(self)   # an ingest call's rollouts stored in a few frames (inline_insert.py)
+        log.info("conduit: experience buffer built: capacity %d, selector %s, %d B a row stored (%d delivered), "
+                 "shards %s", capacity, self.selector.name, spec.stored_bytes_per_transition, self.row_bytes,
+                 ", ".join(f"{s.kind or s.tier.value}:{s.capacity}" for s in shards))
 
     # ------------------------------------------------------------ properties
     def __len__(self) -> int:

@@ -27,6 +27,7 @@ judged by the guards), ``background_worker`` and ``background_errors`` (its fail
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -51,6 +52,8 @@ from .ingestion import IngestionPoint
 from .metrics import MetricsRecorder, MetricsSnapshot
 from .prepared_deliveries import DeliveryRequest, PreparedBatch, PreparedDeliveries
 from .workers import make_transformer
+
+log = logging.getLogger("conduit")
 
 
 class ExperienceDataPlane:
@@ -90,6 +93,10 @@ class ExperienceDataPlane:
         self._choose_routes()
         if self.schedule.is_overlapped:
             self._start_worker()
+        s = self.schedule
+        log.info("conduit: data plane built over a %s buffer of %d: schedule %s (g_ing %d, g_del %d, staleness %d)%s",
+                 buffer.selector.name, buffer.capacity, s.mode, s.ingest_granularity, s.delivery_granularity,
+                 s.staleness, f", delivering to {self.device}" if self.device else "")
 
     def _choose_routes(self) -> None:   # the short routes: ingest inline; deliver drawn in the call
         self._inline_ingest = not self.schedule.is_overlapped

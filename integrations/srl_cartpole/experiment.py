@@ -33,7 +33,7 @@ CONSUMERS = ("srl", "conduit")
 class CartPolePPOExperiment(cfg.Experiment):
     seed: int = 0
     stream: str = "shm"              # "shm": SRL's shared-memory streams; "zmq": NAME streams over ZMQ
-    actors: int = 1                  # shared-memory streams race with > 1 actor (shared/srl/README.md)
+    actors: int = 1                  # shared-memory streams race with > 1 actor (scripts/srl/README.md)
     envs_per_actor: int = 16
     inference_splits: int = 4
     policy_workers: int = 1

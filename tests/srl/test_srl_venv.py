@@ -1,7 +1,7 @@
 """Runs tests/srl_venv (Conduit's SRL buffers against real SRL) inside SRL's own venv.
 
 SRL is on no registry and pins numpy<2 and gym, so it lives in a venv of its own, built by
-``../shared/srl/setup-srl-venv.sh SRC VENV``; ``CONDUIT_SRL_PYTHON`` names that venv's python
+``scripts/srl/setup-srl-venv.sh SRC VENV``; ``CONDUIT_SRL_PYTHON`` names that venv's python
 (``.ci/run`` builds it and sets the variable when ``SRL_SRC`` points at a copy of SRL's source)."""
 
 import os
@@ -15,7 +15,7 @@ SRL_PYTHON = os.environ.get("CONDUIT_SRL_PYTHON")
 
 
 @pytest.mark.skipif(not SRL_PYTHON, reason="CONDUIT_SRL_PYTHON is not set: build SRL's venv with "
-                    "../shared/srl/setup-srl-venv.sh SRC VENV (SRC: openpsi-projects/srl) and set "
+                    "scripts/srl/setup-srl-venv.sh SRC VENV (SRC: openpsi-projects/srl) and set "
                     "CONDUIT_SRL_PYTHON=VENV/bin/python, or run .ci/run with SRL_SRC=SRC")
 def test_conduit_srl_buffers_against_real_srl():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "adapters")]))

@@ -1,4 +1,4 @@
-"""Tests that run inside SRL's venv (../shared/srl/setup-srl-venv.sh), against real SRL.
+"""Tests that run inside SRL's venv (scripts/srl/setup-srl-venv.sh), against real SRL.
 
 The main suite runs them through ``tests/srl/test_srl_venv.py`` when ``CONDUIT_SRL_PYTHON``
 names that venv's python; run them directly with ``$CONDUIT_SRL_PYTHON -m pytest tests/srl_venv``."""

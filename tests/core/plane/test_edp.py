@@ -297,3 +297,15 @@ def test_a_lone_rollout_without_hooks_is_stored_as_the_hooked_route_stores_it(se
     finally:
         lone.close()
         hooked.close()
+
+
+def test_a_buffer_and_a_data_plane_say_they_are_there(caplog):
+    """One INFO line under the 'conduit' logger when each is built: what it is, its capacity,
+    selector and schedule, so a framework's run log shows that Conduit is in the path."""
+    import logging
+    with caplog.at_level(logging.INFO, logger="conduit"):
+        buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=Fifo())
+        ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential()).close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "conduit"]
+    assert any("experience buffer built: capacity 64, selector fifo" in m for m in lines), lines
+    assert any("data plane built over a fifo buffer of 64: schedule sequential" in m for m in lines), lines

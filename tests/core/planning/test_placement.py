@@ -188,6 +188,8 @@ def test_background_migration_of_a_large_buffer_copies_in_short_chunks():
     buf = ExperienceBuffer(spec=SPEC, capacity=20_000)
     buf.add(rollout(20_000))
     m = begin_migration(buf, shards=[ShardSpec("shared", 30_000)], capacity=30_000, max_hold_s=0.0005)
+    while not m.step():   # the background thread's steps (finish() copies what is left in the largest chunks)
+        pass
     m.finish()
     assert m.chunks > 1 and len(buf) == 20_000 and buf.capacity == 30_000
     with pytest.raises(ConfigError, match="max_hold_s"):

@@ -1,0 +1,44 @@
+"""The command line answers fast and plainly: ``--help`` and ``info`` start without torch where
+they can, an unknown option is refused, and a missing piece names the package that brings it."""
+
+import subprocess
+import sys
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "conduit_core.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_help_and_import_do_not_import_torch():
+    code = ("import sys, conduit_core.cli as cli\n"
+            "import contextlib, io\n"
+            "try:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()):\n"
+            "        rc = cli.main(['--help'])\n"
+            "except SystemExit as exc:\n"
+            "    rc = exc.code\n"
+            "import conduit_core\n"
+            "print(rc, conduit_core.__version__, 'torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rc, _, torch_loaded = r.stdout.split()
+    assert rc == "0" and torch_loaded == "False"
+
+
+def test_an_unknown_option_is_refused():
+    r = run("info", "--bogus")
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
+
+
+def test_an_unknown_workload_names_where_workloads_come_from():
+    r = run("bench", "no-such-workload")
+    assert r.returncode == 2 and "pip install -e benchmarks" in r.stderr
+
+
+def test_the_exports_load_on_first_use_and_are_the_real_objects():
+    import conduit_core
+    from conduit_core.buffer.experience_buffer import ExperienceBuffer
+    assert conduit_core.ExperienceBuffer is ExperienceBuffer
+    assert set(conduit_core.__all__) <= set(dir(conduit_core))
+    assert all(getattr(conduit_core, name) is not None for name in conduit_core.__all__)
