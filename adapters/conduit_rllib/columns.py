@@ -34,6 +34,10 @@ def add_extra_model_output_columns(out: dict, ep, n: int) -> None:
     """The chunk's extra model outputs, one row per step, as ``EXTRA``-prefixed flat columns,
     written into ``out`` (``episode_columns``' dict: no second dict to build and unpack on every add)."""
     for key, buf in ep.extra_model_outputs.items():
+        if type(key) is not str:   # (a column is named after its key; the learner gets the names back)
+            raise SpecError(f"extra_model_outputs[{key!r}]", "a str key (Conduit stores each output as a column "
+                            "named after its key)", f"a {type(key).__name__} key",
+                            f"name the output with a str, e.g. {str(key)!r}; nothing of this add was stored")
         data = getattr(buf, "data", None)   # (``_steps`` and ``_extra_leaves``, inline for one array: every add comes here)
         if type(data) is np.ndarray:
             lb = buf.lookback

@@ -101,8 +101,10 @@ class EpisodeIngest:
         if sum(n for *_, n in keep) > self.ring:
             from conduit_core import CapacityError
             raise CapacityError(f"add(): {sum(n for *_, n in keep)} new steps in one call exceed the buffer's ring "
-                                f"of {self.ring} slots (capacity {self.capacity}); RLlib's prioritized buffer fails "
-                                "here too. Fix: raise the replay buffer capacity, or hand over fewer steps per add.")
+                                f"of {self.ring} slots (capacity {self.capacity} x (1 + ring_slack)); RLlib's buffer "
+                                "would hold them, over its capacity, until the next add evicts them. Nothing was "
+                                "stored or evicted. Fix: raise the replay buffer's capacity (or ring_slack), or hand "
+                                "over fewer steps per add.")
         for src in evict:
             self._evict_episode(src)
         dropped = [ep.receipt for ep, _, src, _ in chunks if src in drop and getattr(ep, "receipt", None)] \
