@@ -199,6 +199,12 @@ def commit(buf, receipts: Iterable[Receipt], *, timeout: float | None = None) ->
         if not ledger.made(r):
             raise ConfigError("receipt.buffer", f"this buffer's id {ledger.buffer[:8]} (or one it was restored from)",
                               r.buffer[:8], "commit a receipt to the buffer whose writer made it")
+        for name, flags in r.done.items():   # a receipt altered after write: refused, nothing taken
+            if len(flags) != r.n:
+                raise ConfigError(f"receipt.n (writer {r.writer[:8]} ticket {r.ticket})",
+                                  f"{len(flags)}, the rows its {name} flags describe", r.n,
+                                  "commit the receipt SourceWriter.write returned, unchanged; nothing of this call "
+                                  "was committed, and the original receipt still commits once")
     ahead: dict = {}
     claimed: list = []
     try:

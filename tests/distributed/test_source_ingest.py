@@ -16,7 +16,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray")
 hypothesis = pytest.importorskip("hypothesis")
 
-from conduit_core import ExperienceBuffer, Fifo, ShardSpec, SpecError  # noqa: E402
+from conduit_core import ConfigError, ExperienceBuffer, Fifo, ShardSpec, SpecError  # noqa: E402
 from conduit_core.source.source_commit import committed_seqs  # noqa: E402
 
 from ..core.helpers import SPEC, rollout  # noqa: E402
@@ -159,6 +159,25 @@ def test_a_retried_stage_or_commit_changes_nothing(cluster):
                 other.commit([w.write(rollout(2))])
         finally:
             other.close()
+    finally:
+        buf.close()
+
+
+def test_an_altered_receipt_is_refused_and_the_genuine_one_still_commits_once(cluster):
+    """A receipt whose row count was changed after write (+3) is refused naming it, with nothing
+    taken (it was refused as 'rows gone' and marked taken, so the genuine receipt then counted as a
+    duplicate and its rollout was never stored)."""
+    from dataclasses import replace
+    buf = fifo_buffer(10)
+    try:
+        w = buf.writer(source=1, shard=1)
+        genuine = w.write(rollout(4, 0))
+        with pytest.raises(ConfigError, match="receipt.n"):
+            buf.commit([replace(genuine, n=genuine.n + 3)])
+        assert len(buf) == 0 and buf.ingest_ledger.duplicates == 0 and buf.ingest_ledger.never_accepted == 0
+        report = buf.commit([genuine])
+        assert [f for _, f in report.committed] == [0] and not report.duplicates
+        assert ids_of(buf.take(None)) == [0, 1, 2, 3]
     finally:
         buf.close()
 
