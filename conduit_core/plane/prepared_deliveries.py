@@ -15,6 +15,8 @@ hot path takes no extra lock.
 
 from __future__ import annotations
 
+import logging
+
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -23,6 +25,8 @@ from typing import Any
 from ..buffer.experience_buffer import ExperienceBuffer
 from ..schema.batch import Batch
 from .metrics import MetricsRecorder
+
+log = logging.getLogger("conduit")
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class PreparedDeliveries:
         self._batches: deque[PreparedBatch] = deque()
         self._prefetch_in_flight = False  # the worker is drawing a batch ahead (under the delivery lock)
         self.request: DeliveryRequest | None = None
+        self.judged = HitRate()   # handed out vs discarded at hand-out (a warning when most are discarded)
 
     def __len__(self) -> int:
         return len(self._batches)
@@ -116,7 +121,9 @@ class PreparedDeliveries:
             p = batches[0]
             if self._still_valid(p, request, accepted_rows, priority_version, staleness, priority_lag):
                 batches.popleft()
+                self.judged.note(handed=1, discarded=0)
                 return p
+            self.judged.note(handed=0, discarded=len(batches))
             self.discard_locked()
         return None
 
@@ -187,3 +194,28 @@ class PreparedDeliveries:
                                         restore_rng=token is not None)
         self._metrics.count("prefetch_discards", len(batches))
         batches.clear()
+
+
+class HitRate:
+    """Prepared batches handed out vs discarded at hand-out, and one warning when most are
+    discarded: preparing ahead then costs draws (and the CPU) and saves the learner nothing,
+    which the metrics alone would leave unsaid."""
+
+    WARN_AFTER = 20        # judged batches before the rate means anything
+    WARN_BELOW = 0.5       # hit rate under which preparing ahead does not pay
+
+    def __init__(self):
+        self.handed = self.discarded = 0
+        self.warned = False
+
+    def note(self, *, handed: int, discarded: int) -> None:
+        self.handed += handed
+        self.discarded += discarded
+        judged = self.handed + self.discarded
+        if not self.warned and judged >= self.WARN_AFTER and self.handed < self.WARN_BELOW * judged:
+            self.warned = True
+            log.warning("conduit: %d of %d batches prepared ahead were discarded when the learner asked (hit rate "
+                        "%.0f%%): between two deliveries the learner ingests or updates priorities, so a batch "
+                        "drawn earlier is no longer what it would draw now. Fix: Schedule.sequential() for this "
+                        "loop, or allow staleness (Schedule.overlapped(staleness=k)) where the algorithm may "
+                        "miss the last k inserts", self.discarded, judged, 100.0 * self.handed / judged)

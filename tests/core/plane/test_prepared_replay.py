@@ -235,3 +235,24 @@ def test_process_worker_and_bad_priority_lag_are_refused():
         PreparedReplay(buffer=buf, schedule=Schedule.sequential(), lock=threading.Lock(), priority_lag=-1)
     with pytest.raises(ConfigError, match="schedule"):
         PreparedReplay(buffer=buf, schedule="overlapped", lock=threading.Lock())
+
+
+def test_mostly_discarded_prepared_batches_are_said_once(caplog):
+    """Preparing ahead that the learner's loop always invalidates costs draws and saves nothing:
+    one warning, with the hit rate and the fix, once enough batches were judged; none while most
+    are handed out."""
+    import logging
+    from conduit_core.plane.prepared_deliveries import HitRate
+    with caplog.at_level(logging.WARNING, logger="conduit"):
+        good = HitRate()
+        for _ in range(50):
+            good.note(handed=1, discarded=0)
+        good.note(handed=0, discarded=3)
+        bad = HitRate()
+        for _ in range(HitRate.WARN_AFTER - 1):
+            bad.note(handed=0, discarded=1)
+        assert not caplog.records                       # too few judged to say anything yet
+        for _ in range(30):
+            bad.note(handed=0, discarded=1)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "conduit"]
+    assert len(warnings) == 1 and "hit rate 0%" in warnings[0] and "Schedule.sequential()" in warnings[0]
