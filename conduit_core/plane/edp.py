@@ -418,9 +418,15 @@ class ExperienceDataPlane:
         if self._thread is not None:
             self._thread.join(timeout=self.schedule.timeout)
             if self._thread.is_alive():   # its memory stays: freed under a running worker, a store would write into freed pages
-                raise WorkerError(f"close(): the worker thread did not stop within {self.schedule.timeout:g} s (a "
-                                  "hook or a store still running); the buffer was left open. Fix: call close() again "
-                                  "once it returns") from first_error
+                with self._cond:
+                    held, queued = self.ingestion.unstored_tickets_locked()
+                err = WorkerError(
+                    f"close(): the worker thread did not stop within {self.schedule.timeout:g} s (a hook or a store "
+                    f"still running); the buffer was left open. Accepted and not stored: tickets {held} in the "
+                    f"worker's hands, {queued} queued; they are stored if the hook returns and close() is called "
+                    "again, and never otherwise. Fix: call close() again once it returns, or make the hook return")
+                err.unstored_tickets = held + queued   # type: ignore[attr-defined]
+                raise err from first_error
         if self._transformer is not None:
             self._transformer.close()
         self.closed = True

@@ -74,6 +74,7 @@ class IngestionPoint:
         # way); never queued for a worker that is leaving
         self.refusing: str | None = None
         self.enqueued = self.finished = 0         # rollouts queued, and taken off the queue stored or failed
+        self.in_hand: list[Rollout] = []          # the group the worker is storing now (its hooks running)
 
     def ingest(self, data: Mapping[str, Any], *, source: int, policy_version: int, timeout: float | None) -> int:
         """Accept one rollout: stored before returning (sequential) or queued (overlapped)."""
@@ -290,6 +291,7 @@ class IngestionPoint:
         pending = self.pending
         group = [pending.popleft() for _ in range(min(g, len(pending)))]
         self.busy = bool(group)
+        self.in_hand = group
         self._metrics.set_queue("ingest", len(pending))
         return group
 
@@ -299,6 +301,11 @@ class IngestionPoint:
         self.committed_rows += sum(r.rows for r in group)
         self.finished += len(group)
         self.busy = False
+        self.in_hand = []
+
+    def unstored_tickets_locked(self) -> tuple[list[int], list[int]]:
+        """(tickets the worker holds, tickets still queued): rollouts accepted and not stored yet."""
+        return [r.ticket for r in self.in_hand], [r.ticket for r in self.pending]
 
     def drop_queued_locked(self) -> None:
         self.finished += len(self.pending)

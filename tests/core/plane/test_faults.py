@@ -466,3 +466,28 @@ def test_a_group_with_a_rollout_larger_than_the_buffer_stores_nothing_and_counts
     edp.ingest_many([Rollout(rollout(5, 0))])
     assert len(buf) == 5
     edp.close()
+
+
+def test_a_hook_that_never_returns_leaves_its_rollout_reported_not_lost():
+    """A thread worker's hook that hangs: close() cannot stop it and says so, naming the rollouts
+    accepted and not stored (the one in the hook, those queued behind it); once the hook returns, a
+    second close() stores them."""
+    import threading
+    release = threading.Event()
+
+    def hook(rollouts):
+        if any(r.data["obs"][0, 0] == 100 for r in rollouts):
+            release.wait(30)
+        return rollouts
+    buf = ExperienceBuffer(spec=SPEC, capacity=100)
+    edp = ExperienceDataPlane(buffer=buf, schedule=Schedule.overlapped(timeout=0.3), ingest_hooks=[hook])
+    t0 = edp.ingest(rollout(3, 0))
+    edp.flush()
+    stuck = edp.ingest(rollout(3, 100))
+    behind = edp.ingest(rollout(3, 200))
+    with pytest.raises(WorkerError, match="Accepted and not stored") as info:
+        edp.close()
+    assert info.value.unstored_tickets == [stuck, behind] and t0 < stuck
+    release.set()
+    edp.close()
+    assert sorted(buf_ids := [int(x) for x in edp.buffer.ring.live_seqs()]) == buf_ids and len(buf_ids) == 9
