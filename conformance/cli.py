@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .runner import KNOWN_ADAPTERS, check_adapter, load_harness, load_xfails
+from .runner import check_adapter, load_harness, load_xfails
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="conduit conformance",
                                 description="Run the Conduit conformance suite on an adapter and print the table.")
-    p.add_argument("adapter", help=f"one of {sorted(KNOWN_ADAPTERS)} or 'module:factory'")
+    p.add_argument("adapter", help="a name (rllib, verl, srl, example, or one an installed adapter registers) or 'module:factory'")
     p.add_argument("--level", default="semantic", choices=["semantic", "convergence"])
     p.add_argument("--xfails", default=None, help="file of 'check/id: reason' lines (expected failures)")
     p.add_argument("--report", default=None, help="write the report as JSON here")

@@ -19,12 +19,25 @@ KNOWN_ADAPTERS = {
 }
 
 
+HARNESS_GROUP = "conduit.harnesses"   # entry points: name -> "module:factory" (an installed adapter's harness)
+
+
+def known_adapters() -> dict[str, str]:
+    """Harnesses by name: the project's own, and those installed adapters register (``conduit.harnesses``)."""
+    from importlib.metadata import entry_points
+    return {**KNOWN_ADAPTERS, **{ep.name: ep.value for ep in entry_points(group=HARNESS_GROUP)}}
+
+
 def load_harness(spec: str) -> Harness:
-    """'rllib', 'example', or 'package.module:factory' (a Harness instance or a callable returning one)."""
-    target = KNOWN_ADAPTERS.get(spec, spec)
+    """A name (the project's adapters, 'example', or one an installed adapter registers through the
+    ``conduit.harnesses`` entry points), or 'package.module:factory' (a Harness instance or a
+    callable returning one)."""
+    known = known_adapters()
+    target = known.get(spec, spec)
     if ":" not in target:
-        raise ValueError(f"adapter: expected one of {sorted(KNOWN_ADAPTERS)} or 'module:factory', got {spec!r}. "
-                         "Fix: pass e.g. conduit_myfw.conformance:harness")
+        raise ValueError(f"adapter: expected one of {sorted(known)} or 'module:factory', got {spec!r}. "
+                         "Fix: pass e.g. conduit_myfw.conformance:harness, or install the adapter's package "
+                         "(its pyproject registers the name under [project.entry-points.\"conduit.harnesses\"])")
     mod_name, attr = target.split(":", 1)
     obj = getattr(_import_adapter_module(mod_name), attr)
     if isinstance(obj, type) and not issubclass(obj, Harness):

@@ -17,6 +17,27 @@ from pathlib import Path
 
 TEMPLATE = Path(__file__).parent / "examples" / "conduit_minirl"
 
+# the scaffolded package's own pyproject: installable alone, its harness registered by name
+PYPROJECT = """[build-system]
+requires = ["setuptools>=77", "wheel"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{dist}"
+version = "0.1.0"
+description = "Conduit adapter for {name}"
+requires-python = ">=3.11"
+dependencies = ["conduit-edp[test]>=0.1"]   # add your framework here
+
+# `conduit conformance {name}` finds the harness through this entry point
+[project.entry-points."conduit.harnesses"]
+{name} = "{pkg}.conformance:harness"
+
+[tool.setuptools]
+package-dir = {{"{pkg}" = "."}}
+packages = ["{pkg}", "{pkg}.tests"]
+"""
+
 
 def scaffold(name: str, dest: str | os.PathLike = ".") -> Path:
     if not name.isidentifier() or keyword.iskeyword(name) or not name.islower():
@@ -31,6 +52,7 @@ def scaffold(name: str, dest: str | os.PathLike = ".") -> Path:
         path.write_text(text.replace("conduit_minirl", pkg).replace(
             "Conduit adapter for minirl (the example framework in ``conformance/examples/minirl.py``).",
             f"Conduit adapter for {name} (scaffolded from the minirl example: it passes the suite as is)."))
+    (target / "pyproject.toml").write_text(PYPROJECT.format(name=name, pkg=pkg, dist=pkg.replace("_", "-")))
     (target / "README.md").write_text(
         f"# {pkg}\n\nScaffolded by `conduit new-adapter {name}`. It targets the example framework `minirl`\n"
         "and passes the conformance suite as is. To adapt it to your framework:\n\n"
@@ -39,6 +61,8 @@ def scaffold(name: str, dest: str | os.PathLike = ".") -> Path:
         "   types and calls.\n"
         "2. Adjust the declared `capabilities` in `conformance.py` to what your adapter supports.\n"
         f"3. Run `pytest {pkg}/tests` or `conduit conformance {pkg}.conformance:harness`.\n\n"
+        f"It is a package of its own: `pip install -e {pkg}` installs it (and the core), and registers\n"
+        f"its harness, so `conduit conformance {name}` finds it by name.\n\n"
         "See docs/writing-an-adapter.md in the Conduit repository.\n")
     return target
 

@@ -211,3 +211,19 @@ def test_a_harness_written_for_the_old_schedule_argument_still_runs_with_a_warni
     with pytest.warns(DeprecationWarning, match="mode="):
         report = check_adapter(OldHarness(), select=["overlap", "staleness", "sees_newest"])
     assert report.ok and {r.status for r in report.results} == {"pass"}, report.table()
+
+
+def test_a_scaffolded_adapter_installs_as_a_package_and_registers_its_harness(tmp_path):
+    """`conduit new-adapter` makes an installable package: built and installed (here into a folder
+    of its own, not this environment), its harness is found by name, and it passes the suite."""
+    from conduit_conformance.scaffold import scaffold
+    pkg = scaffold("toyfw2", tmp_path / "src")
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--no-index", "--target", str(site), str(pkg)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    env = {**__import__("os").environ, "PYTHONPATH": str(site)}
+    r = subprocess.run([sys.executable, "-m", "conduit_core.cli", "conformance", "toyfw2", "-k", "ingest/"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "adapter conduit_toyfw2" in r.stdout and "3 pass" in r.stdout
