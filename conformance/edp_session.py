@@ -21,14 +21,19 @@ def stored_ids(edp: ExperienceDataPlane, id_field: str = "obs") -> np.ndarray:
 
 
 def stored_ids_of_buffer(buffer, id_field: str = "obs") -> np.ndarray:
-    """Ids an ExperienceBuffer holds now, in insertion order (the first element of each row's
-    ``id_field``; FIFO: the unconsumed part)."""
+    """Ids an ExperienceBuffer holds now, in insertion order (FIFO: the unconsumed part): the first
+    element of each row's ``id_field``. Name the field that carries the id: for a dict observation
+    the key's own field (``"obs.id"``: nested fields are stored under dotted names), since a dict's
+    first element is whichever key sorts first (gymnasium sorts them), not necessarily the id."""
+    if id_field not in buffer.spec:
+        raise KeyError(f"id_field: expected one of the buffer's fields {list(buffer.spec.names)}, got {id_field!r}. "
+                       "Fix: pass the field that carries the rollout ids (a dict observation's key as 'obs.KEY')")
     state = buffer.state_dict()
     seq = state["meta"]["seq"]
     kept = seq >= 0                  # removed rows (evict, early eviction) hold -1
     order = np.flatnonzero(kept)[np.argsort(seq[kept])]
     ids = np.asarray(state["data"][id_field])[order]
-    ids = ids.reshape(ids.shape[0], -1)[:, 0]
+    ids = ids.reshape(ids.shape[0], -1)[:, 0] if ids.size else np.zeros(0, np.int64)   # (an empty buffer holds none)
     seq = seq[order]
     if buffer.selector.consumes:
         ids = ids[seq >= state["counters"]["head"]]
