@@ -367,9 +367,30 @@ def eviction_matches_native(ctx: Ctx) -> None:
                 a = np.sort(np.asarray(s.stored_ids()).astype(np.int64))
                 b = np.sort(np.asarray(nat.stored_ids()).astype(np.int64))
                 ensure(np.array_equal(a, b),
-                       f"capacity {capacity}, after rollout {i}: the adapter holds {a.size} transitions, the native "
-                       f"path {b.size}; only the adapter holds {np.setdiff1d(a, b)[:6].tolist()}, only the native "
-                       f"path {np.setdiff1d(b, a)[:6].tolist()} (whole-episode vs per-step eviction?)")
+                       f"capacity {capacity}, after rollout {i}: " + held_difference(a, b))
+
+
+def held_difference(adapter: np.ndarray, native: np.ndarray) -> str:
+    """What differs between two sorted multisets of held ids, duplicates included (a set difference
+    would hide a row held twice), and what the difference looks like, without guessing its cause."""
+    ids, ca = np.unique(adapter, return_counts=True)
+    ids_n, cn = np.unique(native, return_counts=True)
+    counts_a, counts_n = dict(zip(ids.tolist(), ca.tolist())), dict(zip(ids_n.tolist(), cn.tolist()))
+    extra = [(i, counts_a[i] - counts_n.get(i, 0)) for i in sorted(counts_a) if counts_a[i] > counts_n.get(i, 0)]
+    missing = [(i, counts_n[i] - counts_a.get(i, 0)) for i in sorted(counts_n) if counts_n[i] > counts_a.get(i, 0)]
+    fmt = lambda pairs: ", ".join(f"{i}" + (f" (x{k})" if k > 1 else "") for i, k in pairs[:8]) + (
+        f", ... ({len(pairs)} ids)" if len(pairs) > 8 else "")
+    dup = sorted(i for i, k in counts_a.items() if k > 1)
+    parts = [f"the adapter holds {adapter.size} transitions, the native path {native.size}",
+             f"held by the adapter and not (as often) by the native path: {fmt(extra) or 'none'}",
+             f"held by the native path and not (as often) by the adapter: {fmt(missing) or 'none'}"]
+    if dup:
+        parts.append(f"ids the adapter holds more than once: {dup[:8]}")
+    if missing and not extra:
+        parts.append("the adapter holds fewer rows: it evicted more, or earlier, than the framework")
+    elif extra and not missing:
+        parts.append("the adapter holds more rows: it evicted less, or later, than the framework, or stored some twice")
+    return "; ".join(parts)
 
 
 @check("equivalence/prioritized_matches_native", needs=("native", "prioritized"))

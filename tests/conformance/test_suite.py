@@ -227,3 +227,11 @@ def test_a_scaffolded_adapter_installs_as_a_package_and_registers_its_harness(tm
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "adapter conduit_toyfw2" in r.stdout and "3 pass" in r.stdout
+
+
+def test_the_eviction_message_shows_duplicates_a_set_difference_would_hide():
+    import numpy as np
+    from conduit_conformance.checks_semantic import held_difference
+    msg = held_difference(np.array([1, 2, 2, 3]), np.array([1, 2, 3, 4]))
+    assert "more than once: [2]" in msg and "not (as often) by the adapter: 4" in msg
+    assert "whole-episode" not in msg                      # it describes, it does not guess a cause
