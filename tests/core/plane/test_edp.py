@@ -46,7 +46,8 @@ def test_overlapped_prefetch_is_used_when_staleness_allows():
         while edp.metrics().prefetch_hits == 0 and time.time() < deadline:
             time.sleep(0.01)
             edp.deliver(8)
-        assert edp.metrics().prefetch_hits > 0
+        m = edp.metrics()
+        assert m.prefetch_hits >= 1 and m.prefetch_discards == 0   # nothing changed: nothing prepared was stale
 
 
 def test_delivery_granularity_amortises_and_keeps_semantics():

@@ -61,15 +61,15 @@ def test_two_background_failures_both_reach_the_caller(worker):
 def _slow_on_ten(rollouts):
     for r in rollouts:
         if int(r.data["obs"][0, 0]) == 10:
-            time.sleep(8.0)
+            time.sleep(25.0)
     return rollouts
 
 
 def test_a_process_worker_answer_that_comes_too_late_is_never_taken_for_the_next_one():
     """Request 2 runs past Schedule.timeout: it is reported as failed, and its late answer
     must not be stored as request 3's (rows one rollout late) nor break later requests."""
-    # (the other requests get 3 s, room for a fresh child's first answer on a loaded machine)
-    with make(Schedule.overlapped(worker="process", timeout=3.0), ingest_hooks=[_slow_on_ten]) as edp:
+    # (the other requests get 10 s, room for a fresh child's first answer on a busy machine; the slow one 25)
+    with make(Schedule.overlapped(worker="process", timeout=10.0), ingest_hooks=[_slow_on_ten]) as edp:
         edp.ingest(rollout(5, 0))
         edp.ingest(rollout(5, 10))                 # slower than the timeout
         edp.ingest(rollout(5, 20))

@@ -218,12 +218,12 @@ def test_close_joins_the_worker_and_raises_a_failure_not_yet_raised(monkeypatch)
 
 
 def test_deliver_never_waits_for_data():
-    o = Owner(Schedule.overlapped(delivery_granularity=1, depth=1))
+    o = Owner(Schedule.overlapped(delivery_granularity=1, depth=1, timeout=60.0))
     o.put(2)  # fewer than B rows: a draw without replacement cannot be made
     t0 = time.perf_counter()
     with pytest.raises(Exception):
         o.get()
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 20   # (a wait for data would last the schedule's 60 s)
     o.replay.close()
 
 
