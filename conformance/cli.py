@@ -23,12 +23,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--require", action="append", default=[], metavar="CAP",
                    help="a capability that must be certified: a check skipped because the harness does not "
                         "declare it fails (repeatable)")
+    p.add_argument("--calibrate-convergence", action="store_true",
+                   help="measure the native arm's spread on each convergence workload (sd of log env steps to the "
+                        "threshold over the seeds of $CONDUIT_CONVERGENCE_SEEDS, e.g. 0,1,...,9) and print what "
+                        "Harness.convergence_spread should declare")
     a = p.parse_args(argv)
     try:
         harness = load_harness(a.adapter)
     except (ImportError, ValueError, TypeError) as exc:
         print(f"conduit conformance: cannot load adapter {a.adapter!r}: {exc}", file=sys.stderr)
         return 2
+    if a.calibrate_convergence:
+        import json
+
+        from .checks_convergence import calibrate, seeds
+        print(json.dumps(calibrate(harness, list(seeds())), indent=1))
+        return 0
     try:
         report = check_adapter(harness, level=a.level, seed=a.seed, xfails=load_xfails(a.xfails), select=a.select,
                                require=a.require)

@@ -220,3 +220,11 @@ class Harness(ABC):
     def convergence_workloads(self) -> dict[str, Callable[[str, int], ConvergenceResult]]:
         """name -> run(path, seed) where path is 'native' or 'conduit'."""
         return {}
+
+    def convergence_spread(self) -> dict[str, float]:
+        """name -> the standard deviation of log(env steps to the threshold) over seeds of the
+        framework's own path on that workload, as measured (``conduit conformance NAME
+        --calibrate-convergence``). The convergence check's bound comes from it (a margin the
+        native arm's own spread sets, at a stated false-alarm rate); a workload without one is
+        judged by the suite's fixed bound, set from RLlib's spread, and says so."""
+        return {}

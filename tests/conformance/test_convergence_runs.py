@@ -46,3 +46,34 @@ def test_the_worker_count_is_checked_and_bounded(monkeypatch):
     assert cc.workers(4) == 4 and cc.workers(1) == 1
     monkeypatch.delenv(cc.WORKERS_ENV)
     assert 1 <= cc.workers(100) <= cc.DEFAULT_MAX_WORKERS
+
+
+def test_the_calibrated_bound_has_the_false_alarm_rate_it_states():
+    """With the native spread declared, two equal arms fall outside the bound with probability 0.1%
+    (log-steps normal with that sd), simulated over 200,000 seeded pairs of k-seed arms; and a change
+    as large as the detectable ratio is caught 80% of the time."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    for spread, k in ((0.38, 2), (0.16, 2), (0.16, 5)):
+        bound = np.log(cc.ratio_bound(k, spread))
+        same = rng.normal(0, spread, (200_000, 2, k)).mean(axis=2)   # (the mean of log-steps per arm)
+        alarms = np.mean(np.abs(same[:, 1] - same[:, 0]) > bound)
+        assert 0.0003 < alarms < 0.002, (spread, k, alarms)
+        shift = np.log(cc.detectable_ratio(k, spread))
+        caught = np.mean(np.abs(same[:, 1] + shift - same[:, 0]) > bound)
+        assert 0.77 < caught < 0.83, (spread, k, caught)
+    assert cc.ratio_bound(2) == 2.5 and cc.ratio_bound(5) == 2.0   # undeclared: the fixed bounds
+
+
+def test_calibration_measures_the_native_spread(monkeypatch):
+    monkeypatch.setenv(cc.WORKERS_ENV, "1")
+    from conduit_conformance.examples.conduit_minirl.conformance import harness
+    out = cc.calibrate(harness(), [0, 1, 2])
+    assert set(out) == {"bandit"} and len(out["bandit"]["steps"]) == 3
+    assert out["bandit"]["spread"] >= 0 and out["bandit"]["bound_2_seeds"] >= 1.0
+
+
+def test_a_declared_spread_must_be_a_plausible_sd():
+    for bad in (0, -0.1, 12, "0.3", True):
+        with pytest.raises(ValueError, match="convergence_spread"):
+            cc.check_spread("w", bad)
