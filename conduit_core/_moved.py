@@ -2,8 +2,8 @@
 release: ``import conduit_core.buffer_state`` still works, warns once with a DeprecationWarning
 naming the new path, and gives the same module object (so ``isinstance`` and monkeypatching see
 one module). CHANGELOG.md lists every move. Names that are now subpackages (``buffer``,
-``storage``, ``memory``, ``remote``, ``selection``) need no entry: the subpackage exports what
-the old module's users imported from it."""
+``storage``, ``memory``, ``remote``, ``selection``) need no entry: the subpackage exports the old
+module's main names; its helpers moved where the CHANGELOG's table says."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __init__(self, package: str):
         self.prefix = package + "."
+        self.specs: dict[int, object] = {}
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname.startswith(self.prefix) and fullname[len(self.prefix):] in MOVED:
@@ -62,12 +63,19 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new = self.prefix + MOVED[spec.name[len(self.prefix):]]
         warnings.warn(f"{spec.name} moved to {new} in conduit-edp 0.2; the old path is removed in 0.3. "
                       f"Fix: import {new} (or the name from conduit_core itself)", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
+        module = importlib.import_module(new)
+        self.specs[id(module)] = module.__spec__   # the import system sets the old path's spec on it next
+        return module
 
     def exec_module(self, module):
-        """The module at its new path is already executed."""
+        """The module at its new path is already executed: only its own spec is put back (reload,
+        find_spec and relative imports inside it keep working under the new path)."""
+        own = self.specs.pop(id(module), None)
+        if own is not None:
+            module.__spec__ = own
+            module.__loader__ = own.loader
 
 
 def install(package: str) -> None:
     if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
-        sys.meta_path.append(MovedModuleFinder(package))
+        sys.meta_path.insert(0, MovedModuleFinder(package))   # before the path finders: a stale build at an old path never shadows it

@@ -6,16 +6,17 @@ distribution can make DQN learn faster), so the test is two-sided. Each seed run
 paths; a run that never reaches the threshold counts as its whole budget (censored), and a
 path that reaches it on no seed while the other reaches it on every seed fails outright.
 
-The statistic is the ratio of the median steps, Conduit / native (with two seeds, the mean of
-log-steps), which must lie within [1/R, R]. Where the harness declares the native arm's spread on
-the workload (``Harness.convergence_spread``: the sd of log-steps over seeds, measured with
-``conduit conformance NAME --calibrate-convergence``), R comes from it: with k seeds per arm the
-log-ratio of two equal arms has sd ``s * sqrt(2 / k)``, and ``R = exp(Z * s * sqrt(2 / k))`` with
-``Z = 3.29`` flags a correct adapter with probability 0.1% (log-steps taken as normal), so the check
-cannot fail CI by chance; the report gives the ratio it could detect at 80% power. Where no spread
-is declared, R is the fixed bound set from RLlib's DQN spread (2.5 with fewer than 5 seeds, 2.0
-with 5 or more), the report says the margin is not calibrated, and with 5 or more seeds a
-two-sided Mann-Whitney U test must not reject equal distributions at 5% as well.
+The statistic is a ratio of steps, Conduit / native, which must lie within [1/R, R]. Where the
+harness declares the native arm's spread on the workload (``Harness.convergence_spread``: the sd of
+log-steps over seeds, measured with ``conduit conformance NAME --calibrate-convergence``), it is the
+ratio of the geometric means (the mean of log-steps) and R comes from the spread: with k seeds per
+arm the log-ratio of two equal arms has sd ``s * sqrt(2 / k)``, and ``R = exp(Z * s * sqrt(2 / k))``
+with ``Z = 3.29`` flags a correct adapter with probability 0.1% (log-steps taken as normal), so the
+check cannot fail CI by chance; the report gives the ratio it could detect at 80% power. Where no
+spread is declared, it is the ratio of the medians and R the fixed bound set from RLlib's DQN
+spread (2.5 with fewer than 5 seeds, 2.0 with 5 or more); the report says the margin is not
+calibrated, and with 5 or more seeds a two-sided Mann-Whitney U test must not reject equal
+distributions at 5% as well.
 
 Learning curves are a coarse check: at RLlib DQN CartPole's spread (0.38) two seeds detect only a
 ratio of about 6x. The sharp checks compare what is delivered on the same data
@@ -112,7 +113,7 @@ Z_POWER = 0.84         # 80% power, for the ratio the seeds could detect
 
 
 def ratio_bound(n_seeds: int, spread: float | None = None) -> float:
-    """R: the median ratio outside [1/R, R] fails. From the native arm's measured spread where
+    """R: a ratio outside [1/R, R] fails. From the native arm's measured spread where
     declared (a 0.1% false-alarm rate), else the fixed bound set from RLlib DQN's spread."""
     if spread is not None:
         return float(np.exp(Z_FALSE_ALARM * spread * np.sqrt(2.0 / n_seeds)))
@@ -136,8 +137,13 @@ def check_spread(workload: str, spread) -> float | None:
 
 def compare(native_steps: list[int], conduit_steps: list[int],
             spread: float | None = None) -> tuple[float, float | None, float]:
-    """(median ratio Conduit/native, Mann-Whitney two-sided p or None, bound R). The U test runs
-    only with 5 or more seeds and no declared spread (the calibrated bound replaces it)."""
+    """(ratio Conduit/native, Mann-Whitney two-sided p or None, bound R). With a declared spread the
+    ratio is that of the geometric means (the mean of log-steps: the statistic the bound is derived
+    for); without, that of the medians, with the U test from 5 seeds on."""
+    if spread is not None:
+        logs = lambda xs: np.log(np.maximum(np.asarray(xs, dtype=np.float64), 1.0))
+        ratio = float(np.exp(logs(conduit_steps).mean() - logs(native_steps).mean()))
+        return ratio, None, ratio_bound(len(native_steps), spread)
     ratio = float(np.median(conduit_steps) / max(np.median(native_steps), 1))
     p = None
     if len(native_steps) >= FULL_SEEDS and spread is None:
@@ -185,7 +191,8 @@ def convergence(ctx, workload: str, run) -> None:
     ensure(not (reached_c == len(conduit) and reached_n == 0),
            f"Conduit reaches the threshold on every seed, native on none (learns faster); {detail}")
     ensure(1 / bound <= ratio <= bound,
-           f"Conduit {'learns faster' if ratio < 1 else 'learns slower'} than native: median ratio {ratio:.2f} "
+           f"Conduit {'learns faster' if ratio < 1 else 'learns slower'} than native: "
+           f"{'geometric-mean' if spread is not None else 'median'} ratio {ratio:.2f} "
            f"outside [{1 / bound:.2f}, {bound:.2f}]; {detail}")
     if p is not None:
         ensure(p >= 0.05, f"steps to the threshold differ (Mann-Whitney two-sided p={p:.3f}); {detail}")
@@ -193,5 +200,6 @@ def convergence(ctx, workload: str, run) -> None:
               f"at 80% power)" if spread is not None else
               "margin not calibrated: the suite's fixed bound (declare Harness.convergence_spread, measured with "
               "--calibrate-convergence)")
-    return f"median ratio {ratio:.2f} within [{1 / bound:.2f}, {bound:.2f}], {margin}" + \
+    kind = "geometric-mean" if spread is not None else "median"
+    return f"{kind} ratio {ratio:.2f} within [{1 / bound:.2f}, {bound:.2f}], {margin}" + \
         ("" if p is None else f", Mann-Whitney p={p:.2f}") + f"; {detail}"

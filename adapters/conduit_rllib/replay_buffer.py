@@ -178,6 +178,13 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                     self.add(episodes[:k])
                     return self.add(episodes[k:])
                 return self._add_written(episodes)
+        longest = max((len(ep) for ep in episodes), default=0)
+        if longest > self._ring:   # refused before anything is planned, evicted, stored or renamed
+            raise CapacityError(f"add(): an episode chunk of {longest} steps is longer than the buffer's ring of "
+                                f"{self._ring} slots (capacity {self.capacity} x (1 + ring_slack)); RLlib's "
+                                "buffer would hold it, over its capacity, until the next add evicts it. Nothing was "
+                                "stored or evicted. Fix: raise the replay buffer's capacity (or ring_slack), or "
+                                "hand over shorter chunks (rollout_fragment_length).")
         if self.options.source_ingest and self.edp is not None:
             self.unwritten_adds += 1   # episodes from a runner without a writer (ConduitDQN hands it one)
         if self.edp is not None:
@@ -200,13 +207,6 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
             chunks.append((ep, cols, ingest.continuing_source(ep, ends), n))
         if not chunks:   # (RLlib logs an add of nothing too: DQN's runners may time out)
             return self.replay_metrics.after_add(self.ledger.rows, len(self.ledger.episodes))
-        longest = max(c[3] for c in chunks) if len(chunks) > 1 else chunks[0][3]
-        if longest > self._ring:   # refused before the plan evicts anything
-            raise CapacityError(f"add(): an episode chunk of {longest} steps is longer than the buffer's ring of "
-                                f"{self._ring} slots (capacity {self.capacity} x (1 + ring_slack)); RLlib's "
-                                "buffer would hold it, over its capacity, until the next add evicts it. Nothing was "
-                                "stored or evicted. Fix: raise the replay buffer's capacity (or ring_slack), or "
-                                "hand over shorter chunks (rollout_fragment_length).")
         if self.prioritized:
             self.ingest.add_as_prioritized(chunks)
         else:

@@ -218,8 +218,11 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
     def draw():
         queued = ring.queued(policy_version)
         k = queued if batch_size is None else batch_size
-        seqs = ring.queued_seqs(queued)[consumed_positions(buf.selector, k, queued, buf.rng)] if k else \
-            np.empty(0, dtype=np.int64)
+        if k:   # (only the front of the queue the positions reach is listed: FIFO's k rows, not the whole queue)
+            positions = consumed_positions(buf.selector, k, queued, buf.rng)
+            seqs = ring.queued_seqs(int(positions.max()) + 1)[positions]
+        else:
+            seqs = np.empty(0, dtype=np.int64)
         slots = seqs % buf.capacity
         data = buf.gather(slots, device) if k else {f.name: torch.empty((0, *f.shape), dtype=f.dtype)
                                                      for f in buf.spec}
@@ -234,7 +237,11 @@ def take(buf, batch_size: int | None = None, *, policy_version: int | None = Non
         wait_for_rows()
         k, seqs, slots, data = buf.run_storage(draw, then=wait_for_rows)   # a lost shard's rows are passed over
         versions = ring.meta["version"][slots].copy()
-        ring.consume(seqs)
+        removed = ring.consume(seqs)
+        if removed is not None:   # taken from behind the front: as an eviction, for the parts that keep rows
+            buf.selector.on_evict(removed[1])
+            if buf.dual_writer is not None:
+                buf.dual_writer.on_evict(removed[0])
         buf.counts.sampled += k
         buf.lock.notify_all()
         batch = Batch(data, slots=slots, seqs=seqs, versions=versions, inserted_at_selection=ring.inserted)

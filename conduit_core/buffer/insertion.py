@@ -101,6 +101,10 @@ def add_encoded_many(buf, parts: list, *, timeout: float | None = None) -> list[
     the same stored rows, seqs and links as one by one. Otherwise one ``add_encoded`` each.
     A failure says how many of the rollouts were stored before it in the error's
     ``stored_parts``, as one by one would have left them."""
+    for _, _, src, v in parts:   # every id checked before anything is stored (as add_encoded checks its own)
+        if not (type(src) is int and type(v) is int and 0 <= src <= INT64_MAX and 0 <= v <= INT64_MAX):
+            require_int("source", src, fix="pass the producer's id (e.g. the env runner's index), an int >= 0")
+            require_int("policy_version", v, fix="pass the version of the policy that produced the rows, an int >= 0")
     total = sum(p[1] for p in parts)
     if len(parts) >= 2 and total <= buf.capacity:
         firsts = insert_together(buf, parts)

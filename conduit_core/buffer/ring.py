@@ -179,18 +179,20 @@ class Ring:
         bad = np.flatnonzero(vers != policy_version)
         return int(bad[0]) if bad.size else int(vers.shape[0])
 
-    def consume(self, seqs: np.ndarray) -> None:
+    def consume(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The queued rows ``seqs`` (distinct, from ``queued_seqs``) were delivered: they leave. The
-        front of the queue moves the head; rows taken from behind it become removed rows, passed
-        over by the queue and overwritten in turn (a LIFO's, or any consuming selector's)."""
+        front of the queue moves the head (None returned); rows taken from behind it become removed
+        rows, passed over by the queue and overwritten in turn (a LIFO's, or any consuming
+        selector's): returned as (seqs, slots), for the parts that must forget them too."""
         if not seqs.size:
-            return
+            return None
         front = self.queued_seqs(int(seqs.size))
         if front.size == seqs.size and (seqs == front).all():
             self.consume_through(int(seqs[-1]))
-            return
-        self.remove(seqs)
+            return None
+        removed = self.remove(seqs)
         self.skip_leading_holes()
+        return removed
 
     def consume_through(self, seq: int) -> None:
         """Rows up to ``seq`` are consumed (removed rows among them, and right after, are passed over)."""
@@ -313,6 +315,13 @@ class Ring:
         self.close()
         self.meta, self.capacity = meta, int(capacity)
         self.floor = max(self.floor, lo)
+        # rows copied early and overwritten in the old ring during the copy are below the window
+        # now: their slots name no stored row (a state then holds only live rows and loads again)
+        seq = self.meta["seq"]
+        stale = (seq >= 0) & (seq < self.floor)
+        if stale.any():
+            seq[stale] = -1
+            self.meta["next_seq"][stale] = -1
         self.recount_holes()
 
     def close(self) -> None:

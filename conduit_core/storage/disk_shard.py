@@ -77,7 +77,8 @@ class DiskShard(LocalShard):
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 reserve(fd, nbytes, path)
-                mapped = np.memmap(os.fdopen(os.dup(fd), "r+b"), dtype=np_dtype, mode="r+", shape=shape_on_disk)
+                with os.fdopen(os.dup(fd), "r+b") as fh:   # (the mapping outlives the file object)
+                    mapped = np.memmap(fh, dtype=np_dtype, mode="r+", shape=shape_on_disk)
             finally:
                 os.close(fd)
         finally:

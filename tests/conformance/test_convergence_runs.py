@@ -63,6 +63,12 @@ def test_the_calibrated_bound_has_the_false_alarm_rate_it_states():
         caught = np.mean(np.abs(same[:, 1] + shift - same[:, 0]) > bound)
         assert 0.77 < caught < 0.83, (spread, k, caught)
     assert cc.ratio_bound(2) == 2.5 and cc.ratio_bound(5) == 2.0   # undeclared: the fixed bounds
+    # the statistic simulated above is the one compare() computes with a declared spread
+    for _ in range(20):
+        n, c = np.exp(rng.normal(9, 0.3, 3)), np.exp(rng.normal(9, 0.3, 3))
+        ratio, p, bound = cc.compare(list(n), list(c), 0.3)
+        assert p is None and np.isclose(ratio, np.exp(np.log(c).mean() - np.log(n).mean()))
+        assert bound == cc.ratio_bound(3, 0.3)
 
 
 def test_calibration_measures_the_native_spread(monkeypatch):

@@ -149,3 +149,40 @@ def test_a_migration_deadline_must_be_finite():
             with pytest.raises(ConfigError, match="deadline_s"):
                 edp.migrate(shards=[ShardSpec("pageable", 40)], capacity=40, deadline_s=bad)
         assert not buf.migrating
+
+
+def test_rows_a_consuming_selector_takes_out_of_order_during_a_migration_stay_taken():
+    """LIFO takes rows from behind the queue's front while a migration copies: the new layout
+    forgets them as it forgets evicted rows, so none is delivered twice after the swap."""
+    from conduit_core import ExperienceSpec, Selector
+
+    class Lifo(Selector):
+        name, consumes = "lifo", True
+
+        def select(self, batch_size, size, rng):
+            return np.arange(size - 1, size - 1 - batch_size, -1), None
+    spec = ExperienceSpec.transition(obs_shape=(4,))
+    buf = ExperienceBuffer(spec=spec, capacity=20, selector=Lifo())
+    buf.add(rollout(10), source=0)
+    m = begin_migration(buf, shards=[ShardSpec("pageable", 40)], capacity=40)
+    m.run()                                                 # every row copied
+    first = buf.take(3)["obs"][:, 0].tolist()
+    m.finish()
+    rest = buf.take(None)["obs"][:, 0].tolist()
+    assert first == [9.0, 8.0, 7.0] and rest == [6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
+
+
+def test_a_buffer_grown_by_a_migration_loads_its_own_state():
+    """Rows copied early and overwritten in the old ring during the copy are below the new window:
+    the grown buffer's state holds only live rows, and loads (it was refused: a row outside the window)."""
+    buf = ExperienceBuffer(spec=SPEC, capacity=10)
+    buf.add(rollout(10), source=0)
+    m = begin_migration(buf, shards=[ShardSpec("pageable", 20)], capacity=20)
+    m.run()
+    buf.add(rollout(5, 10), source=0)                       # overwrites rows 0..4 of the old ring
+    m.finish()
+    state = buf.state_dict()
+    again = ExperienceBuffer(spec=SPEC, capacity=20)
+    again.load_state_dict(state)
+    assert sorted(again.ring.live_seqs().tolist()) == list(range(5, 15))
+    assert np.array_equal(again.read(np.arange(5, 15))["obs"].numpy(), buf.read(np.arange(5, 15))["obs"].numpy())
