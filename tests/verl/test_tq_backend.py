@@ -478,10 +478,10 @@ def test_a_unit_that_does_not_answer_fails_the_call_in_time_and_the_others_give_
 
 
 class _SlowPut(tq_backend.StorageUnit):
-    """A real storage unit that takes 10 s to store a put (then stores it): it answers too late."""
+    """A real storage unit that takes 6 s to store a put (then stores it): it answers too late."""
     def put(self, keys, columns, call=None):
         import time
-        time.sleep(10)
+        time.sleep(6)
         return super().put(keys, columns, call)
 
 
@@ -542,7 +542,7 @@ def test_a_put_cancelled_while_a_unit_is_stuck_past_the_grace_leaves_nothing():
             t0 = time.monotonic()
             with pytest.raises(RuntimeError, match="had not answered"):
                 asyncio.run(put())
-            assert time.monotonic() - t0 < 7   # (it did not wait out the slow unit's 10 s)
+            assert time.monotonic() - t0 < 4.5   # (it did not wait out the slow unit's 6 s)
             assert _rows([real[0], slow]) == [0, 0]   # (after the slow put, its revoke and unit 0's give-back)
             ray.kill(slow)
     finally:
