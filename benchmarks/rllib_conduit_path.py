@@ -294,7 +294,10 @@ def run_in(tree: pathlib.Path, argv: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "run.json"
         env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{tree / 'adapters'}")
-        probe = ("import conduit_core, conduit_rllib, conduit_core.selection.sumtree as t; "
+        probe = ("import conduit_core, conduit_rllib\n"
+                 "try:\n    import conduit_core.selection.sumtree as t\n"
+                 "except ImportError:   # a tree from before the core's subpackages (0.1)\n"
+                 "    import conduit_core.sumtree as t\n"
                  "print(conduit_core.__file__, conduit_rllib.__file__, t.HAVE_C)")
         *where, native = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True,
                                         text=True, check=True).stdout.split()
