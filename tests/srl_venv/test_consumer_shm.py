@@ -4,7 +4,7 @@ the trainer config pickled as SRL sends it to its worker, the consumer bound by 
 worker step (``bind_consumer``), SRL's ``SharedMemorySampleProducer`` in forked processes.
 
 The sample dock is created before the producers fork (SRL's producers race to create it when two
-start at once: ../scripts/srl/README.md); everything else is SRL's."""
+start at once: scripts/srl/README.md); everything else is SRL's."""
 
 import glob
 import pickle
