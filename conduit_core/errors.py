@@ -122,6 +122,17 @@ def require_int(name: str, value, *, low: int = 0, high: int = INT64_MAX, fix: s
     return v
 
 
+def require_ids(source, policy_version) -> tuple[int, int]:
+    """A rollout's producer id and policy version, as ints in ``[0, 2^63)``: the one check every
+    ingest route makes before a ticket is taken or a row stored (plain ints pass in two comparisons)."""
+    if type(source) is int and type(policy_version) is int and 0 <= source <= INT64_MAX \
+            and 0 <= policy_version <= INT64_MAX:
+        return source, policy_version
+    return (require_int("source", source, fix="pass the producer's id (e.g. the env runner's index), an int >= 0"),
+            require_int("policy_version", policy_version,
+                        fix="pass the version of the policy that produced the rows, an int >= 0"))
+
+
 def require_int_array(name: str, values, *, fix: str) -> np.ndarray:
     """``values`` as a 1-D int64 array: ints only (a float 3.7 is not slot 3), named otherwise."""
     arr = values if isinstance(values, np.ndarray) else np.asarray(values)

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ..errors import INT64_MAX, CapacityError, ConfigError, require_int
+from ..errors import INT64_MAX, CapacityError, ConfigError, require_ids
 from ..schema.framestack import first_surviving_seq
 from ..selection.rate_gate import wait_to_insert
 
@@ -44,9 +44,7 @@ def add_encoded(buf, enc: Mapping[str, torch.Tensor], n: int, *, source: int = 0
                 timeout: float | None = None, priorities: Any = None) -> int:
     """``ExperienceBuffer.add_encoded``: store ``n`` rows of one source, in time order, that
     ``encode`` already validated and encoded. Returns the first seq."""
-    source = require_int("source", source, fix="pass the producer's id (e.g. the env runner's index), an int >= 0")
-    policy_version = require_int("policy_version", policy_version,
-                                 fix="pass the version of the policy that produced the rows, an int >= 0")
+    source, policy_version = require_ids(source, policy_version)
     if n == 0:
         return buf.ring.inserted
     if priorities is not None:
@@ -102,9 +100,7 @@ def add_encoded_many(buf, parts: list, *, timeout: float | None = None) -> list[
     A failure says how many of the rollouts were stored before it in the error's
     ``stored_parts``, as one by one would have left them."""
     for _, _, src, v in parts:   # every id checked before anything is stored (as add_encoded checks its own)
-        if not (type(src) is int and type(v) is int and 0 <= src <= INT64_MAX and 0 <= v <= INT64_MAX):
-            require_int("source", src, fix="pass the producer's id (e.g. the env runner's index), an int >= 0")
-            require_int("policy_version", v, fix="pass the version of the policy that produced the rows, an int >= 0")
+        require_ids(src, v)
     total = sum(p[1] for p in parts)
     if len(parts) >= 2 and total <= buf.capacity:
         firsts = insert_together(buf, parts)

@@ -24,16 +24,13 @@ from collections import deque
 from typing import Any, Callable, Mapping
 
 from ..buffer.experience_buffer import ExperienceBuffer
-from ..errors import INT64_MAX, CapacityError, ClosedError, ExperienceTimeout, SpecError, require_int
+from ..errors import CapacityError, ClosedError, ExperienceTimeout, SpecError, require_ids
 from ..planning.schedule import Schedule
 from ..selection.rate_gate import BufferCondition
 from .background_errors import BackgroundErrors
 from .hooks import Rollout
 from .metrics import MetricsRecorder
 from .workers import Encoded, InlineTransformer, as_numpy_rows, encode_rollouts, encode_unhooked
-
-SOURCE_FIX = "pass the producer's id (e.g. the env runner's index), an int >= 0"
-VERSION_FIX = "pass the version of the policy that produced the rows, an int >= 0"
 
 
 class IngestionPoint:
@@ -82,8 +79,7 @@ class IngestionPoint:
         if not isinstance(data, Mapping):
             raise SpecError("data", "a mapping of field name -> array", type(data).__name__,
                             "pass a dict such as {'obs': obs, 'action': action, ...}")
-        source = require_int("source", source, fix=SOURCE_FIX)
-        policy_version = require_int("policy_version", policy_version, fix=VERSION_FIX)
+        source, policy_version = require_ids(source, policy_version)
         validated = None
         if not self.hooks:
             # Nothing will transform it: reject bad input now, in the caller's frame.
@@ -158,10 +154,8 @@ class IngestionPoint:
         try:   # (a call that fails counts as a call, blocked for its time)
             rollouts = list(rollouts)   # (any iterable: its length is the tickets it takes)
             for r in rollouts:   # every id checked before a ticket is taken or a row stored
-                if type(r) is Rollout and not (type(r.source) is int and type(r.policy_version) is int
-                                               and 0 <= r.source <= INT64_MAX and 0 <= r.policy_version <= INT64_MAX):
-                    require_int("source", r.source, fix=SOURCE_FIX)
-                    require_int("policy_version", r.policy_version, fix=VERSION_FIX)
+                if type(r) is Rollout:
+                    require_ids(r.source, r.policy_version)
             if not self.hooks:   # the buffer's short route, where it applies (else nothing changed: below)
                 stored = self._insert_inline(rollouts)
                 if stored is not None:
