@@ -235,16 +235,15 @@ def route_ab(rb: dict, adds: list, last: dict, flush_mb: int, reps: int = 5) -> 
             if i < 100:
                 continue
             core = buf.edp.buffer
-            route = core.pooled_windows
             for kind in (("route", "general") if i % 2 else ("general", "route")):
-                core.pooled_windows = route if kind == "route" else None   # None: the general route
+                core.routes.fast = kind == "route"   # False: every draw by the reference
                 if flush_mb:
                     junk[::64] += 1
                 t = time.perf_counter()
                 buf.sample(*last["args"], **last["kw"])
                 spent[kind] += time.perf_counter() - t
                 buf.update_priorities(rng.random(n))
-            core.pooled_windows = route
+            core.routes.fast = True
             calls += 1
         buf.close()
         out["route_us"].append(spent["route"] / max(calls, 1) * 1e6)

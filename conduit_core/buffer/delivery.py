@@ -20,7 +20,8 @@ import torch
 from ..errors import CapacityError, ConfigError, ExperienceTimeout, RowsNotStored, SpecError, require_int_array
 from ..schema.batch import Batch
 from ..selection.rate_gate import wait_to_sample, wait_until
-from .sampling_args import check_batch_size, check_device, check_fields, check_length
+from .routes import POOLED_ROWS, POOLED_WINDOWS, choose_draw
+from .sampling_args import PLAIN_FIELDS, PLAIN_N_STEP, check_batch_size, check_device, check_fields, check_length, replay_args
 from .selection import select_slots
 
 
@@ -53,55 +54,74 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
     ``in_slot_order`` (1-step draws): the batch's items sorted by ring slot, stably (an item
     drawn twice keeps its draws' order), weights with them; the draw itself is the same. For a
     framework that hands its batches out so (SRL sorts its gather indices): the gather reads
-    the ring in order and the adapter need not permute the batch after it."""
-    if n_step is None and device is None and fields is None and not in_slot_order and buf.pooled_rows is not None:
-        batch = buf.pooled_rows.sample(batch_size, gamma, beta, episode_end)   # (row_draw.py: the same batch)
-        if batch is not None:
-            return batch
+    the ring in order and the adapter need not permute the batch after it.
+
+    The one dispatcher of a draw: the arguments are checked once, then ``routes.choose_draw``
+    picks the implementation that carries it out (``routes.py`` lists them); each hands out what
+    ``draw_reference`` would."""
+    if type(fields) not in PLAIN_FIELDS or type(n_step) not in PLAIN_N_STEP:
+        fields, n_step = replay_args(fields, n_step)   # (one form for every route)
     if device is not None:
         check_device(device)
     if buf.selector.consumes:
         raise ConfigError("selector", "a selector that does not consume (uniform, prioritized) for sample()",
                           f"{buf.selector.name} (consumes=True)", "use take() to consume queued (on-policy) data")
-    if isinstance(n_step, list):
-        n_step = tuple(n_step)
     buf.sampling_checks.check(buf, batch_size, n_step, gamma, beta, episode_end, fields)
     if in_slot_order and n_step is not None:
         raise ConfigError("in_slot_order", "1-step draws (n_step=None)", f"n_step={n_step!r}",
                           "sample n-step windows in draw order (in_slot_order=False)")
-    ring, cond = buf.ring, buf.lock
-    # the columns come from the output pool for a plain 1-step gather of every field on the host
-    # and for host windows drawn with the redraw rule (window_outputs); the others are fresh
+    cond = buf.lock
     with cond.mutex:   # the condition's RLock, entered in C (the hot path; waits and notifies work under it)
         if buf.closed:
             buf.check_open()
-        size, limiter = ring.stored_count(), buf.rate_limiter   # (buf.size for a selector that does not consume)
-        if limiter.samples_per_insert is not None or size < limiter.min_size:   # (else wait_to_sample returns size)
-            size = wait_to_sample(buf, batch_size, timeout)
-        pooled = n_step is None and buf.gathers_pooled(fields, device)
-        weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.fills_weights_out else None
-        if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
-            slots, weights, data, redraws = buf.run_storage(
-                lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, buf.size,
-                              weights_out, in_slot_order),
-                then=lambda: wait_to_sample(buf, batch_size, timeout))
-        else:
-            slots, weights, data, redraws = _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size,
-                                         weights_out, in_slot_order)
-        buf.counts.sampled += batch_size
-        if cond.waiters:
-            cond.notify_all()
-        seqs, versions, sources = ring.gather_meta(slots)
-        if weights_out is not None and weights is weights_out[0]:   # written in place: hand the entry out
-            buf.took_pooled_weights(batch_size)
-            weights = weights_out[1]
-        elif weights is not None and type(weights) is not torch.Tensor:   # (a pooled window batch's is one)
-            weights = buf.weights_tensor(weights, device)
-        batch = Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
-                      inserted_at_selection=ring.inserted, sources=sources, redraws=redraws)
-        if buf.output_pool is not None:
-            buf.output_pool.bind(batch)
-        return batch
+        size, limiter, routes = buf.ring.stored_count(), buf.rate_limiter, buf.routes
+        route = choose_draw(routes.draw_fits(buf.storage), limiter.samples_per_insert is not None
+                            or size < limiter.min_size, n_step, device, fields, episode_end, in_slot_order)
+        routes.taken["draw." + route] += 1
+        if route is POOLED_ROWS:
+            return routes.rows.draw(batch_size, beta, size)
+        if route is POOLED_WINDOWS:
+            return routes.windows.draw(batch_size, n_step, gamma, beta, fields, size)
+        return draw_reference(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, in_slot_order,
+                              size, timeout)
+
+
+def draw_reference(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, in_slot_order, size,
+                   timeout) -> Batch:
+    """Every replay draw, and the specification of the faster routes (``routes.py``): ``sample``'s
+    arguments checked and in ``replay_args``'s forms, the buffer's lock held, ``size`` rows stored.
+    Waits for rows or a rate limit, recovers a lost remote shard and draws again, gathers through
+    the storage's general gather (codecs, shards, devices)."""
+    ring, cond = buf.ring, buf.lock
+    limiter = buf.rate_limiter
+    if limiter.samples_per_insert is not None or size < limiter.min_size:   # (else wait_to_sample returns size)
+        size = wait_to_sample(buf, batch_size, timeout)
+    # the columns come from the output pool for a plain 1-step gather of every field on the host
+    # and for host windows drawn with the redraw rule (window_outputs); the others are fresh
+    pooled = n_step is None and buf.gathers_pooled(fields, device)
+    weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.fills_weights_out else None
+    if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
+        slots, weights, data, redraws = buf.run_storage(
+            lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, buf.size,
+                          weights_out, in_slot_order),
+            then=lambda: wait_to_sample(buf, batch_size, timeout))
+    else:
+        slots, weights, data, redraws = _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size,
+                                              weights_out, in_slot_order)
+    buf.counts.sampled += batch_size
+    if cond.waiters:
+        cond.notify_all()
+    seqs, versions, sources = ring.gather_meta(slots)
+    if weights_out is not None and weights is weights_out[0]:   # written in place: hand the entry out
+        buf.took_pooled_weights(batch_size)
+        weights = weights_out[1]
+    elif weights is not None and type(weights) is not torch.Tensor:   # (a pooled window batch's is one)
+        weights = buf.weights_tensor(weights, device)
+    batch = Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
+                  inserted_at_selection=ring.inserted, sources=sources, redraws=redraws)
+    if buf.output_pool is not None:
+        buf.output_pool.bind(batch)
+    return batch
 
 
 def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size, weights_out=None,

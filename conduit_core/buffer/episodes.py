@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
     _c_nstep = _c_sample_windows = None
 
 EPISODE_END_RULES = ("shorten", "redraw")
-NATIVE_WALK = _c_sample_windows is not None   # draw_windows walks in C over a storage's walk_views
+NATIVE_WALK = _c_sample_windows is not None   # draw_windows walks in C over EpisodeWalk.native_views
 NO_TREE = (np.zeros(2), np.full(2, np.inf))  # what the uniform walk passes for the trees it does not read
 
 
@@ -74,7 +74,7 @@ def window_source(ring, selector, beta, stored: int | None) -> tuple[tuple, floa
 def draw_windows(views, rng, source: tuple, n_lo: int, n_hi: int, gamma: float, beta: float, redraw: bool,
                  out: tuple, *, reference=None) -> None:
     """Fill ``out`` = (slots, weights, returns, last slots, steps) with ``len(slots)`` windows drawn
-    from ``source`` (``window_source``'s): the native walk over ``views`` (``ColumnarStorage.walk_views``), or
+    from ``source`` (``window_source``'s): the native walk over ``views`` (``EpisodeWalk.native_views``), or
     ``reference`` (the same arguments, operation for operation) where there are none. Uniforms
     come from ``rng`` in pools sized for the redraws to come, so every route consumes the RNG
     alike (the native walk draws them itself from ``rng``'s bit generator: the values
@@ -112,6 +112,24 @@ class EpisodeWalk:
         self._n_step_ranges: dict = {}  # n_step -> n_step_range's answer (a sampler asks the same each step)
         self._n_step_fields_ok = False  # check_n_step_fields passed (the spec is fixed)
         self._scratch = None            # walk_prefetched's ScratchWalkViews (storage without walk views)
+        self._views = (None, None)      # (storage, native_views' answer for it): one tuple, replaced whole
+
+    def native_views(self, storage) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """What the native walk reads in place: the float32 ``reward`` column and the two bool done
+        flags as uint8 views, where ``storage`` holds them as host columns of one shard
+        (``host_view``); None otherwise (the walk fetches the rows it may reach, ``walk_prefetched``).
+        The storage knows columns; which of them are rewards and episode ends is the walk's to say."""
+        known = self._views
+        if known[0] is storage:
+            return known[1]
+        views = None
+        if _c_sample_windows is not None and "reward" in self.spec and len(self.done_fields) == 2:
+            rew = storage.host_view("reward")
+            done = [storage.host_view(f) for f in self.done_fields]
+            if rew is not None and rew.dtype == np.float32 and all(d is not None and d.dtype == np.bool_ for d in done):
+                views = (rew, done[0].view(np.uint8), done[1].view(np.uint8))
+        self._views = (storage, views)
+        return views
 
     def window_plan(self, fields) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """(the fields delivered, those read at a window's last step, those at its first)."""
@@ -210,7 +228,7 @@ class EpisodeWalk:
             steps = np.empty(b, dtype=np.int64)
         else:
             weights, steps = out
-        views = storage.walk_views(self.done_fields) if _c_sample_windows is not None else None
+        views = self.native_views(storage) if _c_sample_windows is not None else None
         reference = None if views is not None else (
             lambda *args: self.walk_prefetched(storage, selector, *args))
         drawn = draw_windows(views, rng, source, n_lo, n_hi, float(gamma), beta, redraw,

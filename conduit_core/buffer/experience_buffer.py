@@ -38,6 +38,8 @@ from .buffer_state import capture_state, check_state_for, restore_state, same_la
 from .episodes import EpisodeWalk
 from .inline_insert import InlineInsert
 from .ring import Ring
+from . import row_draw, window_draw
+from .routes import Routes
 from .row_draw import PooledRowDraw
 from .sampling_args import SamplingChecks
 from .shard_loss import ShardLoss, ShardLossRecovery
@@ -108,10 +110,10 @@ class ExperienceBuffer:
         self.lock = self._cond   # the buffer's lock and condition, for its parts (read-only)
         self.closed = False   # (read-only for others: hot paths test it without a Python call)
         self._out = OutputPool(reuse_outputs, self.storage.stored_numpy_dtypes()) if reuse_outputs > 0 else None
-        # 1-step batches and redraw-rule windows into that pool in a few frames (row_draw.py, window_draw.py)
-        self.pooled_rows, self.pooled_windows = (None, None) if self._out is None else (
-            PooledRowDraw(self, self._out), PooledWindowDraw(self, self._out))
-        self.inline_insert = InlineInsert(self)   # an ingest call's rollouts stored in a few frames (inline_insert.py)
+        # the implementations of a draw and an insert, and the facts that choose among them (routes.py)
+        self.routes = Routes(None if self._out is None else PooledRowDraw(self, self._out),
+                             None if self._out is None else PooledWindowDraw(self, self._out),
+                             InlineInsert(self), row_draw.fits, partial(window_draw.fits, walk=self.walk))
         log.info("conduit: experience buffer built: capacity %d, selector %s, %d B a row stored (%d delivered), "
                  "shards %s", capacity, self.selector.name, spec.stored_bytes_per_transition, self.row_bytes,
                  ", ".join(f"{s.kind or s.tier.value}:{s.capacity}" for s in shards))
@@ -318,10 +320,8 @@ class ExperienceBuffer:
         if self._out is None or fields is not None:
             return self.storage.gather(slots, device=None if device is None else torch.device(device), fields=fields)
         out, views = self._out.get(slots.shape)
-        if device is None and slots.ndim == 1:   # the hot path: straight into the reused outputs
-            got = self.storage.gather_reused(slots, out, views)
-            if got is not None:
-                return got
+        if device is None and slots.ndim == 1 and self.storage.takes_into():   # straight into the reused outputs
+            return self.storage.gather_reused(slots, out, views)
         return self.storage.gather(slots, device=None if device is None else torch.device(device),
                                    out=out, out_tensors=views)
 

@@ -17,6 +17,7 @@ import torch
 from ..errors import INT64_MAX, CapacityError, ConfigError, require_ids
 from ..schema.framestack import first_surviving_seq
 from ..selection.rate_gate import wait_to_insert
+from .routes import DECLINED, TOGETHER, choose_insert
 
 
 def add(buf, batch: Mapping[str, Any], *, source: int = 0, policy_version: int = 0,
@@ -27,14 +28,19 @@ def add(buf, batch: Mapping[str, Any], *, source: int = 0, policy_version: int =
     ``priorities`` (prioritized selectors only): one initial priority per item instead of the
     running max (e.g. from a TD error the actor computed, as SRL's buffer does). Validation and
     encoding happen before anything is written: a rejected batch leaves the buffer untouched.
-    Where nothing has to wait or be evicted first, plain host columns are stored in one native
-    call (``InlineInsert.insert_one``); everything else, and every error, takes ``encode`` and
-    ``add_encoded``."""
+
+    The insert dispatcher of one rollout (``routes.py``): plain host columns with nothing to
+    wait for or evict first are checked and stored in one native call
+    (``InlineInsert.insert_one``); what it declines, and every error, takes the reference,
+    ``encode`` and ``add_encoded``."""
+    routes = buf.routes
     if priorities is None and type(source) is int and type(policy_version) is int \
-            and 0 <= source <= INT64_MAX and 0 <= policy_version <= INT64_MAX:
-        stored = buf.inline_insert.insert_one(batch, source, policy_version)   # (None: it does not apply)
-        if stored is not None:
+            and 0 <= source <= INT64_MAX and 0 <= policy_version <= INT64_MAX and routes.fast:
+        stored = routes.inline_insert.insert_one(batch, source, policy_version)
+        if stored is not DECLINED:
+            routes.taken["insert.native"] += 1
             return stored[0]
+    routes.taken["insert.reference"] += 1
     n, enc = buf.encode(batch)
     return add_encoded(buf, enc, n, source=source, policy_version=policy_version, timeout=timeout,
                        priorities=priorities)
@@ -94,18 +100,22 @@ def add_encoded_many(buf, parts: list, *, timeout: float | None = None) -> list[
 
     Where adding them one by one could not wait or evict anything (no rate ratio, not FIFO,
     no frame pool, no migration, no shard that can be lost; judged under the buffer's lock,
-    as ``add_encoded`` judges it), they are one insert: one lock, each rollout's rows copied
-    and its metadata written (its source's episode links, in order), the ring advanced once;
-    the same stored rows, seqs and links as one by one. Otherwise one ``add_encoded`` each.
+    as ``add_encoded`` judges it), they are one insert (``insert_together``); otherwise one
+    ``add_encoded`` each, the reference. The insert dispatcher of encoded rollouts (``routes.py``).
     A failure says how many of the rollouts were stored before it in the error's
     ``stored_parts``, as one by one would have left them."""
     for _, _, src, v in parts:   # every id checked before anything is stored (as add_encoded checks its own)
         require_ids(src, v)
-    total = sum(p[1] for p in parts)
-    if len(parts) >= 2 and total <= buf.capacity:
-        firsts = insert_together(buf, parts)
-        if firsts is not None:
-            return firsts
+    routes = buf.routes
+    if len(parts) >= 2 and routes.fast:
+        total = sum(p[1] for p in parts)
+        with buf.lock.mutex:   # decided and stored in one hold: a migration or a new layout may come in
+            if buf.closed:
+                buf.check_open()
+            if choose_insert(False, len(parts), total <= buf.capacity and stores_at_once(buf)) == TOGETHER:
+                routes.taken["insert.together"] += 1
+                return insert_together(buf, parts)
+    routes.taken["insert.reference"] += 1
     firsts = []
     for cols, n, src, v in parts:
         try:
@@ -116,52 +126,47 @@ def add_encoded_many(buf, parts: list, *, timeout: float | None = None) -> list[
     return firsts
 
 
-def insert_together(buf, parts: list) -> list[int] | None:
-    """Encoded rollouts ``(columns, n, source, policy_version)`` in one insert (one lock, each
-    rollout's rows copied and its metadata written, the ring advanced once), or None (nothing
-    done) where one by one could wait or evict. ``add_encoded_many``'s route for two or more, and
-    ``inline_insert``'s for any number."""
-    total = parts[0][1] if len(parts) == 1 else sum(p[1] for p in parts)   # (a generator is a frame)
-    with buf.lock.mutex:
-        if buf.closed:
-            buf.check_open()
-        ring, storage = buf.ring, buf.storage
-        # judged here, not before the lock: a migration (dual writer) or a new layout may have come in since
-        if total > ring.capacity or not stores_at_once(buf):
-            return None
-        cap, first = ring.capacity, ring.inserted
-        firsts, at, failure = [], first, None
-        for cols, n, _, _ in parts:
-            try:
-                if n:
-                    storage.write(at % cap, cols, n)
-            except BaseException as exc:   # the rollouts copied before it stay stored, as one by one
-                failure = exc
-                break
-            firsts.append(at)
-            at += n
-        stored = at - first
-        if ring.holes:   # only the rows written: a failed rollout changes nothing more
-            ring.holes -= ring.holes_leaving(stored)
-        for (cols, n, src, v), at in zip(parts, firsts):
+def insert_together(buf, parts: list) -> list[int]:
+    """Encoded rollouts ``(columns, n, source, policy_version)`` in one insert: each rollout's
+    rows copied and its metadata written, the ring advanced once; the same stored rows, seqs and
+    links as one by one. The caller holds the buffer's lock and has judged, under it, that the
+    rows fit the ring and that the buffer ``stores_at_once`` (``routes.choose_insert``'s
+    ``together`` and ``native`` routes). A failure says how many rollouts were stored before it
+    in the error's ``stored_parts``, as one by one would have left them."""
+    ring, storage = buf.ring, buf.storage
+    cap, first = ring.capacity, ring.inserted
+    firsts, at, failure = [], first, None
+    for cols, n, _, _ in parts:
+        try:
             if n:
-                ring.write(at, n, cols, buf.done_fields, int(src), int(v))
-        ring.advance(stored)
-        if stored:
-            buf.selector.on_insert(first % cap, stored, min(ring.inserted, cap))
-            buf.lock.notify_all()
-        if failure is not None:
-            if len(parts) > 1:   # (add_encoded, a lone rollout's route, names none)
-                failure.stored_parts = len(firsts)  # type: ignore[attr-defined]
-            raise failure
-        return firsts
+                storage.write(at % cap, cols, n)
+        except BaseException as exc:   # the rollouts copied before it stay stored, as one by one
+            failure = exc
+            break
+        firsts.append(at)
+        at += n
+    stored = at - first
+    if ring.holes:   # only the rows written: a failed rollout changes nothing more
+        ring.holes -= ring.holes_leaving(stored)
+    for (cols, n, src, v), at in zip(parts, firsts):
+        if n:
+            ring.write(at, n, cols, buf.done_fields, int(src), int(v))
+    ring.advance(stored)
+    if stored:
+        buf.selector.on_insert(first % cap, stored, min(ring.inserted, cap))
+        buf.lock.notify_all()
+    if failure is not None:
+        if len(parts) > 1:   # (add_encoded, a lone rollout's route, names none)
+            failure.stored_parts = len(firsts)  # type: ignore[attr-defined]
+        raise failure
+    return firsts
 
 
 def stores_at_once(buf) -> bool:
     """Whether an insert stores its rows as they come, with nothing to wait for or evict first:
     no frame pool, no migration's dual writer, no shard that may be lost, not FIFO, no rate ratio.
     Judged under the buffer's lock (the caller holds it): the routes that store in one step
-    (``insert_together``, ``InlineInsert.insert_one``) apply only where it holds."""
+    (``insert_together``, ``InlineInsert``) apply only where it holds (``routes.choose_insert``)."""
     storage = buf.storage
     return not (storage.pools or buf.dual_writer is not None or storage.may_lose_shards or buf.selector.consumes
                 or buf.rate_limiter.samples_per_insert is not None)

@@ -18,7 +18,6 @@ import time
 from typing import Callable
 
 from ..buffer.experience_buffer import ExperienceBuffer
-from ..buffer.sampling_args import PLAIN_FIELDS, PLAIN_N_STEP, replay_args
 from ..errors import SpecError
 from ..schema.batch import Batch
 from .prepared_deliveries import DeliveryRequest, PreparedBatch
@@ -122,14 +121,8 @@ class InlineDelivery:
             t0 = time.perf_counter()
             sampled_before = buffer.counts.sampled
             try:
-                if type(fields) not in PLAIN_FIELDS or type(n_step) not in PLAIN_N_STEP:
-                    fields, n_step = replay_args(fields, n_step)   # (one form for every route)
-                windows = buffer.pooled_windows   # (a replay step's windows: one frame, same draws)
-                batch = None if windows is None or n_step is None or device is not None or episode_end != "redraw" \
-                    else windows.sample(n, n_step, gamma, beta, fields)
-                if batch is None:
-                    batch = buffer.sample(n, device=device, n_step=n_step, gamma=gamma, beta=beta, timeout=timeout,
-                                          episode_end=episode_end, fields=fields)
+                batch = buffer.sample(n, device=device, n_step=n_step, gamma=gamma, beta=beta, timeout=timeout,
+                                      episode_end=episode_end, fields=fields)
             except BaseException:
                 buffer.rollback_selection(None, items=buffer.counts.sampled - sampled_before, restore_rng=False)
                 self._metrics.add_blocked("deliver", time.perf_counter() - called)

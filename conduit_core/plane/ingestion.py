@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any, Callable, Mapping
 
 from ..buffer.experience_buffer import ExperienceBuffer
+from ..buffer.routes import DECLINED
 from ..errors import CapacityError, ClosedError, ExperienceTimeout, SpecError, require_ids
 from ..planning.schedule import Schedule
 from ..selection.rate_gate import BufferCondition
@@ -156,9 +157,9 @@ class IngestionPoint:
             for r in rollouts:   # every id checked before a ticket is taken or a row stored
                 if type(r) is Rollout:
                     require_ids(r.source, r.policy_version)
-            if not self.hooks:   # the buffer's short route, where it applies (else nothing changed: below)
+            if not self.hooks:   # the buffer's native insert route, where it takes them (else nothing changed: below)
                 stored = self._insert_inline(rollouts)
-                if stored is not None:
+                if stored is not DECLINED:
                     tickets, rows = stored
                     self._metrics.add_call("ingest", time.perf_counter() - t0, items_in=rows, items_out=rows)
                     return tickets
@@ -200,20 +201,24 @@ class IngestionPoint:
                                items_out=rows if enc is accepted else sum(e.n for e in enc))
         return [enc[0].ticket] if len(enc) == 1 else [e.ticket for e in enc]   # (the lone case: no frame)
 
-    def _insert_inline(self, rollouts: list) -> tuple[list[int], int] | None:
-        """``ingest_many_inline``'s rollouts through ``buffer.inline_insert`` (no hook can change
-        them): (their tickets, rows), the tickets taken and the rows counted once they are stored;
-        None where the route does not apply (nothing taken, counted or stored)."""
+    def _insert_inline(self, rollouts: list):
+        """``ingest_many_inline``'s rollouts through the buffer's native insert route (no hook can
+        change them; ``routes.py``): (their tickets, rows), the tickets taken and the rows counted
+        once they are stored; ``DECLINED`` where that route declines them (nothing taken, counted
+        or stored), and the caller runs the reference."""
         if len(rollouts) == 1:   # (an env step's add: no comprehension, which is a frame)
             r = rollouts[0]
             parts = [(r.data, r.source, r.policy_version) if type(r) is Rollout else (r, 0, 0)]
         else:
             parts = [(r.data, r.source, r.policy_version) if type(r) is Rollout else (r, 0, 0) for r in rollouts]
-        for _, source, version in parts:   # (anything but plain ints: the general route converts or names it)
+        routes = self._buffer.routes
+        if not routes.fast:
+            return DECLINED
+        for _, source, version in parts:   # (anything but plain ints: the reference converts or names it)
             if type(source) is not int or type(version) is not int:
-                return None
+                return DECLINED
         try:
-            stored = self._buffer.inline_insert.insert(parts)
+            stored = routes.inline_insert.insert(parts)
         except BaseException as exc:   # (a copy that failed: the rollouts before it are stored, as commit says)
             k = getattr(exc, "stored_parts", 0)
             done = sum(as_numpy_rows(data) for data, _, _ in parts[:k])
@@ -225,8 +230,9 @@ class IngestionPoint:
             if len(parts) > 1:   # (commit's name for them; a lone rollout's route names none)
                 exc.stored_tickets = list(range(first_ticket, first_ticket + k))  # type: ignore[attr-defined]
             raise
-        if stored is None:
-            return None
+        if stored is DECLINED:
+            return DECLINED
+        routes.taken["insert.native"] += 1
         rows = stored[0][1] if len(stored) == 1 else sum(n for _, n in stored)
         with self._cond.mutex:   # (tickets and counts in one hold: other callers may be storing too)
             first_ticket = self.ticket

@@ -85,7 +85,6 @@ class ColumnarStorage:
         self._copy_names = tuple(name for name, _ in self._copy_targets or ())
         self._take_plans: dict = {}   # field names (a tuple) -> their columns, for take_fresh
         self._into_plans: dict = {}   # and (name, column) pairs, for take_into
-        self._walk_views: dict = {}   # done fields -> walk_views' answer
 
     def _make_pools(self) -> dict[str, FramePool]:
         groups: dict[str, list] = {}
@@ -266,10 +265,8 @@ class ColumnarStorage:
     def gather_reused(self, slots: np.ndarray, out: Mapping[str, np.ndarray],
                       out_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """Every field's rows at ``slots`` (1-D) into the reused host arrays ``out``, handed out
-        as their tensor views ``out_tensors``; None (nothing read) unless the storage is one
-        plain host shard (no codec), where this is one native gather and no per-row work."""
-        if not self._plain_host:
-            return None
+        as their tensor views ``out_tensors``: one native gather and no per-row work. Only where
+        ``takes_into`` (one plain host shard, no codec)."""
         if _c_gather_rows is None or not _c_gather_rows(slots, self._copy_targets, out):
             for name, view in self._copy_targets:
                 view.take(slots, axis=0, out=out[name], mode="clip")
@@ -299,18 +296,6 @@ class ColumnarStorage:
             plan = self._into_plans[names] = tuple((name, views[name]) for name in names)
         return plan
 
-    def walk_views(self, done_fields: tuple[str, ...]) -> tuple[np.ndarray, ...] | None:
-        """What the native n-step walk reads: the float32 ``reward`` column and the two bool
-        done flags as uint8 views, of one host shard; None otherwise (the walk's Python route)."""
-        views = self._walk_views.get(done_fields, False)
-        if views is False:
-            rew = self.host_view("reward") if "reward" in self.spec else None
-            done = [self.host_view(f) for f in done_fields]
-            ok = (rew is not None and rew.dtype == np.float32 and len(done) == 2
-                  and all(d is not None and d.dtype == np.bool_ for d in done))
-            views = self._walk_views[done_fields] = (rew, done[0].view(np.uint8), done[1].view(np.uint8)) if ok else None
-        return views
-
     def take_fresh(self, slots: np.ndarray, names: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
         """``names`` at 1-D ``slots`` as fresh host tensors, in one native pass, where the
         storage is one host shard of plain columns (nothing to decode); else None (then
@@ -332,10 +317,9 @@ class ColumnarStorage:
                      out_tensors=None) -> dict[str, torch.Tensor]:
         """One host shard, 1-D slots: one ``ndarray.take`` per field, nothing else (for a GPU
         target, the shard's staging copy or its mapped gather)."""
-        if target.type == "cpu" and fields is None and out is not None and out_tensors is not None:
-            got = self.gather_reused(slots, out, out_tensors)
-            if got is not None:
-                return got
+        if target.type == "cpu" and fields is None and out is not None and out_tensors is not None \
+                and self._plain_host:
+            return self.gather_reused(slots, out, out_tensors)
         on_host = target.type == "cpu"
         if on_host and out is None and self._plain_host and _c_take_rows is not None:
             # fresh outputs of a plain host shard (n-step windows, field subsets): one native pass
@@ -394,7 +378,7 @@ class ColumnarStorage:
         self._plan = []
         self._plain_host = False
         self._copy_targets = None
-        self._take_plans, self._into_plans, self._walk_views = {}, {}, {}
+        self._take_plans, self._into_plans = {}, {}
         for pool in self.pools.values():
             pool.close()
         for part in self.parts:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from conduit_core import (AffineCodec, ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Fifo,
                           Prioritized, RateLimiter, Schedule, ShardSpec, SpecError, Uniform)
+from conduit_core.buffer.routes import DECLINED
 from conduit_core.plane.hooks import Rollout
 
 from ..helpers import SPEC, assert_same_state, rollout
@@ -83,7 +84,7 @@ def insert(route, ref, ops, start, capacity):
         enc = [ref.encode(r) for r, _, _ in parts]
         firsts = ref.add_encoded_many([(cols, n, src, v) for (n, cols), (_, src, v) in zip(enc, parts)])
         want = [(f, n) for f, (n, _) in zip(firsts, enc)]
-    assert route.inline_insert.insert(parts) == want
+    assert route.routes.inline_insert.insert(parts) == want
     return start
 
 
@@ -113,7 +114,7 @@ def test_any_schedule_of_inserts_evictions_and_updates_leaves_the_references_sta
 def declined(buf, data, source=0, version=0):
     """The route declines ``data``, with the buffer's state as it was."""
     before = buf.state_dict()
-    assert buf.inline_insert.insert([(data, source, version)]) is None
+    assert buf.routes.inline_insert.insert([(data, source, version)]) is DECLINED
     assert_same_state(buf.state_dict(), before)
 
 
@@ -147,7 +148,7 @@ def test_buffers_the_route_does_not_apply_to_decline_untouched():
         buf.close()
     closed = ExperienceBuffer(spec=SPEC, capacity=32, seed=0)
     closed.close()
-    assert closed.inline_insert.insert([(rollout(3), 0, 0)]) is None
+    assert closed.routes.inline_insert.insert([(rollout(3), 0, 0)]) is DECLINED
 
 
 def test_the_route_follows_a_migration_to_the_new_storage():
@@ -159,10 +160,10 @@ def test_the_route_follows_a_migration_to_the_new_storage():
             for _ in range(12):
                 r = rollout(5, start, done_at=4 if start % 2 else None)
                 start += 5
-                got = route.buffer.inline_insert.insert([(r, 1, 2)])
+                got = route.buffer.routes.inline_insert.insert([(r, 1, 2)])
                 first = general_add(ref.buffer, r, 1, 2)
                 if shards is None:   # two shards: not the route's layout (it declines, untouched)
-                    assert got is None
+                    assert got is DECLINED
                     route.buffer.add(r, source=1, policy_version=2)
                 else:
                     assert got == [(first, 5)]
@@ -176,20 +177,20 @@ def test_the_route_follows_a_migration_to_the_new_storage():
 
 
 def general_route(plane):
-    """The data plane's general route only: the inline route never taken (nothing of it runs)."""
-    plane.ingestion._insert_inline = lambda rollouts: None
+    """The data plane's reference insert only: the native route never taken (nothing of it runs)."""
+    plane.buffer.routes.fast = False
 
 
 class Spy:
     """Counts the route's answers (stored / declined) on a data plane's buffer."""
 
     def __init__(self, buf):
-        self.answers, self._insert = [], buf.inline_insert.insert
-        buf.inline_insert.insert = self
+        self.answers, self._insert = [], buf.routes.inline_insert.insert
+        buf.routes.inline_insert.insert = self
 
     def __call__(self, *a):
         got = self._insert(*a)
-        self.answers.append(got is not None)
+        self.answers.append(got is not DECLINED)
         return got
 
 
@@ -261,7 +262,7 @@ def test_initial_priorities_and_a_misuse_still_take_the_buffers_checks():
     buf = ExperienceBuffer(spec=SPEC, capacity=16, selector=Uniform())
     with pytest.raises(ConfigError):
         buf.add(rollout(2), priorities=[1.0, 2.0])   # (add's own argument: the route never takes priorities)
-    assert buf.inline_insert.insert([(rollout(2), 0, 0)]) == [(0, 2)]
+    assert buf.routes.inline_insert.insert([(rollout(2), 0, 0)]) == [(0, 2)]
     buf.close()
 
 
@@ -336,7 +337,7 @@ def test_a_plan_is_never_paired_with_another_storage():
     not take the replaced storage's copy targets for the new storage (found by review: its
     rows went into the closed storage and were counted as stored)."""
     buf = ExperienceBuffer(spec=SPEC, capacity=16, seed=0)
-    route = buf.inline_insert
+    route = buf.routes.inline_insert
     assert route.insert([(rollout(4), 0, 0)]) == [(0, 4)]   # (the plan for the first storage)
     plane = ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential())
     plane.migrate(shards=[ShardSpec("pageable", 24)], capacity=24, background=False)

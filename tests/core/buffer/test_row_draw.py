@@ -1,8 +1,8 @@
 """``PooledRowDraw`` (a 1-step replay draw into the output pool in a few frames) against the
-reference it stands in for, ``ExperienceBuffer.sample``'s general route (taken on a twin whose
-``pooled_rows`` is None): the two must hand out the same batches (values, weights, slots,
-provenance), leave their RNGs in the same state and count the same, draw after draw; where the
-route does not apply it changes nothing."""
+reference it stands in for, ``delivery.draw_reference`` (taken on a twin whose
+``routes.fast`` is False): the two must hand out the same batches (values, weights, slots,
+provenance), leave their RNGs in the same state and count the same, draw after draw; the draw
+dispatcher sends it exactly the draws it carries out."""
 
 import numpy as np
 import pytest
@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conduit_core.errors import RateLimitTimeout
 from conduit_core import (AffineCodec, ClosedError, ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, Fifo,
                           Prioritized, RateLimiter, Schedule, ShardSpec, Uniform)
 
@@ -19,12 +20,16 @@ from .test_window_draw import after_draw, assert_same_batch, assert_same_buffers
 
 def twins(selector, capacity=64, **kw):
     """(route's buffer, reference buffer): the same seed, rows and priorities; the reference
-    samples by the general route only."""
+    samples by the reference only."""
     spec = kw.pop("spec", SPEC)
     route, ref = [ExperienceBuffer(spec=spec, capacity=capacity, selector=selector(), seed=7, reuse_outputs=2, **kw)
                   for _ in range(2)]
-    ref.pooled_rows = None
+    ref.routes.fast = False
     return route, ref
+
+
+def rows_drawn(buf) -> int:
+    return buf.routes.taken["draw.pooled_rows"]
 
 
 def assert_same_sources(a, b):
@@ -40,9 +45,8 @@ def test_the_route_hands_out_the_reference_batches(selector, beta):
     start = 0
     for _ in range(60):   # the ring wraps several times
         start = insert([route, ref], ops, start)
-        a = route.pooled_rows.sample(16, 0.99, beta, "shorten")
+        a = route.sample(16, beta=beta)
         b = ref.sample(16, beta=beta)
-        assert a is not None
         assert_same_batch(a, b)
         assert_same_sources(a, b)
         assert_same_buffers(route, ref)
@@ -50,26 +54,20 @@ def test_the_route_hands_out_the_reference_batches(selector, beta):
             p = ops.random(16) + 0.05
             route.update_priorities(a.slots, p, seqs=a.seqs)
             ref.update_priorities(b.slots, p, seqs=b.seqs)
+    assert rows_drawn(route) == 60 and rows_drawn(ref) == 0
     route.close(), ref.close()
 
 
 def test_sample_takes_the_route_for_a_plain_draw_only():
     """``sample(B)`` (any gamma, beta or episode_end) goes through the route; n-step, fields, a
-    device and in-slot order keep the general route."""
+    device and in-slot order go to the reference."""
     route, _ = twins(lambda: Prioritized(alpha=0.6))
     route.add(rollout(40))
-    calls = []
-    original = route.pooled_rows.sample
-
-    def spied(*a, **k):
-        calls.append(a)
-        return original(*a, **k)
-    route.pooled_rows.sample = spied
     route.sample(8), route.sample(8, beta=0.5, gamma=0.9), route.sample(8, episode_end="redraw")
-    assert len(calls) == 3
+    assert rows_drawn(route) == 3
     route.sample(8, n_step=2), route.sample(8, fields=("obs",)), route.sample(8, device="cpu")
     route.sample(8, in_slot_order=True)
-    assert len(calls) == 3
+    assert rows_drawn(route) == 3 and route.routes.taken["draw.reference"] == 4
     route.close()
 
 
@@ -86,14 +84,13 @@ def test_any_schedule_of_inserts_evictions_draws_and_updates_matches_the_referen
     ops = np.random.default_rng(seed)
     held = None
     start = insert([route, ref], ops, 0)
-    general_route = route.pooled_rows
     try:
         for _ in range(12):
             start = schedule_step(route, ref, ops, start)
             if len(ref) == 0:   # (an empty buffer's sample waits for rows: both routes)
                 continue
             b = ref.sample(batch, beta=beta)
-            route.pooled_rows = None if ops.random() < 0.25 else general_route   # sometimes the general route
+            route.routes.fast = ops.random() >= 0.25   # sometimes the reference
             a = route.sample(batch, beta=beta)
             assert_same_batch(a, b)
             assert_same_sources(a, b)
@@ -103,24 +100,21 @@ def test_any_schedule_of_inserts_evictions_draws_and_updates_matches_the_referen
         route.close(), ref.close()
 
 
-def test_a_closed_buffer_and_a_fifo_one_get_the_general_routes_answers():
+def test_a_closed_buffer_and_a_fifo_one_get_the_references_answers():
     route, ref = twins(Uniform)
     for buf in (route, ref):
         buf.add(rollout(30))
         buf.close()
     with pytest.raises(ClosedError):
-        route.pooled_rows.sample(8, 0.99, None, "shorten")
-    with pytest.raises(ClosedError):
         route.sample(8)
     fifo = ExperienceBuffer(spec=SPEC, capacity=64, selector=Fifo(), seed=7, reuse_outputs=2)
     fifo.add(rollout(30))
-    assert fifo.pooled_rows.sample(8, 0.99, None, "shorten") is None
     with pytest.raises(ConfigError, match="take"):
         fifo.sample(8)
     fifo.close()
 
 
-def test_bad_arguments_get_the_general_routes_errors():
+def test_bad_arguments_get_the_references_errors():
     route, _ = twins(Uniform)
     route.add(rollout(30))
     with pytest.raises(ConfigError, match="batch_size"):
@@ -132,7 +126,9 @@ def test_bad_arguments_get_the_general_routes_errors():
     route.close()
 
 
-def test_where_the_route_does_not_apply_it_returns_none_and_changes_nothing():
+def test_draws_the_route_does_not_fit_go_to_the_reference():
+    """A rate limit to wait on, rows below min_size, a codec, two shards, no output pool: the
+    dispatcher sends the draw to the reference (which waits, decodes or gathers by shard)."""
     spi, _ = twins(Uniform, rate_limiter=RateLimiter(samples_per_insert=4.0))
     small, _ = twins(Uniform, rate_limiter=RateLimiter(min_size=1000))
     coded = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(4,), obs_codec=AffineCodec(scale=1.0)),
@@ -141,11 +137,18 @@ def test_where_the_route_does_not_apply_it_returns_none_and_changes_nothing():
                                shards=[ShardSpec("pageable", 32)] * 2)
     for buf in (spi, small, coded, sharded):
         buf.add(rollout(30))
-        state, sampled = buf.rng.bit_generator.state, buf.counts.sampled
-        assert buf.pooled_rows.sample(8, 0.99, None, "shorten") is None
-        assert buf.rng.bit_generator.state == state and buf.counts.sampled == sampled
+        if buf is small:
+            with pytest.raises(RateLimitTimeout):
+                buf.sample(8, timeout=0.01)
+        else:
+            buf.sample(8, timeout=0.5)
+        assert rows_drawn(buf) == 0 and buf.routes.taken["draw.reference"] == 1
         buf.close()
-    assert ExperienceBuffer(spec=SPEC, capacity=8).pooled_rows is None   # no output pool: no route
+    plain = ExperienceBuffer(spec=SPEC, capacity=8)   # no output pool: no pooled route
+    plain.add(rollout(8))
+    plain.sample(4)
+    assert rows_drawn(plain) == 0 and plain.routes.rows is None
+    plain.close()
 
 
 def test_the_route_follows_a_migration_of_the_storage():
@@ -157,13 +160,6 @@ def test_the_route_follows_a_migration_of_the_storage():
     ops = np.random.default_rng(3)
     start = 0
     taken = []
-    original = route.pooled_rows.sample
-
-    def spied(*a, **k):
-        got = original(*a, **k)
-        taken.append(got is not None)
-        return got
-    route.pooled_rows.sample = spied
     try:
         for shards in ([ShardSpec("pageable", 96)], [ShardSpec("pageable", 64)] * 2, None):
             for _ in range(10):
@@ -171,7 +167,9 @@ def test_the_route_follows_a_migration_of_the_storage():
                 start += 9
                 for p in planes:
                     p.ingest(r, source=0)
+                before = rows_drawn(route)
                 a, b = route.sample(12, beta=0.4), ref.sample(12, beta=0.4)
+                taken.append(rows_drawn(route) > before)
                 assert_same_batch(a, b)
                 pr = ops.random(12) + 0.1
                 route.update_priorities(a.slots, pr, seqs=a.seqs)

@@ -69,8 +69,8 @@ def test_two_shards_deliver_what_one_host_shard_delivers_without_reading_a_row_a
                                            selector=Prioritized(alpha=0.7) if prioritized else Uniform())
     one, two = make(None), make([ShardSpec("pageable", half), ShardSpec("pageable", cap - half)])
     try:
-        assert one.storage.walk_views(one.walk.done_fields) is not None   # the native walk
-        assert two.storage.walk_views(two.walk.done_fields) is None       # walked on prefetched rows
+        assert one.walk.native_views(one.storage) is not None   # the native walk
+        assert two.walk.native_views(two.storage) is None       # walked on prefetched rows
         walks, walk = [0], two.walk
         native_walk, numpy_walk = walk.walk_prefetched, walk.n_step_returns_numpy
 

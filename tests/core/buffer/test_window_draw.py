@@ -1,8 +1,8 @@
 """``PooledWindowDraw`` (a sequential replay step's redraw-rule windows in one frame) against
-the reference it stands in for, ``ExperienceBuffer.sample(..., episode_end='redraw')``: two
-twin buffers given the same rows and the same priority updates must hand out the same
-batches (values, weights, slots, provenance), leave their RNGs in the same state and count
-the same, draw after draw; where the route does not apply it changes nothing."""
+the reference it stands in for, ``delivery.draw_reference`` (a twin whose ``routes.fast`` is
+False): two twin buffers given the same rows and the same priority updates must hand out the
+same batches (values, weights, slots, provenance), leave their RNGs in the same state and count
+the same, draw after draw; the draw dispatcher sends it exactly the draws it carries out."""
 
 import numpy as np
 import pytest
@@ -13,12 +13,21 @@ from hypothesis import strategies as st
 from conduit_core import (AffineCodec, ClosedError, ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec,
                           Fifo, Prioritized, RateLimiter, Schedule, SemanticError, ShardSpec, Uniform)
 
+from conduit_core.errors import RateLimitTimeout
+
 from ..helpers import SPEC, rollout
 
 
 def twins(selector, capacity=64, **kw):
-    return [ExperienceBuffer(spec=kw.pop("spec", SPEC), capacity=capacity, selector=selector(), seed=7,
-                             reuse_outputs=2, **kw) for _ in range(2)]
+    """(route's buffer, reference buffer): the same seed; the reference draws by the reference only."""
+    route, ref = [ExperienceBuffer(spec=kw.pop("spec", SPEC), capacity=capacity, selector=selector(), seed=7,
+                                   reuse_outputs=2, **kw) for _ in range(2)]
+    ref.routes.fast = False
+    return route, ref
+
+
+def windows_drawn(buf) -> int:
+    return buf.routes.taken["draw.pooled_windows"]
 
 
 def assert_same_batch(a, b):
@@ -85,15 +94,15 @@ def test_the_route_hands_out_the_reference_batches(selector, n_step, beta, field
     start = 0
     for step in range(60):   # the ring wraps several times
         start = insert([route, ref], ops, start)
-        a = route.pooled_windows.sample(16, n_step, 0.9, beta, fields)
+        a = route.sample(16, n_step=n_step, gamma=0.9, beta=beta, fields=fields, episode_end="redraw")
         b = ref.sample(16, n_step=n_step, gamma=0.9, beta=beta, fields=fields, episode_end="redraw")
-        assert a is not None
         assert_same_batch(a, b)
         assert_same_buffers(route, ref)
         if route.selector.weighted:
             p = ops.random(16) + 0.05
             route.update_priorities(a.slots, p, seqs=a.seqs)
             ref.update_priorities(b.slots, p, seqs=b.seqs)
+    assert windows_drawn(route) == 60 and windows_drawn(ref) == 0
     route.close(), ref.close()
 
 
@@ -107,7 +116,7 @@ FIELD_SETS = [None, ("obs",), ("reward",), ("next_obs", "obs", "reward"), ("term
 def test_any_schedule_of_inserts_draws_and_updates_matches_the_reference(seed, prioritized, batch, n_lo, span, gamma,
                                                                         capacity, fields):
     """Inserts, evictions (ring holes), pool growth (reserve), priority updates and draws in any
-    order; the route's buffer sometimes draws by the general route (both take entries from the
+    order; the route's buffer sometimes draws by the reference (both take entries from the
     same pool rings), and the batch before each draw must still hold what it held."""
     selector = (lambda: Prioritized(alpha=0.7)) if prioritized else Uniform
     route, ref = twins(selector, capacity=capacity)
@@ -120,17 +129,16 @@ def test_any_schedule_of_inserts_draws_and_updates_matches_the_reference(seed, p
             start = schedule_step(route, ref, ops, start)
             if len(ref) == 0:   # (an empty buffer's sample waits for rows: both routes)
                 continue
-            general = ops.random() < 0.25
+            route.routes.fast = ops.random() >= 0.25   # sometimes the reference
             try:
                 b = ref.sample(batch, n_step=n_step, gamma=gamma, beta=0.4, fields=fields, episode_end="redraw")
             except SemanticError as e:   # too few windows fit: the route refuses the same, counting nothing
                 with pytest.raises(SemanticError, match="too short"):
-                    route.pooled_windows.sample(batch, n_step, gamma, 0.4, fields)
+                    route.sample(batch, n_step=n_step, gamma=gamma, beta=0.4, fields=fields, episode_end="redraw")
                 assert "too short" in str(e)
                 assert_same_buffers(route, ref)
                 continue
-            a = route.sample(batch, n_step=n_step, gamma=gamma, beta=0.4, fields=fields, episode_end="redraw") \
-                if general else route.pooled_windows.sample(batch, n_step, gamma, 0.4, fields)
+            a = route.sample(batch, n_step=n_step, gamma=gamma, beta=0.4, fields=fields, episode_end="redraw")
             assert_same_batch(a, b)
             assert_same_buffers(route, ref)
             held = after_draw(route, ref, a, b, held, ops, prioritized)
@@ -138,33 +146,44 @@ def test_any_schedule_of_inserts_draws_and_updates_matches_the_reference(seed, p
         route.close(), ref.close()
 
 
-def test_a_closed_buffer_and_a_fifo_one_get_the_general_routes_answers():
+def test_a_closed_buffer_and_a_fifo_one_get_the_references_answers():
     route, ref = twins(Uniform)
     for buf in (route, ref):
         buf.add(rollout(30))
         buf.close()
     with pytest.raises(ClosedError):
-        route.pooled_windows.sample(8, 3, 0.9, None, None)
+        route.sample(8, n_step=3, gamma=0.9, episode_end="redraw")
     fifo = ExperienceBuffer(spec=SPEC, capacity=64, selector=Fifo(), seed=7, reuse_outputs=2)
     fifo.add(rollout(30))
-    assert fifo.pooled_windows.sample(8, 3, 0.9, None, None) is None   # sample() names take() for FIFO
     with pytest.raises(ConfigError, match="take"):
         fifo.sample(8, n_step=3, episode_end="redraw")
     fifo.close()
 
 
-def test_where_the_route_does_not_apply_it_returns_none_and_changes_nothing():
+def test_draws_the_route_does_not_fit_go_to_the_reference():
+    """A rate limit to wait on, rows below min_size, a codec, the shortening rule, a device, slot
+    order, no output pool: the dispatcher sends the draw to the reference."""
     spi, _ = twins(Uniform, rate_limiter=RateLimiter(samples_per_insert=4.0))
     small, _ = twins(Uniform, rate_limiter=RateLimiter(min_size=1000))
     coded = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(4,), obs_codec=AffineCodec(scale=1.0)),
                              capacity=64, seed=7, reuse_outputs=2)
-    for buf in (spi, small, coded):
-        buf.add(rollout(30))
-        state, sampled = buf.rng.bit_generator.state, buf.counts.sampled
-        assert buf.pooled_windows.sample(8, 3, 0.9, None, None) is None
-        assert buf.rng.bit_generator.state == state and buf.counts.sampled == sampled
+    plain = ExperienceBuffer(spec=SPEC, capacity=64)
+    for buf in (spi, small, coded, plain):
+        buf.add(rollout(30, done_at=29))
+        if buf is small:
+            with pytest.raises(RateLimitTimeout):
+                buf.sample(8, n_step=3, gamma=0.9, episode_end="redraw", timeout=0.01)
+        else:
+            buf.sample(8, n_step=3, gamma=0.9, episode_end="redraw", timeout=0.5)
+        assert windows_drawn(buf) == 0 and buf.routes.taken["draw.reference"] == 1
         buf.close()
-    assert ExperienceBuffer(spec=SPEC, capacity=8).pooled_windows is None   # no output pool: no route
+    route, _ = twins(Uniform)
+    route.add(rollout(30, done_at=29))
+    route.sample(8, n_step=3, episode_end="shorten"), route.sample(8, n_step=3, episode_end="redraw", device="cpu")
+    with pytest.raises(ConfigError, match="in_slot_order"):
+        route.sample(8, n_step=3, episode_end="redraw", in_slot_order=True)
+    assert windows_drawn(route) == 0 and route.routes.taken["draw.reference"] == 2
+    route.close()
 
 
 def test_the_data_planes_sequential_deliveries_take_the_route_across_a_migration():
@@ -175,14 +194,6 @@ def test_the_data_planes_sequential_deliveries_take_the_route_across_a_migration
               for buf in twins(lambda: Prioritized(alpha=0.6))]
     route_plane, ref_plane = planes
     taken = []
-    route = route_plane.buffer.pooled_windows
-    original = route.sample
-
-    def spied(*a, **k):
-        got = original(*a, **k)
-        taken.append(got is not None)
-        return got
-    route.sample = spied
     ops = np.random.default_rng(3)
     start = 0
     try:
@@ -192,7 +203,9 @@ def test_the_data_planes_sequential_deliveries_take_the_route_across_a_migration
                 start += 9
                 for p in planes:
                     p.ingest(r, source=0)
+                before = windows_drawn(route_plane.buffer)
                 a = route_plane.deliver(12, n_step=(2, 4), gamma=0.95, beta=0.4, episode_end="redraw")
+                taken.append(windows_drawn(route_plane.buffer) > before)
                 b = ref_plane.buffer.sample(12, n_step=(2, 4), gamma=0.95, beta=0.4, episode_end="redraw")
                 assert_same_batch(a, b)
                 pr = ops.random(12) + 0.1

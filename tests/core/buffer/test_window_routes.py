@@ -79,7 +79,7 @@ def test_uniforms_the_native_pass_draws_itself_are_generator_randoms(batch):
         buf.add({"obs": np.zeros((n, 2), np.float32), "next_obs": np.zeros((n, 2), np.float32),
                  "action": np.arange(n), "reward": rng0.random(n).astype(np.float32),
                  "terminated": rng0.random(n) < 0.15, "truncated": np.zeros(n, bool)}, source=c % 3)
-    views = buf.storage.walk_views(buf.walk.done_fields)
+    views = buf.walk.native_views(buf.storage)
     source, beta = episodes_mod.window_source(buf.ring, buf.selector, 0.4, None)
     m = 4 * batch + 16
     outs = []
