@@ -37,6 +37,8 @@ def _build(workload: str, system: str, args) -> object:
         cfg = workloads.dqn_cartpole(seed=args.seed)
     elif workload == "ppo":
         cfg = workloads.ppo_cartpole(seed=args.seed)
+    elif workload == "ppo-multi-agent":
+        cfg = workloads.ppo_multi_agent_cartpole(seed=args.seed, num_agents=2, shared=False)
     elif workload == "dqn-atari":
         from conduit_rllib.atari import dqn_atari
         cfg = dqn_atari(seed=args.seed, game=args.game, learning_starts=args.atari_learning_starts,
@@ -288,6 +290,10 @@ def main_dqn(argv=None):
 
 def main_ppo(argv=None):
     return run("ppo", argv)
+
+
+def main_ppo_multi_agent(argv=None):
+    return run("ppo-multi-agent", argv)
 
 
 def main_dqn_atari(argv=None):

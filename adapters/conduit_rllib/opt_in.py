@@ -32,6 +32,12 @@ def _enable_dqn(config, opts: ConduitOptions):
     from .learner import ConduitDQNTorchLearner
     if config.framework_str != "torch":
         raise ConfigError("framework", "'torch'", repr(config.framework_str), "call config.framework('torch')")
+    if config.is_multi_agent:
+        raise ConfigError("config.multi_agent(policies=...)", "a single-agent DQN config (conduit_rllib's DQN buffer "
+                          "stands in for RLlib's single-agent episode buffers)",
+                          f"policies {sorted(map(str, config.policies))}",
+                          "run multi-agent DQN on RLlib's MultiAgentEpisodeReplayBuffer without conduit_rllib.enable() "
+                          "(multi-agent PPO does run through Conduit)")
     rb = dict(config.replay_buffer_config)
     rb_type = rb.pop("type", "PrioritizedEpisodeReplayBuffer")
     if rb_type == BUFFER_TYPE:

@@ -37,13 +37,25 @@ from conduit_core import ConfigError, ExperienceBuffer, ExperienceDataPlane, Exp
 from .options import ConduitOptions
 
 
+def minibatch_count(rows: list[int], *, num_epochs: int, minibatch_size: int, num_total_minibatches: int = 0) -> int:
+    """How many minibatches RLlib's ``MiniBatchCyclicIterator`` yields for modules holding ``rows``
+    rows each: ``num_total_minibatches`` where given (several learners), else until every module
+    has cycled through its batch ``num_epochs`` times (a module wraps when a minibatch reaches its
+    end, so after k minibatches it has covered floor(k * minibatch_size / rows) epochs)."""
+    if num_total_minibatches:
+        return num_total_minibatches
+    return max(math.ceil(num_epochs * n / minibatch_size) for n in rows)
+
+
 def minibatch_order(n: int, *, num_epochs: int, minibatch_size: int, shuffle: bool,
-                    rng: np.random.Generator, num_total_minibatches: int = 0) -> np.ndarray:
-    """The row index of every minibatch slot, RLlib's cyclic order (see module docstring).
-    ``num_total_minibatches`` (RLlib passes it with several learners, so that every learner
-    makes the same number of updates): that many minibatches, cycling on through the batch,
-    in place of ``num_epochs`` passes."""
-    k = num_total_minibatches or math.ceil(num_epochs * n / minibatch_size)
+                    rng: np.random.Generator, num_total_minibatches: int = 0, count: int | None = None) -> np.ndarray:
+    """The row index of every minibatch slot of one module, RLlib's cyclic order (see module
+    docstring). ``num_total_minibatches`` (RLlib passes it with several learners, so that every
+    learner makes the same number of updates): that many minibatches, cycling on through the
+    batch, in place of ``num_epochs`` passes. ``count``: that many minibatches (a multi-agent
+    batch's, ``minibatch_count`` over its modules: a smaller module cycles on meanwhile)."""
+    k = count if count is not None else minibatch_count([n], num_epochs=num_epochs, minibatch_size=minibatch_size,
+                                                        num_total_minibatches=num_total_minibatches)
     total = k * minibatch_size
     epochs = math.ceil(total / n)
     order = [np.arange(n)]
@@ -53,21 +65,30 @@ def minibatch_order(n: int, *, num_epochs: int, minibatch_size: int, shuffle: bo
 
 
 class ConduitMinibatches:
-    """Iterates the learner's minibatches from a delivered Batch (tensors on device)."""
+    """Iterates the learner's minibatches from the delivered Batches (tensors on device): each
+    one a ``MultiAgentBatch`` of every module's rows at its order's next row (``parts``: module
+    id -> (columns, order), every order of the same number of minibatches), as RLlib's iterator
+    yields them."""
 
-    def __init__(self, columns: dict[str, torch.Tensor], order: np.ndarray, *, module_id: str, env_steps: int):
-        self.columns, self.order, self.module_id, self.env_steps = columns, order, module_id, env_steps
+    def __init__(self, parts: dict[str, tuple[dict[str, torch.Tensor], np.ndarray]], *, env_steps: int):
+        self.parts, self.env_steps = parts, env_steps
+        counts = {order.shape[0] for _, order in parts.values()}
+        if len(counts) != 1:
+            raise ValueError(f"conduit: the modules' minibatch counts differ ({sorted(counts)}); one count for all")
+        self._count = counts.pop()
 
     def __len__(self) -> int:
-        return self.order.shape[0]
+        return self._count
 
     def __iter__(self):
-        device = next(iter(self.columns.values())).device
-        idx_all = torch.from_numpy(self.order).to(device)
-        for i in range(self.order.shape[0]):
-            idx = idx_all[i]
-            mb = SampleBatch({k: torch.index_select(v, 0, idx) for k, v in self.columns.items()})
-            yield MultiAgentBatch({self.module_id: mb}, self.env_steps)
+        indices = {}
+        for mid, (columns, order) in self.parts.items():
+            device = next(iter(columns.values())).device
+            indices[mid] = torch.from_numpy(order).to(device)
+        for i in range(self._count):
+            yield MultiAgentBatch({mid: SampleBatch({k: torch.index_select(v, 0, indices[mid][i])
+                                                     for k, v in columns.items()})
+                                   for mid, (columns, _) in self.parts.items()}, self.env_steps)
 
 
 def _spec_of(columns: dict[str, torch.Tensor]) -> ExperienceSpec:
@@ -115,15 +136,32 @@ class OnPolicyPath:
 
 
 class ConduitPPOTorchLearner(PPOTorchLearner):
-    """RLlib's PPOTorchLearner; only the train-batch -> minibatch path goes through Conduit."""
+    """RLlib's PPOTorchLearner; only the train-batch -> minibatch path goes through Conduit: each
+    module's rows (one module single-agent; every trained module of a multi-agent config, shared
+    or separate policies) through a FIFO data plane of its own (``conduit_paths``)."""
 
     def build(self) -> None:
         super().build()
         opts = ConduitOptions.from_kwargs(dict(self.config.learner_config_dict.get("conduit", {})))
         self._conduit_opts = opts
-        self._conduit_path = OnPolicyPath(tier=opts.tier, device=self._device)
+        self.conduit_paths: dict[str, OnPolicyPath] = {}   # module id -> its on-policy data plane
         seed = opts.seed if opts.seed is not None else (self.config.seed or 0)
         self._conduit_rng = np.random.default_rng(seed)
+
+    def shutdown(self) -> None:
+        """RLlib's shutdown (the learner group's, at ``algo.stop()``), then every module's plane
+        closed: its threads and memory returned."""
+        try:
+            super().shutdown()
+        finally:
+            for path in self.conduit_paths.values():
+                path.close()
+
+    def _path(self, module_id: str) -> OnPolicyPath:
+        path = self.conduit_paths.get(module_id)
+        if path is None:
+            path = self.conduit_paths[module_id] = OnPolicyPath(tier=self._conduit_opts.tier, device=self._device)
+        return path
 
     def _create_iterator_if_necessary(self, *, training_data, num_total_minibatches: int = 0, num_epochs: int = 1,
                                       minibatch_size=None, shuffle_batch_per_epoch: bool = False, **kwargs):
@@ -136,30 +174,36 @@ class ConduitPPOTorchLearner(PPOTorchLearner):
         for mid in list(batch.policy_batches):
             if not self.should_module_be_updated(mid, batch):
                 del batch.policy_batches[mid]
-        if set(batch.policy_batches) != {DEFAULT_MODULE_ID}:
-            raise ConfigError("modules", f"one module ({DEFAULT_MODULE_ID!r})", sorted(batch.policy_batches),
-                              "conduit_rllib's PPO path is single-agent for now; disable it for multi-agent")
-        mb = batch.policy_batches[DEFAULT_MODULE_ID]
-        n = len(mb)
-        columns = {k: v for k, v in mb.items() if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n}
-        skipped = sorted(set(mb.keys()) - set(columns))
-        if skipped:
-            raise ConfigError("train batch columns", "tensors with one row per timestep", skipped,
-                              "conduit_rllib's PPO path needs flat, non-recurrent batches")
+        modules = {}
+        for mid, mb in batch.policy_batches.items():
+            n = len(mb)
+            if n == 0:   # (RLlib's iterator refuses it too: it would cycle an empty batch forever)
+                raise ValueError(f"The batch for module_id {mid} is empty! conduit: every trained module needs "
+                                 "rows in each train batch (as RLlib's MiniBatchCyclicIterator requires)")
+            columns = {k: v for k, v in mb.items() if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n}
+            skipped = sorted(set(mb.keys()) - set(columns))
+            if skipped:
+                raise ConfigError(f"train batch columns of module {mid!r}", "tensors with one row per timestep",
+                                  skipped, "conduit_rllib's PPO path needs flat, non-recurrent batches")
+            modules[mid] = (columns, n)
         # Ingestion: written once, tagged with the policy version that produced the data.
         version = int(self._weights_seq_no)
-        self._conduit_path.ingest(columns, policy_version=version)
+        for mid, (columns, _) in modules.items():
+            self._path(mid).ingest(columns, policy_version=version)
         # Delivery: exactly this version's rows, consumed once, on the learner's device.
-        delivered = self._conduit_path.deliver(policy_version=version)
-        if delivered.size != n:
-            raise RuntimeError(f"conduit: delivered {delivered.size} rows of version {version}, ingested {n}")
-        cols = dict(delivered)
-        order = minibatch_order(n, num_epochs=num_epochs, minibatch_size=int(minibatch_size),
-                                shuffle=shuffle_batch_per_epoch and num_epochs > 1, rng=self._conduit_rng,
-                                num_total_minibatches=int(num_total_minibatches or 0))
-        self.conduit_minibatches = (n, order.shape[0])   # (rows, minibatches) of the last update
-        return ConduitMinibatches(cols, order, module_id=DEFAULT_MODULE_ID, env_steps=batch.env_steps())
-
+        count = minibatch_count([n for _, n in modules.values()], num_epochs=num_epochs,
+                                minibatch_size=int(minibatch_size), num_total_minibatches=int(num_total_minibatches or 0))
+        parts = {}
+        for mid, (_, n) in modules.items():
+            delivered = self._path(mid).deliver(policy_version=version)
+            if delivered.size != n:
+                raise RuntimeError(f"conduit: delivered {delivered.size} rows of module {mid!r}, version {version}; "
+                                   f"ingested {n}")
+            parts[mid] = (dict(delivered), minibatch_order(
+                n, num_epochs=num_epochs, minibatch_size=int(minibatch_size),
+                shuffle=shuffle_batch_per_epoch and num_epochs > 1, rng=self._conduit_rng, count=count))
+        self.conduit_minibatches = ({mid: n for mid, (_, n) in modules.items()}, count)   # (rows, minibatches) of the last update
+        return ConduitMinibatches(parts, env_steps=batch.env_steps())
 
 def enable_ppo(config, opts: ConduitOptions):
     from .algorithms import ConduitPPO

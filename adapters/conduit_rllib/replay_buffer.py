@@ -171,6 +171,11 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         if not isinstance(episodes, (list, tuple)):
             episodes = [episodes]
         for ep in episodes:   # (a loop, not a comprehension: every env step's add comes here)
+            if type(ep).__name__ == "MultiAgentEpisode":   # (multi_agent() set after enable(): checked per call)
+                raise ConfigError("add(episodes)", "RLlib SingleAgentEpisodes (conduit_rllib's DQN buffer stands in "
+                                  "for RLlib's single-agent episode buffers)", "a MultiAgentEpisode",
+                                  "run multi-agent DQN on RLlib's MultiAgentEpisodeReplayBuffer, without "
+                                  "conduit_rllib.enable(); nothing of this call was stored")
             if getattr(ep, "receipt", None) is not None:   # chunks env runners wrote at the source (source_ingest.py)
                 written = [getattr(c, "receipt", None) is not None for c in episodes]
                 if not all(written):   # a runner without a writer yet (e.g. restarted): runs of each kind, in order

@@ -77,7 +77,7 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         size, limiter, routes = buf.ring.stored_count(), buf.rate_limiter, buf.routes
         route = choose_draw(routes.draw_fits(buf.storage), limiter.samples_per_insert is not None
                             or size < limiter.min_size, n_step, device, fields, episode_end, in_slot_order)
-        routes.taken["draw." + route] += 1
+        routes.draws[route] += 1
         if route is POOLED_ROWS:
             return routes.rows.draw(batch_size, beta, size)
         if route is POOLED_WINDOWS:

@@ -59,6 +59,15 @@ class ExperienceBuffer:
     windows' columns, returns, steps and weights), each valid through k more deliveries (the pool
     cycles k + 1 sets per shape, more while a learner holds batches longer); 0 = fresh memory per delivery.
     ``seed`` seeds the selection RNG.
+
+    What a user calls: ``add``, ``sample``, ``sample_sequences``, ``take``, ``read``,
+    ``update_priorities``, ``evict``, ``state_dict``/``load_state_dict``, ``close``, the counts
+    (``size``, ``capacity``, ``inserted``, ``sampled``, ``dropped_stale``, ``losses``), writers at
+    the source (``writer``, ``commit``) and ``routes`` (which implementation carried out each
+    call). The parts, for those who compose their own: ``spec``, ``selector``, ``rate_limiter``,
+    ``storage``, ``ring``, ``walk``. Everything else is the protocol between the buffer, its own
+    modules (delivery, insertion, migration, shard loss) and the data plane: public so that those
+    modules never reach into private attributes, not meant for a training loop.
     """
 
     def __init__(self, *, spec: ExperienceSpec, capacity: int, selector: Selector | None = None,

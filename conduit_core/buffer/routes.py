@@ -92,8 +92,8 @@ class Routes:
 
     Public contract: ``draw_fits(storage)`` is ``choose_draw``'s storage facts (fixed for a
     storage's life: a migration swaps the storage, a lost shard's replacement keeps its kind);
-    ``taken`` counts the draws and inserts each route carried out (a workload whose draws go to
-    the reference where a pooled route was expected shows it here); ``fast = False`` sends every
+    ``draws`` and ``inserts`` count the calls each route carried out (a workload whose draws go
+    to the reference where a pooled route was expected shows it here); ``fast = False`` sends every
     call to the reference (differential tests, benchmarks of a route, and isolating a suspected
     bug in a faster route)."""
 
@@ -101,8 +101,8 @@ class Routes:
         self.rows, self.windows, self.inline_insert = rows, windows, inline_insert
         self._row_fits, self._window_fits = row_fits, window_fits
         self.fast = True
-        self.taken = dict.fromkeys(("draw." + r for r in DRAW_ROUTES), 0)
-        self.taken.update(dict.fromkeys(("insert." + r for r in INSERT_ROUTES), 0))
+        self.draws = dict.fromkeys(DRAW_ROUTES, 0)      # route -> draws it carried out
+        self.inserts = dict.fromkeys(INSERT_ROUTES, 0)  # route -> insert calls it carried out
         self._fits = (None, (False, False))   # (storage, its draw_fits): one tuple, replaced whole
 
     def draw_fits(self, storage) -> tuple[bool, bool]:

@@ -232,7 +232,7 @@ class IngestionPoint:
             raise
         if stored is DECLINED:
             return DECLINED
-        routes.taken["insert.native"] += 1
+        routes.inserts["native"] += 1
         rows = stored[0][1] if len(stored) == 1 else sum(n for _, n in stored)
         with self._cond.mutex:   # (tickets and counts in one hold: other callers may be storing too)
             first_ticket = self.ticket

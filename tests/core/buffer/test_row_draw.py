@@ -29,7 +29,7 @@ def twins(selector, capacity=64, **kw):
 
 
 def rows_drawn(buf) -> int:
-    return buf.routes.taken["draw.pooled_rows"]
+    return buf.routes.draws["pooled_rows"]
 
 
 def assert_same_sources(a, b):
@@ -67,7 +67,7 @@ def test_sample_takes_the_route_for_a_plain_draw_only():
     assert rows_drawn(route) == 3
     route.sample(8, n_step=2), route.sample(8, fields=("obs",)), route.sample(8, device="cpu")
     route.sample(8, in_slot_order=True)
-    assert rows_drawn(route) == 3 and route.routes.taken["draw.reference"] == 4
+    assert rows_drawn(route) == 3 and route.routes.draws["reference"] == 4
     route.close()
 
 
@@ -142,7 +142,7 @@ def test_draws_the_route_does_not_fit_go_to_the_reference():
                 buf.sample(8, timeout=0.01)
         else:
             buf.sample(8, timeout=0.5)
-        assert rows_drawn(buf) == 0 and buf.routes.taken["draw.reference"] == 1
+        assert rows_drawn(buf) == 0 and buf.routes.draws["reference"] == 1
         buf.close()
     plain = ExperienceBuffer(spec=SPEC, capacity=8)   # no output pool: no pooled route
     plain.add(rollout(8))

@@ -27,7 +27,7 @@ def twins(selector, capacity=64, **kw):
 
 
 def windows_drawn(buf) -> int:
-    return buf.routes.taken["draw.pooled_windows"]
+    return buf.routes.draws["pooled_windows"]
 
 
 def assert_same_batch(a, b):
@@ -175,14 +175,14 @@ def test_draws_the_route_does_not_fit_go_to_the_reference():
                 buf.sample(8, n_step=3, gamma=0.9, episode_end="redraw", timeout=0.01)
         else:
             buf.sample(8, n_step=3, gamma=0.9, episode_end="redraw", timeout=0.5)
-        assert windows_drawn(buf) == 0 and buf.routes.taken["draw.reference"] == 1
+        assert windows_drawn(buf) == 0 and buf.routes.draws["reference"] == 1
         buf.close()
     route, _ = twins(Uniform)
     route.add(rollout(30, done_at=29))
     route.sample(8, n_step=3, episode_end="shorten"), route.sample(8, n_step=3, episode_end="redraw", device="cpu")
     with pytest.raises(ConfigError, match="in_slot_order"):
         route.sample(8, n_step=3, episode_end="redraw", in_slot_order=True)
-    assert windows_drawn(route) == 0 and route.routes.taken["draw.reference"] == 2
+    assert windows_drawn(route) == 0 and route.routes.draws["reference"] == 2
     route.close()
 
 
