@@ -11,31 +11,19 @@ implementation never hands a call on to another.
 
 Draw (``ExperienceBuffer.sample``; ``choose_draw``):
 
-======================  ==========================================  ===========================================
-route                   implementation                              the calls it carries out
-======================  ==========================================  ===========================================
-``pooled_rows``         ``row_draw.PooledRowDraw.draw``             1-step batches of every field, into the
-                                                                    output pool (one plain host shard)
-``pooled_windows``      ``window_draw.PooledWindowDraw.draw``       n-step windows with the redraw rule, into
-                                                                    the output pool (one plain host shard)
-``reference``           ``delivery.draw_reference``                 every draw: devices, field subsets,
-                                                                    shortened windows, slot order, rate limits
-                                                                    to wait on, codecs, shards, lost shards
-======================  ==========================================  ===========================================
+| route | implementation | the draws it carries out |
+|---|---|---|
+| ``pooled_rows`` | ``row_draw.PooledRowDraw.draw`` | 1-step batches of every field, into the output pool (one plain host shard) |
+| ``pooled_windows`` | ``window_draw.PooledWindowDraw.draw`` | n-step windows with the redraw rule, into the output pool (one plain host shard) |
+| ``reference`` | ``delivery.draw_reference`` | every draw: devices, field subsets, shortened windows, slot order, rate limits to wait on, codecs, shards, lost shards |
 
-Insert (``ExperienceBuffer.add``, ``add_encoded_many`` and the data plane's ingest;
-``choose_insert``):
+Insert (``ExperienceBuffer.add``, ``add_encoded_many`` and the data plane's ingest; ``choose_insert``):
 
-======================  ==========================================  ===========================================
-route                   implementation                              the calls it carries out
-======================  ==========================================  ===========================================
-``native``              ``inline_insert.InlineInsert``              rollouts of plain host columns in the spec's
-                                                                    exact form: checked and copied natively
-``together``            ``insertion.insert_together``               encoded rollouts stored under one lock hold,
-                                                                    the ring advanced once
-``reference``           ``insertion.add_encoded``, one by one       every insert: waits (rate limits, FIFO
-                                                                    space), frame pools, migrations, lost shards
-======================  ==========================================  ===========================================
+| route | implementation | the inserts it carries out |
+|---|---|---|
+| ``native`` | ``inline_insert.InlineInsert`` | rollouts of plain host columns in the spec's exact form: checked and copied natively |
+| ``together`` | ``insertion.insert_together`` | encoded rollouts stored under one lock hold, the ring advanced once |
+| ``reference`` | ``insertion.add_encoded``, one by one | every insert: waits (rate limits, FIFO space), frame pools, migrations, lost shards |
 
 Two facts are known only inside the native insert: whether the native check takes the
 rollouts as they are (a tensor, a strided view or a NaN reward is left to the reference, which
