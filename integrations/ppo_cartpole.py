@@ -50,10 +50,10 @@ def main(args: Args) -> None:
             print(f"reached return {args.target_return} after {steps:.0f} env steps")
             break
     if not args.native:
-        path = algo.learner_group._learner._conduit_path
-        m = path.edp.metrics()
-        print(f"conduit: {m.ingest.calls} train batches ingested, {m.deliver.calls} delivered once each, "
-              f"{m.dropped_stale} stale rows dropped")
+        for module_id, path in algo.learner_group._learner.conduit_paths.items():
+            m = path.edp.metrics()
+            print(f"conduit ({module_id}): {m.ingest.calls} train batches ingested, {m.deliver.calls} delivered "
+                  f"once each, {m.dropped_stale} stale rows dropped")
     algo.stop()
     ray.shutdown()
 

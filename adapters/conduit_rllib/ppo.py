@@ -14,7 +14,8 @@ already live on the learner's device. The order follows RLlib's: the first epoch
 batch order, each later epoch a fresh permutation, minibatches running across epoch
 boundaries until every row was seen ``num_epochs`` times.
 
-With ``num_learners >= 1`` each learner is its own process with its own FIFO plane: RLlib
+Each trained module's rows go through a FIFO plane of their own (one module single-agent, one per
+trained module multi-agent). With ``num_learners >= 1`` each learner is its own process with its own planes: RLlib
 shards the episodes across learners, each learner's connector output is ingested and
 delivered where it is trained on, and with several learners RLlib's ``num_total_minibatches``
 (every learner makes the same number of updates, as data-parallel gradients need) sets the
@@ -174,6 +175,10 @@ class ConduitPPOTorchLearner(PPOTorchLearner):
         for mid in list(batch.policy_batches):
             if not self.should_module_be_updated(mid, batch):
                 del batch.policy_batches[mid]
+        if not batch.policy_batches:   # no module to train this update: RLlib's own route, as without Conduit
+            return super()._create_iterator_if_necessary(
+                training_data=training_data, num_total_minibatches=num_total_minibatches, num_epochs=num_epochs,
+                minibatch_size=minibatch_size, shuffle_batch_per_epoch=shuffle_batch_per_epoch, **kwargs)
         modules = {}
         for mid, mb in batch.policy_batches.items():
             n = len(mb)
@@ -204,6 +209,7 @@ class ConduitPPOTorchLearner(PPOTorchLearner):
                 shuffle=shuffle_batch_per_epoch and num_epochs > 1, rng=self._conduit_rng, count=count))
         self.conduit_minibatches = ({mid: n for mid, (_, n) in modules.items()}, count)   # (rows, minibatches) of the last update
         return ConduitMinibatches(parts, env_steps=batch.env_steps())
+
 
 def enable_ppo(config, opts: ConduitOptions):
     from .algorithms import ConduitPPO

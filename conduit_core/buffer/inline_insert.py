@@ -11,7 +11,7 @@ turns: docs/benchmarks.md section 2), and the general route (``ingestion.ingest_
 This route checks every rollout with the spec's native check, before any is stored, then stores
 them all with ``insertion.insert_together`` (the general route's own store for a group: one
 lock, each rollout copied and its metadata written, the ring advanced once, the selector told).
-tests/core/test_inline_insert.py compares the two buffers' whole state call after call (rows,
+tests/core/buffer/test_inline_insert.py compares the two buffers' whole state call after call (rows,
 metadata, episode links, priorities, holes).
 
 It applies where the general route stores the rows in one step: every field a plain numpy column

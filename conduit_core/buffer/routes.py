@@ -80,8 +80,10 @@ class Routes:
 
     Public contract: ``draw_fits(storage)`` is ``choose_draw``'s storage facts (fixed for a
     storage's life: a migration swaps the storage, a lost shard's replacement keeps its kind);
-    ``draws`` and ``inserts`` count the calls each route carried out (a workload whose draws go
-    to the reference where a pooled route was expected shows it here); ``fast = False`` sends every
+    ``draws`` and ``inserts`` count the calls the buffer's dispatchers sent to each route (a
+    workload whose draws go to the reference where a pooled route was expected shows it here; a
+    data plane that stores a lone encoded rollout with ``add_encoded`` directly is not counted;
+    counted without a lock, so exact for one caller at a time); ``fast = False`` sends every
     call to the reference (differential tests, benchmarks of a route, and isolating a suspected
     bug in a faster route)."""
 

@@ -9,8 +9,8 @@ so the buffer's RNG is drawn alike by construction), then gathers the rows into 
 the provenance into fresh arrays in one native pass (``_rows.gather_batch``: the values of
 ``ColumnarStorage.gather_reused`` and ``Ring.gather_meta``, with the cache misses of both
 overlapping). ``delivery.draw_reference`` is its specification:
-tests/core/test_row_draw.py compares the two batch by batch (values, weights, provenance, RNG
-state, counts) across inserts, priority updates, wraps, removals and the fallbacks.
+tests/core/buffer/test_row_draw.py compares the two batch by batch (values, weights, provenance, RNG
+state, counts) across inserts, priority updates, wraps, removals and the draws the dispatcher sends elsewhere.
 
 It carries out the draws ``routes.choose_draw`` gives it: host batches of every field from one
 plain host shard, no rate limit to wait on, no remote shard that may be lost.

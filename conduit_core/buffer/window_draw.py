@@ -8,9 +8,9 @@ about two dozen of them to draw one batch of windows (argument forms, the pool's
 window plan, the walk, two gathers, the hand-out; measured in docs/benchmarks.md §2). This
 route does the same work with the same native calls, through the same redraw loop
 (``episodes.draw_windows``, so the buffer's RNG is drawn alike by construction), keeping what it can reuse (the plans, the walk's views, its scratch arrays) for the storage's
-life. ``delivery.draw_reference`` is its specification: tests/core/test_window_draw.py
+life. ``delivery.draw_reference`` is its specification: tests/core/buffer/test_window_draw.py
 compares the two batch by batch (values, weights, provenance, RNG state, counts) across inserts,
-priority updates, wraps, a migration and the fallbacks.
+priority updates, wraps, a migration and the draws the dispatcher sends elsewhere.
 
 It carries out the draws ``routes.choose_draw`` gives it: host batches of one plain host shard,
 the native walk and gathers built, no rate limit to wait on, no remote shard that may be lost.
@@ -50,9 +50,10 @@ class PooledWindowDraw:
     ``Batch`` that ``delivery.draw_reference`` would for ``sample(batch_size, n_step=n_step,
     gamma=gamma, beta=beta, fields=fields, episode_end='redraw')``. Arguments in the forms
     ``sampling_args.replay_args`` gives, checked; the caller (``delivery.sample``, the draw
-    dispatcher) holds the buffer's lock, has chosen this route (``routes.choose_draw``: the
-    storage ``fits``, nothing to wait for) and passes the stored row count it read under that
-    lock; deliveries are serialised (the data plane's delivery lock), as for ``sample``."""
+    dispatcher) holds the buffer's lock for the whole draw, has chosen this route
+    (``routes.choose_draw``: the storage ``fits``, nothing to wait for) and passes the stored row
+    count it read under that lock. The batch also carries ``n_steps`` (the reference leaves it None;
+    its ``n_step`` column holds the same values)."""
 
     def __init__(self, buffer, pool):
         self._buffer, self._pool = buffer, pool

@@ -263,7 +263,7 @@ class ColumnarStorage:
         return self._single_host
 
     def gather_reused(self, slots: np.ndarray, out: Mapping[str, np.ndarray],
-                      out_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+                      out_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every field's rows at ``slots`` (1-D) into the reused host arrays ``out``, handed out
         as their tensor views ``out_tensors``: one native gather and no per-row work. Only where
         ``takes_into`` (one plain host shard, no codec)."""
