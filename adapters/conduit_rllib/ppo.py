@@ -166,19 +166,19 @@ class ConduitPPOTorchLearner(PPOTorchLearner):
 
     def _create_iterator_if_necessary(self, *, training_data, num_total_minibatches: int = 0, num_epochs: int = 1,
                                       minibatch_size=None, shuffle_batch_per_epoch: bool = False, **kwargs):
-        if training_data.episodes is None or training_data.data_iterators or not minibatch_size:
-            return super()._create_iterator_if_necessary(
+        def rllibs_own():
+            return super(ConduitPPOTorchLearner, self)._create_iterator_if_necessary(
                 training_data=training_data, num_total_minibatches=num_total_minibatches, num_epochs=num_epochs,
                 minibatch_size=minibatch_size, shuffle_batch_per_epoch=shuffle_batch_per_epoch, **kwargs)
+        if training_data.episodes is None or training_data.data_iterators or not minibatch_size:
+            return rllibs_own()
         # Ingestion transform: RLlib's own learner connector (GAE etc.), unchanged.
         batch = self._make_batch_if_necessary(training_data=training_data)
         for mid in list(batch.policy_batches):
             if not self.should_module_be_updated(mid, batch):
                 del batch.policy_batches[mid]
         if not batch.policy_batches:   # no module to train this update: RLlib's own route, as without Conduit
-            return super()._create_iterator_if_necessary(
-                training_data=training_data, num_total_minibatches=num_total_minibatches, num_epochs=num_epochs,
-                minibatch_size=minibatch_size, shuffle_batch_per_epoch=shuffle_batch_per_epoch, **kwargs)
+            return rllibs_own()
         modules = {}
         for mid, mb in batch.policy_batches.items():
             n = len(mb)

@@ -75,26 +75,26 @@ def sample(buf, batch_size: int, *, device: torch.device | str | None = None,
         if buf.closed:
             buf.check_open()
         size, limiter, routes = buf.ring.stored_count(), buf.rate_limiter, buf.routes
-        route = choose_draw(routes.draw_fits(buf.storage), limiter.samples_per_insert is not None
-                            or size < limiter.min_size, n_step, device, fields, episode_end, in_slot_order)
+        waits = limiter.samples_per_insert is not None or size < limiter.min_size   # (else wait_to_sample returns size)
+        route = choose_draw(routes.draw_fits(buf.storage), waits, n_step, device, fields, episode_end, in_slot_order)
         routes.draws[route] += 1
         if route is POOLED_ROWS:
             return routes.rows.draw(batch_size, beta, size)
         if route is POOLED_WINDOWS:
             return routes.windows.draw(batch_size, n_step, gamma, beta, fields, size)
         return draw_reference(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, in_slot_order,
-                              size, timeout)
+                              size, waits, timeout)
 
 
 def draw_reference(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, in_slot_order, size,
-                   timeout) -> Batch:
+                   waits, timeout) -> Batch:
     """Every replay draw, and the specification of the faster routes (``routes.py``): ``sample``'s
-    arguments checked and in ``replay_args``'s forms, the buffer's lock held, ``size`` rows stored.
-    Waits for rows or a rate limit, recovers a lost remote shard and draws again, gathers through
-    the storage's general gather (codecs, shards, devices)."""
+    arguments checked and in ``replay_args``'s forms, the buffer's lock held, ``size`` rows stored
+    (``waits``: a rate limit or min_size may hold the draw back). Waits for rows or a rate limit,
+    recovers a lost remote shard and draws again, gathers through the storage's general gather
+    (codecs, shards, devices)."""
     ring, cond = buf.ring, buf.lock
-    limiter = buf.rate_limiter
-    if limiter.samples_per_insert is not None or size < limiter.min_size:   # (else wait_to_sample returns size)
+    if waits:
         size = wait_to_sample(buf, batch_size, timeout)
     # the columns come from the output pool for a plain 1-step gather of every field on the host
     # and for host windows drawn with the redraw rule (window_outputs); the others are fresh

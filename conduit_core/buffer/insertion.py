@@ -17,7 +17,7 @@ import torch
 from ..errors import INT64_MAX, CapacityError, ConfigError, require_ids
 from ..schema.framestack import first_surviving_seq
 from ..selection.rate_gate import wait_to_insert
-from .routes import DECLINED, TOGETHER, choose_insert
+from .routes import DECLINED, NATIVE, REFERENCE, TOGETHER, choose_insert
 
 
 def add(buf, batch: Mapping[str, Any], *, source: int = 0, policy_version: int = 0,
@@ -38,9 +38,9 @@ def add(buf, batch: Mapping[str, Any], *, source: int = 0, policy_version: int =
             and 0 <= source <= INT64_MAX and 0 <= policy_version <= INT64_MAX and routes.fast:
         stored = routes.inline_insert.insert_one(batch, source, policy_version)
         if stored is not DECLINED:
-            routes.inserts["native"] += 1
+            routes.inserts[NATIVE] += 1
             return stored[0]
-    routes.inserts["reference"] += 1
+    routes.inserts[REFERENCE] += 1
     n, enc = buf.encode(batch)
     return add_encoded(buf, enc, n, source=source, policy_version=policy_version, timeout=timeout,
                        priorities=priorities)
@@ -113,9 +113,9 @@ def add_encoded_many(buf, parts: list, *, timeout: float | None = None) -> list[
             if buf.closed:
                 buf.check_open()
             if choose_insert(False, len(parts), total <= buf.capacity and stores_at_once(buf)) == TOGETHER:
-                routes.inserts["together"] += 1
+                routes.inserts[TOGETHER] += 1
                 return insert_together(buf, parts)
-    routes.inserts["reference"] += 1
+    routes.inserts[REFERENCE] += 1
     firsts = []
     for cols, n, src, v in parts:
         try:

@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any, Callable, Mapping
 
 from ..buffer.experience_buffer import ExperienceBuffer
-from ..buffer.routes import DECLINED
+from ..buffer.routes import DECLINED, NATIVE
 from ..errors import CapacityError, ClosedError, ExperienceTimeout, SpecError, require_ids
 from ..planning.schedule import Schedule
 from ..selection.rate_gate import BufferCondition
@@ -232,7 +232,7 @@ class IngestionPoint:
             raise
         if stored is DECLINED:
             return DECLINED
-        routes.inserts["native"] += 1
+        routes.inserts[NATIVE] += 1
         rows = stored[0][1] if len(stored) == 1 else sum(n for _, n in stored)
         with self._cond.mutex:   # (tickets and counts in one hold: other callers may be storing too)
             first_ticket = self.ticket
