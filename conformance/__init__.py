@@ -12,7 +12,7 @@ real delivery path hands the learner, plus, where it has one, the framework's na
 as the oracle.
 """
 
-from .harness import (ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence, Harness, Session,
+from .harness import (AsyncQueue, ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence, Harness, Session,
                       SyntheticRollout)
 from .registry import REGISTRY, Check, CheckFailed, CheckSkipped, NotApplicable
 from .report import Report
@@ -26,6 +26,7 @@ from . import checks_sequences as _sequences  # noqa: E402,F401
 from . import checks_rows as _rows  # noqa: E402,F401
 from . import checks_freshness as _freshness  # noqa: E402,F401
 from . import checks_convergence as _convergence  # noqa: E402,F401
+from . import checks_async as _async  # noqa: E402,F401
 
-__all__ = ["Check", "CheckFailed", "CheckSkipped", "NotApplicable", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "DeliveredSequence", "Harness",
+__all__ = ["AsyncQueue", "Check", "CheckFailed", "CheckSkipped", "NotApplicable", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "DeliveredSequence", "Harness",
            "REGISTRY", "Report", "Session", "SyntheticRollout", "check_adapter", "load_harness"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from conduit_core import Batch, ExperienceDataPlane
+from conduit_core.queues import VersionWindowQueue
 
-from .harness import ROW_FIELDS, Delivered
+from .harness import ROW_FIELDS, AsyncQueue, Delivered
 
 
 def stored_ids(edp: ExperienceDataPlane, id_field: str = "obs") -> np.ndarray:
@@ -61,3 +62,31 @@ def delivered(batch: Batch, id_field: str = "obs", names: dict[str, str] | None 
     return Delivered(ids=ids, versions=batch.versions, weights=None if batch.weights is None else
                      batch.weights.cpu().numpy(), inserted_at_selection=batch.inserted_at_selection, handle=batch,
                      rows=rows_of(batch, names))
+
+
+class VersionWindowAsync(AsyncQueue):
+    """The suite's view (capability 'async') of conduit_core's :class:`VersionWindowQueue`: for an
+    adapter whose asynchronous trainer takes its samples from one (its ``async_queue`` returns this over
+    the queue its trainer uses)."""
+
+    def __init__(self, queue: VersionWindowQueue):
+        self.queue = queue
+
+    def try_admit(self):
+        return self.queue.try_admit()
+
+    def put(self, ticket, item, *, versions):
+        self.queue.put(ticket, item, versions=versions)
+
+    def try_take(self, n):
+        taken = self.queue.try_take(n)
+        return None if taken is None else [t.item for t in taken]
+
+    def publish_version(self, version):
+        self.queue.publish_version(version)
+
+    def pending(self):
+        return self.queue.pending_items()
+
+    def close(self):
+        self.queue.close()

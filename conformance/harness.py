@@ -18,6 +18,8 @@ itself has no such path: ``NotApplicable``, a skip):
     sequences    slices of episodes for stateful      shared_rng   the adapter can draw from the
                  modules (Session.deliver_sequences)               framework's RNG stream
                                                                    (Harness.shared_rng_sessions)
+    async        an asynchronous trainer's queue: staleness bounded by admission, oldest first,
+                 nothing dropped (Harness.async_queue, checks_async.py)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 CAPABILITIES = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
-                          "nstep", "sequences", "shared_rng"})
+                          "nstep", "sequences", "shared_rng", "async"})
 OBS_DIM = 4
 # the columns a SyntheticRollout has, and the keys of Delivered.rows (a harness maps its framework's names to these)
 ROW_FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
@@ -228,3 +230,40 @@ class Harness(ABC):
         native arm's own spread sets, at a stated false-alarm rate); a workload without one is
         judged by the suite's fixed bound, set from RLlib's spread, and says so."""
         return {}
+
+    def async_queue(self, *, per_version: int, staleness: int) -> "AsyncQueue":
+        """Capability 'async': a fresh instance of the adapter's queue between an asynchronous rollout
+        producer and its trainer, for a trainer that takes ``per_version`` samples per policy version
+        and may train on samples at most ``staleness`` versions old (checks_async.py drives it)."""
+        raise NotImplementedError
+
+
+class AsyncQueue(ABC):
+    """The experience path of an asynchronous trainer (capability 'async'), as the suite drives it:
+    a producer asks to start a sample (``try_admit``), generates it, hands it over (``put``); the
+    trainer takes batches (``try_take``) and publishes each new policy version. Items are the suite's
+    own (dicts with an ``id``); the queue hands them back unchanged."""
+
+    @abstractmethod
+    def try_admit(self) -> Any | None:
+        """A ticket to start one sample now, or None while the queue holds the producer back."""
+
+    @abstractmethod
+    def put(self, ticket: Any, item: Any, *, versions: tuple[int, ...]) -> None:
+        """The sample generated under ``ticket``; ``versions``: the policy version of each of its
+        segments, oldest first (several where a weight sync cut the rollout)."""
+
+    @abstractmethod
+    def try_take(self, n: int) -> list[Any] | None:
+        """The next batch of ``n`` items for the trainer, or None if it is not ready."""
+
+    @abstractmethod
+    def publish_version(self, version: int) -> None:
+        """The trainer's weights are now ``version``."""
+
+    @abstractmethod
+    def pending(self) -> list[Any]:
+        """Every item accepted and not yet delivered."""
+
+    def close(self) -> None:
+        pass

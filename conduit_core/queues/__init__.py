@@ -1,6 +1,8 @@
-"""Entry queues: batched entries served a set number of times, freshest or oldest first, for
-on-policy and reuse-based training (SRL's and IMPALA's queues)."""
+"""Queues between producers and a trainer: entry queues (batched entries served a set number of
+times, freshest or oldest first, for on-policy and reuse-based training: SRL's and IMPALA's queues) and
+the version window (asynchronous LLM RL: staleness bounded by admission, oldest first, nothing dropped)."""
 
 from .entry_queue import Entry, EntryQueue
+from .version_window import Admission, TakenSample, VersionWindowQueue, admissible
 
-__all__ = ["Entry", "EntryQueue"]
+__all__ = ["Admission", "TakenSample", "Entry", "EntryQueue", "VersionWindowQueue", "admissible"]

@@ -8,11 +8,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conduit_conformance import ConvergenceResult, Delivered
+from collections import deque
+
+from conduit_conformance import AsyncQueue, ConvergenceResult, Delivered
 from conduit_conformance.edp_session import delivered
 from conduit_conformance.examples import minirl as fw
 from conduit_conformance.examples.conduit_minirl import conformance as example
 from conduit_conformance.examples.conduit_minirl.memory import ConduitReplayMemory, ConduitRolloutStore
+from conduit_core.queues import admissible
 
 FAULTS = {
     # fault: the checks it must fail (and no others)
@@ -65,7 +68,21 @@ FAULTS = {
                    "equivalence/exact_with_shared_rng"},
     # bad obs refused with an error that names another field ("reward") and no unmet expectation
     "wrong_field_error": {"ingest/rejects_bad_input"},
+    # asynchronous training (checks_async): verl's fully-async MessageQueue (no admission, the oldest
+    # dropped when full); a queue that discards samples over the staleness bound; one that serves the
+    # newest ready samples first (within the admission window). Each serves what finished, not what
+    # started first, so each fails the order and the set trained on; dropping without admission also
+    # loses samples and lets them age past the bound; discarding keeps within the bound but loses the
+    # slow ones (trained mean length 5.1 where 12.4 was generated, seed 0); newest first lets the
+    # oldest age past the bound
+    "drop_when_full": {"async/nothing_dropped", "async/staleness_bound", "async/staleness0_is_synchronous",
+                       "async/oldest_first", "async/no_length_bias"},
+    "discard_stale": {"async/nothing_dropped", "async/staleness0_is_synchronous", "async/oldest_first",
+                      "async/no_length_bias"},
+    "newest_first": {"async/staleness_bound", "async/staleness0_is_synchronous", "async/oldest_first",
+                     "async/no_length_bias"},
 }
+ASYNC_FAULTS = ("drop_when_full", "discard_stale", "newest_first")
 
 
 BIASED = ("newest_of_three", "oldest_of_three")
@@ -189,6 +206,11 @@ class BrokenHarness(example.AdapterHarness):
         assert fault in FAULTS, fault
         self.fault = fault
 
+    def async_queue(self, *, per_version, staleness):
+        if self.fault in ASYNC_FAULTS:
+            return BrokenAsyncQueue(self.fault, per_version=per_version, staleness=staleness)
+        return super().async_queue(per_version=per_version, staleness=staleness)
+
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0):
         if onpolicy:
@@ -240,3 +262,41 @@ class BrokenHarness(example.AdapterHarness):
                 mem.close()
             return ConvergenceResult(reached, steps, returns)
         return {"bandit": run}
+
+
+class BrokenAsyncQueue(AsyncQueue):
+    """An asynchronous trainer's queue with one of ``ASYNC_FAULTS``."""
+
+    def __init__(self, fault: str, *, per_version: int, staleness: int):
+        self.fault, self.per_version, self.staleness = fault, per_version, staleness
+        self.items: deque = deque()           # (item, versions), in put order
+        self.admitted = self.delivered = self.version = 0
+
+    def try_admit(self):
+        if self.fault == "newest_first" and not admissible(
+                self.admitted, version=self.version, staleness=self.staleness, per_version=self.per_version,
+                outstanding=self.admitted - self.delivered, capacity=10 ** 9):
+            return None
+        self.admitted += 1
+        return self.admitted - 1
+
+    def put(self, ticket, item, *, versions):
+        if self.fault == "drop_when_full" and len(self.items) >= (self.staleness + 1) * self.per_version:
+            self.items.popleft()   # MessageQueue.put_sample: "Queue full, dropped sample"
+        self.items.append((item, tuple(versions)))
+
+    def try_take(self, n):
+        if self.fault == "discard_stale":
+            self.items = deque(x for x in self.items if self.version - x[1][0] <= self.staleness)
+        if len(self.items) < n:
+            return None
+        pick = self.items.pop if self.fault == "newest_first" else self.items.popleft
+        batch = [pick()[0] for _ in range(n)]
+        self.delivered += n
+        return batch
+
+    def publish_version(self, version):
+        self.version = version
+
+    def pending(self):
+        return [item for item, _ in self.items]

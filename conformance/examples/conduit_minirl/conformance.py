@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from conduit_conformance import ConvergenceResult, Delivered, Harness, Session, SyntheticRollout
-from conduit_conformance.edp_session import delivered, stored_ids
+from conduit_conformance.edp_session import VersionWindowAsync, delivered, stored_ids
+from conduit_core.queues import VersionWindowQueue
 
 # STAGE MAP: your framework and its version.
 from conduit_conformance.examples import minirl as fw
@@ -89,7 +90,7 @@ class AdapterHarness(Harness):
     framework = "minirl"   # STAGE MAP: your framework's name (the report's header)
     framework_version = fw.__version__
     capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
-                              "shared_rng"})
+                              "shared_rng", "async"})
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0) -> Session:
@@ -111,6 +112,12 @@ class AdapterHarness(Harness):
 
     def convergence_workloads(self):
         return {"bandit": run_bandit}
+
+    def async_queue(self, *, per_version, staleness):
+        """STAGE MAP: the queue between your framework's asynchronous rollout producer and its trainer.
+        Here conduit_core's VersionWindowQueue, as the suite's checks_async drives it; an adapter that
+        puts its framework's own sample objects through it maps them in its own AsyncQueue."""
+        return VersionWindowAsync(VersionWindowQueue(per_version=per_version, staleness=staleness))
 
 
 def run_bandit(path: str, seed: int) -> ConvergenceResult:
