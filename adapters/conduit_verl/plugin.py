@@ -12,7 +12,10 @@ executed; a registration failure is logged at ERROR and raised in that import:
 - ``verl.trainer.ppo.v1.trainer_base``: ``trainer.v1.trainer_mode=conduit``;
 - ``transfer_queue.interface`` (the last of TransferQueue's modules its package imports, so its
   storage registries exist): ``transfer_queue.backend.storage_backend=Conduit``. Every process
-  that makes a TransferQueue client imports verl first, so each one registers the backend.
+  that makes a TransferQueue client imports verl first, so each one registers the backend;
+- ``verl.experimental.fully_async_policy.message_queue``, only with ``CONDUIT_VERL_MESSAGE_QUEUE=conduit``:
+  the fully-async trainer's ``MessageQueue`` becomes Conduit's (async_queue.py); ``fully_async_main``
+  imports it from there after this hook ran.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import importlib.abc
 import importlib.machinery
 import logging
 import sys
+from types import ModuleType
+from typing import Callable
 
 REGISTRY_MODULE = "verl.trainer.ppo.v1.trainer_base"
 STORAGE_MODULE = "transfer_queue.interface"
@@ -36,7 +41,22 @@ def _register_storage() -> None:
     from . import tq_backend  # noqa: F401 - registering is what importing it does
 
 
-HOOKS = {REGISTRY_MODULE: _register_trainer, STORAGE_MODULE: _register_storage}
+def _register_message_queue() -> None:
+    import os
+
+    from . import async_queue
+    choice = os.environ.get(async_queue.ENV, "")
+    if choice in ("", "verl"):
+        return
+    if choice != "conduit":
+        raise ValueError(f"{async_queue.ENV}: expected 'conduit' or 'verl' (or unset), got {choice!r}. Fix: set "
+                         "it to 'conduit' for Conduit's queue in verl's fully-async trainer")
+    sys.modules[MESSAGE_QUEUE_MODULE].MessageQueue = async_queue.actor_class()
+
+
+MESSAGE_QUEUE_MODULE = "verl.experimental.fully_async_policy.message_queue"
+HOOKS = {REGISTRY_MODULE: _register_trainer, STORAGE_MODULE: _register_storage,
+         MESSAGE_QUEUE_MODULE: _register_message_queue}
 
 
 def _register(module: str) -> None:
@@ -47,20 +67,17 @@ def _register(module: str) -> None:
         raise
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Lets the normal finders locate a hooked module, executes it with their loader, then
-    registers. One shot per module: it leaves ``sys.meta_path`` when every hook has fired."""
+class _RunAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Lets the normal finders locate a watched module, executes it with their loader, then runs the
+    callbacks waiting for it. It leaves ``sys.meta_path`` when no module is watched any more."""
 
-    def __init__(self, pending: set[str]):
-        self.pending = pending
+    def __init__(self):
+        self.waiting: dict[str, list[Callable[[ModuleType], None]]] = {}
         self._inner: dict[str, importlib.abc.Loader] = {}
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.pending:
+        if fullname not in self.waiting or fullname in self._inner:
             return None
-        self.pending.discard(fullname)
-        if not self.pending:
-            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return None
@@ -72,22 +89,36 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return self._inner[spec.name].create_module(spec)
 
     def exec_module(self, module):
-        self._inner.pop(module.__name__).exec_module(module)
-        _register(module.__name__)
+        name = module.__name__
+        self._inner.pop(name).exec_module(module)
+        callbacks = self.waiting.pop(name, [])
+        if not self.waiting and self in sys.meta_path:
+            sys.meta_path.remove(self)
+        for fn in callbacks:
+            fn(module)
+
+
+_finder = _RunAfterImport()
+
+
+def after_import(module: str, fn: Callable[[ModuleType], None]) -> None:
+    """Run ``fn(module)`` right after ``module`` has executed (now, if it already has): how Conduit
+    (and a run's instruments) reach into verl's registries without importing them early."""
+    if module in sys.modules:
+        fn(sys.modules[module])
+        return
+    _finder.waiting.setdefault(module, []).append(fn)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
 
 
 def install() -> None:
-    """Register now where a registry is already imported, else when it is."""
-    if any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
+    """Register now where a registry is already imported, else when it is. Idempotent."""
+    if getattr(install, "done", False):
         return
-    pending = set()
+    install.done = True
     for module in HOOKS:
-        if module in sys.modules:
-            _register(module)
-        else:
-            pending.add(module)
-    if pending:
-        sys.meta_path.insert(0, _RegisterAfterImport(pending))
+        after_import(module, lambda m: _register(m.__name__))
 
 
 install()  # verl's plugin loader only imports the entry point's module

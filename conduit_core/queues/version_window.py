@@ -103,8 +103,12 @@ class VersionWindowQueue:
         self._admission_wait_s = 0.0
 
     # ---- producer side ----
-    def admit(self, *, timeout: float | None = None) -> Admission:
-        """Wait for the window to let the next sample start; its :class:`Admission`."""
+    def admit(self, *, version: int | None = None, timeout: float | None = None) -> Admission:
+        """Wait for the window to let the next sample start; its :class:`Admission`. ``version``: the
+        weights it is generated with, where the producer's lag the trainer's (default: the published
+        version; never newer)."""
+        if version is not None:
+            version = require_int("version", version, fix="pass the policy version the sample is generated with")
         deadline = None if timeout is None else time.monotonic() + timeout
         t0, waited = time.perf_counter(), False
         with self._cond:
@@ -113,6 +117,9 @@ class VersionWindowQueue:
                 if self._producer_done:
                     raise ClosedError("admit: the producer side was finished (finish_producing()); "
                                       "no sample may start after it")
+                if version is not None and version > self._version:
+                    raise ConfigError("version", f"an int <= the published {self._version}", version,
+                                      "a producer generates with weights the trainer published: pass that version")
                 if self._admissible_locked():
                     break
                 waited = True
@@ -125,15 +132,20 @@ class VersionWindowQueue:
             if waited:
                 self._counts["admission_waits"] += 1
                 self._admission_wait_s += time.perf_counter() - t0
-            return self._admit_locked()
+            return self._admit_locked(version)
 
-    def try_admit(self) -> Admission | None:
+    def try_admit(self, *, version: int | None = None) -> Admission | None:
         """:meth:`admit` without waiting: None while the window is full."""
+        if version is not None:
+            version = require_int("version", version, fix="pass the policy version the sample is generated with")
         with self._cond:
             self._check_open("try_admit")
+            if version is not None and version > self._version:
+                raise ConfigError("version", f"an int <= the published {self._version}", version,
+                                  "a producer generates with weights the trainer published: pass that version")
             if self._producer_done or not self._admissible_locked():
                 return None
-            return self._admit_locked()
+            return self._admit_locked(version)
 
     def put(self, admission: Admission, item: Any, *, versions: Sequence[int] | None = None) -> None:
         """Hand over the sample generated under ``admission``. ``versions``: the policy version of each
@@ -251,11 +263,11 @@ class VersionWindowQueue:
         return admissible(self._next_seq, version=self._version, staleness=self.staleness,
                           per_version=self.per_version, outstanding=self._outstanding(), capacity=self.capacity)
 
-    def _admit_locked(self) -> Admission:
-        seq = self._next_seq
-        self._slots[seq] = _Slot(self._version)
+    def _admit_locked(self, version: int | None = None) -> Admission:
+        seq, version = self._next_seq, self._version if version is None else version
+        self._slots[seq] = _Slot(version)
         self._next_seq += 1
-        return Admission(seq, self._version)
+        return Admission(seq, version)
 
     def _ready_locked(self, n: int) -> list[int] | None:
         """The seqs of the next batch, or None while one of them is still generating."""

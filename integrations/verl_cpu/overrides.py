@@ -109,3 +109,52 @@ def hydra_overrides(assets: Assets, *, run_dir: str, seed: int, steps: int) -> l
         f"+ray_kwargs.ray_init._temp_dir={run_dir}/ray",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
+
+
+# verl's disaggregated trainers (experimental/one_step_off_policy, experimental/fully_async_policy): the
+# module each runs as, and what each needs on top of hydra_overrides().
+TRAINER_MODULES = {
+    "main_ppo": "verl.trainer.main_ppo",
+    "one_step_off": "verl.experimental.one_step_off_policy.main_ppo",
+    "fully_async": "verl.experimental.fully_async_policy.fully_async_main",
+}
+
+
+def async_overrides(trainer: str, *, steps: int, staleness: int = 0, trigger: int = 1) -> list[str]:
+    """Overrides for a disaggregated trainer: the trainer and the rollout each get a pool of one (fake)
+    GPU slot, weights move through the CPU checkpoint engine (object_store_engine.py), and the
+    fully-async trainer takes one mini-batch of prompts per step (``staleness``, ``trigger``: its
+    `async_training.staleness_threshold` and `trigger_parameter_sync_step`)."""
+    if trainer not in TRAINER_MODULES:
+        raise ValueError(f"trainer: expected one of {sorted(TRAINER_MODULES)}, got {trainer!r}")
+    if trainer == "main_ppo":
+        return []
+    out = [
+        # the trainer and the rollout in pools of their own (fully_async_trainer.py:76 asserts it)
+        "actor_rollout_ref.hybrid_engine=False",
+        "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=ray_object_store",
+        f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={__package__}.object_store_engine",
+        # two pools of one fake GPU slot each (single_controller/ray/base.py counts "GPU" resources);
+        # the fully-async trainer and rollouter actors each ask Ray for 10 CPUs and its MessageQueue for
+        # 2 (fully_async_trainer.py:53, fully_async_rollouter.py:329, message_queue.py:26): logical CPUs,
+        # not cores; with fewer the trainer actor is never scheduled and the run waits forever
+        "++ray_kwargs.ray_init.num_gpus=2",
+        "ray_kwargs.ray_init.num_cpus=32",
+    ]
+    if trainer == "fully_async":
+        out += [
+            f"async_training.staleness_threshold={staleness}",
+            f"async_training.trigger_parameter_sync_step={trigger}",
+            "async_training.require_batches=1",
+            "async_training.partial_rollout=False",
+            "async_training.concurrent_samples_per_replica=4",
+            # the rollouter feeds one prompt at a time (fully_async_rollouter.py:351-352 assert both)
+            "data.train_batch_size=0",
+            "data.gen_batch_size=1",
+            "rollout.n=2",
+            # prompts the rollouter generates: one mini-batch (2 prompts) per trainer step
+            f"rollout.total_rollout_steps={2 * steps * trigger}",
+        ]
+    return out

@@ -7,8 +7,10 @@ CPU platform can be selected before anything asks `get_platform()` (trainer/cons
 at import time) and where a rollout name can be registered in the processes that look it up.
 """
 
-from integrations.verl_cpu import cpu_platform, get_trace, hf_rollout
+from integrations.verl_cpu import cpu_platform, get_trace, hf_rollout, object_store_engine, trained_trace
 
 cpu_platform.install()
 hf_rollout.register()
+object_store_engine.register()   # weights to standalone rollout replicas (one-step-off, fully-async)
 get_trace.install()  # only with VERL_CPU_GET_TRACE set: digests of every TransferQueue get
+trained_trace.install()  # only with VERL_CPU_TRAINED_TRACE set: what each fully-async training step took

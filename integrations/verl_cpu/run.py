@@ -39,21 +39,34 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--keep", action="store_true", help="keep the temporary run folder")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the run is killed")
     parser.add_argument("--log", default=None, help="file for verl's stdout/stderr (default: inherit)")
+    parser.add_argument("--trainer", default="main_ppo", choices=sorted(overrides.TRAINER_MODULES),
+                        help="verl's synchronous trainer (main_ppo) or one of its disaggregated ones")
+    parser.add_argument("--staleness", type=int, default=0, help="fully_async: async_training.staleness_threshold")
+    parser.add_argument("--trigger", type=int, default=1, help="fully_async: trigger_parameter_sync_step")
+    parser.add_argument("--queue", default="verl", choices=("verl", "conduit"),
+                        help="fully_async: verl's MessageQueue or Conduit's (conduit_verl.async_queue)")
+    parser.add_argument("--trained-trace", default=None,
+                        help="fully_async: JSON lines, what each training step took (trained_trace.py)")
     return parser.parse_known_args(argv)
 
 
 def _command(run_assets: assets_mod.Assets, args: argparse.Namespace, run_dir: str, extra: list[str]) -> list[str]:
     base = overrides.hydra_overrides(run_assets, run_dir=run_dir, seed=args.seed, steps=args.steps)
-    return [sys.executable, "-m", "verl.trainer.main_ppo", *base, *extra]
+    base += overrides.async_overrides(args.trainer, steps=args.steps, staleness=args.staleness, trigger=args.trigger)
+    return [sys.executable, "-m", overrides.TRAINER_MODULES[args.trainer], *base, *extra]
 
 
-def _environment(run_dir: str) -> dict[str, str]:
+def _environment(run_dir: str, args: argparse.Namespace | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)  # always a fresh local cluster, never a shared one
     env.update(overrides.environment())
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
     env["VERL_FILE_LOGGER_PATH"] = os.path.join(run_dir, "verl_metrics.jsonl")
+    if args is not None:
+        env["CONDUIT_VERL_MESSAGE_QUEUE"] = args.queue
+        if args.trained_trace:
+            env["VERL_CPU_TRAINED_TRACE"] = os.path.abspath(args.trained_trace)
     return env
 
 
@@ -64,7 +77,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         run_assets = assets_mod.build(os.path.join(run_dir, "assets"), seed=args.seed)
         cmd = _command(run_assets, args, run_dir, extra)
-        env = _environment(run_dir)
+        env = _environment(run_dir, args)
         log = open(args.log, "w") if args.log else None
         start = time.monotonic()
         # Own process group: on timeout everything verl started (Ray included) is stopped with it.

@@ -235,3 +235,14 @@ def test_any_interleaving_keeps_the_accounts_the_order_and_the_bound(per_version
     admitted = [s for s in range(q.stats()["admitted"]) if s not in reported]
     assert taken == admitted[:len(taken)]                  # oldest first, none passed over
     assert sorted(taken + q.pending_items()) == sorted(set(admitted) - {t.seq for t in open_})
+
+
+def test_a_producer_that_lags_admits_at_its_own_version_never_a_newer_one():
+    q = VersionWindowQueue(per_version=1, staleness=1)
+    q.publish_version(1)
+    t = q.admit(version=0)
+    assert t.version == 0
+    q.put(t, "old weights", versions=[0])
+    assert q.take(1)[0].staleness == 1
+    with pytest.raises(ConfigError, match="version: expected an int <= the published 1"):
+        q.admit(version=2)

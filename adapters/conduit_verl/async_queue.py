@@ -1,0 +1,210 @@
+"""Conduit in place of the fully-async trainer's ``MessageQueue``: oldest first, bounded staleness,
+nothing dropped, every sample accounted for.
+
+verl 0.9.1's fully-async trainer (``verl/experimental/fully_async_policy``) passes each generated prompt
+group (a pickled ``RolloutSample``) from its rollouter to its trainer through ``MessageQueue``
+(``message_queue.py``), a Ray actor over a deque that delivers in the order generations *finish* and, when
+full, drops the oldest sample with a log warning. Neither is what the synchronous trainer does: it trains
+on the prompts in the data loader's order, all of them. The rollouter already holds generation back
+(``staleness_samples >= max_required_samples`` pauses it); what it cannot do is keep the order.
+
+``ConduitMessageQueue`` offers ``MessageQueue``'s calls over :class:`~conduit_core.queues.VersionWindowQueue`:
+
+- **order**: samples are delivered in the rollouter's feed order (the index in its ``sample_id``), a
+  fast sample waiting for the slower ones started before it. The trained set is the generated set in
+  prompt order, so response lengths are not skewed toward what finishes first;
+- **admission, not drop**: the rollouter holds generation back itself (its ``staleness_samples`` gate,
+  which counts this queue's size); this queue admits each sample in feed order into the version window
+  (``staleness = ceil(async_training.staleness_threshold)`` versions of
+  ``ppo_mini_batch_size * require_batches * trigger_parameter_sync_step`` samples each). A sample past
+  the window could only be trained later than the bound allows, so its put is refused with an error (a
+  broken gate is a bug to see, not a sample to drop or to train stale); nothing accepted is dropped;
+- **versions**: each sample carries the weight versions that generated it (``min_global_steps`` ..
+  ``max_global_steps`` of its responses: a partial rollout spans several); the trainer's version is the
+  one verl's trainer holds when it takes the sample (a new version every ``trigger_parameter_sync_step``
+  steps of ``required_samples`` each), so every delivery knows its staleness;
+- **accounts**: ``get_statistics()`` adds ``produced == delivered + pending + cleared``, the staleness
+  histogram, admission waits and the queue depth; ``dropped_samples`` is always 0.
+
+Turned on with ``CONDUIT_VERL_MESSAGE_QUEUE=conduit`` in the environment of the run (the plugin then puts
+this class where ``fully_async_main`` looks for ``MessageQueue``; verl's files are not edited).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from collections import Counter, deque
+from typing import Any
+
+from conduit_core.errors import ConfigError, SemanticError
+from conduit_core.queues import VersionWindowQueue, admissible
+
+log = logging.getLogger(__name__)
+ENV = "CONDUIT_VERL_MESSAGE_QUEUE"
+_SAMPLE_ID = re.compile(r"^sample_\d+_(\d+)$")
+
+
+def window_of(config) -> tuple[int, int]:
+    """(samples per policy version, staleness in versions) of a fully-async config, as verl's trainer
+    counts them (fully_async_trainer.py: ``required_samples``, ``_fit_update_local_step``)."""
+    at = config.async_training
+    required = int(config.actor_rollout_ref.actor.ppo_mini_batch_size) * int(at.get("require_batches", 1))
+    per_version = required * int(at.get("trigger_parameter_sync_step", 1))
+    threshold = float(at.get("staleness_threshold", 1))
+    if threshold < 0:
+        raise ConfigError("async_training.staleness_threshold", "a number >= 0", threshold,
+                          "set how many versions a trained sample may lag (0: synchronous)")
+    return per_version, math.ceil(threshold)
+
+
+def first_feed_index(config) -> int:
+    """The index the rollouter gives its first sample (fully_async_rollouter.py: 1, or where a resumed
+    run left off)."""
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    trainer = config.trainer
+    mode = trainer.get("resume_mode", "disable")
+    if mode == "disable":
+        return 1
+    folder = None
+    if mode == "resume_path":
+        folder = trainer.get("resume_from_path")
+    elif mode == "auto":
+        folder = find_latest_ckpt_path(trainer.default_local_dir)
+    if not folder:
+        return 1
+    per_version, _ = window_of(config)
+    return int(str(folder).rstrip("/").split("global_step_")[-1]) * per_version + 1
+
+
+class ConduitMessageQueue:
+    """``MessageQueue``'s calls (put_sample, get_sample, get_queue_size, get_statistics, clear_queue,
+    shutdown, get_memory_usage, put_validate, get_validate) over a version window; see the module doc.
+    A threaded Ray actor (``actor_class()``): a put that waits for the window holds one thread."""
+
+    def __init__(self, config, max_queue_size: int = 1000, *, first_index: int | None = None):
+        self.per_version, self.staleness = window_of(config)
+        self.queue = VersionWindowQueue(per_version=self.per_version, staleness=self.staleness)
+        self.max_queue_size = int(max_queue_size)
+        self._next_index = first_feed_index(config) if first_index is None else int(first_index)
+        self._arrived: dict[int, tuple[bytes, list[int]]] = {}   # finished ahead of an older sample
+        self._lock = threading.Lock()           # puts: admission in feed order
+        self._take_lock = threading.Lock()      # gets: one at a time, in order
+        self._val = deque()
+        self._counts = Counter()
+        self._cleared, self._cleared_all = 0, False
+
+    # ---- the rollouter's side ----
+    def put_sample(self, sample: Any) -> bool:
+        if sample is None:      # the rollouter's end signal
+            self.queue.finish_producing()
+            return True
+        index, versions = self._tags(sample)
+        with self._lock:
+            if index < self._next_index or index in self._arrived:
+                raise ConfigError("sample_id", f"a feed index not yet put (next {self._next_index})", index,
+                                  "put each generated sample once")
+            s = self.queue.stats()
+            seq = s["admitted"] + index - self._next_index      # its place in delivery order
+            if not admissible(seq, version=s["version"], staleness=self.staleness, per_version=self.per_version,
+                              outstanding=0, capacity=1):
+                # past the window it can only be trained later than the bound allows (waiting would not help)
+                raise SemanticError(
+                    f"put_sample: sample {index} (generated by version {versions[0]}) would be trained at version "
+                    f"{seq // self.per_version} at the earliest, over the staleness bound {self.staleness}; it was not "
+                    "accepted. Fix: the rollouter must hold generation back (async_training.staleness_threshold; its "
+                    "staleness_samples count) or raise the threshold")
+            self._arrived[index] = (sample, versions)
+            self._counts["produced"] += 1
+            while self._next_index in self._arrived:
+                data, vs = self._arrived.pop(self._next_index)
+                admission = self.queue.try_admit(version=vs[0])
+                if admission is None:   # admissible on arrival and the window only moves on: a bug here
+                    raise RuntimeError(f"conduit_verl: sample {self._next_index} left the window it was admitted to")
+                self.queue.put(admission, data, versions=vs)
+                self._next_index += 1
+        return True
+
+    # ---- the trainer's side ----
+    def get_sample(self):
+        with self._take_lock:
+            taken = self.queue.take(1)      # its staleness counted against the trainer's weights now
+            if not taken:
+                return None
+            # the version verl's trainer moves to once it has trained on what it took (a new one every
+            # per_version samples): the rollouter cannot generate with it before then
+            self.queue.publish_version(self.queue.stats()["delivered"] // self.per_version)
+            return taken[0].item, self.get_queue_size()
+
+    def get_queue_size(self) -> int:
+        """Every sample accepted and not yet delivered, those waiting behind an older one included: the
+        rollouter's gate counts it as outstanding (fully_async_rollouter.py, reset_staleness)."""
+        return 0 if self._cleared_all else self.queue.stats()["ready"] + len(self._arrived)
+
+    def get_statistics(self) -> dict[str, Any]:
+        s = self.queue.stats()
+        waiting = len(self._arrived)    # (not under the put lock: a put waiting for the window holds it)
+        if self._cleared_all:
+            s["ready"] = 0
+        produced = self._counts["produced"]
+        return {"queue_size": s["ready"] + waiting, "total_produced": produced, "total_consumed": s["delivered"],
+                "dropped_samples": 0, "max_queue_size": self.max_queue_size,
+                "conduit/pending": s["ready"] + waiting, "conduit/waiting_for_older": waiting,
+                "conduit/cleared": self._cleared,
+                "conduit/accounted": produced == s["delivered"] + s["ready"] + waiting + self._cleared,
+                "conduit/version": s["version"], "conduit/staleness": s["staleness"],
+                "conduit/admission_waits": s["admission_waits"], "conduit/admission_wait_s": s["admission_wait_s"]}
+
+    def clear_queue(self) -> None:
+        """verl calls it when training ends (fully_async_main.py, ``finally``): what is left was generated
+        and never trained on; it is counted (``conduit/cleared``) and logged, and the queue closes."""
+        with self._lock:
+            left = len(self.queue.pending_items()) + len(self._arrived)
+            self._arrived.clear()
+            self.queue.close()
+            self._cleared += left
+            self._cleared_all = True
+        if left:
+            log.warning("conduit_verl: %d generated samples were never trained on (training ended first)", left)
+
+    def shutdown(self) -> None:
+        self.queue.finish_producing()
+
+    def get_memory_usage(self) -> dict:
+        items = self.queue.pending_items()
+        total = sum(len(x) for x in items if isinstance(x, (bytes, bytearray)))
+        return {"queue_samples": len(items), "estimated_memory_bytes": total,
+                "estimated_memory_mb": total / (1024 * 1024)}
+
+    def put_validate(self, data) -> None:
+        self._val.append(data)
+
+    def get_validate(self):
+        return self._val.popleft() if self._val else None
+
+    # ---- tags ----
+    @staticmethod
+    def _tags(sample: Any) -> tuple[int, list[int]]:
+        """(feed index, versions) of a pickled RolloutSample."""
+        import ray
+        import numpy as np
+
+        rs = ray.cloudpickle.loads(sample) if isinstance(sample, (bytes, bytearray)) else sample
+        match = _SAMPLE_ID.match(str(getattr(rs, "sample_id", "")))
+        if match is None:
+            raise ConfigError("sample_id", "'sample_<epoch>_<index>' (the rollouter's)", getattr(rs, "sample_id", None),
+                              "put the RolloutSample the fully-async rollouter built")
+        ntb = rs.full_batch.non_tensor_batch
+        lo = int(np.min(ntb["min_global_steps"].astype(np.int64)))
+        hi = int(np.max(ntb["max_global_steps"].astype(np.int64)))
+        return int(match.group(1)), list(range(lo, hi + 1))
+
+
+def actor_class():
+    """The Ray actor class ``fully_async_main`` creates as ``MessageQueue.remote(config, max_queue_size)``."""
+    import ray
+
+    return ray.remote(num_cpus=1, max_concurrency=64)(ConduitMessageQueue)
