@@ -11,7 +11,8 @@ policy" learned much faster than the synchronous trainer, a difference nobody's 
 The checks drive the adapter's queue (:class:`~conduit_conformance.harness.AsyncQueue`) with a
 deterministic discrete-event run: ``PRODUCERS`` concurrent generators, each sample's generation time
 its length (drawn from a heavy-tailed law, seeded), a trainer that takes ``PER_VERSION`` samples,
-trains for ``TRAIN_TIME`` and publishes the next version. A weight sync during a generation makes it a
+trains for ``TRAIN_TIME``, publishes the next version and asks for its next batch at once (a queue that
+is not told the trainer's version, as verl's is not, may count it from these asks). A weight sync during a generation makes it a
 partial rollout: it carries every version it saw. No clock, no threads: the same seed gives the same
 run, so every check is exact (no false alarm by chance).
 """
@@ -57,25 +58,29 @@ def run_async(queue, *, seed: int, staleness: int, steps: int = STEPS, per_versi
     events: list[tuple[int, int, str, object]] = []
     free, trainer_busy, trained, started = producers, False, 0, {}
     while trained < steps:
-        while free:
-            ticket = queue.try_admit()
-            if ticket is None:
-                break
-            sid = len(run.admitted)
-            run.admitted.append(sid)
-            run.length[sid] = min(MAX_LENGTH, int(rng.geometric(1.0 / MEAN_LENGTH)))
-            started[sid] = (ticket, version)
-            heapq.heappush(events, (now + run.length[sid], order, "generated", sid))
-            order += 1
-            free -= 1
-        if not trainer_busy:
-            batch = queue.try_take(per_version)
-            if batch is not None:
-                ids = [int(item["id"]) for item in batch]
-                run.batches.append((version, ids))
-                trainer_busy = True
-                heapq.heappush(events, (now + TRAIN_TIME, order, "trained", None))
+        moved = True
+        while moved:   # trainer and producers act until neither can; the trainer first, as a trainer asks
+            moved = False    # for its next batch as soon as it has synced (which may move a queue's window)
+            if not trainer_busy:
+                batch = queue.try_take(per_version)
+                if batch is not None:
+                    ids = [int(item["id"]) for item in batch]
+                    run.batches.append((version, ids))
+                    trainer_busy = moved = True
+                    heapq.heappush(events, (now + TRAIN_TIME, order, "trained", None))
+                    order += 1
+            while free:
+                ticket = queue.try_admit()
+                if ticket is None:
+                    break
+                sid = len(run.admitted)
+                run.admitted.append(sid)
+                run.length[sid] = min(MAX_LENGTH, int(rng.geometric(1.0 / MEAN_LENGTH)))
+                started[sid] = (ticket, version)
+                heapq.heappush(events, (now + run.length[sid], order, "generated", sid))
                 order += 1
+                free -= 1
+                moved = True
         if not events:
             ensure(False, f"the run stopped at step {trained} of {steps}: no sample generating, the trainer idle, "
                           f"the queue admits nothing and delivers nothing ({len(run.admitted)} admitted, "

@@ -4,14 +4,18 @@ The suite drives the adapter's on-policy data path: synthetic rollouts become ve
 ``DataProto`` batches (the layout GRPO's ingestion produces) pushed through
 ``UpdateBatchDelivery.ingest`` with their policy version, and deliveries are the per-rank
 update batches it hands ``update_actor`` (DP size 1). GRPO ingestion's exact equality
-with verl's sequential path is tested separately (tests/verl)."""
+with verl's sequential path is tested separately (tests/verl).
+
+Capability 'async': the fully-async trainer's queue (``async_queue.ConduitMessageQueue``), the suite's
+samples put as the rollouter puts its own (pickled ``RolloutSample``s whose rows carry the weight
+versions), started when the queue ``admits`` their feed index."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from conduit_conformance import Delivered, Harness, Session, SyntheticRollout
+from conduit_conformance import AsyncQueue, Delivered, Harness, Session, SyntheticRollout
 
 
 # the suite's columns -> the DataProto tensors update_actor reads (one token per response here)
@@ -64,11 +68,69 @@ class OnPolicySession(Session):
         self.delivery.close()
 
 
+class FullyAsyncQueue(AsyncQueue):
+    """The suite's view of the fully-async trainer's queue: its samples as the rollouter's."""
+
+    def __init__(self, *, per_version: int, staleness: int):
+        from omegaconf import OmegaConf
+
+        from .async_queue import ConduitMessageQueue
+        config = OmegaConf.create({
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": per_version}},
+            "async_training": {"require_batches": 1, "trigger_parameter_sync_step": 1,
+                               "staleness_threshold": staleness},
+            "trainer": {"resume_mode": "disable"}})
+        self.queue = ConduitMessageQueue(config, first_index=1)
+        self.next_index = 1
+
+    def try_admit(self):
+        if not self.queue.admits(self.next_index):
+            return None
+        self.next_index += 1
+        return self.next_index - 1
+
+    def put(self, ticket, item, *, versions):
+        import ray
+        from verl import DataProto
+        from verl.experimental.fully_async_policy.detach_utils import RolloutSample
+
+        rows = DataProto.from_dict(
+            tensors={"responses": torch.full((2, int(item["length"])), int(item["id"]))},
+            non_tensors={"suite_id": np.array([item["id"]] * 2, dtype=object),
+                         "min_global_steps": np.array([versions[0]] * 2, dtype=object),
+                         "max_global_steps": np.array([versions[-1]] * 2, dtype=object)})
+        sample = RolloutSample(full_batch=rows, sample_id=f"sample_0_{ticket}", epoch=0, rollout_status={})
+        self.queue.put_sample(ray.cloudpickle.dumps(sample))
+
+    def try_take(self, n):
+        batch = self.queue.try_get_batch(n)
+        return None if batch is None else [self._item(x) for x in batch]
+
+    def publish_version(self, version):
+        pass   # the queue counts verl's trainer's versions itself: one per per_version samples taken
+
+    def pending(self):
+        return [self._item(x) for x in self.queue.pending_samples()]
+
+    def close(self):
+        self.queue.clear_queue()
+
+    @staticmethod
+    def _item(data) -> dict:
+        import ray
+        rs = ray.cloudpickle.loads(data)
+        return {"id": int(rs.full_batch.non_tensor_batch["suite_id"][0]),
+                "length": int(rs.full_batch.batch["responses"].shape[1])}
+
+
 class VerlHarness(Harness):
     name = "conduit_verl"
     version = "0.1.0"
     framework = "verl"
-    capabilities = frozenset({"onpolicy"})
+    capabilities = frozenset({"onpolicy", "async"})
+
+    def async_queue(self, *, per_version, staleness):
+        return FullyAsyncQueue(per_version=per_version, staleness=staleness)
 
     def __init__(self):
         import verl

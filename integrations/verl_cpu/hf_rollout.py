@@ -44,6 +44,23 @@ logger = logging.getLogger(__name__)
 ROLLOUT_NAME = "hf"
 
 
+GENERATION_TRACE_ENV = "VERL_CPU_GENERATION_TRACE"
+
+
+def _trace_generation(version, prompt_ids: list[int], tokens: list[int]) -> None:
+    """With ``VERL_CPU_GENERATION_TRACE`` naming a file: one JSON line per generated response (the weight
+    version, digests of the prompt and of the response, its length), in generation order. Two trainers
+    that generate the same responses from the same prompts with the same weights write the same lines."""
+    path = os.environ.get(GENERATION_TRACE_ENV)
+    if not path:
+        return
+    import json
+    digest = lambda ids: hashlib.sha1(str(ids).encode()).hexdigest()[:16]   # noqa: E731
+    with open(path, "a") as f:
+        f.write(json.dumps({"version": version, "prompt": digest(prompt_ids), "response": digest(tokens),
+                            "length": len(tokens)}) + "\n")
+
+
 def server_actor_name(replica_rank: int, node_rank: int = 0, suffix: str = "") -> str:
     return f"{ROLLOUT_NAME}_server_{replica_rank}_{node_rank}{suffix}"
 
@@ -165,6 +182,7 @@ class HFServer:
             seed = self._request_seed(prompt_ids)
             tokens, log_probs = await asyncio.to_thread(self._generate, prompt_ids, dict(sampling_params), seed)
             steps = self.global_steps
+            _trace_generation(steps, prompt_ids, tokens)
         return TokenOutput(
             token_ids=tokens,
             log_probs=log_probs,

@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                         help="fully_async: verl's MessageQueue or Conduit's (conduit_verl.async_queue)")
     parser.add_argument("--trained-trace", default=None,
                         help="fully_async: JSON lines, what each training step took (trained_trace.py)")
+    parser.add_argument("--generation-trace", default=None,
+                        help="JSON lines, every response the rollout generated (hf_rollout.py), any trainer")
     return parser.parse_known_args(argv)
 
 
@@ -67,6 +69,8 @@ def _environment(run_dir: str, args: argparse.Namespace | None = None) -> dict[s
         env["CONDUIT_VERL_MESSAGE_QUEUE"] = args.queue
         if args.trained_trace:
             env["VERL_CPU_TRAINED_TRACE"] = os.path.abspath(args.trained_trace)
+        if args.generation_trace:
+            env["VERL_CPU_GENERATION_TRACE"] = os.path.abspath(args.generation_trace)
     return env
 
 
@@ -107,7 +111,10 @@ def run(argv: list[str] | None = None) -> int:
             print(f"[verl_cpu] step {row['step']}: reward_mean={row['reward_mean']} "
                   f"actor_loss={row['actor_loss']} grad_norm={row['grad_norm']}")
         print(f"[verl_cpu] exit={rc} steps_logged={len(rows)} wall_s={wall:.1f} run_dir={run_dir}")
-        return rc if rc != 0 or len(rows) == args.steps else 1
+        # the fully-async trainer logs a step's metrics when it syncs the weights after it; with
+        # test_freq=-1 it skips the sync after the last step (fully_async_trainer.py, fit: `% test_freq`)
+        expected = args.steps - 1 if args.trainer == "fully_async" else args.steps
+        return rc if rc != 0 or len(rows) == expected else 1
     finally:
         if not (args.keep or args.workdir):
             shutil.rmtree(run_dir, ignore_errors=True)
