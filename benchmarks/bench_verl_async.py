@@ -12,8 +12,8 @@ One command runs, in turn, on the same tiny model, data and seed (integrations/v
 at each staleness asked (``async_training.staleness_threshold``; trigger 1). From the generation trace
 (every response the rollout server produced: version, prompt and response digests, length) and the
 trained trace (each training step's samples: feed index, versions, lengths) it reports per arm: the
-staleness histogram of trained samples (the trainer's version at that step minus the sample's oldest
-version), whether samples were trained in feed order, trained against generated response lengths, what
+staleness histogram of trained responses (the trainer's version at that step minus the response's
+oldest version), whether samples were trained in feed order, trained against generated response lengths, what
 was generated and never trained, and verl's per-step loss, grad norm and reward. At staleness 0 it
 compares the async arms with ``main_ppo``: the same responses from the same prompts with the same
 weight versions, and the same losses. A figure (``--figure``) draws the histograms and the length
@@ -79,7 +79,7 @@ def summarize(arm: str, raw: dict) -> dict:
     for version, samples in enumerate(raw["trained"]):   # trigger 1: a new version every step
         for s in samples:
             ids.append(s["id"])
-            lags[version - min(s["min_version"])] += 1
+            lags.update(version - v for v in s["min_version"])   # per response, as main_ppo's
             trained_lengths += s["length"]
     return {"generated_responses": len(generated_lengths), "trained_responses": len(trained_lengths),
             "generated_length_mean": _mean(generated_lengths), "trained_length_mean": _mean(trained_lengths),
@@ -154,10 +154,13 @@ def main(argv: list[str] | None = None) -> dict:
                              for c in results["staleness 0"][arm]["curve"]]
                     sync = [(c["actor_loss"], c["grad_norm"], c["reward_mean"])
                             for c in results["staleness 0"]["main_ppo"]["curve"]][:len(curve)]
+                    diffs = [abs(x - y) / max(abs(y), 1e-12) for c, d in zip(curve, sync) for x, y in zip(c, d)]
                     checks[f"{arm} vs main_ppo"] = {
                         "same responses, prompts and versions": same_generation(raw[arm]["generated"],
                                                                                 raw["main_ppo"]["generated"], n),
-                        "same loss, grad norm, reward per step": curve == sync}
+                        "same loss, grad norm, reward per step (bits)": curve == sync,
+                        "largest relative difference": max(diffs, default=0.0),
+                        "batches in feed order": results["staleness 0"][arm]["feed_order"]}
     rows = [[case, arm, s["feed_order"], json.dumps(s["staleness"]), s["trained_responses"],
              s["generated_responses"], s["trained_length_mean"], s["generated_length_mean"]]
             for case, arms in results.items() for arm, s in arms.items()]

@@ -16,15 +16,18 @@ None of those engines runs here, `HFRollout` (workers/rollout/hf_rollout.py) lac
 the weight version (`global_steps`) and stop reason, and treats sleep/wake/KV-cache calls as no-ops
 (there is no device memory to free). With `rollout.full_determinism=True` each request's sampler is
 seeded from (rollout.seed, weight version, prompt, how many identical prompts came before it): the
-n samples of a GRPO group differ, and two runs with the same seed draw the same tokens. verl's own
-deterministic path cannot do that: its agent loop sends request id "det-<priority>" for every
-sample (experimental/agent_loop/single_turn_agent_loop.py) and vLLM seeds every request with
-`replica_rank + seed` (vllm_async_server.py:627), which makes a group's samples identical.
-Requests run one at a time, in arrival order, so outputs do not depend on thread interleaving.
-Which of a group's identical prompts arrives first is still a race, so two runs may hand the same
-pair of samples to the group's rows the other way round; the V1 run sorts rows by content
-(ordered_sampler.py), which makes that invisible.
-"""
+n samples of a GRPO group differ, two runs with the same seed draw the same tokens, and so do two
+trainers that batch prompts differently (the synchronous trainer sends a batch, the fully-async
+rollouter one prompt at a time). verl's request ids cannot tell a group's rows apart everywhere: its
+agent loop sends "det-<priority>" (experimental/agent_loop/single_turn_agent_loop.py), the row in the
+batch where `AgentLoopManager.generate_sequences` numbers them, but "det-0" for every request of the
+fully-async rollouter, which calls the worker directly (fully_async_rollouter.py,
+`generate_sequences_single`); vLLM seeds every request with `replica_rank + seed`
+(vllm_async_server.py:627), which makes a group's samples identical. Requests run one at a time, in
+arrival order, so outputs do not depend on thread interleaving. Which of a group's identical prompts
+arrives first is still a race, so two runs may hand the same pair of samples to the group's rows the
+other way round (another float sum in the loss); the V1 run sorts rows by content
+(ordered_sampler.py), which makes that invisible."""
 
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ ROLLOUT_NAME = "hf"
 GENERATION_TRACE_ENV = "VERL_CPU_GENERATION_TRACE"
 
 
-def _trace_generation(version, prompt_ids: list[int], tokens: list[int]) -> None:
+def _trace_generation(version, prompt_ids: list[int], tokens: list[int], request_id: str = "") -> None:
     """With ``VERL_CPU_GENERATION_TRACE`` naming a file: one JSON line per generated response (the weight
     version, digests of the prompt and of the response, its length), in generation order. Two trainers
     that generate the same responses from the same prompts with the same weights write the same lines."""
@@ -58,7 +61,7 @@ def _trace_generation(version, prompt_ids: list[int], tokens: list[int]) -> None
     digest = lambda ids: hashlib.sha1(str(ids).encode()).hexdigest()[:16]   # noqa: E731
     with open(path, "a") as f:
         f.write(json.dumps({"version": version, "prompt": digest(prompt_ids), "response": digest(tokens),
-                            "length": len(tokens)}) + "\n")
+                            "length": len(tokens), "request": request_id}) + "\n")
 
 
 def server_actor_name(replica_rank: int, node_rank: int = 0, suffix: str = "") -> str:
@@ -182,7 +185,7 @@ class HFServer:
             seed = self._request_seed(prompt_ids)
             tokens, log_probs = await asyncio.to_thread(self._generate, prompt_ids, dict(sampling_params), seed)
             steps = self.global_steps
-            _trace_generation(steps, prompt_ids, tokens)
+            _trace_generation(steps, prompt_ids, tokens, str(request_id))
         return TokenOutput(
             token_ids=tokens,
             log_probs=log_probs,
