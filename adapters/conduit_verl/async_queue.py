@@ -24,7 +24,8 @@ on the prompts in the data loader's order, all of them. The rollouter already ho
   the queue its own version; the queue counts it from what it sees (``_trainer_asks``), never ahead of
   the trainer, so every delivery knows its staleness;
 - **accounts**: ``get_statistics()`` adds ``produced == delivered + pending + cleared``, the staleness
-  histogram, admission waits and the queue depth; ``dropped_samples`` is always 0.
+  histogram, admission waits and the queue depth; ``dropped_samples`` is always 0. The same figures
+  reach verl's tracker as ``fully_async/conduit/*`` (carried in the status of each batch's first sample).
 
 Turned on with ``CONDUIT_VERL_MESSAGE_QUEUE=conduit`` in the environment of the run (the plugin then puts
 this class where ``fully_async_main`` looks for ``MessageQueue``; verl's files are not edited).
@@ -87,6 +88,7 @@ class ConduitMessageQueue:
 
     def __init__(self, config, max_queue_size: int = 1000, *, first_index: int | None = None):
         self.per_version, self.staleness = window_of(config)
+        self.required = self.per_version // int(config.async_training.get("trigger_parameter_sync_step", 1))
         self.queue = VersionWindowQueue(per_version=self.per_version, staleness=self.staleness)
         self.max_queue_size = int(max_queue_size)
         self._next_index = first_feed_index(config) if first_index is None else int(first_index)
@@ -145,7 +147,10 @@ class ConduitMessageQueue:
             taken = self.queue.take(1)      # its staleness counted against the trainer's weights now
             if not taken:
                 return None, 0
-            return taken[0].item, self.get_queue_size()
+            sample = taken[0].item
+            if (self.queue.stats()["delivered"] - 1) % self.required == 0:   # the first of a training batch
+                sample = self._with_metrics(sample, taken[0].staleness)
+            return sample, self.get_queue_size()
 
     def try_get_batch(self, n: int) -> list | None:
         """The ``n`` oldest samples at once, or None while one of them is still generating (for a trainer
@@ -154,6 +159,28 @@ class ConduitMessageQueue:
             self._trainer_asks()
             taken = self.queue.try_take(n)
             return None if taken is None else [t.item for t in taken]
+
+    def metrics(self) -> dict[str, float]:
+        """What verl's tracker gets, flat and numeric: queue depth, the accounts, admission waits and the
+        staleness histogram so far (``conduit/staleness_<lag>``: responses' prompt groups trained <lag>
+        versions late, cumulative; two steps' difference is the batch between them)."""
+        s = self.get_statistics()
+        out = {f"conduit/{k}": float(s[k]) for k in ("queue_size", "total_produced", "total_consumed")}
+        out.update({k: float(v) for k, v in s.items()
+                    if k.startswith("conduit/") and isinstance(v, (int, float, bool))})
+        out.update({f"conduit/staleness_{lag}": float(n) for lag, n in s["conduit/staleness"].items()})
+        return out
+
+    def _with_metrics(self, sample, staleness: int):
+        """The sample with Conduit's metrics in its ``rollout_status``: verl's trainer logs the first
+        sample's status of each batch to its tracker, under ``fully_async/`` (detach_utils.py,
+        ``assemble_batch_from_rollout_samples``; fully_async_trainer.py, ``_collect_metrics_from_samples``)."""
+        import ray
+
+        rs = ray.cloudpickle.loads(sample)
+        rs.rollout_status = {**(rs.rollout_status or {}), **self.metrics(),
+                             "conduit/first_sample_staleness": float(staleness)}
+        return ray.cloudpickle.dumps(rs)
 
     def _trainer_asks(self) -> None:
         """verl's trainer does not tell the queue its weight version; the queue knows two lower bounds of

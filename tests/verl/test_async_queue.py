@@ -156,3 +156,15 @@ def test_the_plugin_puts_conduits_queue_in_the_fully_async_trainer_only_when_ask
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip().splitlines()[-1] == expect
+
+
+def test_each_batchs_first_sample_carries_conduits_metrics_to_verls_tracker():
+    q = ConduitMessageQueue(config(mini=2, staleness=1), first_index=1)
+    for i in (1, 2, 3):
+        q.put_sample(sample(i))
+    status = [ray.cloudpickle.loads(q.get_sample()[0]).rollout_status for _ in range(3)]
+    assert status[1] == {} and status[0]["conduit/first_sample_staleness"] == 0.0
+    # sample 3 (version 0) opens the trainer's second batch, at version 1
+    assert (status[2]["conduit/staleness_0"], status[2]["conduit/staleness_1"]) == (2.0, 1.0)
+    assert status[2]["conduit/first_sample_staleness"] == 1.0 and status[2]["conduit/total_produced"] == 3.0
+    assert all(isinstance(v, float) for v in status[2].values())
