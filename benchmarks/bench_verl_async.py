@@ -96,6 +96,30 @@ def same_generation(a: list[dict], b: list[dict], responses: int) -> bool:
     return Counter(map(key, a[:responses])) == Counter(map(key, b[:responses]))
 
 
+def compare(arms: dict, raw: dict | None = None) -> dict:
+    """Each async arm against main_ppo at staleness 0: the same generation (from the raw traces, where
+    given), the same per-step loss, grad norm and reward to the bit, and how far apart where not."""
+    sync = arms["main_ppo"]["curve"]
+    out = {}
+    for arm in ("verl", "conduit"):
+        curve = arms[arm]["curve"]
+        pairs = list(zip(curve, sync))
+        row = {"batches in feed order": arms[arm]["feed_order"],
+               "same loss, grad norm, reward per step (bits)": all(
+                   (c["actor_loss"], c["grad_norm"], c["reward_mean"]) ==
+                   (d["actor_loss"], d["grad_norm"], d["reward_mean"]) for c, d in pairs),
+               "largest loss difference": max((abs(c["actor_loss"] - d["actor_loss"]) for c, d in pairs), default=0.0),
+               "largest grad norm relative difference": max(
+                   (abs(c["grad_norm"] - d["grad_norm"]) / max(abs(d["grad_norm"]), 1e-12) for c, d in pairs),
+                   default=0.0)}
+        if raw is not None:
+            n = arms["main_ppo"]["generated_responses"]
+            row["same responses, prompts and versions"] = same_generation(raw[arm]["generated"],
+                                                                         raw["main_ppo"]["generated"], n)
+        out[f"{arm} vs main_ppo"] = row
+    return out
+
+
 def _mean(xs) -> float | None:
     return round(sum(xs) / len(xs), 3) if xs else None
 
@@ -113,10 +137,11 @@ def figure(results: dict, path: str) -> None:
         width = 0.8 / len(arms)
         for i, (arm, s) in enumerate(arms.items()):
             lags = {int(k): v for k, v in s["staleness"].items()}
-            ax.bar([k + i * width for k in lags], list(lags.values()), width=width, label=arm)
-        ax.set_title(f"{case}: staleness of trained samples")
-        ax.set_xlabel("trainer version - sample's oldest version")
-        ax.set_ylabel("samples")
+            ax.bar([k + (i - (len(arms) - 1) / 2) * width for k in lags], list(lags.values()), width=width, label=arm)
+        ax.set_title(f"{case}: staleness of trained responses")
+        ax.set_xlabel("trainer version - response's oldest version")
+        ax.set_ylabel("responses")
+        ax.set_xticks(sorted({int(k) for s in arms.values() for k in s["staleness"]}))
         ax.legend()
         ax = axes[1][col]
         for arm, s in arms.items():
@@ -148,19 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
                 raw[arm] = run_arm(arm, steps=a.steps, staleness=k, seed=a.seed, workdir=Path(tmp))
             results[f"staleness {k}"] = {arm: summarize(arm, r) for arm, r in raw.items()}
             if k == 0:
-                n = results["staleness 0"]["main_ppo"]["generated_responses"]
-                for arm in ("verl", "conduit"):
-                    curve = [(c["actor_loss"], c["grad_norm"], c["reward_mean"])
-                             for c in results["staleness 0"][arm]["curve"]]
-                    sync = [(c["actor_loss"], c["grad_norm"], c["reward_mean"])
-                            for c in results["staleness 0"]["main_ppo"]["curve"]][:len(curve)]
-                    diffs = [abs(x - y) / max(abs(y), 1e-12) for c, d in zip(curve, sync) for x, y in zip(c, d)]
-                    checks[f"{arm} vs main_ppo"] = {
-                        "same responses, prompts and versions": same_generation(raw[arm]["generated"],
-                                                                                raw["main_ppo"]["generated"], n),
-                        "same loss, grad norm, reward per step (bits)": curve == sync,
-                        "largest relative difference": max(diffs, default=0.0),
-                        "batches in feed order": results["staleness 0"][arm]["feed_order"]}
+                checks.update(compare(results["staleness 0"], raw))
     rows = [[case, arm, s["feed_order"], json.dumps(s["staleness"]), s["trained_responses"],
              s["generated_responses"], s["trained_length_mean"], s["generated_length_mean"]]
             for case, arms in results.items() for arm, s in arms.items()]
