@@ -15,7 +15,11 @@ executed; a registration failure is logged at ERROR and raised in that import:
   that makes a TransferQueue client imports verl first, so each one registers the backend;
 - ``verl.experimental.fully_async_policy.message_queue``, only with ``CONDUIT_VERL_MESSAGE_QUEUE=conduit``:
   the fully-async trainer's ``MessageQueue`` becomes Conduit's (async_queue.py); ``fully_async_main``
-  imports it from there after this hook ran.
+  imports it from there after this hook ran;
+- ``verl.experimental.one_step_off_policy.ray_trainer``, only with ``CONDUIT_VERL_ONE_STEP_OFF=conduit``:
+  its ``OneStepOffRayTrainer`` becomes ``separated.ConduitOneStepOffTrainer`` (the advantage stage over
+  prompt-group chunks, ``+trainer.conduit.groups_per_chunk=N``), which the recipe's ``main_ppo`` (run as
+  ``__main__``) imports from there.
 """
 
 from __future__ import annotations
@@ -42,21 +46,33 @@ def _register_storage() -> None:
 
 
 def _register_message_queue() -> None:
-    import os
-
     from . import async_queue
-    choice = os.environ.get(async_queue.ENV, "")
+    if _opted_in(async_queue.ENV, "Conduit's queue in verl's fully-async trainer"):
+        sys.modules[MESSAGE_QUEUE_MODULE].MessageQueue = async_queue.actor_class()
+
+
+def _opted_in(env: str, what: str) -> bool:
+    import os
+    choice = os.environ.get(env, "")
     if choice in ("", "verl"):
-        return
+        return False
     if choice != "conduit":
-        raise ValueError(f"{async_queue.ENV}: expected 'conduit' or 'verl' (or unset), got {choice!r}. Fix: set "
-                         "it to 'conduit' for Conduit's queue in verl's fully-async trainer")
-    sys.modules[MESSAGE_QUEUE_MODULE].MessageQueue = async_queue.actor_class()
+        raise ValueError(f"{env}: expected 'conduit' or 'verl' (or unset), got {choice!r}. Fix: set it to "
+                         f"'conduit' for {what}")
+    return True
+
+
+def _register_one_step_off() -> None:
+    if _opted_in(ONE_STEP_OFF_ENV, "Conduit's advantage stage in verl's one-step-off trainer"):
+        from . import separated
+        sys.modules[ONE_STEP_OFF_MODULE].OneStepOffRayTrainer = separated.ConduitOneStepOffTrainer
 
 
 MESSAGE_QUEUE_MODULE = "verl.experimental.fully_async_policy.message_queue"
+ONE_STEP_OFF_MODULE = "verl.experimental.one_step_off_policy.ray_trainer"
+ONE_STEP_OFF_ENV = "CONDUIT_VERL_ONE_STEP_OFF"
 HOOKS = {REGISTRY_MODULE: _register_trainer, STORAGE_MODULE: _register_storage,
-         MESSAGE_QUEUE_MODULE: _register_message_queue}
+         MESSAGE_QUEUE_MODULE: _register_message_queue, ONE_STEP_OFF_MODULE: _register_one_step_off}
 
 
 def _register(module: str) -> None:
@@ -87,6 +103,12 @@ class _RunAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         return self._inner[spec.name].create_module(spec)
+
+    def get_code(self, fullname):   # runpy (`python -m` a watched module): it runs as __main__, no callback
+        return self._inner[fullname].get_code(fullname)
+
+    def is_package(self, fullname):
+        return self._inner[fullname].is_package(fullname)
 
     def exec_module(self, module):
         name = module.__name__

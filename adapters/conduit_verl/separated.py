@@ -160,10 +160,29 @@ def _make_trainer_class():
     return ConduitSeparateTrainer
 
 
+def _make_one_step_off_class():
+    from verl.experimental.one_step_off_policy import ray_trainer
+
+    base = ray_trainer.OneStepOffRayTrainer
+    if getattr(base, "_conduit_made", False):   # the plugin has put this very class there already
+        return base
+
+    class ConduitOneStepOffTrainer(AdvantageStageMixin, base):
+        """verl's one-step-off-policy trainer with the advantage stage over prompt-group chunks: what the
+        plugin puts in its ``ray_trainer`` with ``CONDUIT_VERL_ONE_STEP_OFF=conduit``."""
+        _conduit_made = True
+
+    ConduitOneStepOffTrainer.__module__, ConduitOneStepOffTrainer.__qualname__ = __name__, "ConduitOneStepOffTrainer"
+    return ConduitOneStepOffTrainer
+
+
+_MADE = {"ConduitSeparateTrainer": _make_trainer_class, "ConduitOneStepOffTrainer": _make_one_step_off_class}
+
+
 def __getattr__(name: str):
-    # the class subclasses verl's, so it is made on first use (pickle finds it here too)
-    if name == "ConduitSeparateTrainer":
-        cls = globals()["ConduitSeparateTrainer"] = _make_trainer_class()
+    # the classes subclass verl's, so each is made on first use (pickle finds them here too)
+    if name in _MADE:
+        cls = globals()[name] = _MADE[name]()
         return cls
     raise AttributeError(name)
 

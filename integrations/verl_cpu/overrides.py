@@ -143,6 +143,10 @@ def async_overrides(trainer: str, *, steps: int, staleness: int = 0, trigger: in
         "++ray_kwargs.ray_init.num_gpus=2",
         "ray_kwargs.ray_init.num_cpus=32",
     ]
+    if trainer == "one_step_off":
+        # its config's search path is `file://verl/trainer/config` (one_step_off_ppo_trainer.yaml), relative
+        # to the working directory: found only from a verl source checkout ("Could not load 'ppo_trainer'")
+        out += ["hydra.searchpath=[pkg://verl.trainer.config]"]
     if trainer == "fully_async":
         out += [
             f"async_training.staleness_threshold={staleness}",

@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--trigger", type=int, default=1, help="fully_async: trigger_parameter_sync_step")
     parser.add_argument("--queue", default="verl", choices=("verl", "conduit"),
                         help="fully_async: verl's MessageQueue or Conduit's (conduit_verl.async_queue)")
+    parser.add_argument("--advantage-stage", default="verl", choices=("verl", "conduit"),
+                        help="one_step_off: verl's trainer or Conduit's (separated.ConduitOneStepOffTrainer)")
     parser.add_argument("--trained-trace", default=None,
                         help="fully_async: JSON lines, what each training step took (trained_trace.py)")
     parser.add_argument("--generation-trace", default=None,
@@ -67,6 +69,7 @@ def _environment(run_dir: str, args: argparse.Namespace | None = None) -> dict[s
     env["VERL_FILE_LOGGER_PATH"] = os.path.join(run_dir, "verl_metrics.jsonl")
     if args is not None:
         env["CONDUIT_VERL_MESSAGE_QUEUE"] = args.queue
+        env["CONDUIT_VERL_ONE_STEP_OFF"] = args.advantage_stage
         if args.trained_trace:
             env["VERL_CPU_TRAINED_TRACE"] = os.path.abspath(args.trained_trace)
         if args.generation_trace:

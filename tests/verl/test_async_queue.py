@@ -147,15 +147,24 @@ def test_side_by_side_with_verls_message_queue_on_a_full_queue():
     assert conduit.get_statistics()["dropped_samples"] == 0 and conduit.get_statistics()["conduit/accounted"]
 
 
-def test_the_plugin_puts_conduits_queue_in_the_fully_async_trainer_only_when_asked():
-    code = ("import verl; from verl.experimental.fully_async_policy import fully_async_main as m; "
-            "print(m.MessageQueue.__ray_metadata__.modified_class.__module__)")
-    for choice, expect in (("conduit", "conduit_verl.async_queue"),
-                           ("", "verl.experimental.fully_async_policy.message_queue")):
-        env = dict(os.environ, **{ENV: choice})
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+def _import_in_fresh_process(code: str, **env_vars):
+    env = dict(os.environ, **env_vars)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_plugin_puts_conduit_in_verls_async_trainers_only_when_asked():
+    code = ("import verl; from verl.experimental.fully_async_policy import fully_async_main as q; "
+            "from verl.experimental.one_step_off_policy import main_ppo as t; "
+            "print(q.MessageQueue.__ray_metadata__.modified_class.__module__, t.OneStepOffRayTrainer.__name__, "
+            "t.OneStepOffRayTrainer.__mro__[2].__name__)")
+    for choice, expect in (("conduit", "conduit_verl.async_queue ConduitOneStepOffTrainer OneStepOffRayTrainer"),
+                           ("", "verl.experimental.fully_async_policy.message_queue OneStepOffRayTrainer "
+                                "RayPPOTrainer")):
+        out = _import_in_fresh_process(code, **{ENV: choice, "CONDUIT_VERL_ONE_STEP_OFF": choice})
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip().splitlines()[-1] == expect
+    bad = _import_in_fresh_process(code, CONDUIT_VERL_ONE_STEP_OFF="yes")
+    assert bad.returncode != 0 and "CONDUIT_VERL_ONE_STEP_OFF: expected 'conduit' or 'verl'" in bad.stderr
 
 
 def test_each_batchs_first_sample_carries_conduits_metrics_to_verls_tracker():
