@@ -165,7 +165,8 @@ class ConduitMessageQueue:
         staleness histogram so far (``conduit/staleness_<lag>``: responses' prompt groups trained <lag>
         versions late, cumulative; two steps' difference is the batch between them)."""
         s = self.get_statistics()
-        out = {f"conduit/{k}": float(s[k]) for k in ("queue_size", "total_produced", "total_consumed")}
+        plain = ("queue_size", "total_produced", "total_consumed", "dropped_samples")
+        out = {f"conduit/{k}": float(s[k]) for k in plain}
         out.update({k: float(v) for k, v in s.items()
                     if k.startswith("conduit/") and isinstance(v, (int, float, bool))})
         out.update({f"conduit/staleness_{lag}": float(n) for lag, n in s["conduit/staleness"].items()})

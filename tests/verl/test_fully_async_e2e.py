@@ -93,3 +93,8 @@ def test_fully_async_trains_the_synchronous_schedule_through_conduits_queue(tmp_
         for name in ("actor_loss", "grad_norm", "reward_mean"):
             assert math.isclose(got[name], want[name], rel_tol=1e-5, abs_tol=1e-7), (name, got, want)
     assert all(math.isfinite(r["actor_loss"]) and r["grad_norm"] > 0 for r in rows), rows
+    # Conduit's queue reports to verl's tracker (fully_async/conduit/*): the staleness histogram so far,
+    # at each step's first sample (step t opens with sample 2t+1: 2t delivered before it, none stale)
+    for t, r in enumerate(rows):
+        assert r["conduit"]["staleness_0"] == 2 * t + 1 and r["conduit"]["dropped_samples"] == 0, r["conduit"]
+        assert r["conduit"]["accounted"] == 1.0 and r["conduit"]["first_sample_staleness"] == 0.0
