@@ -104,7 +104,8 @@ def compare(arms: dict, raw: dict | None = None) -> dict:
     for arm in ("verl", "conduit"):
         curve = arms[arm]["curve"]
         pairs = list(zip(curve, sync))
-        row = {"batches in feed order": arms[arm]["feed_order"],
+        row = {"steps compared": len(pairs),   # verl's fully-async trainer logs no metrics for its last step
+               "batches in feed order": arms[arm]["feed_order"],
                "same loss, grad norm, reward per step (bits)": all(
                    (c["actor_loss"], c["grad_norm"], c["reward_mean"]) ==
                    (d["actor_loss"], d["grad_norm"], d["reward_mean"]) for c, d in pairs),

@@ -3,6 +3,6 @@ times, freshest or oldest first, for on-policy and reuse-based training: SRL's a
 the version window (asynchronous LLM RL: staleness bounded by admission, oldest first, nothing dropped)."""
 
 from .entry_queue import Entry, EntryQueue
-from .version_window import Admission, TakenSample, VersionWindowQueue, admissible
+from .version_window import Admission, TakenSample, VersionWindowQueue, admissible, in_window
 
-__all__ = ["Admission", "TakenSample", "Entry", "EntryQueue", "VersionWindowQueue", "admissible"]
+__all__ = ["Admission", "TakenSample", "Entry", "EntryQueue", "VersionWindowQueue", "admissible", "in_window"]

@@ -63,8 +63,11 @@ def register() -> None:
     """Make `checkpoint_engine.backend=ray_object_store` resolvable in this process. Idempotent."""
     from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 
-    if BACKEND in CheckpointEngineRegistry._registry:
-        return
+    try:
+        CheckpointEngineRegistry.get(BACKEND)
+        return                                  # registered in this process already
+    except ValueError:
+        pass
 
     @CheckpointEngineRegistry.register(BACKEND)
     class RayObjectStoreCheckpointEngine(CheckpointEngine):
