@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from .cpu_runs import wait_for_run
+
 pytest.importorskip("verl", reason="needs verl[verl-core] (verl 0.9.1)")
 pytest.importorskip("conduit_verl", reason="needs the conduit-verl adapter installed (its verl.plugins entry point)")
 
@@ -50,14 +52,7 @@ def _start(tmp_path: Path, name: str, *args: str):
 
 def _finish(run) -> dict:
     name, proc, files, log = run
-    try:
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S + 60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{name}: run.py did not finish in {RUN_TIMEOUT_S + 60} s\n{stdout}\n{stderr}")
-    tail = log.read_text()[-4000:] if log.exists() else ""
-    assert proc.returncode == 0, f"{name}: run.py exited {proc.returncode}\n{stdout[-3000:]}\n{stderr[-3000:]}\n{tail}"
+    wait_for_run(name, proc, log, RUN_TIMEOUT_S + 60)
     read = lambda f: [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []  # noqa: E731
     return {kind: read(f) for kind, f in files.items()}
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from .cpu_runs import wait_for_run
+
 pytest.importorskip("verl", reason="needs verl[verl-core] (verl 0.9.1 with transferqueue)")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,14 +50,7 @@ def _start(tmp_path: Path, name: str, seed: int, *overrides: str):
 
 def _finish(run) -> list[dict]:
     name, proc, out, log = run
-    try:
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S + 60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{name}: run.py did not finish in {RUN_TIMEOUT_S + 60} s\n{stdout}\n{stderr}")
-    tail = log.read_text()[-4000:] if log.exists() else ""
-    assert proc.returncode == 0, f"{name}: run.py exited {proc.returncode}\n{stdout}\n{stderr}\n{tail}"
+    wait_for_run(name, proc, log, RUN_TIMEOUT_S + 60)
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     assert [row["step"] for row in rows] == list(range(1, STEPS + 1)), rows
     print(f"{name}: " + json.dumps([{k: row[k] for k in ("step", *COMPARED)} for row in rows]))
