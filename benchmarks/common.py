@@ -8,10 +8,15 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
+
+# the checkout the lab lives in (integrations/, adapters/): runs that launch a framework's own
+# launcher start it from there
+REPO = Path(__file__).resolve().parents[1]
 
 
 def time_per_call(fn: Callable[[], object], *, calls: int, reps: int) -> list[float]:

@@ -4,8 +4,8 @@
 #   1. the CUDA tests of the core (pinned and device tiers, staging, mapped access, device delivery),
 #      then the rest of the core with CUDA present
 #   2. `conduit probe` (this machine's tiers and links)
-#   3. benchmarks/bench_frame_decode.py --device cuda (Atari stacks: uint8 to the GPU, decoded there)
-#   4. benchmarks/bench_gpu_tiers.py (delivery per placement)
+#   3. benchmarks/buffer/frame_decode.py --device cuda (Atari stacks: uint8 to the GPU, decoded there)
+#   4. benchmarks/buffer/gpu_tiers.py (delivery per placement)
 # Outputs go to ${OUT:-out/gpu}: build.log, pytest_gpu.log, topology.json, probe.log, frame_decode.log,
 # gpu_tiers.json, bench.log. Needs python3 with torch (CUDA), numpy, pytest, hypothesis, scipy and a C
 # compiler; no RL framework. Each step has its own time limit so one hang cannot eat the lease.
@@ -27,8 +27,8 @@ timeout ${TESTS_TIMEOUT:-180} $PY -m pytest -q -p no:randomly -p no:cacheprovide
 step "2. probe"
 timeout 90 $PY -m conduit_core.cli probe --out "$OUT/topology.json" 2>&1 | tee "$OUT/probe.log" | tail -30
 step "3. frame decode to the GPU"
-timeout 90 $PY -m benchmarks.bench_frame_decode --device cuda --batch 32 256 --reps 30 2>&1 | tee "$OUT/frame_decode.log"
+timeout 90 $PY -m benchmarks.buffer.frame_decode --device cuda --batch 32 256 --reps 30 2>&1 | tee "$OUT/frame_decode.log"
 step "4. delivery per placement"
-timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.bench_gpu_tiers --topology "$OUT/topology.json" --out "$OUT/gpu_tiers.json" \
+timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.buffer.gpu_tiers --topology "$OUT/topology.json" --out "$OUT/gpu_tiers.json" \
     ${BENCH_ARGS:---dims 128 1000 --batch 256 4096 --rounds 3 --reps 10} 2>&1 | tee "$OUT/bench.log" | tail -60
 step "done"

@@ -6,7 +6,7 @@ Why: after the learner connector, RLlib wraps its columns in a ``SampleBatch`` o
 update; the constructor is some 25 Python calls (isinstance checks per column, sequence-length
 handling, a timestep count that walks the columns) for columns Conduit has just handed over as
 tensors of one row each. That wrapping is on the exposed path issue 18 counts
-(``benchmarks/rllib_timing.py``: the learner's whole batch building) and was about half of it.
+(``benchmarks/rllib/timing.py``: the learner's whole batch building) and was about half of it.
 
 A copy is only made where the constructor's work does not depend on the data: every column a
 ``torch.Tensor`` with at least one row, under the same keys (in the same order) as the batch

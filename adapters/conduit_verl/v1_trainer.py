@@ -27,7 +27,7 @@ Options (Hydra, under ``trainer.v1.conduit``; all optional):
     +trainer.v1.conduit.depth=2                chunks in flight (1 = no overlap)
 
 Chunking is opt-in because it did not pay where it was measured (``python -m
-benchmarks.bench_verl``, docs/benchmarks.md section 7b): on a 2-core machine the TransferQueue
+benchmarks.verl.grpo``, docs/benchmarks.md section 7b): on a 2-core machine the TransferQueue
 round trips (its controller and storage actors are processes of their own) and the stage's
 compute compete for the same cores, and 8 chunks cost 8 round trips' fixed overhead; the
 pipelined stage took 1.10x (2 chunks) to 1.39x (8 chunks) of verl's whole-batch time. Overlap

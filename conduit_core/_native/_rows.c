@@ -405,8 +405,8 @@ static int slots_inside(const int64_t *slots, npy_intp n, npy_intp cap) {
 
 /* Rows whose lines are prefetched ahead of the one being copied: enough misses in flight to cover
  * the memory latency (9 columns x 8 rows: 72 lines). Prefetching every row of the batch first, as
- * before, was slower on a full CartPole ring (`python -m benchmarks.bench_row_gather`, which sets
- * this distance through set_rows_ahead to compare; 0 = the whole batch first). */
+ * before, was slower on a full CartPole ring (a probe that set this distance through set_rows_ahead
+ * to compare; 0 = the whole batch first; its figures: docs/benchmarks-history.md, "the gather alone"). */
 static int rows_ahead = 8;
 
 /* set_rows_ahead(n) -> the previous distance (for benchmarks: the gathers read it). */

@@ -11,7 +11,7 @@ slot is never overwritten while the copy engine may still be reading it.
 device's address space (CUDA unified addressing), so a kernel can gather the batch's rows
 straight out of host memory over PCIe/NVLink-C2C, with no CPU gather and no staging copy.
 Which route wins depends on the row size and the link (see ``placement``); both are
-measured by ``benchmarks/bench_gpu_tiers.py``.
+measured by ``benchmarks/buffer/gpu_tiers.py``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import numpy as np
 
 # Ray carries a return value under its direct-call limit (100 KB) in the reply and puts a
 # larger one in the object store, which costs milliseconds more. Between two nodes of a local
-# ray.cluster_utils.Cluster (benchmarks/bench_remote_reply.py, docs/benchmarks.md 5b): 128 KB
+# ray.cluster_utils.Cluster (benchmarks/plane/remote_reply.py, docs/benchmarks.md 5b): 128 KB
 # whole 3.9 ms, in 2 pieces 0.9 ms; 1 MB 6.0 vs 1.7 ms; 4 MB 11.6 vs 9.0 ms (43 pieces).
 # The longest a call to a shard's actor may take (the buffer's lock is held meanwhile): an actor
 # alive but stuck ends in ExperienceTimeout instead of blocking every buffer operation.
@@ -45,7 +45,7 @@ def join_reply(layout, values: list) -> dict[str, np.ndarray]:
 def cut_columns(spec, columns: dict[str, np.ndarray], n_rows: int) -> tuple[list[str], list[np.ndarray]]:
     """``columns`` cut as ``reply_layout`` cuts them, for a write: Ray inlines each argument
     under its direct-call limit too (sending 128 KB-1 MB: 0.24-0.39x the single-argument
-    round trip in benchmarks/bench_remote_reply.py)."""
+    round trip in benchmarks/plane/remote_reply.py)."""
     names = list(columns)
     pieces = [columns[name][a:b] for name, cuts in reply_layout(spec, names, n_rows) for a, b in cuts]
     return names, pieces

@@ -7,7 +7,7 @@ and the experiment go through SRL's registries, the CPU shims patch SRL's names 
 
 Modules: ``env`` (CartPole-v1 as an SRL environment, episode returns logged per process), ``cpu`` (shims
 for a machine without CUDA), ``experiment`` (a scaled-down atari-mini layout), ``timing`` (the buffer
-timing proxy), ``run`` (launch, stop, summarize). ``benchmarks/srl_ppo.py`` runs both buffer arms;
+timing proxy), ``run`` (launch, stop, summarize). ``benchmarks/srl/ppo.py`` runs both buffer arms;
 ``compare_consumers`` SRL's consumer and buffer vs Conduit's consumer (g_ing 1 and 16) on both streams;
 ``consumer_cost`` the consumer's cost per sample on the trainer's thread with the actors out of the way.
 """

@@ -330,7 +330,7 @@ def main(argv=None) -> None:
     if child:
         _child(args, child[0], int(child[1]), os.environ.get(STATE_VAR) or tempfile.mkdtemp())
         return
-    # a SIGTERM (e.g. from benchmarks/srl_ppo.py on its timeout) still stops SRL's process group
+    # a SIGTERM (e.g. from benchmarks/srl/ppo.py on its timeout) still stops SRL's process group
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     summary = launch(args)
     if not args.quiet:

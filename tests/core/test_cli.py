@@ -26,6 +26,13 @@ def test_help_and_import_do_not_import_torch():
     assert rc == "0" and torch_loaded == "False"
 
 
+def test_help_info_and_an_unknown_workload_answer():
+    assert run("--help").returncode == 0
+    assert "tiers available" in run("info").stdout
+    r = run("bench", "nope")
+    assert r.returncode == 2 and "unknown workload" in r.stderr
+
+
 def test_an_unknown_option_is_refused():
     r = run("info", "--bogus")
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr

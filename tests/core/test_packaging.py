@@ -41,7 +41,9 @@ def test_each_adapter_depends_on_the_core_at_its_version_and_on_its_framework_on
 
 def test_the_lab_is_a_distribution_of_its_own_with_the_bench_and_tune_commands():
     lab = project(ROOT / "benchmarks" / "pyproject.toml")
-    assert lab["tool"]["setuptools"]["packages"] == ["conduit_benchmarks"]
+    # the lab and each of its beds (a folder with an __init__) are packaged: none left out of the wheel
+    beds = sorted(p.parent.name for p in (ROOT / "benchmarks").glob("*/__init__.py"))
+    assert sorted(lab["tool"]["setuptools"]["packages"]) == ["conduit_benchmarks"] + [f"conduit_benchmarks.{b}" for b in beds]
     eps = lab["project"]["entry-points"]
     assert {"buffer", "rllib-dqn"} <= set(eps["conduit.bench"]) and "rllib-dqn" in eps["conduit.tune"]
     assert all(v.startswith("conduit_benchmarks.") for g in eps.values() for v in g.values())

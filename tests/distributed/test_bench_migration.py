@@ -1,4 +1,4 @@
-"""benchmarks/bench_migration.py end to end at a small size, on a two-node Ray cluster: the
+"""benchmarks/plane/migration.py end to end at a small size, on a two-node Ray cluster: the
 buffer outgrows its host budget mid-run; every strategy must end with exactly the live rows,
 Conduit's must grow onto the node while serving, greedy must refuse to grow."""
 
@@ -11,7 +11,7 @@ pytest.importorskip("ray")
 
 
 def test_growth_past_the_host_budget_by_each_strategy(tmp_path):
-    from conduit_benchmarks.bench_migration import main
+    from conduit_benchmarks.plane.migration import main
     report = main(["--capacity", "6000", "--grow", "3", "--steps", "20", "--reps", "1", "--inserts", "256",
                    "--deadline-s", "20", "--json", str(tmp_path / "m.json")])
     s = report["summary"]

@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("ray.rllib")
 
-from conduit_benchmarks.rllib_bench import iteration_floor  # noqa: E402
+from conduit_benchmarks.rllib.bench import iteration_floor  # noqa: E402
 
 
 def test_the_floor_takes_each_blocks_exposed_time_out_of_that_blocks_iteration():

@@ -10,7 +10,7 @@ from conduit_core.planning.costmodel import enumerate_configs
 
 
 def test_tune_rllib_dqn_reports_every_configuration(ray_session, tmp_path, capsys):
-    from conduit_benchmarks.rllib_tune import main
+    from conduit_benchmarks.rllib.tune import main
 
     out = tmp_path / "tune.json"
     report = main(["--dims", "8", "--rounds", "2", "--confirm-rounds", "2", "--warmup", "1", "--max-warmup", "1",
