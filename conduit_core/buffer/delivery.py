@@ -11,6 +11,7 @@ again (``shard_loss``).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -20,6 +21,7 @@ import torch
 from ..errors import CapacityError, ConfigError, ExperienceTimeout, RowsNotStored, SpecError, require_int_array
 from ..schema.batch import Batch
 from ..selection.rate_gate import wait_to_sample, wait_until
+from ..selection.selectors import Selector, delivered_update_args
 from .routes import POOLED_ROWS, POOLED_WINDOWS, choose_draw
 from .sampling_args import PLAIN_FIELDS, PLAIN_N_STEP, check_batch_size, check_device, check_fields, check_length, replay_args
 from .selection import select_slots
@@ -303,58 +305,44 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
             or not 0.0 <= abs_floor < math.inf):
         raise ConfigError("abs_floor", "None or a finite number >= 0", repr(abs_floor),
                           "e.g. abs_floor=1e-12 for |TD error| priorities, or None to store them as given")
-    if seqs is not None and type(slots) is np.ndarray and type(seqs) is np.ndarray \
-            and type(priorities) is np.ndarray:   # a delivered batch's own arrays: one native call
-        with buf.lock.mutex:
-            if buf.closed:
-                buf.check_open()
+    selector = buf.selector
+    if type(slots) is np.ndarray and type(seqs) is np.ndarray and type(priorities) is np.ndarray:
+        pr = priorities   # a delivered batch's own arrays: the selector's update checks them (per step)
+    else:
+        slots, seqs, pr = delivered_update_args(slots, seqs, priorities)
+    if abs_floor is not None:
+        abs_floor = float(abs_floor)
+        if not selector.floors_priorities:   # a selector written before abs_floor: floored here for it
+            pr, abs_floor = np.maximum(np.abs(pr.astype(np.float64, copy=False)), abs_floor), None
+    with buf.lock.mutex:
+        if buf.closed:
+            buf.check_open()
+        if seqs is not None:   # the usual case: the selector's one step (native where it has one)
             stored_seqs = buf.ring.meta["seq"]
             if abs_floor is None:
-                done = buf.selector.update_delivered(slots, seqs, priorities, stored_seqs)
+                done = selector.update_delivered(slots, seqs, pr, stored_seqs)
             else:
-                try:
-                    done = buf.selector.update_delivered(slots, seqs, priorities, stored_seqs,
-                                                         abs_floor=float(abs_floor))
-                except TypeError:   # a selector written before abs_floor: the route below floors
-                    done = None
-        if done is not None:
-            return done   # else: not int64/float64, not flat, or refused; the route below converts or names it
-    slots = require_int_array("slots", slots, fix="pass the delivered batch's slots (batch.slots)")
-    if seqs is not None:
-        seqs = require_int_array("seqs", seqs, fix="pass the delivered batch's seqs (batch.seqs)")
-        if seqs.shape != slots.shape:
-            raise SpecError("seqs", f"{slots.shape[0]} seqs (one per slot)", seqs.shape[0],
-                            "pass the slots and seqs of the same delivered batch")
-    pr = priorities.detach().cpu().numpy() if isinstance(priorities, torch.Tensor) else np.asarray(priorities)
-    pr = pr.reshape(-1)
-    if abs_floor is not None:
-        pr = np.maximum(np.abs(pr.astype(np.float64)), float(abs_floor))
-    if pr.shape[0] != slots.shape[0]:
-        raise SpecError("priorities", f"{slots.shape[0]} values (one per delivered item)", pr.shape[0],
-                        "pass one priority per row of the batch")
-    with buf.lock.mutex:
-        buf.check_open()
-        if seqs is not None:   # the usual case, one native step where the selector has one
-            done = buf.selector.update_delivered(np.ascontiguousarray(slots),
-                                                 np.ascontiguousarray(seqs, dtype=np.int64).reshape(-1),
-                                                 np.ascontiguousarray(pr, dtype=np.float64), buf.meta["seq"])
-            if done is not None:
-                return done
+                done = selector.update_delivered(slots, seqs, pr, stored_seqs, abs_floor=abs_floor)
+            if done is None:   # a selector written to the contract before 0.2, where None declined
+                warnings.warn(f"{type(selector).__name__}.update_delivered returned None: it must now return how "
+                              "many rows it set (the base class's update is the reference; call "
+                              "super().update_delivered(...) instead of returning None). Taking the reference "
+                              "update for it until 0.3.", DeprecationWarning, stacklevel=3)
+                done = Selector.update_delivered(selector, slots, seqs, pr, stored_seqs, abs_floor=abs_floor)
+            return done
+        if abs_floor is not None:
+            pr = np.maximum(np.abs(pr.astype(np.float64, copy=False)), abs_floor)
         if slots.size and (slots.min() < 0 or slots.max() >= buf.capacity):
             bad = int(slots[(slots < 0) | (slots >= buf.capacity)][0])
             raise SpecError("slots", f"ring slots in [0, {buf.capacity})", bad,
                             "pass the slots of a delivered Batch (batch.slots) with batch.seqs")
-        stored = buf.meta["seq"][slots]
-        if seqs is not None:
-            keep = stored == np.asarray(seqs).reshape(-1)
-            if not keep.all():  # rows overwritten since delivery: skipped
-                slots, pr = slots[keep], pr[keep]
-        elif slots.size and not (live := buf.ring.live(slots, stored)).all():
+        stored = buf.ring.meta["seq"][slots]
+        if slots.size and not (live := buf.ring.live(slots, stored)).all():
             bad = int(slots[~live][0])
             raise SpecError("slots", "slots that hold a stored row", f"slot {bad} (empty or evicted)",
                             "pass the slots of a delivered Batch, with its seqs so rows overwritten since "
                             "are skipped")
-        buf.selector.update_priorities(slots, pr)
+        selector.update_priorities(slots, pr)
         return int(slots.shape[0])
 
 

@@ -18,7 +18,6 @@ import torch
 
 from ..errors import ConfigError, ExperienceTimeout, ShardLost, StagedRowsLost, StateError
 from ..memory.tiers import Tier
-from ..schema.framestack import FrameStackCodec
 from ..schema.spec import ExperienceSpec
 from ..storage.columnar import ColumnarStorage
 from ..storage.shards import Gathered, Shard, ShardSpec, register_shard_kind
@@ -98,7 +97,7 @@ class RemoteShard(Shard):
 
     @classmethod
     def check_spec(cls, spec, layout: ShardSpec) -> None:
-        if any(isinstance(f.codec, FrameStackCodec) for f in spec):
+        if any(f.codec.frame_pool is not None for f in spec):
             raise ConfigError("shards", "local tiers for specs with frame pools", "a remote shard",
                               "keep frame-stacked buffers on local tiers")
 

@@ -90,6 +90,42 @@ class Codec(ABC):
         the input only): rows shared by two fields may then be encoded once."""
         return False
 
+    @property
+    def frame_pool(self) -> str | None:
+        """The storage-side pool this codec's stored values point into (a frame-stacking codec's
+        ids into frames shared between stacks), or None: each stored row holds its value whole.
+        The storage builds one pool per name for the fields that share it."""
+        return None
+
+    def storage_decoder(self, pools: Mapping[str, Any]) -> "StoredDecoder":
+        """How a storage turns this field's stored rows into delivered ones, given the storage's
+        frame pools by name. The codec decides, so a storage asks no codec what class it is."""
+        return ColumnDecoder(self)
+
+
+class StoredDecoder(ABC):
+    """Decodes one field's gathered stored rows for a target device; made by the field's codec
+    (``Codec.storage_decoder``) once per storage."""
+
+    #: whether the stored rows must stay on the host and the decoder alone moves the result to
+    #: the target (stored values that point into a host-side pool); else the storage moves the
+    #: stored rows to the target first, so the small stored form crosses the link
+    keeps_stored_on_host: bool = False
+
+    @abstractmethod
+    def decode(self, stored: torch.Tensor, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
+        """The delivered rows of ``stored`` (already on ``device`` unless ``keeps_stored_on_host``)."""
+
+
+class ColumnDecoder(StoredDecoder):
+    """A self-contained stored column: the codec's own ``decode``, where the rows already are."""
+
+    def __init__(self, codec: Codec):
+        self.codec = codec
+
+    def decode(self, stored, dtype, device=None):
+        return self.codec.decode(stored, dtype)
+
 
 class IdentityCodec(Codec):
     name = "identity"

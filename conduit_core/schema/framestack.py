@@ -31,7 +31,7 @@ import torch
 from ..errors import CapacityError, SpecError
 from ..memory.output_pool import aligned_empty
 from ..memory.tiers import Tier, allocate
-from .codecs import AffineCodec, Codec, IdentityCodec, codec_from_config, register_codec
+from .codecs import AffineCodec, Codec, IdentityCodec, StoredDecoder, codec_from_config, register_codec
 
 try:
     from .._native._frames import copy_frames_klast as _c_copy_frames_klast
@@ -66,6 +66,13 @@ class FrameStackCodec(Codec):
         self.k, self.axis, self.pool = int(k), int(axis), str(pool)
         self.inner = inner or IdentityCodec()
         self.frame_budget = float(frame_budget)
+
+    @property
+    def frame_pool(self) -> str:
+        return self.pool
+
+    def storage_decoder(self, pools) -> "PooledDecoder":
+        return PooledDecoder(pools[self.pool], self)
 
     def check_compatible(self, field) -> None:
         if not field.shape:
@@ -254,7 +261,7 @@ class FramePool:
             self._segment.close()
 
 
-class PooledDecoder:
+class PooledDecoder(StoredDecoder):
     """Decodes a FrameStackCodec field's stored ids back into stacks (on the target device).
 
     Host targets get the float stacks from one C pass per batch (gather the k frames of each
@@ -262,6 +269,8 @@ class PooledDecoder:
     with its own decode: exact for any uint8 codec). GPU targets get the uint8 stacks, 4x
     fewer bytes over the link, and decode on the device.
     """
+
+    keeps_stored_on_host = True   # the ids index the host's frame pool; the stacks go to the target
 
     def __init__(self, pool: FramePool, codec: FrameStackCodec, *, vectorise: bool = True):
         """``vectorise=False`` keeps the table lookup per byte where vector arithmetic would give

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import Any
 from abc import ABC, abstractmethod
 
 import numpy as np
 
-from ..errors import ConfigError, SpecError, StateError
+from ..errors import ConfigError, SpecError, StateError, require_int_array
 from ..memory.budget import PRIORITY_BYTES_PER_SLOT
 from .sumtree import PriorityIndex
 
@@ -44,6 +45,33 @@ def uniform_ints(rng: np.random.Generator, n: int, count: int) -> np.ndarray:
     with bits.lock:
         _c_uniform_ints(bits.capsule, n, out)
     return out
+
+
+_I64, _F64, _F32 = np.dtype(np.int64), np.dtype(np.float64), np.dtype(np.float32)
+
+
+def delivered_update_args(slots: Any, seqs: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """A priority update's arguments as the selector takes them: 1-D int64 slots and seqs and 1-D
+    float64 or float32 priorities of one length, each named when it is not. A delivered batch's
+    own arrays pass through as they are (checked by identity of their dtypes: this is per step)."""
+    if type(slots) is np.ndarray and slots.dtype is _I64 and slots.ndim == 1 and type(priorities) is np.ndarray \
+            and (priorities.dtype is _F64 or priorities.dtype is _F32) and priorities.shape == slots.shape \
+            and (seqs is None or (type(seqs) is np.ndarray and seqs.dtype is _I64 and seqs.shape == slots.shape)):
+        return slots, seqs, priorities
+    slots = require_int_array("slots", slots, fix="pass the delivered batch's slots (batch.slots)")
+    if seqs is not None:
+        seqs = require_int_array("seqs", seqs, fix="pass the delivered batch's seqs (batch.seqs)")
+        if seqs.shape != slots.shape:
+            raise SpecError("seqs", f"{slots.shape[0]} seqs (one per slot)", seqs.shape[0],
+                            "pass the slots and seqs of the same delivered batch")
+    pr = np.asarray(priorities.detach().cpu() if hasattr(priorities, "detach") else priorities)   # (a torch tensor)
+    pr = pr.reshape(-1)
+    if pr.dtype != _F64 and pr.dtype != _F32:
+        pr = pr.astype(np.float64)
+    if pr.shape[0] != slots.shape[0]:
+        raise SpecError("priorities", f"{slots.shape[0]} values (one per delivered item)", pr.shape[0],
+                        "pass one priority per row of the batch")
+    return slots, seqs, pr
 
 
 class Selector(ABC):
@@ -80,10 +108,14 @@ class Selector(ABC):
     # Read from each class's own ``select`` signature (``__init_subclass__``), so a subclass
     # that overrides ``select`` without the parameter is never passed it.
     fills_weights_out: bool = False
+    # Whether ``update_delivered`` takes ``abs_floor`` (a selector written before it did not: the
+    # buffer floors the priorities for it instead). Read from each class's own signature.
+    floors_priorities: bool = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.fills_weights_out = "weights_out" in inspect.signature(cls.select).parameters
+        cls.floors_priorities = "abs_floor" in inspect.signature(cls.update_delivered).parameters
 
     def bind(self, capacity: int) -> None:
         self.capacity = capacity
@@ -104,13 +136,29 @@ class Selector(ABC):
         """The rows at ``slots`` were removed: they must not be selected again."""
 
     def update_delivered(self, slots: np.ndarray, seqs: np.ndarray, priorities: np.ndarray,
-                         stored_seqs: np.ndarray, *, abs_floor: float | None = None) -> int | None:
-        """A delivered batch's update in one step, where the selector has one: the rows whose
-        slot still holds the seq they were delivered with (``stored_seqs`` is the ring's seq
-        column) get their priority (with ``abs_floor``: ``max(|p|, abs_floor)``); returns how
-        many, or None when it declines (no fast route, or input to refuse), with nothing
-        changed: the caller then takes ``update_priorities``."""
-        return None
+                         stored_seqs: np.ndarray, *, abs_floor: float | None = None) -> int:
+        """A delivered batch's priority update: the rows whose slot still holds the seq they
+        were delivered with (``stored_seqs`` is the ring's seq column) get their priority (with
+        ``abs_floor``: ``max(|p|, abs_floor)``); rows overwritten since are skipped. Returns how
+        many were set. ``slots`` and ``seqs`` are 1-D int64, ``priorities`` 1-D float64 or
+        float32, all of one length (the buffer checks that first). Bad values raise with nothing
+        changed.
+
+        This is the reference a selector's faster update must equal; a selector keeping
+        priorities gets it by implementing ``update_priorities``."""
+        slots, seqs, priorities = delivered_update_args(slots, seqs, priorities)
+        if slots.size and (slots.min() < 0 or slots.max() >= stored_seqs.shape[0]):
+            bad = int(slots[(slots < 0) | (slots >= stored_seqs.shape[0])][0])
+            raise SpecError("slots", f"ring slots in [0, {stored_seqs.shape[0]})", bad,
+                            "pass the slots of a delivered Batch (batch.slots) with batch.seqs")
+        pr = priorities.astype(np.float64, copy=False)
+        if abs_floor is not None:
+            pr = np.maximum(np.abs(pr), abs_floor)
+        keep = stored_seqs[slots] == seqs
+        if not keep.all():   # rows overwritten since delivery: skipped
+            slots, pr = slots[keep], pr[keep]
+        self.update_priorities(slots, pr)
+        return int(slots.shape[0])
 
     def update_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         raise ConfigError("selector", "a prioritized selector for update_priorities", self.name,
@@ -279,18 +327,16 @@ class Prioritized(Selector):
         return slots, weights_out
 
     def update_delivered(self, slots, seqs, priorities, stored_seqs, *, abs_floor=None):
+        """One native pass where the C helper is built: check every kept row, then set them
+        all. It refuses what the reference would refuse (a slot out of range, a priority that
+        is not finite and >= 0, or 0 with eps = 0) with nothing changed, and the reference then
+        names the error; the two are held equal by tests/core/selection/test_sumtree_batched.py."""
         if not self.index.use_c:
-            return None
+            return super().update_delivered(slots, seqs, priorities, stored_seqs, abs_floor=abs_floor)
         args = (*self.trees, stored_seqs, slots, seqs, priorities, self.alpha, self.eps)
-        if abs_floor is None:
-            got = _c_set_delivered(*args)
-        else:
-            try:
-                got = _c_set_delivered(*args, abs_floor)
-            except TypeError:   # a build from before the floor: the Python route floors
-                return None
-        if got is None:
-            return None
+        got = _c_set_delivered(*args) if abs_floor is None else _c_set_delivered(*args, abs_floor)
+        if got is None:   # refused, nothing changed: the reference raises with the field and the fix
+            return super().update_delivered(slots, seqs, priorities, stored_seqs, abs_floor=abs_floor)
         count, mx = got
         if count:
             self.max_priority = max(self.max_priority, mx)

@@ -22,7 +22,7 @@ import torch
 from ..errors import CapacityError, ConfigError
 from ..memory.output_pool import handed_out
 from ..memory.tiers import Tier
-from ..schema.framestack import FramePool, FrameStackCodec, PooledDecoder, frames_of, klast_columns, pool_frames
+from ..schema.framestack import FramePool, frames_of, klast_columns, pool_frames
 from ..schema.spec import ExperienceSpec, as_tensor
 from .shard_gather import begin_stored_gather
 from .shards import Shard, ShardSpec, even_shards, shard_class
@@ -68,16 +68,13 @@ class ColumnarStorage:
             raise
         self._single_host = len(self.parts) == 1 and self.parts[0].on_host
         self.may_lose_shards = any(part.can_be_lost for part in self.parts)   # replacements are of the same kind
-        # Decoders per field: None (identity), the field's codec, or a frame-pool reader.
-        self.decoders = {}
-        for f in spec:
-            if isinstance(f.codec, FrameStackCodec):
-                self.decoders[f.name] = PooledDecoder(self.pools[f.codec.pool], f.codec)
-            else:
-                self.decoders[f.name] = None if f.codec.is_identity else f.codec
+        # Decoders per field, each made by the field's codec (None: stored as delivered), and the
+        # fields whose stored values stay on the host (ids into a host frame pool)
+        self._decoders = {f.name: None if f.codec.is_identity else f.codec.storage_decoder(self.pools) for f in spec}
+        self._host_stored = frozenset(name for name, d in self._decoders.items() if d is not None and d.keeps_stored_on_host)
         # The hot path's plan, computed once: (name, numpy view or None, decoder or None, dtype)
         self._plan = [(f.name, self.parts[0].host_column(f.name) if self._single_host else None,
-                       self.decoders[f.name], f.dtype) for f in spec]
+                       self._decoders[f.name], f.dtype) for f in spec]
         # every field a plain numpy column of one host shard: delivery is one take per field
         self._plain_host = self._single_host and all(v is not None and d is None for _, v, d, _ in self._plan)
         # ... and an insert is one C call copying every column (wrapping at the ring's end)
@@ -89,8 +86,8 @@ class ColumnarStorage:
     def _make_pools(self) -> dict[str, FramePool]:
         groups: dict[str, list] = {}
         for f in self.spec:
-            if isinstance(f.codec, FrameStackCodec):
-                groups.setdefault(f.codec.pool, []).append(f)
+            if f.codec.frame_pool is not None:
+                groups.setdefault(f.codec.frame_pool, []).append(f)
         pools = {}
         for name, fields in groups.items():
             c0 = fields[0].codec
@@ -201,8 +198,8 @@ class ColumnarStorage:
             return self._gather_fast(slots, target, out, fields, out_tensors)
         if self._single_host:   # one host shard, slots of any shape (sequences): a take per field
             names = list(fields if fields is not None else self.spec.names)
-            return {name: self._decode(name, self._take(name, slots, None if out is None or isinstance(
-                self.decoders[name], PooledDecoder) else out.get(name)), target) for name in names}
+            return {name: self._decode(name, self._take(name, slots, None if out is None or name in self._host_stored
+                                                        else out.get(name)), target) for name in names}
         return self._begin_gather(slots, target, fields)()
 
     def gather_each(self, requests: Sequence[tuple[np.ndarray, Sequence[str]]], *,
@@ -219,7 +216,7 @@ class ColumnarStorage:
     def _begin_gather(self, slots: np.ndarray, target: torch.device, fields) -> Callable[[], dict[str, torch.Tensor]]:
         """``gather`` over several shards or a remote one, started; the result finishes and decodes it."""
         names = list(fields if fields is not None else self.spec.names)
-        pooled = [n for n in names if isinstance(self.decoders[n], PooledDecoder)]
+        pooled = [n for n in names if n in self._host_stored]
         flat = slots.reshape(-1)
         rows = begin_stored_gather(self.parts, self.bounds, self.spec, flat, [n for n in names if n not in pooled],
                                    target)
@@ -234,12 +231,12 @@ class ColumnarStorage:
         return finish
 
     def _decode(self, name: str, stored: torch.Tensor, target: torch.device) -> torch.Tensor:
-        dec, f = self.decoders[name], self.spec[name]
-        if isinstance(dec, PooledDecoder):
+        dec, f = self._decoders[name], self.spec[name]
+        if name in self._host_stored:
             return dec.decode(stored, f.dtype, device=target)
         if stored.device != target:
             stored = stored.to(target, non_blocking=stored.is_pinned())
-        return stored if dec is None else dec.decode(stored, f.dtype)
+        return stored if dec is None else dec.decode(stored, f.dtype, target)
 
     def _take(self, name: str, slots: np.ndarray, out: np.ndarray | None) -> torch.Tensor:
         """One host shard: the stored rows at ``slots`` (any shape), into ``out`` if given."""
@@ -330,13 +327,13 @@ class ColumnarStorage:
         result = {}
         staged: dict[str, torch.Tensor] = {}
         if not on_host:  # every non-pooled column in one staging copy (or one mapped gather each)
-            names = [name for name, _, codec, _ in self._plan
-                     if (fields is None or name in fields) and not isinstance(codec, PooledDecoder)]
+            names = [name for name, _, _, _ in self._plan
+                     if (fields is None or name in fields) and name not in self._host_stored]
             staged = self.parts[0].to_device(names, slots, target)
         for name, view, codec, dtype in self._plan:
             if fields is not None and name not in fields:
                 continue
-            if isinstance(codec, PooledDecoder):  # frame ids stay on the host; the stacks go to the target
+            if name in self._host_stored:  # frame ids stay on the host; the stacks go to the target
                 result[name] = codec.decode(torch.from_numpy(view.take(slots, axis=0)), dtype, device=target)
                 continue
             if name in staged:
@@ -353,7 +350,7 @@ class ColumnarStorage:
                             out_tensors[name] = t
             else:
                 t = torch.index_select(self.parts[0].column(name), 0, torch.from_numpy(slots))
-            result[name] = t if codec is None else codec.decode(t, dtype)
+            result[name] = t if codec is None else codec.decode(t, dtype, target)
         return result
 
     def gather_stored(self, name: str, slots: np.ndarray) -> torch.Tensor:

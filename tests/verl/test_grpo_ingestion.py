@@ -264,3 +264,33 @@ def test_a_failing_chunk_leaves_no_chunk_running_when_the_error_reaches_the_call
         with pytest.raises(RuntimeError, match="reward model"):
             ing(make_batch(n_prompts=6))
         assert len(finished) == len(running) - 1   # every chunk that started had ended
+
+
+@pytest.mark.parametrize("dp_size", [1, 2, 4])
+@pytest.mark.parametrize("seed", range(5))
+def test_the_balancing_order_is_verls_own(dp_size, seed):
+    """The adapter's balancing permutation (``pipeline._balance_order``) against verl's own
+    ``RayPPOTrainer._balance_batch`` (its default branch: no prefix grouper, no minibatch
+    decoupling), called unbound on an object answering only what that branch asks (the DP size):
+    the same rows in the same order, ties between equal workloads included."""
+    from types import SimpleNamespace
+
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from conduit_verl.pipeline import _balance_order
+    rng = np.random.default_rng(seed)
+    bsz, width = 8 * dp_size * (1 + seed % 3), 48
+    lengths = rng.integers(1, width + 1, bsz)
+    lengths[: bsz // 4] = lengths[0]   # ties: the order between equal workloads is verl's too
+    mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+    rng.shuffle(mask, axis=0)
+    data = DataProto.from_dict(tensors={"attention_mask": torch.from_numpy(mask),
+                                        "row": torch.arange(bsz)})
+    ours = _balance_order(data, dp_size)
+    trainer = SimpleNamespace(_get_dp_size=lambda worker_group, role: dp_size, actor_rollout_wg=None,
+                              use_prefix_grouper=False)
+    metrics = {}
+    RayPPOTrainer._balance_batch(trainer, data, metrics)
+    assert data.batch["row"].tolist() == ours.tolist()
+    assert metrics   # verl logged its balance statistics: its branch ran to the end

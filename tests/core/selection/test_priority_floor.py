@@ -73,7 +73,8 @@ def test_the_native_update_takes_td_errors_itself(dtype):
     n_want = want.update_priorities(batch_w.slots, np.maximum(np.abs(td.astype(np.float64)), FLOOR), seqs=batch_w.seqs)
     with buf.lock.mutex:
         n = buf.selector.update_delivered(batch.slots, batch.seqs, td, buf.meta["seq"], abs_floor=FLOOR)
-        assert buf.selector.update_delivered(batch.slots, batch.seqs, td, buf.meta["seq"]) is None   # no floor: refused
+        with pytest.raises(SpecError, match="priorities"):   # no floor: negative TD errors refused, nothing set
+            buf.selector.update_delivered(batch.slots, batch.seqs, td, buf.meta["seq"])
     assert n == n_want > 0
     for a, b in zip(buf.selector.index.trees()[:2], want.selector.index.trees()[:2]):
         np.testing.assert_array_equal(a, b)
@@ -92,6 +93,29 @@ def test_a_selector_written_before_abs_floor_still_takes_td_errors():
         buf.add(rollout(50))
         batch = buf.sample(24)
         assert buf.update_priorities(batch.slots, td, seqs=batch.seqs, abs_floor=np.int64(0) if not bufs else 0.0) == 24
+        bufs.append(buf)
+    for a, b in zip(bufs[0].selector.index.trees()[:2], bufs[1].selector.index.trees()[:2]):
+        np.testing.assert_array_equal(a, b)
+    for b in bufs:
+        b.close()
+
+
+def test_a_selector_whose_update_declines_with_none_is_warned_and_updated_by_the_reference():
+    """The contract before 0.2 let ``update_delivered`` answer None to decline; such a selector
+    still gets its update (the reference's), with a DeprecationWarning naming the fix."""
+    class Declining(Prioritized):
+        def update_delivered(self, slots, seqs, priorities, stored_seqs, *, abs_floor=None):
+            return None
+    bufs = []
+    for sel in (Declining(alpha=0.6), Prioritized(alpha=0.6)):
+        buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=sel, seed=4)
+        buf.add(rollout(50))
+        batch = buf.sample(24)
+        if not bufs:
+            with pytest.warns(DeprecationWarning, match="must now return how many rows"):
+                assert buf.update_priorities(batch.slots, np.linspace(0.1, 2, 24), seqs=batch.seqs) == 24
+        else:
+            assert buf.update_priorities(batch.slots, np.linspace(0.1, 2, 24), seqs=batch.seqs) == 24
         bufs.append(buf)
     for a, b in zip(bufs[0].selector.index.trees()[:2], bufs[1].selector.index.trees()[:2]):
         np.testing.assert_array_equal(a, b)
