@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,7 +25,7 @@ from ..selection.rate_gate import wait_to_sample, wait_until
 from ..selection.selectors import Selector, delivered_update_args
 from .routes import POOLED_ROWS, POOLED_WINDOWS, choose_draw
 from .sampling_args import PLAIN_FIELDS, PLAIN_N_STEP, check_batch_size, check_device, check_fields, check_length, replay_args
-from .selection import select_slots
+from .selection import select_slots, weights_tensor
 
 
 @dataclass
@@ -100,8 +101,9 @@ def draw_reference(buf, batch_size, n_step, gamma, beta, episode_end, device, fi
         size = wait_to_sample(buf, batch_size, timeout)
     # the columns come from the output pool for a plain 1-step gather of every field on the host
     # and for host windows drawn with the redraw rule (window_outputs); the others are fresh
-    pooled = n_step is None and buf.gathers_pooled(fields, device)
-    weights_out = buf.pooled_weights(batch_size) if pooled and buf.selector.fills_weights_out else None
+    out_pool = buf.output_pool
+    pooled = n_step is None and gathers_pooled(buf, fields, device)
+    weights_out = out_pool.next_weights(batch_size) if pooled and buf.selector.fills_weights_out else None
     if buf.storage.may_lose_shards:   # a lost remote shard: recover, wait for rows, draw again
         slots, weights, data, redraws = buf.run_storage(
             lambda: _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, buf.size,
@@ -115,15 +117,36 @@ def draw_reference(buf, batch_size, n_step, gamma, beta, episode_end, device, fi
         cond.notify_all()
     seqs, versions, sources = ring.gather_meta(slots)
     if weights_out is not None and weights is weights_out[0]:   # written in place: hand the entry out
-        buf.took_pooled_weights(batch_size)
+        out_pool.advance_weights(batch_size)   # (not before: a failed draw uses up no entry)
         weights = weights_out[1]
     elif weights is not None and type(weights) is not torch.Tensor:   # (a pooled window batch's is one)
-        weights = buf.weights_tensor(weights, device)
+        weights = weights_tensor(weights, device)
     batch = Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
                   inserted_at_selection=ring.inserted, sources=sources, redraws=redraws)
-    if buf.output_pool is not None:
-        buf.output_pool.bind(batch)
+    if out_pool is not None:
+        out_pool.bind(batch)
     return batch
+
+
+def gathers_pooled(buf, fields=None, device=None) -> bool:
+    """Whether ``buf.gather(slots, device, fields)`` returns the output pool's reused host arrays
+    (every field, no device, storage that fills given outputs): such a batch is valid for
+    ``reuse_outputs`` more deliveries, and its importance weights may be reused with it."""
+    return buf.output_pool is not None and fields is None and device is None and buf.storage.fills_outputs()
+
+
+def window_outputs(buf, batch_size: int, fields=None, device=None):
+    """(take_into, the output pool's next ``WindowOutputs``, the walk's ``window_plan(fields)``,
+    took) for ``batch_size`` n-step windows of ``fields`` (``EpisodeWalk.window_columns``'s
+    ``pooled``), or None where the batch is fresh (no pool, a device's batch, storage that cannot
+    take into outputs). Not handed out until ``took()``: a draw that fails uses up no entry."""
+    out_pool, storage = buf.output_pool, buf.storage
+    if out_pool is None or device is not None or not storage.takes_into():
+        return None
+    plan = buf.walk.window_plan(fields)
+    names = plan[2] + plan[1]
+    return storage.take_into, out_pool.windows(batch_size, names), plan, partial(out_pool.took_windows, batch_size,
+                                                                                 names)
 
 
 def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, size, weights_out=None,
@@ -141,7 +164,7 @@ def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, siz
                 weights[:] = weights[order]   # (in place: a pooled weights array stays the one handed out)
         return slots, weights, buf.gather(slots, device, fields), 0
     if episode_end == "redraw":
-        pooled = buf.window_outputs(batch_size, fields, device)   # (steps and weights written in place)
+        pooled = window_outputs(buf, batch_size, fields, device)   # (steps and weights written in place)
         slots, weights, ret, last, steps, redraws = walk.sample_windows(
             ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True,
             out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]), stored=size)
@@ -378,3 +401,10 @@ def read(buf, seqs, *, fields: Sequence[str] | None = None,
         buf.check_open()
         data = buf.run_storage(checked_gather)
     return dict(data)
+
+
+def reserve_prepared_outputs(buf, prepared: int) -> None:
+    """Output entries made ahead for up to ``prepared`` batches drawn ahead of the learner (a data
+    plane's): its refills then allocate nothing (validity is kept by ``OutputPool.bind``)."""
+    if buf.output_pool is not None:
+        buf.output_pool.reserve(prepared)

@@ -174,10 +174,10 @@ class EpisodeWalk:
         ``ColumnarStorage.gather_each``, both gathers started before either is finished (over a
         remote shard, one round trip for the two). ``take`` (slots, names) -> host columns or
         None: a one-pass route for host batches, tried before ``gather_each``.
-        ``pooled``: ``ExperienceBuffer.window_outputs``'s (take_into, the output pool's
+        ``pooled``: ``delivery.window_outputs``'s (take_into, the output pool's
         ``WindowOutputs`` whose walk arrays hold ``steps``, its window plan, took): the columns go
         into its arrays (host batches)."""
-        if pooled is not None:   # (buffer.window_outputs: the plan comes with the entry)
+        if pooled is not None:   # (delivery.window_outputs: the plan comes with the entry)
             take_into, entry, (names, last_fields, first_fields), _ = pooled
             take_into(slots, first_fields, entry.columns)
             take_into(cur, last_fields, entry.columns)

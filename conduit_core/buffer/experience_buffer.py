@@ -65,9 +65,14 @@ class ExperienceBuffer:
     (``size``, ``capacity``, ``inserted``, ``sampled``, ``dropped_stale``, ``losses``), writers at
     the source (``writer``, ``commit``) and ``routes`` (which implementation carried out each
     call). The parts, for those who compose their own: ``spec``, ``selector``, ``rate_limiter``,
-    ``storage``, ``ring``, ``walk``. Everything else is the protocol between the buffer, its own
-    modules (delivery, insertion, migration, shard loss) and the data plane: public so that those
-    modules never reach into private attributes, not meant for a training loop.
+    ``storage``, ``ring``, ``walk``, ``output_pool``, and the encoded route in (``encode``,
+    ``add_encoded``, ``add_encoded_many``, ``gather``, ``stored_columns``). The rest is the protocol
+    between the buffer and the core's other parts, not meant for a training loop: a migration's
+    (``attach_dual_writer``, ``detach_dual_writer``, ``adopt_layout``, ``migrating``,
+    ``live_range``), a data plane's speculative deliveries (``selection_token``,
+    ``rollback_selection``), writers at the source (``retire_writer``, ``abandon_before``) and
+    ``check_open``, ``meta``. What delivery needs of the output pool it asks the pool itself
+    (``delivery.gathers_pooled``, ``window_outputs``, ``reserve_prepared_outputs``).
     """
 
     def __init__(self, *, spec: ExperienceSpec, capacity: int, selector: Selector | None = None,
@@ -146,11 +151,6 @@ class ExperienceBuffer:
     def meta(self) -> dict[str, np.ndarray]:
         """The ring's per-slot metadata (seq, version, source, next_seq): read-only for others."""
         return self.ring.meta
-
-    @property
-    def evicted_early(self) -> int:
-        """Rows evicted before the ring wrapped because the frame pool needed their frames."""
-        return self.ring.evicted_early
 
     @property
     def inserted(self) -> int:
@@ -280,49 +280,10 @@ class ExperienceBuffer:
     read = delivery.read
     update_priorities = delivery.update_priorities
 
-    def reserve_prepared_outputs(self, prepared: int) -> None:
-        """Output entries made ahead for up to ``prepared`` batches drawn ahead of the learner (a
-        data plane's): its refills then allocate nothing (validity is kept by ``OutputPool.bind``)."""
-        if self._out is not None:
-            self._out.reserve(prepared)
-
-    def weights_tensor(self, weights: np.ndarray | torch.Tensor | None, device=None) -> torch.Tensor | None:
-        """A selection's importance weights as a fresh tensor on ``device`` (pooled: ``pooled_weights``)."""
-        if weights is None or isinstance(weights, torch.Tensor):
-            return weights
-        return torch.from_numpy(weights) if device is None else torch.from_numpy(weights).to(device)
-
-    def pooled_weights(self, n: int) -> tuple[np.ndarray, torch.Tensor] | None:
-        """The reused float32 ``[n]`` array (and tensor) the next pooled batch's weights go into (None:
-        no pool); ``took_pooled_weights`` hands it out once drawn, so a failed draw uses up none."""
-        return None if self._out is None else self._out.next_weights(n)
-
-    def took_pooled_weights(self, n: int) -> None:
-        """The array ``pooled_weights(n)`` gave now belongs to a delivered batch."""
-        self._out.advance_weights(n)
-
     @property
     def output_pool(self) -> OutputPool | None:
         """The reused outputs (``reuse_outputs``; None: fresh memory): draws ``bind`` their batches to them."""
         return self._out
-
-    def gathers_pooled(self, fields=None, device=None) -> bool:
-        """Whether ``gather(slots, device, fields)`` returns the output pool's reused host arrays
-        (every field, no device, storage that fills given outputs): such a batch is valid for
-        ``reuse_outputs`` more deliveries, and its importance weights may be reused with it."""
-        return self._out is not None and fields is None and device is None and self.storage.fills_outputs()
-
-    def window_outputs(self, batch_size: int, fields=None, device=None):
-        """(take_into, the output pool's next ``WindowOutputs``, the walk's ``window_plan(fields)``,
-        took) for ``batch_size`` n-step windows of ``fields`` (``EpisodeWalk.window_columns``'s
-        ``pooled``), or None where the batch is fresh (no pool, a device's batch, storage that
-        cannot take into outputs). Not handed out until ``took()``: a draw that fails uses up no entry."""
-        if self._out is None or device is not None or not self.storage.takes_into():
-            return None
-        plan = self.walk.window_plan(fields)
-        names = plan[2] + plan[1]
-        return self.storage.take_into, self._out.windows(batch_size, names), plan, partial(
-            self._out.took_windows, batch_size, names)
 
     def gather(self, slots: np.ndarray, device=None, fields=None) -> dict[str, torch.Tensor]:
         """Decoded rows at ``slots`` (lock held), into the reused outputs when the buffer keeps them."""

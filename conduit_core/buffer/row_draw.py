@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..memory.output_pool import handed_out
 from ..schema.batch import Batch
-from .selection import select_slots
+from .selection import select_slots, weights_tensor
 
 try:
     from .._native._rows import gather_batch as _c_gather_batch
@@ -81,7 +81,7 @@ class PooledRowDraw:
         if weights_out is not None and weights is weights_out[0]:   # written in place: the entry's tensor
             weights = weights_out[1]
         elif weights is not None:
-            weights = buf.weights_tensor(weights)
+            weights = weights_tensor(weights)
         batch = Batch(data, slots=slots, seqs=seqs, versions=versions, weights=weights,
                       inserted_at_selection=ring.inserted, sources=sources)
         pool.bind(batch)

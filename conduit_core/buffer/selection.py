@@ -9,6 +9,7 @@ positions read as slots where that is the same set, which spares the mapping on 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 def select_slots(ring, selector, rng: np.random.Generator, batch_size: int, size: int, beta: float | None,
@@ -51,3 +52,11 @@ def redraw_holes(ring, rng: np.random.Generator, lo: int, off: np.ndarray) -> np
     dead = stored_seq[seqs % ring.capacity] != seqs
     seqs[dead] = live[rng.integers(0, live.size, int(dead.sum()))]
     return seqs % ring.capacity
+
+
+def weights_tensor(weights: np.ndarray | torch.Tensor | None, device=None) -> torch.Tensor | None:
+    """A selection's importance weights as a fresh tensor on ``device`` (a pooled batch's come from
+    the output pool, written in place)."""
+    if weights is None or isinstance(weights, torch.Tensor):
+        return weights
+    return torch.from_numpy(weights) if device is None else torch.from_numpy(weights).to(device)

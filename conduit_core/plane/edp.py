@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..buffer.episodes import EPISODE_END_RULES
+from ..buffer.delivery import reserve_prepared_outputs
 from ..buffer.experience_buffer import ExperienceBuffer
 from ..buffer.migration import DEFAULT_DEADLINE_S, MAX_CHUNK_BYTES, BackgroundMigration, begin_migration, check_deadline
 from ..buffer.sampling_args import PLAIN_FIELDS, PLAIN_N_STEP, replay_args
@@ -71,7 +72,7 @@ class ExperienceDataPlane:
             raise ConfigError("schedule", "a Schedule", type(self.schedule).__name__,
                               "use Schedule.sequential() or Schedule.overlapped(...)")
         self.device = None if device is None else str(torch.device(device))
-        buffer.reserve_prepared_outputs(self.schedule.max_prepared)   # prepared batches get pool entries of their own
+        reserve_prepared_outputs(buffer, self.schedule.max_prepared)   # prepared batches get pool entries of their own
         self._metrics = MetricsRecorder()
         # Guards every count and queue the parts share (ingestion, prepared deliveries,
         # background errors, the worker); none of them adds a lock of its own.
@@ -271,7 +272,7 @@ class ExperienceDataPlane:
                 self._prepared.reset_locked()
                 self.schedule = self.ingestion.schedule = schedule
                 self._choose_routes()   # (the old worker is joined; a new one starts below)
-                self.buffer.reserve_prepared_outputs(schedule.max_prepared)
+                reserve_prepared_outputs(self.buffer, schedule.max_prepared)
             if schedule.is_overlapped:   # (before rollouts are let in: one that fails to start refuses them)
                 self._start_worker()
         finally:

@@ -48,6 +48,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..buffer.delivery import reserve_prepared_outputs
 from ..buffer.experience_buffer import ExperienceBuffer
 from ..errors import ConfigError, WorkerError
 from ..planning.schedule import Schedule
@@ -87,7 +88,7 @@ class PreparedReplay:
                               "use 0 (every priority update applies before the next draw)")
         self.schedule, self.priority_lag = schedule, priority_lag
         self._buffer, self._owner_lock, self._prepare = buffer, lock, prepare
-        buffer.reserve_prepared_outputs(schedule.max_prepared)   # prepared batches get pool entries of their own
+        reserve_prepared_outputs(buffer, schedule.max_prepared)   # prepared batches get pool entries of their own
         self._cond = threading.Condition()
         self._op_lock = threading.Lock()
         self._metrics = MetricsRecorder()

@@ -110,7 +110,7 @@ def test_a_frame_stack_buffer_of_two_shards_evicts_early_as_one_shard_does():
         row = {"obs": stacks[:2], "next_obs": stacks[1:], "terminated": np.zeros(2, bool)}
         one.add(row)
         two.add(row)
-    assert one.evicted_early == two.evicted_early > 0
+    assert one.ring.evicted_early == two.ring.evicted_early > 0
     seqs = one.ring.live_seqs()
     assert np.array_equal(seqs, two.ring.live_seqs())
     for name in ("obs", "next_obs"):

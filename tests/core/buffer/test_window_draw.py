@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from conduit_core import (AffineCodec, ClosedError, ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec,
                           Fifo, Prioritized, RateLimiter, Schedule, SemanticError, ShardSpec, Uniform)
 
+from conduit_core.buffer.delivery import reserve_prepared_outputs
 from conduit_core.errors import RateLimitTimeout
 
 from ..helpers import SPEC, rollout
@@ -68,7 +69,7 @@ def schedule_step(route, ref, ops, start):
         route.evict(seqs), ref.evict(seqs)
     if ops.random() < 0.15:
         k = int(ops.integers(1, 3))
-        route.reserve_prepared_outputs(k), ref.reserve_prepared_outputs(k)
+        reserve_prepared_outputs(route, k), reserve_prepared_outputs(ref, k)
     return start
 
 

@@ -107,15 +107,16 @@ def test_custom_weighted_selectors_get_their_own_weights_delivered():
 
 def test_weights_are_fresh_where_the_columns_are():
     """Storage that does not fill the pool's arrays (two shards) returns fresh columns; the
-    batch's weights are fresh then too (the pool's rule is one method, ``gathers_pooled``)."""
+    batch's weights are fresh then too (the pool's rule is one function, ``delivery.gathers_pooled``)."""
     from conduit_core import ExperienceBuffer, ExperienceSpec, Prioritized
-    from conduit_core.storage.shards import ShardSpec
+    from conduit_core.buffer.delivery import gathers_pooled
     from conduit_core.memory.tiers import Tier
+    from conduit_core.storage.shards import ShardSpec
     buf = ExperienceBuffer(spec=ExperienceSpec.transition(obs_shape=(3,)), capacity=64,
                            selector=Prioritized(alpha=0.6, beta=0.4), reuse_outputs=1, seed=0,
                            shards=[ShardSpec(Tier.PAGEABLE, 32), ShardSpec(Tier.PAGEABLE, 32)])
     buf.add(_rows(40, np.random.default_rng(0)))
-    assert not buf.gathers_pooled()
+    assert not gathers_pooled(buf)
     a, b = buf.sample(8), buf.sample(8)
     assert a["obs"].data_ptr() != b["obs"].data_ptr() and a.weights.data_ptr() != b.weights.data_ptr()
     buf.close()

@@ -65,7 +65,7 @@ def test_short_episodes_evict_oldest_rows_early_and_never_deliver_garbage():
     rng = np.random.default_rng(1)
     buf = make(200, budget=1.0)
     truth = fill(buf, rng, [2] * 150, chunk=2)  # 2-step episodes need ~3.5 frames per step
-    assert buf.evicted_early > 0
+    assert buf.ring.evicted_early > 0
     assert len(buf) < 200
     for _ in range(20):
         b = buf.sample(64, n_step=3, gamma=0.9)
@@ -78,7 +78,7 @@ def test_prioritized_never_samples_early_evicted_rows():
     rng = np.random.default_rng(2)
     buf = make(100, selector=Prioritized(), budget=1.0)
     truth = fill(buf, rng, [1] * 120, chunk=1)
-    assert buf.evicted_early > 0
+    assert buf.ring.evicted_early > 0
     b = buf.sample(500)
     assert (b.seqs >= buf.inserted - len(buf)).all()
     assert_exact(b, truth)
