@@ -169,7 +169,7 @@ def _draw(buf, batch_size, n_step, gamma, beta, episode_end, device, fields, siz
             ring, buf.storage, selector, buf.rng, batch_size, n_step, gamma, beta, redraw=True,
             out=None if pooled is None else (pooled[1].walk["weights"], pooled[1].walk["n_step"]), stored=size)
         data = walk.window_columns(buf.storage.gather_each, slots, ret, last, steps, device, fields,
-                                   take=buf.storage.take_fresh, pooled=pooled)
+                                   fresh=buf.storage, pooled=pooled)
         if pooled is not None:   # drawn: the entry goes out with the batch
             pooled[3]()
             if weights is not None:

@@ -167,13 +167,13 @@ class EpisodeWalk:
         return self.window_columns(storage.gather_each, slots, ret, cur, steps, device, fields)
 
     def window_columns(self, gather_each, slots, ret, cur, steps, device, fields=None, *,
-                       take=None, pooled=None) -> dict[str, torch.Tensor]:
+                       fresh=None, pooled=None) -> dict[str, torch.Tensor]:
         """Columns of n-step windows: first-step fields from ``slots``, ``next_obs`` and the
         done flags from the last step ``cur``, the discounted ``ret`` and ``n_step``
         (``fields``: only these of the spec's fields, ``n_step`` always). ``gather_each``:
         ``ColumnarStorage.gather_each``, both gathers started before either is finished (over a
-        remote shard, one round trip for the two). ``take`` (slots, names) -> host columns or
-        None: a one-pass route for host batches, tried before ``gather_each``.
+        remote shard, one round trip for the two). ``fresh``: the storage, whose one-pass
+        ``take_fresh`` serves host batches where it ``takes_fresh`` both gathers' fields.
         ``pooled``: ``delivery.window_outputs``'s (take_into, the output pool's
         ``WindowOutputs`` whose walk arrays hold ``steps``, its window plan, took): the columns go
         into its arrays (host batches)."""
@@ -184,10 +184,9 @@ class EpisodeWalk:
             entry.walk["reward"][:] = ret   # (float64 -> float32 as ret.astype(np.float32) rounds)
             return entry.hand_out(names)
         names, last_fields, first_fields = self.window_plan(fields)
-        data = last = None
-        if take is not None and device is None:
-            data, last = take(slots, first_fields), take(cur, last_fields)
-        if data is None or last is None:
+        if fresh is not None and device is None and fresh.takes_fresh(first_fields) and fresh.takes_fresh(last_fields):
+            data, last = fresh.take_fresh(slots, first_fields), fresh.take_fresh(cur, last_fields)
+        else:
             data, last = gather_each([(slots, first_fields), (cur, last_fields)],
                                      device=None if device is None else torch.device(device))
         data.update(last)

@@ -38,6 +38,8 @@ __all__ = ["ColumnarStorage", "ShardSpec", "even_shards"]
 
 
 _CPU = torch.device("cpu")
+# the most columns the native take copies in one pass (_rows.c take_rows)
+TAKE_COLUMNS_MAX = 16
 
 
 class ColumnarStorage:
@@ -293,12 +295,15 @@ class ColumnarStorage:
             plan = self._into_plans[names] = tuple((name, views[name]) for name in names)
         return plan
 
-    def take_fresh(self, slots: np.ndarray, names: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
-        """``names`` at 1-D ``slots`` as fresh host tensors, in one native pass, where the
-        storage is one host shard of plain columns (nothing to decode); else None (then
-        ``gather``). The n-step windows' two gathers take this route."""
-        if not self._plain_host or _c_take_rows is None:
-            return None
+    def takes_fresh(self, names: tuple[str, ...]) -> bool:
+        """Whether ``take_fresh`` serves ``names``: one host shard of plain columns (nothing to
+        decode), the C helper built, and no more columns than its one pass takes."""
+        return self._plain_host and _c_take_rows is not None and len(names) <= TAKE_COLUMNS_MAX
+
+    def take_fresh(self, slots: np.ndarray, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """``names`` at 1-D int64 ``slots`` as fresh host tensors, in one native pass. Only where
+        ``takes_fresh(names)``: the n-step windows' two gathers take this route, the others
+        ``gather``."""
         if not names:
             return {}
         plan = self._take_plans.get(names)
@@ -306,8 +311,9 @@ class ColumnarStorage:
             views = dict(self._copy_targets)
             plan = self._take_plans[names] = tuple(views[n] for n in names)
         taken = _c_take_rows(slots, plan)
-        if taken is None:
-            return None
+        if taken is None:   # (slots a draw made: 1-D int64, inside the ring)
+            raise RuntimeError(f"the native take refused {len(names)} plain columns at slots of dtype {slots.dtype}, "
+                               f"shape {slots.shape}: a bug in the draw that made them; please report it")
         return {name: torch.from_numpy(a) for name, a in zip(names, taken)}
 
     def _gather_fast(self, slots: np.ndarray, target: torch.device, out, fields=None,

@@ -17,7 +17,7 @@ def run(selector, *, hook: bool, steps: int, n_step, episode_end: str, fields, s
     buf = ExperienceBuffer(spec=SPEC, capacity=64, selector=selector, seed=seed)
     hooks = [lambda b: b] if hook else None   # a hook sends every batch through the operator's run
     if hook:   # ... and the windows' columns through gather, not the one-pass take
-        buf.storage.take_fresh = lambda slots, names: None
+        buf.storage.takes_fresh = lambda names: False
     out = []
     with ExperienceDataPlane(buffer=buf, schedule=Schedule.sequential(), delivery_hooks=hooks) as edp:
         rng = np.random.default_rng(seed)
@@ -94,18 +94,24 @@ def test_every_form_of_fields_and_n_step_delivers_what_the_tuple_form_does(hook,
         assert torch.equal(got[0][k], got[1][k]), k
 
 
-def test_take_fresh_equals_gather_and_declines_what_it_cannot_take():
+def test_take_fresh_equals_gather_and_says_what_it_takes():
     buf = ExperienceBuffer(spec=SPEC, capacity=32, selector=Uniform(), seed=0)
     buf.add(rollout(32))
     slots = np.random.default_rng(0).integers(0, 32, 50)
     for names in (FIELDS, tuple(SPEC.names), ("action",), ()):
+        assert buf.storage.takes_fresh(names)
         got, want = buf.storage.take_fresh(slots, names), buf.storage.gather(slots, fields=list(names))
         assert list(got) == list(names)
         for k in names:
             assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
-    assert buf.storage.take_fresh(slots[::2], FIELDS) is None           # strided slots: gather takes them
-    assert buf.storage.take_fresh(np.array([32]), FIELDS) is None       # out of range: gather names it
+    assert not buf.storage.takes_fresh(tuple(f"f{i}" for i in range(17)))   # past the native pass's columns
+    with pytest.raises(RuntimeError, match="a bug in the draw"):           # slots no draw makes: refused loudly
+        buf.storage.take_fresh(np.array([32]), FIELDS)
     buf.close()
+    two = ExperienceBuffer(spec=SPEC, capacity=32, selector=Uniform(), seed=0,
+                           shards=[ShardSpec("pageable", 16), ShardSpec("pageable", 16)])
+    assert not two.storage.takes_fresh(FIELDS)   # two shards: the windows take gather_each
+    two.close()
 
 
 def test_windows_after_a_migration_read_the_new_layout():
