@@ -58,10 +58,14 @@ def _trace_generation(version, prompt_ids: list[int], tokens: list[int], request
     if not path:
         return
     import json
-    digest = lambda ids: hashlib.sha1(str(ids).encode()).hexdigest()[:16]   # noqa: E731
     with open(path, "a") as f:
-        f.write(json.dumps({"version": version, "prompt": digest(prompt_ids), "response": digest(tokens),
+        f.write(json.dumps({"version": version, "prompt": token_digest(prompt_ids), "response": token_digest(tokens),
                             "length": len(tokens), "request": request_id}) + "\n")
+
+
+def token_digest(ids: list[int]) -> str:
+    """A short digest of a token sequence, as the traces name prompts and responses."""
+    return hashlib.sha1(str([int(t) for t in ids]).encode()).hexdigest()[:16]
 
 
 def server_actor_name(replica_rank: int, node_rank: int = 0, suffix: str = "") -> str:

@@ -5,13 +5,16 @@ Installed in every process of a run by ``plugin.py`` when ``VERL_CPU_TRAINED_TRA
 ``fully_async_trainer.assemble_batch_from_rollout_samples`` (the trainer builds each training batch
 from the samples it took from the queue with it) then appends one JSON line per training step: for each
 sample in the order taken, its feed index (the rollouter's ``sample_id``), the weight versions of its
-responses (``min_global_steps``, ``max_global_steps``) and their lengths (response tokens).
+responses (``min_global_steps``, ``max_global_steps``), their lengths and their digests (as the
+generation trace names them), row by row.
 """
 
 from __future__ import annotations
 
 import json
 import os
+
+from .hf_rollout import token_digest
 
 TRACE_ENV = "VERL_CPU_TRAINED_TRACE"
 TRAINER_MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
@@ -20,11 +23,15 @@ TRAINER_MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
 def _sample_row(rs) -> dict:
     batch = rs.full_batch
     ntb = batch.non_tensor_batch
-    lengths = batch.batch["response_mask"].sum(-1) if "response_mask" in batch.batch.keys() else None
+    mask = batch.batch["response_mask"] if "response_mask" in batch.batch.keys() else None
+    responses = []
+    if mask is not None and "responses" in batch.batch.keys():   # each row's tokens, in the sample's row order
+        responses = [token_digest(row[m.bool()].tolist()) for row, m in zip(batch.batch["responses"], mask)]
     return {"id": int(str(rs.sample_id).rsplit("_", 1)[-1]),
             "min_version": [int(v) for v in ntb["min_global_steps"]],
             "max_version": [int(v) for v in ntb["max_global_steps"]],
-            "length": [] if lengths is None else [int(x) for x in lengths.tolist()]}
+            "length": [] if mask is None else [int(x) for x in mask.sum(-1).tolist()],
+            "responses": responses}
 
 
 def _wrap(module, path: str) -> None:
