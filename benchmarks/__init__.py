@@ -13,5 +13,6 @@ A bed per concern; ``conduit bench WORKLOAD`` runs the workloads with an entry p
   synchronous and fully asynchronous.
 - ``plane``: the data plane's scheduling, placement, migration, remote shards, ingestion at the
   source and the auto-tuner.
+- ``suite``: the conformance suite's own statistics (the convergence check's false alarms and power).
 - ``common``: timing, medians, paired ratios, tables and reports shared by all.
 """

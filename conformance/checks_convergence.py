@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import pickle
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from multiprocessing import get_context
 
 import numpy as np
@@ -169,6 +170,43 @@ def calibrate(harness, seed_list: list[int]) -> dict[str, dict]:
     return out
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """The convergence check's decision on two arms' steps to the threshold (``judge``)."""
+    ok: bool
+    ratio: float            # Conduit / native: geometric means with a declared spread, else medians
+    bound: float            # R: a ratio outside [1/R, R] fails
+    p: float | None         # two-sided Mann-Whitney p (undeclared spread, 5 seeds or more), else None
+    failure: str = ""       # why it fails, in words (empty when ok)
+
+
+def judge(native_steps, native_reached, conduit_steps, conduit_reached, spread: float | None = None) -> Verdict:
+    """The check's decision, a pure function of the runs: steps to the threshold per seed and
+    whether each run reached it (a run that did not counts as the largest budget of any run). What
+    ``convergence/<workload>`` applies, and what the lab's power study replays on stored runs
+    (benchmarks/suite/convergence_power.py) to measure its false-alarm rate and what it detects."""
+    budget = max(list(native_steps) + list(conduit_steps))
+    censor = lambda steps, reached: [s if r else budget for s, r in zip(steps, reached)]   # noqa: E731
+    ns, cs = censor(native_steps, native_reached), censor(conduit_steps, conduit_reached)
+    ratio, p, bound = compare(ns, cs, spread)
+    reached_n, reached_c = sum(map(bool, native_reached)), sum(map(bool, conduit_reached))
+    # a censored run counts as the budget, which caps the ratio: a path that never reaches the
+    # threshold while the other always does fails however large the budget (found in review)
+    if reached_n == len(ns) and reached_c == 0:
+        return Verdict(False, ratio, bound, p, "Conduit never reaches the threshold, native does on every seed")
+    if reached_c == len(cs) and reached_n == 0:
+        return Verdict(False, ratio, bound, p, "Conduit reaches the threshold on every seed, native on none "
+                                               "(learns faster)")
+    if not 1 / bound <= ratio <= bound:
+        return Verdict(False, ratio, bound, p,
+                       f"Conduit {'learns faster' if ratio < 1 else 'learns slower'} than native: "
+                       f"{'geometric-mean' if spread is not None else 'median'} ratio {ratio:.2f} "
+                       f"outside [{1 / bound:.2f}, {bound:.2f}]")
+    if p is not None and p < 0.05:
+        return Verdict(False, ratio, bound, p, f"steps to the threshold differ (Mann-Whitney two-sided p={p:.3f})")
+    return Verdict(True, ratio, bound, p)
+
+
 @check("convergence/*", needs=("convergence",), level="convergence")
 def convergence(ctx, workload: str, run) -> None:
     """Conduit needs as many env steps to the reference return as native: not more, not fewer."""
@@ -176,27 +214,15 @@ def convergence(ctx, workload: str, run) -> None:
     results = run_all(run, calls)
     native, conduit = results[0::2], results[1::2]
     budget = max(r.env_steps for r in native + conduit)
-    steps = lambda rs: [r.env_steps if r.reached else budget for r in rs]
-    ns, cs = steps(native), steps(conduit)
     spread = check_spread(workload, ctx.harness.convergence_spread().get(workload))
-    ratio, p, bound = compare(ns, cs, spread)
+    v = judge([r.env_steps for r in native], [r.reached for r in native],
+              [r.env_steps for r in conduit], [r.reached for r in conduit], spread)
+    ratio, p, bound = v.ratio, v.p, v.bound
     shown = lambda rs: "[" + ", ".join(f"{r.env_steps}" if r.reached else f">{budget} (not reached)"
                                          for r in rs) + "]"
     detail = f"env steps to the threshold over seeds {list(seeds())}: native {shown(native)}, Conduit {shown(conduit)}"
-    reached_n, reached_c = sum(r.reached for r in native), sum(r.reached for r in conduit)
-    # a censored run counts as the budget, which caps the ratio: a path that never reaches the
-    # threshold while the other always does fails however large the budget (found in review)
-    ensure(not (reached_n == len(native) and reached_c == 0),
-           f"Conduit never reaches the threshold, native does on every seed; {detail}")
-    ensure(not (reached_c == len(conduit) and reached_n == 0),
-           f"Conduit reaches the threshold on every seed, native on none (learns faster); {detail}")
-    ensure(1 / bound <= ratio <= bound,
-           f"Conduit {'learns faster' if ratio < 1 else 'learns slower'} than native: "
-           f"{'geometric-mean' if spread is not None else 'median'} ratio {ratio:.2f} "
-           f"outside [{1 / bound:.2f}, {bound:.2f}]; {detail}")
-    if p is not None:
-        ensure(p >= 0.05, f"steps to the threshold differ (Mann-Whitney two-sided p={p:.3f}); {detail}")
-    margin = (f"margin from the native spread {spread:.2f} (false alarms 0.1%; detects {detectable_ratio(len(ns), spread):.1f}x "
+    ensure(v.ok, f"{v.failure}; {detail}")
+    margin = (f"margin from the native spread {spread:.2f} (false alarms 0.1%; detects {detectable_ratio(len(native), spread):.1f}x "
               f"at 80% power)" if spread is not None else
               "margin not calibrated: the suite's fixed bound (declare Harness.convergence_spread, measured with "
               "--calibrate-convergence)")

@@ -83,3 +83,21 @@ def test_a_declared_spread_must_be_a_plausible_sd():
     for bad in (0, -0.1, 12, "0.3", True):
         with pytest.raises(ValueError, match="convergence_spread"):
             cc.check_spread("w", bad)
+
+
+def test_the_verdict_is_a_function_of_the_runs():
+    """``judge``: the check's decision on stored runs (what the lab's power study replays). A run
+    that misses the threshold counts as the largest budget; a path that never reaches it while the
+    other always does fails whatever the ratio; the ratio must lie within the bound both ways."""
+    same = cc.judge([1000, 1200], [True, True], [1100, 1150], [True, True], 0.2)
+    assert same.ok and same.failure == "" and same.p is None and same.bound == cc.ratio_bound(2, 0.2)
+    slow = cc.judge([1000, 1200], [True, True], [3000, 3300], [True, True], 0.2)
+    assert not slow.ok and "learns slower" in slow.failure and slow.ratio > slow.bound
+    fast = cc.judge([3000, 3300], [True, True], [1000, 1200], [True, True], 0.2)
+    assert not fast.ok and "learns faster" in fast.failure
+    never = cc.judge([1000, 1100], [True, True], [1200, 1200], [False, False], 5.0)   # within a wide bound ...
+    assert not never.ok and "never reaches" in never.failure                      # ... but never reached
+    always = cc.judge([1200, 1200], [False, False], [1000, 1100], [True, True], 5.0)
+    assert not always.ok and "native on none" in always.failure
+    undeclared = cc.judge([10, 11, 12, 13, 14], [True] * 5, [30, 31, 32, 33, 34], [True] * 5)
+    assert not undeclared.ok and undeclared.bound == 2.0 and undeclared.p is not None

@@ -1,0 +1,22 @@
+"""The lab's power study of the convergence check (``benchmarks/suite/convergence_power.py``) at a tiny
+size: it replays the check's own decision on a pool of native runs; the rates it reports are rates
+(deterministic for its seeds), and a change far outside the bound is caught every time."""
+
+import pytest
+
+pytest.importorskip("conduit_benchmarks", reason="the lab is its own distribution: pip install -e benchmarks")
+
+
+def test_the_power_study_replays_the_checks_decision(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONDUIT_CONVERGENCE_WORKERS", "1")
+    from conduit_benchmarks.suite import convergence_power as cp
+    argv = ["--pool", "12", "--seeds", "2", "--trials", "300", "--shift", "10", "--json", str(tmp_path / "p.json")]
+    one, two = cp.main(argv), cp.main(argv)
+    (r,) = one["workloads"]["bandit"]
+    assert one["workloads"] == two["workloads"]          # seeded runs, seeded pairs
+    assert r["pool"] == 12 and r["k"] == 2 and r["spread"] > 0
+    for bound in ("calibrated", "fixed"):
+        assert 0.0 <= r[bound]["false_alarms"] <= 1.0
+        assert r[bound]["caught_slower"] == r[bound]["caught_faster"] == 1.0   # 10x: far outside any bound here
+    with pytest.raises(SystemExit, match="fewer than the 14"):
+        cp.power([1, 2, 3], [True] * 3, k=7, trials=1, shift=1.5)
