@@ -1,4 +1,5 @@
-"""The lab's power study of the convergence check (``benchmarks/suite/convergence_power.py``) at a tiny
+"""The lab's studies of the suite's own statistics (``benchmarks/suite``) at a tiny size. The power study of the
+convergence check (``convergence_power``)
 size: it replays the check's own decision on a pool of native runs; the rates it reports are rates
 (deterministic for its seeds), and a change far outside the bound is caught every time."""
 
@@ -20,3 +21,12 @@ def test_the_power_study_replays_the_checks_decision(tmp_path, monkeypatch):
         assert r[bound]["caught_slower"] == r[bound]["caught_faster"] == 1.0   # 10x: far outside any bound here
     with pytest.raises(SystemExit, match="fewer than the 14"):
         cp.power([1, 2, 3], [True] * 3, k=7, trials=1, shift=1.5)
+
+
+def test_the_false_alarm_study_counts_failures_by_check(tmp_path):
+    """The semantic level over suite seeds on the example adapter (exact by construction): every
+    check that ran is counted on every seed, and none failed."""
+    from conduit_benchmarks.suite import false_alarms
+    r = false_alarms.main(["--harness", "example", "--seeds", "2", "--json", str(tmp_path / "f.json")])
+    assert r["seeds"] == 2 and r["checks"] > 10 and r["check_runs"] == 2 * r["checks"]
+    assert r["failed_runs"] == 0 and r["failed"] == {}
