@@ -1,7 +1,7 @@
-"""The lab's studies of the suite's own statistics (``benchmarks/suite``) at a tiny size. The power study of the
-convergence check (``convergence_power``)
-size: it replays the check's own decision on a pool of native runs; the rates it reports are rates
-(deterministic for its seeds), and a change far outside the bound is caught every time."""
+"""The lab's studies of the suite's own statistics (``benchmarks/suite``) at a tiny size: the power study
+of the convergence check replays the check's own decision on a pool of native runs (its rates are
+deterministic for its seeds, and a change far outside the bound is caught every time); the false-alarm
+study runs the semantic level over suite seeds and counts failures by check."""
 
 import pytest
 
