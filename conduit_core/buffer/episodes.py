@@ -137,7 +137,8 @@ class EpisodeWalk:
         plan = self._window_plans.get(key)
         if plan is None:
             names = tuple(f for f in self.spec.names if key is None or f in key)
-            last_fields = tuple(f for f in ("next_obs", *self.done_fields) if f in names)
+            # read at the window's last step: the look-ahead fields the spec declares, and the done flags
+            last_fields = tuple(f for f in names if self.spec[f].window_step == "last" or f in self.done_fields)
             first_fields = tuple(f for f in names if f not in last_fields and f != "reward")
             plan = self._window_plans[key] = (names, last_fields, first_fields)
         return plan

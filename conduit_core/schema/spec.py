@@ -61,6 +61,11 @@ class FieldSpec:
     dtype: torch.dtype = torch.float32
     codec: Codec = field(default_factory=IdentityCodec)
     allow_nonfinite: bool = False   # NaN/inf in a float field is refused at ingestion unless allowed
+    # Which transition of an n-step window the field is delivered from: "first" (the window's first:
+    # obs, action, ...) or "last" (its last: a field that looks one step ahead, as next_obs, or a
+    # next_goal). None resolves to "last" for the field named next_obs, "first" for any other: declare
+    # "last" for every other look-ahead field, or n-step windows would deliver its first step's value.
+    window_step: str | None = None
 
     def __post_init__(self) -> None:
         parts = self.name.split(".") if isinstance(self.name, str) else [""]
@@ -74,6 +79,12 @@ class FieldSpec:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", as_torch_dtype(self.dtype, field_name=f"{self.name}.dtype"))
         object.__setattr__(self, "_np_dtype", _NP_DTYPES.get(self.dtype))
+        if self.window_step is None:
+            object.__setattr__(self, "window_step", "last" if self.name == "next_obs" else "first")
+        elif self.window_step not in ("first", "last"):
+            raise SpecError(f"{self.name}.window_step", "'first' or 'last' (the transition of an n-step window "
+                            "the field is delivered from)", repr(self.window_step),
+                            "use 'last' for a field that looks one step ahead (next_obs, next_goal), else 'first'")
         self.codec.check_compatible(self)
 
     @property
@@ -107,12 +118,15 @@ class FieldSpec:
                "codec": self.codec.to_config()}
         if self.allow_nonfinite:
             cfg["allow_nonfinite"] = True
+        if self.window_step != ("last" if self.name == "next_obs" else "first"):
+            cfg["window_step"] = self.window_step
         return cfg
 
     @staticmethod
     def from_config(cfg: Mapping[str, Any]) -> "FieldSpec":
         return FieldSpec(cfg["name"], tuple(cfg["shape"]), _DTYPES[cfg["dtype"]],
-                         codec_from_config(cfg["codec"]), bool(cfg.get("allow_nonfinite", False)))
+                         codec_from_config(cfg["codec"]), bool(cfg.get("allow_nonfinite", False)),
+                         cfg.get("window_step"))
 
 
 class ExperienceSpec:
