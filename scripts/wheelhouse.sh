@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds a wheel of the core, of each adapter and of the lab into one folder (a wheelhouse), so that any
+# one of them installs alone, with the core it pins found there and everything else from the index:
+#
+#   bash scripts/wheelhouse.sh [DEST]                   # default DEST: dist/wheelhouse
+#   pip install torch==2.13.0                           # first: the CPU wheel (see README)
+#   pip install --find-links dist/wheelhouse conduit-rllib        # or conduit-verl, conduit-srl, ...
+#
+# The core's wheel carries its C helpers compiled for this machine's Python and platform.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEST=${1:-dist/wheelhouse}
+mkdir -p "$DEST"
+python -m pip wheel -q --no-deps --wheel-dir "$DEST" ./ ./adapters/conduit_rllib ./adapters/conduit_verl \
+    ./adapters/conduit_srl ./benchmarks
+ls "$DEST"
