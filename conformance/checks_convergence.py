@@ -202,7 +202,7 @@ def judge(native_steps, native_reached, conduit_steps, conduit_reached, spread: 
                        f"Conduit {'learns faster' if ratio < 1 else 'learns slower'} than native: "
                        f"{'geometric-mean' if spread is not None else 'median'} ratio {ratio:.2f} "
                        f"outside [{1 / bound:.2f}, {bound:.2f}]")
-    if p is not None and p < 0.05:
+    if p is not None and not p >= 0.05:   # (a NaN p fails, as it did)
         return Verdict(False, ratio, bound, p, f"steps to the threshold differ (Mann-Whitney two-sided p={p:.3f})")
     return Verdict(True, ratio, bound, p)
 

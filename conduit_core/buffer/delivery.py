@@ -329,10 +329,7 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
         raise ConfigError("abs_floor", "None or a finite number >= 0", repr(abs_floor),
                           "e.g. abs_floor=1e-12 for |TD error| priorities, or None to store them as given")
     selector = buf.selector
-    if type(slots) is np.ndarray and type(seqs) is np.ndarray and type(priorities) is np.ndarray:
-        pr = priorities   # a delivered batch's own arrays: the selector's update checks them (per step)
-    else:
-        slots, seqs, pr = delivered_update_args(slots, seqs, priorities)
+    slots, seqs, pr = delivered_update_args(slots, seqs, priorities)   # (a batch's own arrays: identity checks)
     if abs_floor is not None:
         abs_floor = float(abs_floor)
         if not selector.floors_priorities:   # a selector written before abs_floor: floored here for it
@@ -350,7 +347,7 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
                 warnings.warn(f"{type(selector).__name__}.update_delivered returned None: it must now return how "
                               "many rows it set (the base class's update is the reference; call "
                               "super().update_delivered(...) instead of returning None). Taking the reference "
-                              "update for it until 0.3.", DeprecationWarning, stacklevel=3)
+                              "update for it until 0.3.", DeprecationWarning, stacklevel=2)
                 done = Selector.update_delivered(selector, slots, seqs, pr, stored_seqs, abs_floor=abs_floor)
             return done
         if abs_floor is not None:

@@ -57,7 +57,7 @@ def delivered_update_args(slots: Any, seqs: Any, priorities: Any) -> tuple[np.nd
     if type(slots) is np.ndarray and slots.dtype is _I64 and slots.ndim == 1 and type(priorities) is np.ndarray \
             and (priorities.dtype is _F64 or priorities.dtype is _F32) and priorities.shape == slots.shape \
             and (seqs is None or (type(seqs) is np.ndarray and seqs.dtype is _I64 and seqs.shape == slots.shape)):
-        return slots, seqs, priorities
+        return slots, seqs, priorities   # (contiguous or not: a native update declines a strided one to the reference)
     slots = require_int_array("slots", slots, fix="pass the delivered batch's slots (batch.slots)")
     if seqs is not None:
         seqs = require_int_array("seqs", seqs, fix="pass the delivered batch's seqs (batch.seqs)")
@@ -71,7 +71,8 @@ def delivered_update_args(slots: Any, seqs: Any, priorities: Any) -> tuple[np.nd
     if pr.shape[0] != slots.shape[0]:
         raise SpecError("priorities", f"{slots.shape[0]} values (one per delivered item)", pr.shape[0],
                         "pass one priority per row of the batch")
-    return slots, seqs, pr
+    return (np.ascontiguousarray(slots), None if seqs is None else np.ascontiguousarray(seqs),
+            np.ascontiguousarray(pr))
 
 
 class Selector(ABC):
@@ -141,7 +142,7 @@ class Selector(ABC):
         were delivered with (``stored_seqs`` is the ring's seq column) get their priority (with
         ``abs_floor``: ``max(|p|, abs_floor)``); rows overwritten since are skipped. Returns how
         many were set. ``slots`` and ``seqs`` are 1-D int64, ``priorities`` 1-D float64 or
-        float32, all of one length (the buffer checks that first). Bad values raise with nothing
+        float32, all of one length (the buffer checks that first; they may be strided views). Bad values raise with nothing
         changed.
 
         This is the reference a selector's faster update must equal; a selector keeping
