@@ -153,6 +153,14 @@ def compare(native_steps: list[int], conduit_steps: list[int],
     return ratio, p, ratio_bound(len(native_steps), spread)
 
 
+def native_spread(steps, reached) -> float:
+    """The sd of log(env steps to the threshold) over runs, a run that never reached it counted as the
+    largest budget of any (NaN for fewer than two runs): what ``convergence_spread`` declares."""
+    budget = max(steps)
+    logs = np.log([max(s if r else budget, 1) for s, r in zip(steps, reached)])
+    return float(np.std(logs, ddof=1)) if len(logs) > 1 else float("nan")
+
+
 def calibrate(harness, seed_list: list[int]) -> dict[str, dict]:
     """The native arm's spread per workload: sd of log(env steps to the threshold) over
     ``seed_list`` (runs that never reach it count as the budget), what ``convergence_spread``
@@ -160,9 +168,7 @@ def calibrate(harness, seed_list: list[int]) -> dict[str, dict]:
     out = {}
     for name, run in sorted(harness.convergence_workloads().items()):
         results = run_all(run, [("native", s) for s in seed_list])
-        budget = max(r.env_steps for r in results)
-        logs = np.log([max(r.env_steps if r.reached else budget, 1) for r in results])
-        sd = float(np.std(logs, ddof=1)) if len(logs) > 1 else float("nan")
+        sd = native_spread([r.env_steps for r in results], [r.reached for r in results])
         out[name] = {"spread": sd, "seeds": list(seed_list), "steps": [int(r.env_steps) for r in results],
                      "reached": [bool(r.reached) for r in results],
                      "bound_2_seeds": ratio_bound(2, sd), "detectable_2_seeds": detectable_ratio(2, sd),

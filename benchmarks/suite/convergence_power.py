@@ -46,12 +46,6 @@ def native_pool(harness_name: str, pool: int) -> dict[str, dict]:
     return out
 
 
-def spread_of(steps, reached) -> float:
-    """The native spread as ``calibrate`` measures it: sd of log steps, a missed run as the budget."""
-    budget = max(steps)
-    return float(np.std(np.log([max(s if r else budget, 1) for s, r in zip(steps, reached)]), ddof=1))
-
-
 def power(steps, reached, *, k: int, trials: int, shift: float, seed: int = 0, declared: float | None = None,
           budget: int | None = None) -> dict:
     """Rates over ``trials`` random pairs of disjoint k-run arms from the pool: failed when equal
@@ -59,12 +53,12 @@ def power(steps, reached, *, k: int, trials: int, shift: float, seed: int = 0, d
     (faster), for the calibrated bound (the pool's spread, or ``declared``: what a harness declares)
     and the fixed one. ``budget``: the workload's env-step budget, past which a scaled run counts as not
     reached (None: every scaled run keeps its own, as with a budget large enough for it)."""
-    from conduit_conformance.checks_convergence import detectable_ratio, judge, ratio_bound
+    from conduit_conformance.checks_convergence import detectable_ratio, judge, native_spread, ratio_bound
     steps, reached = np.asarray(steps, dtype=np.float64), np.asarray(reached, dtype=bool)
     if len(steps) < 2 * k:
         raise SystemExit(f"--seeds {k}: the pool holds {len(steps)} runs, fewer than the {2 * k} two arms need. "
                          "Fix: a larger pool (--pool, or more seeds in the calibration)")
-    measured = spread_of(steps, reached)
+    measured = native_spread(steps.tolist(), reached.tolist())
     spread = measured if declared is None else float(declared)
     rng = np.random.default_rng(seed)
     failed = {(bound, case): 0 for bound in ("calibrated", "fixed") for case in ("equal", "slower", "faster")}

@@ -22,7 +22,7 @@ import torch
 from ..errors import CapacityError, ConfigError, ExperienceTimeout, RowsNotStored, SpecError, require_int_array
 from ..schema.batch import Batch
 from ..selection.rate_gate import wait_to_sample, wait_until
-from ..selection.selectors import Selector, delivered_update_args
+from ..selection.selectors import Selector, delivered_update_args, floored, require_ring_slots
 from .routes import POOLED_ROWS, POOLED_WINDOWS, choose_draw
 from .sampling_args import PLAIN_FIELDS, PLAIN_N_STEP, check_batch_size, check_device, check_fields, check_length, replay_args
 from .selection import select_slots, weights_tensor
@@ -333,7 +333,7 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
     if abs_floor is not None:
         abs_floor = float(abs_floor)
         if not selector.floors_priorities:   # a selector written before abs_floor: floored here for it
-            pr, abs_floor = np.maximum(np.abs(pr.astype(np.float64, copy=False)), abs_floor), None
+            pr, abs_floor = floored(pr, abs_floor), None
     with buf.lock.mutex:
         if buf.closed:
             buf.check_open()
@@ -350,12 +350,8 @@ def update_priorities(buf, slots: np.ndarray, priorities: Any, *, seqs: np.ndarr
                               "update for it until 0.3.", DeprecationWarning, stacklevel=2)
                 done = Selector.update_delivered(selector, slots, seqs, pr, stored_seqs, abs_floor=abs_floor)
             return done
-        if abs_floor is not None:
-            pr = np.maximum(np.abs(pr.astype(np.float64, copy=False)), abs_floor)
-        if slots.size and (slots.min() < 0 or slots.max() >= buf.capacity):
-            bad = int(slots[(slots < 0) | (slots >= buf.capacity)][0])
-            raise SpecError("slots", f"ring slots in [0, {buf.capacity})", bad,
-                            "pass the slots of a delivered Batch (batch.slots) with batch.seqs")
+        pr = floored(pr, abs_floor)
+        require_ring_slots(slots, buf.capacity)
         stored = buf.ring.meta["seq"][slots]
         if slots.size and not (live := buf.ring.live(slots, stored)).all():
             bad = int(slots[~live][0])

@@ -75,6 +75,20 @@ def delivered_update_args(slots: Any, seqs: Any, priorities: Any) -> tuple[np.nd
             np.ascontiguousarray(pr))
 
 
+
+def floored(priorities: np.ndarray, abs_floor: float | None) -> np.ndarray:
+    """Priorities as float64, given as TD errors when ``abs_floor`` is set: ``max(|p|, abs_floor)``."""
+    pr = priorities.astype(np.float64, copy=False)
+    return pr if abs_floor is None else np.maximum(np.abs(pr), abs_floor)
+
+
+def require_ring_slots(slots: np.ndarray, capacity: int) -> None:
+    """Refuse a slot outside a ring of ``capacity`` slots, naming the first."""
+    if slots.size and (slots.min() < 0 or slots.max() >= capacity):
+        bad = int(slots[(slots < 0) | (slots >= capacity)][0])
+        raise SpecError("slots", f"ring slots in [0, {capacity})", bad,
+                        "pass the slots of a delivered Batch (batch.slots) with batch.seqs")
+
 class Selector(ABC):
     """Chooses slots among the ``size`` valid ones of a ring of ``capacity`` slots."""
 
@@ -148,13 +162,8 @@ class Selector(ABC):
         This is the reference a selector's faster update must equal; a selector keeping
         priorities gets it by implementing ``update_priorities``."""
         slots, seqs, priorities = delivered_update_args(slots, seqs, priorities)
-        if slots.size and (slots.min() < 0 or slots.max() >= stored_seqs.shape[0]):
-            bad = int(slots[(slots < 0) | (slots >= stored_seqs.shape[0])][0])
-            raise SpecError("slots", f"ring slots in [0, {stored_seqs.shape[0]})", bad,
-                            "pass the slots of a delivered Batch (batch.slots) with batch.seqs")
-        pr = priorities.astype(np.float64, copy=False)
-        if abs_floor is not None:
-            pr = np.maximum(np.abs(pr), abs_floor)
+        require_ring_slots(slots, stored_seqs.shape[0])
+        pr = floored(priorities, abs_floor)
         keep = stored_seqs[slots] == seqs
         if not keep.all():   # rows overwritten since delivery: skipped
             slots, pr = slots[keep], pr[keep]
