@@ -1,0 +1,16 @@
+"""Conduit adapter for Stable-Baselines3: a worked third-party example.
+
+Stage map (SB3 stage -> Conduit control point):
+
+    ReplayBuffer.add(obs, next_obs, action, reward, done, infos)  -> ingestion (one env step, n_envs rows)
+    ReplayBuffer.sample(batch_size, env)                          -> delivery  (uniform selection + gather)
+
+Use it through SB3's own argument: ``DQN(..., replay_buffer_class=ConduitReplayBuffer)`` (or
+``ConduitDictReplayBuffer`` for dict observations). The conformance suite runs it as
+``conduit conformance sb3``.
+"""
+
+from .buffers import ConduitDictReplayBuffer, ConduitReplayBuffer
+
+__all__ = ["ConduitDictReplayBuffer", "ConduitReplayBuffer"]
+__version__ = "0.1.0"

@@ -1,0 +1,255 @@
+"""Stable-Baselines3's replay buffers with Conduit's data plane as their storage.
+
+``ConduitReplayBuffer`` and ``ConduitDictReplayBuffer`` subclass SB3's ``ReplayBuffer`` and
+``DictReplayBuffer`` and keep their calls: ``add(obs, next_obs, action, reward, done, infos)``
+once per vectorised env step, ``sample(batch_size, env)`` returning SB3's sample tuples of
+tensors. SB3's off-policy algorithms (DQN, SAC, TD3) take them through
+``replay_buffer_class=``. Each ``add`` is one ingestion (its ``n_envs`` rows, env order) and
+each ``sample`` one delivery; the rows live in Conduit's ring, not in SB3's arrays.
+
+What a learner receives is SB3's, value for value: the same fields, dtypes and shapes, ``dones``
+as SB3 computes them (``done`` without the time-limit cut when ``handle_timeout_termination``),
+VecNormalize applied at sampling as SB3 applies it. SB3 draws a position uniformly among the
+stored steps, then an env uniformly, so every stored transition is equally likely; Conduit's
+uniform selector draws over the same stored transitions (the same ring, oldest overwritten
+first). With ``sb3_stream=True`` the draw consumes numpy's global stream call for call as
+SB3's does, so both deliver the same rows in the same order and training is bit-identical
+under one seed: the differential tests' mode, and the exact check of the conformance suite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
+from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
+
+from conduit_core import ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Schedule, Uniform
+
+# keyword arguments of SB3's n-step buffer, refused with a reason rather than a TypeError
+_NSTEP_KWARGS = ("n_steps", "gamma")
+
+
+def _space_dtype(space: spaces.Space) -> np.dtype:
+    return np.dtype(space.dtype)
+
+
+def _refuse_unsupported(optimize_memory_usage: bool, extra: dict[str, Any]) -> None:
+    if optimize_memory_usage:
+        raise ConfigError("optimize_memory_usage", "False", True,
+                          "drop optimize_memory_usage: Conduit stores next_obs beside obs (the ring never "
+                          "shares a row between two transitions), so SB3's memory-saving variant has no meaning here")
+    nstep = sorted(set(extra) & set(_NSTEP_KWARGS))
+    if nstep:
+        raise ConfigError(f"replay_buffer_kwargs[{nstep[0]!r}]", "no n-step arguments (this adapter serves "
+                          "one-step transitions)", {k: extra[k] for k in nstep},
+                          "use SB3's own NStepReplayBuffer for n-step returns: it shortens a window at the newest "
+                          "stored step, a rule this adapter does not certify")
+    if extra:
+        raise ConfigError("replay_buffer_kwargs", "the arguments of SB3's ReplayBuffer plus sb3_stream and "
+                          "schedule", sorted(extra), "remove them")
+
+
+class _ConduitStorage:
+    """The part both buffers share: SB3's position bookkeeping over a Conduit data plane."""
+
+    edp: ExperienceDataPlane
+
+    def _open(self, spec: ExperienceSpec, *, sb3_stream: bool, schedule: Schedule | None) -> None:
+        self.sb3_stream = bool(sb3_stream)
+        self._spec = spec
+        self._schedule = schedule or Schedule.sequential()
+        # the ring holds what SB3's arrays hold: buffer_size steps of n_envs transitions
+        self.capacity = self.buffer_size * self.n_envs
+        selector = Uniform(draw=self._draw_as_sb3) if self.sb3_stream else Uniform()
+        # the selector's own stream follows SB3's seed (set_random_seed seeds numpy's global one first)
+        seed = int(np.random.randint(0, 2**31 - 1)) if not self.sb3_stream else 0
+        buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, seed=seed)
+        self.edp = ExperienceDataPlane(buffer=buf, schedule=self._schedule)
+
+    def _draw_as_sb3(self, count: int, batch_size: int) -> np.ndarray:
+        """SB3's draw, call for call on numpy's global stream (``BaseBuffer.sample``, then the env
+        index in ``_get_samples``), as positions among the ``count`` stored rows, oldest first."""
+        upper = self.buffer_size if self.full else self.pos
+        if count != upper * self.n_envs:
+            raise RuntimeError(f"sb3_stream: the ring holds {count} rows where SB3's bookkeeping counts "
+                               f"{upper * self.n_envs}; rows were stored past add() (a bug in this adapter)")
+        step = np.random.randint(0, upper, size=batch_size)
+        env = np.random.randint(0, high=self.n_envs, size=(batch_size,))
+        slot = step * self.n_envs + env
+        oldest = self.pos * self.n_envs if self.full else 0
+        return (slot - oldest) % self.capacity
+
+    def _advance(self) -> None:
+        self.pos += 1
+        if self.pos == self.buffer_size:
+            self.full = True
+            self.pos = 0
+
+    def _timeouts(self, done: np.ndarray, infos: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        """(terminated, truncated) per env, as SB3's sampled ``dones`` read them: a time limit
+        is a truncation only when ``handle_timeout_termination`` (else SB3 trains on it as terminal)."""
+        done = np.asarray(done).reshape(self.n_envs).astype(bool)
+        if len(infos) != self.n_envs:
+            raise ConfigError("infos", f"one dict per env ({self.n_envs})", len(infos),
+                              "pass the infos of the vectorised step as SB3's collect_rollouts does")
+        if self.handle_timeout_termination:
+            cut = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
+        else:
+            cut = np.zeros(self.n_envs, bool)
+        return done & ~cut, done & cut
+
+    def _store(self, columns: dict[str, np.ndarray]) -> None:
+        self.edp.ingest(columns)
+        self._advance()
+
+    def _delivered(self, batch_size: int) -> Any:
+        if self.size() == 0:
+            raise ConfigError("sample", "a buffer holding at least one transition", "an empty buffer",
+                              "add() transitions before sampling (SB3's learning_starts)")
+        return self.edp.deliver(int(batch_size))
+
+    def _tensor(self, col: th.Tensor) -> th.Tensor:
+        return col if col.device == self.device else col.to(self.device)
+
+    def reset(self) -> None:
+        """Empty the buffer (SB3's reset): a fresh data plane in place of the old one."""
+        super().reset()   # type: ignore[misc]
+        self.edp.close()
+        self._open(self._spec, sb3_stream=self.sb3_stream, schedule=self._schedule)
+
+    def close(self) -> None:
+        """Release the data plane (its worker thread, if the schedule has one). Idempotent."""
+        self.edp.close()
+
+    # SB3 saves a replay buffer by pickling it (save_replay_buffer): the data plane's state
+    # travels in its own format, never its threads or locks
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items() if k != "edp"}
+        state["edp_state"] = self.edp.state_dict()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        saved = state.pop("edp_state")
+        self.__dict__.update(state)
+        self._open(self._spec, sb3_stream=self.sb3_stream, schedule=self._schedule)
+        self.edp.load_state_dict(saved)
+
+
+class ConduitReplayBuffer(_ConduitStorage, ReplayBuffer):
+    """SB3's ``ReplayBuffer`` served by Conduit. Extra arguments: ``sb3_stream`` (draw from numpy's
+    global stream exactly as SB3 does, for bit-identical training), ``schedule`` (Conduit's
+    schedule; sequential by default)."""
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
+                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True, *, sb3_stream: bool = False,
+                 schedule: Schedule | None = None, **extra: Any):
+        _refuse_unsupported(optimize_memory_usage, extra)
+        if isinstance(observation_space, spaces.Dict):
+            raise ConfigError("observation_space", "a non-Dict space", "Dict",
+                              "use ConduitDictReplayBuffer for dict observations")
+        super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self.optimize_memory_usage = False
+        self.handle_timeout_termination = handle_timeout_termination
+        self._obs_dtype = _space_dtype(observation_space)
+        self._action_dtype = np.dtype(self._maybe_cast_dtype(action_space.dtype))
+        spec = ExperienceSpec([
+            FieldSpec("obs", self.obs_shape, self._obs_dtype),
+            FieldSpec("action", (self.action_dim,), self._action_dtype),
+            FieldSpec("reward", (), np.float32),
+            FieldSpec("next_obs", self.obs_shape, self._obs_dtype),
+            FieldSpec("terminated", (), bool), FieldSpec("truncated", (), bool)])
+        self._open(spec, sb3_stream=sb3_stream, schedule=schedule)
+
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+            done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        shape = (self.n_envs, *self.obs_shape)
+        terminated, truncated = self._timeouts(done, infos)
+        self._store({"obs": np.asarray(obs, self._obs_dtype).reshape(shape),
+                     "action": np.asarray(action, self._action_dtype).reshape(self.n_envs, self.action_dim),
+                     "reward": np.asarray(reward, np.float32).reshape(self.n_envs),
+                     "next_obs": np.asarray(next_obs, self._obs_dtype).reshape(shape),
+                     "terminated": terminated, "truncated": truncated})
+
+    def sample(self, batch_size: int, env=None) -> ReplayBufferSamples:
+        b = self._delivered(batch_size)
+        obs, next_obs, reward = b["obs"], b["next_obs"], b["reward"].reshape(-1, 1)
+        if env is not None:   # VecNormalize: SB3 normalises the sampled numpy arrays
+            obs = th.as_tensor(self._normalize_obs(obs.numpy(), env))
+            next_obs = th.as_tensor(self._normalize_obs(next_obs.numpy(), env))
+            reward = th.as_tensor(self._normalize_reward(reward.numpy(), env))
+        return ReplayBufferSamples(self._tensor(obs), self._tensor(b["action"]), self._tensor(next_obs),
+                                   self._tensor(b["terminated"].to(th.float32).reshape(-1, 1)), self._tensor(reward))
+
+    def _get_samples(self, batch_inds: np.ndarray, env=None) -> ReplayBufferSamples:
+        raise NotImplementedError("ConduitReplayBuffer.sample draws and gathers in Conduit; there are no SB3 "
+                                  "positions to gather from")
+
+
+class ConduitDictReplayBuffer(_ConduitStorage, DictReplayBuffer):
+    """SB3's ``DictReplayBuffer`` served by Conduit: each observation key is a field of its own
+    (``obs.KEY``, ``next_obs.KEY``; the latter declared as looking one step ahead)."""
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
+                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True, *, sb3_stream: bool = False,
+                 schedule: Schedule | None = None, **extra: Any):
+        _refuse_unsupported(optimize_memory_usage, extra)
+        if not isinstance(observation_space, spaces.Dict):
+            raise ConfigError("observation_space", "a gymnasium.spaces.Dict", type(observation_space).__name__,
+                              "use ConduitReplayBuffer for array observations")
+        super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self.optimize_memory_usage = False
+        self.handle_timeout_termination = handle_timeout_termination
+        self._keys = list(self.obs_shape)
+        self._obs_dtypes = {k: _space_dtype(observation_space[k]) for k in self._keys}
+        self._action_dtype = np.dtype(self._maybe_cast_dtype(action_space.dtype))
+        fields = [FieldSpec(f"obs.{k}", self.obs_shape[k], self._obs_dtypes[k]) for k in self._keys]
+        fields += [FieldSpec(f"next_obs.{k}", self.obs_shape[k], self._obs_dtypes[k], window_step="last")
+                   for k in self._keys]
+        fields += [FieldSpec("action", (self.action_dim,), self._action_dtype), FieldSpec("reward", (), np.float32),
+                   FieldSpec("terminated", (), bool), FieldSpec("truncated", (), bool)]
+        self._open(ExperienceSpec(fields), sb3_stream=sb3_stream, schedule=schedule)
+
+    def add(self, obs: dict[str, np.ndarray], next_obs: dict[str, np.ndarray], action: np.ndarray,
+            reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        for name, value in (("obs", obs), ("next_obs", next_obs)):
+            if not isinstance(value, dict) or set(value) != set(self._keys):
+                got = sorted(value) if isinstance(value, dict) else type(value).__name__
+                raise ConfigError(name, f"a dict with the observation space's keys {self._keys}", got,
+                                  "pass the vectorised env's dict observation")
+        terminated, truncated = self._timeouts(done, infos)
+        cols = {}
+        for k in self._keys:
+            shape = (self.n_envs, *self.obs_shape[k])
+            cols[f"obs.{k}"] = np.asarray(obs[k], self._obs_dtypes[k]).reshape(shape)
+            cols[f"next_obs.{k}"] = np.asarray(next_obs[k], self._obs_dtypes[k]).reshape(shape)
+        cols.update({"action": np.asarray(action, self._action_dtype).reshape(self.n_envs, self.action_dim),
+                     "reward": np.asarray(reward, np.float32).reshape(self.n_envs),
+                     "terminated": terminated, "truncated": truncated})
+        self._store(cols)
+
+    def sample(self, batch_size: int, env=None) -> DictReplayBufferSamples:
+        b = self._delivered(batch_size)
+        obs = {k: b[f"obs.{k}"] for k in self._keys}
+        next_obs = {k: b[f"next_obs.{k}"] for k in self._keys}
+        reward = b["reward"].reshape(-1, 1)
+        if env is not None:
+            obs = {k: th.as_tensor(v) for k, v in self._normalize_obs({k: v.numpy() for k, v in obs.items()}, env).items()}
+            next_obs = {k: th.as_tensor(v)
+                        for k, v in self._normalize_obs({k: v.numpy() for k, v in next_obs.items()}, env).items()}
+            reward = th.as_tensor(self._normalize_reward(reward.numpy(), env))
+        return DictReplayBufferSamples(
+            observations={k: self._tensor(v) for k, v in obs.items()}, actions=self._tensor(b["action"]),
+            next_observations={k: self._tensor(v) for k, v in next_obs.items()},
+            dones=self._tensor(b["terminated"].to(th.float32).reshape(-1, 1)), rewards=self._tensor(reward))
+
+    def _get_samples(self, batch_inds: np.ndarray, env=None) -> DictReplayBufferSamples:
+        raise NotImplementedError("ConduitDictReplayBuffer.sample draws and gathers in Conduit; there are no SB3 "
+                                  "positions to gather from")

@@ -1,0 +1,168 @@
+"""The adapter's conformance harness: the suite drives ConduitReplayBuffer through SB3's own
+calls (``add`` per env step, ``sample``), with SB3's ReplayBuffer as the oracle, and runs SB3's
+DQN on CartPole both ways for the convergence level."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import stable_baselines3
+from gymnasium import spaces
+from stable_baselines3.common.buffers import ReplayBuffer
+
+from conduit_conformance import ConvergenceResult, Delivered, Harness, Session, SyntheticRollout
+from conduit_conformance.edp_session import stored_ids as plane_ids
+from conduit_conformance.harness import OBS_DIM
+
+from .buffers import ConduitReplayBuffer
+from .workloads import run_dqn_cartpole
+
+# the suite's ids reach past 2**22; float32 holds them exactly (checks_rows.FIRST_ID)
+OBS_SPACE = spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+ACTION_SPACE = spaces.Discrete(2)
+
+
+def add_rollout(buffer: ReplayBuffer, rollout: SyntheticRollout) -> None:
+    """A synthetic rollout as SB3's collect_rollouts stores it: one add() per step (one env), the
+    last step's done set by either flag, a time limit reported as ``TimeLimit.truncated``."""
+    c = rollout.columns()
+    for i in range(len(rollout.ids)):
+        done = bool(c["terminated"][i] or c["truncated"][i])
+        infos = [{"TimeLimit.truncated": True}] if c["truncated"][i] else [{}]
+        buffer.add(c["obs"][i:i + 1], c["next_obs"][i:i + 1], np.array([c["action"][i]]),
+                   np.array([c["reward"][i]]), np.array([done]), infos)
+
+
+def delivered(samples, handle=None) -> Delivered:
+    """What SB3's DQN reads from a sample, under the suite's names (``dones`` are SB3's: terminated)."""
+    obs = samples.observations.numpy().copy()
+    return Delivered(ids=obs[:, 0].astype(np.int64), handle=handle,
+                     rows={"obs": obs, "next_obs": samples.next_observations.numpy().copy(),
+                           "action": samples.actions.numpy()[:, 0].copy(),
+                           "reward": samples.rewards.numpy()[:, 0].copy(),
+                           "terminated": samples.dones.numpy()[:, 0] > 0})
+
+
+class _OwnStream:
+    """SB3's buffers draw from numpy's global stream; a session that must draw as if it were alone
+    (the shared-stream pair, two sessions in one check) keeps its own copy of that stream."""
+
+    def __init__(self, seed: int):
+        saved = np.random.get_state()
+        np.random.seed(seed)
+        self.state = np.random.get_state()
+        np.random.set_state(saved)
+
+    @contextlib.contextmanager
+    def active(self):
+        saved = np.random.get_state()
+        np.random.set_state(self.state)
+        try:
+            yield
+        finally:
+            self.state = np.random.get_state()
+            np.random.set_state(saved)
+
+
+class AdapterSession(Session):
+    def __init__(self, buffer: ConduitReplayBuffer, seed: int):
+        self.buffer = buffer
+        self.stream = _OwnStream(seed)
+
+    def ingest(self, rollout: SyntheticRollout) -> None:
+        add_rollout(self.buffer, rollout)
+
+    def ingest_raw(self, columns, *, source: int = 0) -> None:
+        n = len(np.asarray(columns.get("reward", [])))
+        for i in range(n):
+            self.buffer.add(*(np.asarray(columns[k])[i:i + 1] for k in ("obs", "next_obs", "action", "reward")),
+                            np.asarray(columns["terminated"])[i:i + 1] | np.asarray(columns["truncated"])[i:i + 1],
+                            [{"TimeLimit.truncated": bool(np.asarray(columns["truncated"])[i])}])
+
+    def flush(self) -> None:
+        self.buffer.edp.flush()
+
+    def deliver(self, batch_size, *, policy_version=None) -> Delivered:
+        with self.stream.active():
+            return delivered(self.buffer.sample(batch_size))
+
+    def stored_ids(self):
+        return plane_ids(self.buffer.edp)
+
+    def state(self):
+        import pickle
+        return pickle.dumps(self.buffer)   # SB3's save_replay_buffer pickles the buffer
+
+    def load_state(self, state) -> None:
+        import pickle
+        old, self.buffer = self.buffer, pickle.loads(state)
+        old.close()
+
+    def close(self) -> None:
+        self.buffer.close()
+
+
+class NativeSession(Session):
+    """SB3's own ReplayBuffer, added to and sampled as DQN does: the oracle."""
+
+    def __init__(self, capacity: int, seed: int):
+        self.buffer = ReplayBuffer(capacity, OBS_SPACE, ACTION_SPACE, device="cpu")
+        self.stream = _OwnStream(seed)
+
+    def ingest(self, rollout: SyntheticRollout) -> None:
+        add_rollout(self.buffer, rollout)
+
+    def deliver(self, batch_size, *, policy_version=None) -> Delivered:
+        with self.stream.active():
+            return delivered(self.buffer.sample(batch_size))
+
+    def stored_ids(self):
+        b = self.buffer
+        order = np.r_[b.pos:b.buffer_size, 0:b.pos] if b.full else np.arange(b.pos)
+        return b.observations[order, 0, 0].astype(np.int64)
+
+
+class SB3Harness(Harness):
+    name = "conduit_sb3"
+    version = "0.1.0"
+    framework = "stable-baselines3"
+    framework_version = stable_baselines3.__version__
+    capabilities = frozenset({"replay", "native", "shared_rng", "state", "overlap", "convergence"})
+
+    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
+                mode="sequential", staleness=0) -> Session:
+        from conduit_core import Schedule
+        schedule = Schedule.overlapped(staleness=staleness) if mode == "overlapped" else Schedule.sequential()
+        stream = _OwnStream(seed)
+        with stream.active():   # the selector's own seed is drawn from numpy's stream, as under SB3's set_random_seed
+            buf = ConduitReplayBuffer(capacity, OBS_SPACE, ACTION_SPACE, device="cpu", schedule=schedule)
+        session = AdapterSession(buf, seed)
+        session.stream = stream
+        return session
+
+    def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False):
+        return None if (prioritized or onpolicy) else NativeSession(capacity, seed)
+
+    def shared_rng_sessions(self, *, seed, capacity=10_000):
+        """Both draw from numpy's global stream seeded with ``seed``, each from its own copy of it."""
+        buf = ConduitReplayBuffer(capacity, OBS_SPACE, ACTION_SPACE, device="cpu", sb3_stream=True)
+        return AdapterSession(buf, seed), NativeSession(capacity, seed)
+
+    def convergence_workloads(self):
+        return {"dqn_cartpole": run_dqn_cartpole}
+
+    def convergence_spread(self):
+        # sd of log(env steps to the threshold) over 20 native seeds, measured by
+        # `conduit conformance sb3 --calibrate-convergence` (docs/results/convergence-calibration/sb3.json)
+        return dict(NATIVE_SPREAD)
+
+
+NATIVE_SPREAD: dict[str, float] = {}
+
+
+def harness() -> SB3Harness:
+    return SB3Harness()
+
+
+__all__ = ["SB3Harness", "harness", "add_rollout", "delivered"]
