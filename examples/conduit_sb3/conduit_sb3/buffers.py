@@ -27,7 +27,8 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 
-from conduit_core import ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Schedule, Uniform
+from conduit_core import (ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Schedule,
+                          SpecError, Uniform)
 
 # keyword arguments of SB3's n-step buffer, refused with a reason rather than a TypeError
 _NSTEP_KWARGS = ("n_steps", "gamma")
@@ -35,6 +36,16 @@ _NSTEP_KWARGS = ("n_steps", "gamma")
 
 def _space_dtype(space: spaces.Space) -> np.dtype:
     return np.dtype(space.dtype)
+
+
+def _column(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """``value`` as one env step's column of ``shape`` (n_envs first): SB3 reshapes what broadcasts
+    into its arrays; anything of another size is refused here, naming the field."""
+    arr = np.asarray(value, dtype)
+    if arr.size != int(np.prod(shape)):
+        raise SpecError(name, f"{int(np.prod(shape))} values, shape {shape} (n_envs first)", f"shape {arr.shape}",
+                        f"pass the vectorised env's {name} for one step (the space's shape, one row per env)")
+    return arr.reshape(shape)
 
 
 def _refuse_unsupported(optimize_memory_usage: bool, extra: dict[str, Any]) -> None:
@@ -62,6 +73,7 @@ class _ConduitStorage:
         self.sb3_stream = bool(sb3_stream)
         self._spec = spec
         self._schedule = schedule or Schedule.sequential()
+        self.last_sampled = None   # the Conduit batch behind the latest sample(): its provenance (seqs, staleness)
         # the ring holds what SB3's arrays hold: buffer_size steps of n_envs transitions
         self.capacity = self.buffer_size * self.n_envs
         selector = Uniform(draw=self._draw_as_sb3) if self.sb3_stream else Uniform()
@@ -92,7 +104,7 @@ class _ConduitStorage:
     def _timeouts(self, done: np.ndarray, infos: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
         """(terminated, truncated) per env, as SB3's sampled ``dones`` read them: a time limit
         is a truncation only when ``handle_timeout_termination`` (else SB3 trains on it as terminal)."""
-        done = np.asarray(done).reshape(self.n_envs).astype(bool)
+        done = _column("done", done, np.dtype(bool), (self.n_envs,))
         if len(infos) != self.n_envs:
             raise ConfigError("infos", f"one dict per env ({self.n_envs})", len(infos),
                               "pass the infos of the vectorised step as SB3's collect_rollouts does")
@@ -110,7 +122,8 @@ class _ConduitStorage:
         if self.size() == 0:
             raise ConfigError("sample", "a buffer holding at least one transition", "an empty buffer",
                               "add() transitions before sampling (SB3's learning_starts)")
-        return self.edp.deliver(int(batch_size))
+        self.last_sampled = self.edp.deliver(int(batch_size))
+        return self.last_sampled
 
     def _tensor(self, col: th.Tensor) -> th.Tensor:
         return col if col.device == self.device else col.to(self.device)
@@ -170,10 +183,10 @@ class ConduitReplayBuffer(_ConduitStorage, ReplayBuffer):
             done: np.ndarray, infos: list[dict[str, Any]]) -> None:
         shape = (self.n_envs, *self.obs_shape)
         terminated, truncated = self._timeouts(done, infos)
-        self._store({"obs": np.asarray(obs, self._obs_dtype).reshape(shape),
-                     "action": np.asarray(action, self._action_dtype).reshape(self.n_envs, self.action_dim),
-                     "reward": np.asarray(reward, np.float32).reshape(self.n_envs),
-                     "next_obs": np.asarray(next_obs, self._obs_dtype).reshape(shape),
+        self._store({"obs": _column("obs", obs, self._obs_dtype, shape),
+                     "action": _column("action", action, self._action_dtype, (self.n_envs, self.action_dim)),
+                     "reward": _column("reward", reward, np.float32, (self.n_envs,)),
+                     "next_obs": _column("next_obs", next_obs, self._obs_dtype, shape),
                      "terminated": terminated, "truncated": truncated})
 
     def sample(self, batch_size: int, env=None) -> ReplayBufferSamples:
@@ -228,10 +241,10 @@ class ConduitDictReplayBuffer(_ConduitStorage, DictReplayBuffer):
         cols = {}
         for k in self._keys:
             shape = (self.n_envs, *self.obs_shape[k])
-            cols[f"obs.{k}"] = np.asarray(obs[k], self._obs_dtypes[k]).reshape(shape)
-            cols[f"next_obs.{k}"] = np.asarray(next_obs[k], self._obs_dtypes[k]).reshape(shape)
-        cols.update({"action": np.asarray(action, self._action_dtype).reshape(self.n_envs, self.action_dim),
-                     "reward": np.asarray(reward, np.float32).reshape(self.n_envs),
+            cols[f"obs.{k}"] = _column(f"obs[{k!r}]", obs[k], self._obs_dtypes[k], shape)
+            cols[f"next_obs.{k}"] = _column(f"next_obs[{k!r}]", next_obs[k], self._obs_dtypes[k], shape)
+        cols.update({"action": _column("action", action, self._action_dtype, (self.n_envs, self.action_dim)),
+                     "reward": _column("reward", reward, np.float32, (self.n_envs,)),
                      "terminated": terminated, "truncated": truncated})
         self._store(cols)
 

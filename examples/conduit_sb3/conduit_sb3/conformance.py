@@ -34,10 +34,12 @@ def add_rollout(buffer: ReplayBuffer, rollout: SyntheticRollout) -> None:
                    np.array([c["reward"][i]]), np.array([done]), infos)
 
 
-def delivered(samples, handle=None) -> Delivered:
-    """What SB3's DQN reads from a sample, under the suite's names (``dones`` are SB3's: terminated)."""
+def delivered(samples, batch=None) -> Delivered:
+    """What SB3's DQN reads from a sample, under the suite's names (``dones`` are SB3's: terminated);
+    ``batch``: the Conduit batch behind it (its staleness stamp)."""
     obs = samples.observations.numpy().copy()
-    return Delivered(ids=obs[:, 0].astype(np.int64), handle=handle,
+    return Delivered(ids=obs[:, 0].astype(np.int64), handle=batch,
+                     inserted_at_selection=None if batch is None else batch.inserted_at_selection,
                      rows={"obs": obs, "next_obs": samples.next_observations.numpy().copy(),
                            "action": samples.actions.numpy()[:, 0].copy(),
                            "reward": samples.rewards.numpy()[:, 0].copy(),
@@ -85,7 +87,8 @@ class AdapterSession(Session):
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
         with self.stream.active():
-            return delivered(self.buffer.sample(batch_size))
+            samples = self.buffer.sample(batch_size)
+        return delivered(samples, self.buffer.last_sampled)
 
     def stored_ids(self):
         return plane_ids(self.buffer.edp)
@@ -129,6 +132,7 @@ class SB3Harness(Harness):
     framework = "stable-baselines3"
     framework_version = stable_baselines3.__version__
     capabilities = frozenset({"replay", "native", "shared_rng", "state", "overlap", "convergence"})
+    buffer_class = ConduitReplayBuffer   # a subclass under test (the mutation table's mutants) goes here
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0) -> Session:
@@ -136,7 +140,7 @@ class SB3Harness(Harness):
         schedule = Schedule.overlapped(staleness=staleness) if mode == "overlapped" else Schedule.sequential()
         stream = _OwnStream(seed)
         with stream.active():   # the selector's own seed is drawn from numpy's stream, as under SB3's set_random_seed
-            buf = ConduitReplayBuffer(capacity, OBS_SPACE, ACTION_SPACE, device="cpu", schedule=schedule)
+            buf = self.buffer_class(capacity, OBS_SPACE, ACTION_SPACE, device="cpu", schedule=schedule)
         session = AdapterSession(buf, seed)
         session.stream = stream
         return session
@@ -146,7 +150,7 @@ class SB3Harness(Harness):
 
     def shared_rng_sessions(self, *, seed, capacity=10_000):
         """Both draw from numpy's global stream seeded with ``seed``, each from its own copy of it."""
-        buf = ConduitReplayBuffer(capacity, OBS_SPACE, ACTION_SPACE, device="cpu", sb3_stream=True)
+        buf = self.buffer_class(capacity, OBS_SPACE, ACTION_SPACE, device="cpu", sb3_stream=True)
         return AdapterSession(buf, seed), NativeSession(capacity, seed)
 
     def convergence_workloads(self):
