@@ -1,6 +1,7 @@
-"""The README's quickstarts run as written: the core's (``## Using it``) and RLlib's (``## With
-RLlib``: the config is built into an algorithm that trains one iteration through Conduit). Each
-runs in a fresh interpreter, as a user pasting it would."""
+"""The README's quickstarts run as written: the core's (``## Using it``), RLlib's (``## With
+RLlib``: the config is built into an algorithm that trains one iteration through Conduit) and
+Stable-Baselines3's (its DQN learns through Conduit's buffer). Each runs in a fresh interpreter, as
+a user pasting it would."""
 
 import pathlib
 import re
@@ -45,6 +46,18 @@ def test_the_rllib_quickstart_runs_and_trains_through_conduit():
         result = algo.train()
         assert type(algo.local_replay_buffer).__module__.startswith("conduit_rllib"), type(algo.local_replay_buffer)
         algo.stop()
+        print("ok")
+    """)
+    r = run(code)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_the_sb3_quickstart_runs_and_trains_through_conduit():
+    pytest.importorskip("conduit_sb3", reason="needs the SB3 example: pip install -e examples/conduit_sb3")
+    code = first_python_block("With Stable-Baselines3 (a worked example)") + textwrap.dedent("""
+        assert isinstance(model.replay_buffer, ConduitReplayBuffer) and model.replay_buffer.size() == 2_000
+        assert model._n_updates > 0   # the learner trained on what Conduit delivered
+        model.replay_buffer.close()
         print("ok")
     """)
     r = run(code)

@@ -19,6 +19,7 @@ under one seed: the differential tests' mode, and the exact check of the conform
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -42,8 +43,8 @@ def _column(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> n
     """``value`` as one env step's column of ``shape`` (n_envs first): SB3 reshapes what broadcasts
     into its arrays; anything of another size is refused here, naming the field."""
     arr = np.asarray(value, dtype)
-    if arr.size != int(np.prod(shape)):
-        raise SpecError(name, f"{int(np.prod(shape))} values, shape {shape} (n_envs first)", f"shape {arr.shape}",
+    if arr.size != math.prod(shape):
+        raise SpecError(name, f"{math.prod(shape)} values, shape {shape} (n_envs first)", f"shape {arr.shape}",
                         f"pass the vectorised env's {name} for one step (the space's shape, one row per env)")
     return arr.reshape(shape)
 
@@ -108,10 +109,9 @@ class _ConduitStorage:
         if len(infos) != self.n_envs:
             raise ConfigError("infos", f"one dict per env ({self.n_envs})", len(infos),
                               "pass the infos of the vectorised step as SB3's collect_rollouts does")
-        if self.handle_timeout_termination:
-            cut = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
-        else:
-            cut = np.zeros(self.n_envs, bool)
+        if not self.handle_timeout_termination or not done.any():
+            return done, np.zeros(self.n_envs, bool)
+        cut = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
         return done & ~cut, done & cut
 
     def _store(self, columns: dict[str, np.ndarray]) -> None:

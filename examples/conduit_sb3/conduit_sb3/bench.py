@@ -1,0 +1,93 @@
+"""SB3's DQN on CartPole with its own ReplayBuffer and with Conduit's, in turns: the
+end-to-end time of a fixed number of env steps and the experience path inside it (time in
+the buffer's ``add`` and ``sample``), as paired ratios Conduit / SB3 per round, medians.
+
+    python -m conduit_sb3.bench --steps 20000 --rounds 5 --out report.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import numpy as np
+
+
+def _timed(cls):
+    """``cls`` with its add() and sample() timed (seconds, summed on the instance)."""
+
+    class Timed(cls):
+        path_s = 0.0
+
+        def add(self, *a, **kw):
+            t = time.perf_counter()
+            try:
+                return super().add(*a, **kw)
+            finally:
+                self.path_s += time.perf_counter() - t
+
+        def sample(self, *a, **kw):
+            t = time.perf_counter()
+            try:
+                return super().sample(*a, **kw)
+            finally:
+                self.path_s += time.perf_counter() - t
+
+    Timed.__name__ = f"Timed{cls.__name__}"
+    return Timed
+
+
+def run_once(arm: str, steps: int, seed: int) -> dict:
+    import torch
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    from .buffers import ConduitReplayBuffer
+    from .workloads import ZOO
+
+    torch.set_num_threads(1)
+    cls = _timed(ReplayBuffer if arm == "sb3" else ConduitReplayBuffer)
+    model = DQN("MlpPolicy", "CartPole-v1", seed=seed, device="cpu", replay_buffer_class=cls, **ZOO)
+    t = time.perf_counter()
+    model.learn(steps)
+    total = time.perf_counter() - t
+    path = model.replay_buffer.path_s
+    if arm == "conduit":
+        model.replay_buffer.close()
+    model.env.close()
+    return {"total_s": total, "path_s": path}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=20_000, help="env steps per run (default 20000)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds, each running both arms in turns (default 5)")
+    p.add_argument("--out", help="write the report as JSON here")
+    a = p.parse_args(argv)
+    rounds = []
+    for r in range(a.rounds):
+        order = ("sb3", "conduit") if r % 2 == 0 else ("conduit", "sb3")   # neither arm always goes first
+        res = {arm: run_once(arm, a.steps, seed=r) for arm in order}
+        rounds.append(res)
+        print(f"round {r}: " + ", ".join(f"{arm} {res[arm]['total_s']:.2f} s (path {res[arm]['path_s']:.2f} s)"
+                                         for arm in ("sb3", "conduit")), flush=True)
+    ratio = lambda k: float(np.median([x["conduit"][k] / x["sb3"][k] for x in rounds]))
+    report = {"workload": "sb3-dqn-cartpole", "steps": a.steps, "rounds": rounds,
+              "iteration_ratio": ratio("total_s"), "path_ratio": ratio("path_s"),
+              "per_arm_median_total_s": {arm: float(np.median([x[arm]["total_s"] for x in rounds]))
+                                         for arm in ("sb3", "conduit")},
+              "per_arm_median_path_s": {arm: float(np.median([x[arm]["path_s"] for x in rounds]))
+                                        for arm in ("sb3", "conduit")},
+              "machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d")}
+    print(f"median of paired ratios, Conduit / SB3: end to end {report['iteration_ratio']:.3f}x, "
+          f"experience path (add + sample) {report['path_ratio']:.3f}x")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()
