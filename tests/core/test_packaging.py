@@ -59,3 +59,21 @@ def test_no_adapter_imports_the_lab():
                 bad += [f"{pkg}/{path.name}:{node.lineno} imports {n}" for n in names
                         if n.split(".")[0] in ("benchmarks", "conduit_benchmarks", "integrations", "conformance")]
     assert not bad, "\n".join(bad)
+
+
+def test_the_worked_example_is_packaged_like_an_outside_adapter():
+    """examples/conduit_sb3: the core at the project's version, its framework at a tested range, its
+    harness registered for ``conduit conformance sb3``; the version it reports is its package's."""
+    version = project(ROOT / "pyproject.toml")["project"]["version"]
+    meta = project(ROOT / "examples" / "conduit_sb3" / "pyproject.toml")
+    deps = meta["project"]["dependencies"]
+    assert meta["project"]["version"] == version and f"conduit-edp=={version}" in deps
+    assert [d for d in deps if not d.startswith("conduit-edp")] == ["stable-baselines3>=2.9,<2.10"]
+    assert meta["project"]["entry-points"]["conduit.harnesses"] == {"sb3": "conduit_sb3.conformance:harness"}
+    init = (ROOT / "examples" / "conduit_sb3" / "conduit_sb3" / "__init__.py").read_text()
+    assert f'__version__ = "{version}"' in init
+
+
+def test_the_core_reports_the_version_it_is_packaged_at():
+    version = project(ROOT / "pyproject.toml")["project"]["version"]
+    assert f'__version__ = "{version}"' in (ROOT / "conduit_core" / "__init__.py").read_text()

@@ -208,3 +208,22 @@ def test_training_is_bit_identical_with_sb3s_stream(algo, env_id, steps, kw):
     conduit = _trained_weights(algo, env_id, ConduitReplayBuffer, steps, **kw)
     assert len(native) == len(conduit)
     assert all(th.equal(a, b) for a, b in zip(native, conduit))
+
+
+def test_a_collected_buffer_releases_its_data_plane():
+    """SB3 never closes a replay buffer: an overlapped schedule's worker thread must not outlive it."""
+    import gc
+    import threading
+
+    from conduit_core import Schedule
+    before = set(threading.enumerate())
+    buf = ConduitReplayBuffer(16, BOX, ACTIONS["discrete"], device="cpu", schedule=Schedule.overlapped(staleness=1))
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        buf.add(*_step(rng, BOX, ACTIONS["discrete"], 1))
+    buf.sample(4)
+    edp = buf.edp
+    del buf
+    gc.collect()
+    assert edp.closed
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]

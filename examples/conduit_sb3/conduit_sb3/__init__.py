@@ -10,7 +10,8 @@ Use it through SB3's own argument: ``DQN(..., replay_buffer_class=ConduitReplayB
 ``conduit conformance sb3``.
 """
 
-from .buffers import ConduitDictReplayBuffer, ConduitReplayBuffer
+__version__ = "0.1.0"
+
+from .buffers import ConduitDictReplayBuffer, ConduitReplayBuffer  # noqa: E402  (after the version: the harness reads it)
 
 __all__ = ["ConduitDictReplayBuffer", "ConduitReplayBuffer"]
-__version__ = "0.1.0"

@@ -20,6 +20,7 @@ under one seed: the differential tests' mode, and the exact check of the conform
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,8 @@ class _ConduitStorage:
         seed = int(np.random.randint(0, 2**31 - 1)) if not self.sb3_stream else 0
         buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, seed=seed)
         self.edp = ExperienceDataPlane(buffer=buf, schedule=self._schedule)
+        # SB3 never closes a replay buffer: the data plane is closed when the buffer is collected
+        self._release = weakref.finalize(self, self.edp.close)
 
     def _draw_as_sb3(self, count: int, batch_size: int) -> np.ndarray:
         """SB3's draw, call for call on numpy's global stream (``BaseBuffer.sample``, then the env
@@ -131,17 +134,17 @@ class _ConduitStorage:
     def reset(self) -> None:
         """Empty the buffer (SB3's reset): a fresh data plane in place of the old one."""
         super().reset()   # type: ignore[misc]
-        self.edp.close()
+        self._release()
         self._open(self._spec, sb3_stream=self.sb3_stream, schedule=self._schedule)
 
     def close(self) -> None:
         """Release the data plane (its worker thread, if the schedule has one). Idempotent."""
-        self.edp.close()
+        self._release()
 
     # SB3 saves a replay buffer by pickling it (save_replay_buffer): the data plane's state
     # travels in its own format, never its threads or locks
     def __getstate__(self) -> dict:
-        state = {k: v for k, v in self.__dict__.items() if k != "edp"}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("edp", "_release")}
         state["edp_state"] = self.edp.state_dict()
         return state
 

@@ -15,6 +15,7 @@ from conduit_conformance import ConvergenceResult, Delivered, Harness, Session, 
 from conduit_conformance.edp_session import stored_ids as plane_ids
 from conduit_conformance.harness import OBS_DIM
 
+from . import __version__
 from .buffers import ConduitReplayBuffer
 from .workloads import run_dqn_cartpole
 
@@ -128,7 +129,7 @@ class NativeSession(Session):
 
 class SB3Harness(Harness):
     name = "conduit_sb3"
-    version = "0.1.0"
+    version = __version__
     framework = "stable-baselines3"
     framework_version = stable_baselines3.__version__
     capabilities = frozenset({"replay", "native", "shared_rng", "state", "overlap", "convergence"})
