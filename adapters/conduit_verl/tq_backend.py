@@ -72,6 +72,17 @@ UNITS_DIR, MANIFEST = "conduit_units", "manifest.json"
 ConduitStorageUnit = ray.remote(num_cpus=0)(StorageUnit)   # one shard (tq_unit), one Ray actor, any node
 
 
+# units this process started (tq.init ran here): TQ's close() in this process shuts them down
+_STARTED_HERE: list[str] = []
+
+
+def _tq_is_closing() -> bool:
+    """True inside ``tq.close()``: it drops its storage registry before it closes its client (TQ
+    0.1's ``interface.close``), the one sign a client's close is the system's and not a client's."""
+    from transfer_queue import interface
+    return getattr(interface, "_TQ_STORAGE", True) is None
+
+
 @StorageBootstrapProvider.register_provider(BACKEND)
 def initialize_conduit_storage(conf) -> dict[str, Any]:
     """Called by ``tq.init`` in the process that starts TQ: makes the units and records their
@@ -91,6 +102,7 @@ def initialize_conduit_storage(conf) -> dict[str, Any]:
             slots, _shm_prefix(name) if shared else None)
         names.append(name)
     ray.get([h.stats.remote() for h in handles.values()])  # up before the first client needs them
+    _STARTED_HERE.extend(names)
     if BACKEND not in conf.backend:
         conf.backend[BACKEND] = {}
     conf.backend[BACKEND].unit_names = names
@@ -290,11 +302,20 @@ class ConduitStorageManager(StorageManager):
         self.shared = [False] * len(self.units)
 
     def close(self) -> None:
-        """Drop this client's mappings of the units' segments, then TQ's own close."""
+        """Drop this client's mappings of the units' segments, then TQ's own close. Inside
+        ``tq.close()`` in the process whose ``tq.init`` started the units (verl's trainer, at the end
+        of ``fit``), the units are shut down too: TQ's close shuts down its own backends' units only
+        ("close ... with key Conduit is not supported"), and they would live until Ray exits."""
         maps = getattr(self, "maps", None)
         if maps is not None:
             maps.close()
         super().close()
+        if _STARTED_HERE and _tq_is_closing():
+            names = list(_STARTED_HERE)
+            _STARTED_HERE.clear()
+            shutdown_units(names)
+            logging.getLogger(__name__).info("conduit_verl: shut down %d TransferQueue storage unit(s) with tq.close()",
+                                             len(names))
 
     async def clear_data(self, metadata: BatchMeta) -> None:
         if metadata.size == 0:

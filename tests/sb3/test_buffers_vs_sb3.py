@@ -180,7 +180,11 @@ def test_refusals_name_the_field_and_the_fix():
         with pytest.raises(SpecError, match="obs"):
             buf.add(np.zeros((1, 2), np.float32), np.zeros((1, 3), np.float32), np.array([0]), np.array([1.0]),
                     np.array([False]), [{}])
-        assert buf.size() == 0 and len(buf.edp.buffer) == 0   # the refused add stored nothing
+        with pytest.raises(SpecError, match="reward.*finite"):
+            buf.add(np.zeros((1, 3), np.float32), np.zeros((1, 3), np.float32), np.array([0]), np.array([np.nan]),
+                    np.array([False]), [{}])
+        buf.flush()
+        assert buf.size() == 0 and len(buf.edp.buffer) == 0   # the refused adds stored nothing, staged nothing
     finally:
         buf.close()
 
@@ -210,14 +214,17 @@ def test_training_is_bit_identical_with_sb3s_stream(algo, env_id, steps, kw):
     assert all(th.equal(a, b) for a, b in zip(native, conduit))
 
 
-def test_a_collected_buffer_releases_its_data_plane():
-    """SB3 never closes a replay buffer: an overlapped schedule's worker thread must not outlive it."""
+@pytest.mark.parametrize("sb3_stream", [False, True])
+def test_a_collected_buffer_releases_its_data_plane(sb3_stream):
+    """SB3 never closes a replay buffer: an overlapped schedule's worker thread must not outlive it
+    (nor may the data plane keep the buffer alive: the shared-stream draw holds it weakly)."""
     import gc
     import threading
 
     from conduit_core import Schedule
     before = set(threading.enumerate())
-    buf = ConduitReplayBuffer(16, BOX, ACTIONS["discrete"], device="cpu", schedule=Schedule.overlapped(staleness=1))
+    buf = ConduitReplayBuffer(16, BOX, ACTIONS["discrete"], device="cpu", schedule=Schedule.overlapped(staleness=1),
+                              sb3_stream=sb3_stream)
     rng = np.random.default_rng(0)
     for _ in range(5):
         buf.add(*_step(rng, BOX, ACTIONS["discrete"], 1))

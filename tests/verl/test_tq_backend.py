@@ -138,6 +138,25 @@ def test_every_get_equals_simple_storage_row_for_row(units, path):
         assert_same(a, b, f"get {i}")
 
 
+def test_tq_close_shuts_down_the_units_its_init_started():
+    """verl's main_ppo ends with tq.close(): Conduit's units go with it (TQ's own close shuts down
+    only its own backends' units)."""
+    def units():
+        return sorted(n for n in tq_backend._named_units())
+
+    assert units() == []
+    tq.init(OmegaConf.create({"backend": {"storage_backend": "Conduit", "Conduit": {"num_storage_units": 2}}}))
+    try:
+        started = units()
+        assert len(started) == 2
+        tq.kv_batch_put(keys=["a", "b"], partition_id="train", fields=TensorDict({"x": torch.arange(2)}, batch_size=[2]))
+        assert not tq_backend._tq_is_closing()   # a client's close now would leave the units serving
+    finally:
+        tq.close()
+    assert units() == [], "storage units outlived tq.close()"
+    assert tq_backend._STARTED_HERE == []
+
+
 def test_a_missing_row_is_key_not_found_as_on_simple_storage():
     from transfer_queue.storage.simple_storage import StorageKeyNotFoundError
 

@@ -32,6 +32,8 @@ from stable_baselines3.common.type_aliases import DictReplayBufferSamples, Repla
 from conduit_core import (ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Schedule,
                           SpecError, Uniform)
 
+# steps staged before one ingestion (flushed earlier by any read): see _ConduitStorage._store
+STAGED_STEPS = 64
 # keyword arguments of SB3's n-step buffer, refused with a reason rather than a TypeError
 _NSTEP_KWARGS = ("n_steps", "gamma")
 
@@ -47,6 +49,9 @@ def _column(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> n
     if arr.size != math.prod(shape):
         raise SpecError(name, f"{math.prod(shape)} values, shape {shape} (n_envs first)", f"shape {arr.shape}",
                         f"pass the vectorised env's {name} for one step (the space's shape, one row per env)")
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():   # (checked here: staged rows are stored later)
+        raise SpecError(name, "finite values", arr.ravel().tolist(),
+                        "find where the env or the policy produces NaN or inf; Conduit refuses them at ingestion")
     return arr.reshape(shape)
 
 
@@ -76,9 +81,16 @@ class _ConduitStorage:
         self._spec = spec
         self._schedule = schedule or Schedule.sequential()
         self.last_sampled = None   # the Conduit batch behind the latest sample(): its provenance (seqs, staleness)
+        self._staged: dict[str, np.ndarray] | None = None
+        self._staged_rows = 0
+        self._stage_steps = min(STAGED_STEPS, self.buffer_size)   # (a block never exceeds the ring)
         # the ring holds what SB3's arrays hold: buffer_size steps of n_envs transitions
         self.capacity = self.buffer_size * self.n_envs
-        selector = Uniform(draw=self._draw_as_sb3) if self.sb3_stream else Uniform()
+        if self.sb3_stream:   # (weakly: the data plane outlives nothing, and closes when this buffer is collected)
+            draw = weakref.WeakMethod(self._draw_as_sb3)
+            selector = Uniform(draw=lambda count, batch_size: draw()(count, batch_size))
+        else:
+            selector = Uniform()
         # the selector's own stream follows SB3's seed (set_random_seed seeds numpy's global one first)
         seed = int(np.random.randint(0, 2**31 - 1)) if not self.sb3_stream else 0
         buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, seed=seed)
@@ -118,10 +130,36 @@ class _ConduitStorage:
         return done & ~cut, done & cut
 
     def _store(self, columns: dict[str, np.ndarray]) -> None:
-        self.edp.ingest(columns)
+        """Stage one step's rows; they are ingested as one rollout of up to ``STAGED_STEPS`` steps (at
+        most the ring's)
+        when the block fills or before anything reads the buffer (a sample, a save, ``flush``).
+        SB3 adds one step at a time, and one ingestion per step costs the data plane's per-call
+        work each time: the block gives it once per block (ingestion granularity), with the same rows
+        in the same order stored before any read, so no sample can tell. The columns were validated
+        by ``add`` (shape, dtype, finite), so a block's ingestion has nothing left to refuse."""
+        rows = self.n_envs
+        if self._staged is None:
+            cap = self._stage_steps * rows
+            self._staged = {k: np.empty((cap, *v.shape[1:]), v.dtype) for k, v in columns.items()}
+        at = self._staged_rows
+        for k, v in columns.items():
+            self._staged[k][at:at + rows] = v
+        self._staged_rows = at + rows
         self._advance()
+        if self._staged_rows == self._stage_steps * rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Ingest the staged steps now (every read of the buffer does this first)."""
+        n = self._staged_rows
+        if n:
+            self.edp.ingest({k: v[:n] for k, v in self._staged.items()})
+            if self._schedule.is_overlapped:   # queued for the worker, which reads it later: not reused
+                self._staged = None            # (sequential: stored before ingest returns, reused)
+            self._staged_rows = 0
 
     def _delivered(self, batch_size: int) -> Any:
+        self.flush()
         if self.size() == 0:
             raise ConfigError("sample", "a buffer holding at least one transition", "an empty buffer",
                               "add() transitions before sampling (SB3's learning_starts)")
@@ -134,23 +172,28 @@ class _ConduitStorage:
     def reset(self) -> None:
         """Empty the buffer (SB3's reset): a fresh data plane in place of the old one."""
         super().reset()   # type: ignore[misc]
-        self._release()
+        self._release()   # (what was staged goes with it)
         self._open(self._spec, sb3_stream=self.sb3_stream, schedule=self._schedule)
 
     def close(self) -> None:
-        """Release the data plane (its worker thread, if the schedule has one). Idempotent."""
+        """Store what is staged, then release the data plane (its worker thread, if the schedule
+        has one). Idempotent."""
+        if self._release.alive:
+            self.flush()
         self._release()
 
     # SB3 saves a replay buffer by pickling it (save_replay_buffer): the data plane's state
     # travels in its own format, never its threads or locks
     def __getstate__(self) -> dict:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("edp", "_release")}
+        self.flush()
+        state = {k: v for k, v in self.__dict__.items() if k not in ("edp", "_release", "_staged")}
         state["edp_state"] = self.edp.state_dict()
         return state
 
     def __setstate__(self, state: dict) -> None:
         saved = state.pop("edp_state")
         self.__dict__.update(state)
+        self._staged = None
         self._open(self._spec, sb3_stream=self.sb3_stream, schedule=self._schedule)
         self.edp.load_state_dict(saved)
 

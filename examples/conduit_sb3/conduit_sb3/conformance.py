@@ -84,6 +84,7 @@ class AdapterSession(Session):
                             [{"TimeLimit.truncated": bool(np.asarray(columns["truncated"])[i])}])
 
     def flush(self) -> None:
+        self.buffer.flush()
         self.buffer.edp.flush()
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
@@ -92,6 +93,7 @@ class AdapterSession(Session):
         return delivered(samples, self.buffer.last_sampled)
 
     def stored_ids(self):
+        self.buffer.flush()
         return plane_ids(self.buffer.edp)
 
     def state(self):
