@@ -119,6 +119,7 @@ def run(strategy: str, *, spec, topo, w0, w1, a) -> dict:
             out["migration_s"] = time.perf_counter() - t_grow
             out["chunks"], out["longest_hold_ms"] = handle.migration.chunks, handle.migration.longest_hold_s * 1e3
             out["finished_at_deadline"] = handle.finished_at_deadline
+            out["layout_s"], out["copy_s"] = handle.layout_s, handle.copy_s   # (the deadline bounds the copy)
         elif strategy == "conduit-blocking":
             edp.replan(plan(w1, topo), topo, background=False)
             out["migration_s"] = time.perf_counter() - t_grow

@@ -24,9 +24,12 @@ layout in its own thread: a remote shard's actor takes about a second to start.
 
 Its progress is bounded: a busy learner can take the lock between every two chunks and starve the
 copy (on a machine whose cores are all busy, it ran 28 times longer). So a background migration
-has a deadline (``deadline_s``, from its start): once past it, the rest is copied at once under the
-lock, in the largest chunks, and the swap follows. Deliveries and inserts wait for that last part;
-the handle says so (``finished_at_deadline``) and a warning is logged.
+has a deadline (``deadline_s``, counted from its first chunk): once past it, the rest is copied at
+once under the lock, in the largest chunks, and the swap follows. Deliveries and inserts wait for that
+last part; the handle says so (``finished_at_deadline``) and a warning is logged. The new layout is
+allocated before the first chunk, and its time is not the copy's: a remote shard's actor is a process
+for Ray to start, seconds on a quiet machine and minutes on one whose cores are all busy, which no
+deadline on the copy can shorten (the handle reports it apart, ``layout_s``).
 """
 
 from __future__ import annotations
@@ -223,15 +226,19 @@ class BackgroundMigration:
         self.migration = migration
         self.deadline_s = float(deadline_s)
         self.finished_at_deadline = False   # the rest was copied at once under the lock (the deadline passed)
+        self.layout_s = 0.0                 # allocating the new layout (starting remote shards' actors)
+        self.copy_s = 0.0                   # from the first chunk to the swap, the last part included
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="conduit-migration", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         try:
-            started = time.monotonic()
+            t0 = time.monotonic()
             if self.migration.storage is None:
                 self.migration.start()
+            started = time.monotonic()
+            self.layout_s = started - t0
             while not self.migration.step():
                 if time.monotonic() - started > self.deadline_s:
                     self.finished_at_deadline = True
@@ -245,6 +252,7 @@ class BackgroundMigration:
                 # the migration takes at most half of the buffer's time.
                 time.sleep(self.migration.last_hold_s)
             self.migration.finish()
+            self.copy_s = time.monotonic() - started
         except BaseException as exc:  # noqa: BLE001 - reported by wait()
             self.error = exc
             try:

@@ -67,13 +67,23 @@ def spawn(spec_config: list, capacity: int, node: str | None):
     return actor_cls.options(**opts).remote(spec_config, capacity)
 
 
-def wait_ready(actors: dict, nodes: dict, timeout: float = 120.0) -> None:
+def wait_ready(actors: dict, nodes: dict, timeout: float = 600.0) -> None:
     """Block until every shard's actor runs. An actor's process takes about a second to start
     (measured: the first write to a fresh remote shard waited 1.3 s), so a buffer waits for
-    it once, when built, instead of its first insert or delivery. An actor that never starts
-    is usually a node resource no node advertises: the error names it."""
+    it once, when built, instead of its first insert or delivery. An actor that can never start
+    is a node resource no node advertises: refused at once, naming it. Otherwise the wait is for a
+    process to start, which on a machine busy with other work took minutes (the migration test
+    under three busy loops on 2 cores waited past 120 s): ``timeout`` bounds only that."""
     import ray
 
+    wanted = sorted({str(n) for n in nodes.values() if n})
+    advertised = ray.cluster_resources()
+    missing = [n for n in wanted if n not in advertised]
+    if missing:
+        raise StateError(f"remote shards {sorted(actors)}: no node advertises the custom resources {missing}, so their "
+                         f"actors cannot start. Fix: start the node with resources={{{missing[0]!r}: 1}} (ray start "
+                         "--resources or cluster_utils.Cluster.add_node), or place the shards on a node that has it "
+                         "(ray.cluster_resources())")
     try:
         ray.get([a.node_id.remote() for a in actors.values()], timeout=timeout)
     except ray.exceptions.GetTimeoutError:
@@ -105,7 +115,7 @@ class RemoteShard(Shard):
     def memory_needed(cls, layout: ShardSpec, row_bytes: int) -> dict[Tier, int]:
         return {}   # another node's memory: that node's actor refuses what it cannot hold
 
-    def ready(self, timeout: float = 120.0) -> None:
+    def ready(self, timeout: float = 600.0) -> None:
         wait_ready({self.index: self.actor}, {self.index: self.placed_on}, timeout=timeout)
 
     def write(self, start: int, columns: Mapping[str, np.ndarray | torch.Tensor], first: int, n: int) -> None:

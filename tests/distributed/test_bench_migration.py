@@ -19,9 +19,10 @@ def test_growth_past_the_host_budget_by_each_strategy(tmp_path):
     assert s["conduit-online"]["capacity_end"] == s["conduit-blocking"]["capacity_end"] == 18_000
     online = next(r for r in report["runs"] if r["strategy"] == "conduit-online")
     # the copy ran beside the learner (it stepped meanwhile) or, on a machine too busy for that,
-    # finished at its deadline; either way within it (plus the last part and the swap)
+    # finished at its deadline; either way within it (plus the last part and the swap). Starting the
+    # remote shard's actor comes before the copy and is Ray's to bound (minutes under heavy load)
     assert online["chunks"] >= 1 and (online["steps_during"] >= 1 or online["finished_at_deadline"])
-    assert online["migration_s"] < 20 + 30
+    assert online["copy_s"] < 20 + 30 and online["layout_s"] + online["copy_s"] <= online["migration_s"]
     assert s["greedy"]["capacity_end"] == 6000 and "greedy: the fastest tier host" in s["greedy"]["failed"]
     assert report["runs"][0]["start"] == {"host": 6000}                 # the start fits the host budget
     cons = next(r for r in report["runs"] if r["strategy"] == "conservative")
