@@ -130,16 +130,20 @@ def test_vecnormalize_applied_as_sb3_applies_it():
 
 def test_own_stream_leaves_numpys_global_stream_alone():
     """Without sb3_stream the draw is Conduit's own: numpy's global stream (SB3's exploration) moves
-    only by the one seed drawn at construction, never per sample."""
+    only by the one seed drawn at construction, never per sample, reset or load."""
     conduit = ConduitReplayBuffer(16, BOX, ACTIONS["discrete"], device="cpu")
     try:
         rng = np.random.default_rng(0)
         for _ in range(10):
             conduit.add(*_step(rng, BOX, ACTIONS["discrete"], 1))
         np.random.seed(1)
-        before = np.random.get_state()[1].copy()
+        before = np.random.get_state()
         conduit.sample(32)
-        assert np.array_equal(np.random.get_state()[1], before)
+        restored = pickle.loads(pickle.dumps(conduit))
+        conduit.reset()
+        after = np.random.get_state()
+        assert before[0] == after[0] and np.array_equal(before[1], after[1]) and before[2:] == after[2:]
+        restored.close()
     finally:
         conduit.close()
 
@@ -189,6 +193,47 @@ def test_refusals_name_the_field_and_the_fix():
         buf.close()
 
 
+def test_sb3_stream_refuses_a_schedule_that_draws_ahead():
+    """A batch drawn ahead would take numpy's global stream out of SB3's order, on another thread."""
+    from conduit_core import Schedule
+    for schedule in (Schedule.overlapped(staleness=1), Schedule.sequential(delivery_granularity=2)):
+        with pytest.raises(ConfigError, match="schedule.*sb3_stream"):
+            ConduitReplayBuffer(8, BOX, ACTIONS["discrete"], sb3_stream=True, schedule=schedule)
+
+
+def test_a_block_that_cannot_be_stored_takes_its_steps_back():
+    """A staged block whose ingestion fails (here: the data plane closed under it) leaves SB3's count
+    where the stored rows are, and the error reaches the caller."""
+    from conduit_core import ClosedError
+    buf = ConduitReplayBuffer(200, BOX, ACTIONS["discrete"], device="cpu")
+    rng = np.random.default_rng(0)
+    for _ in range(70):   # one block of 64 stored, 6 staged
+        buf.add(*_step(rng, BOX, ACTIONS["discrete"], 1))
+    buf.edp.close()
+    with pytest.raises(ClosedError):
+        buf.flush()
+    assert (buf.pos, buf.full) == (64, False) and buf.size() == 64
+    buf.close()   # idempotent on a closed plane
+
+
+def test_a_real_vecnormalize_is_applied_as_sb3_applies_it():
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+    env = VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")]))
+    env.seed(0)
+    env.reset()
+    for _ in range(50):   # running statistics that are not the identity
+        env.step(np.array([env.action_space.sample()]))
+    space = env.observation_space
+    native = ReplayBuffer(16, space, env.action_space, device="cpu")
+    conduit = ConduitReplayBuffer(16, space, env.action_space, device="cpu", sb3_stream=True)
+    try:
+        _run_pair(native, conduit, space, env.action_space, 1, adds=20, batch=8, seed=4, env=env)
+    finally:
+        conduit.close()
+        env.close()
+
+
 def _trained_weights(algo, env_id, buffer_class, steps, **kw):
     from stable_baselines3 import DQN, SAC
     cls = {"dqn": DQN, "sac": SAC}[algo]
@@ -207,24 +252,28 @@ def _trained_weights(algo, env_id, buffer_class, steps, **kw):
     ("sac", "Pendulum-v1", 500, dict(learning_starts=200, batch_size=32, policy_kwargs=dict(net_arch=[32, 32]))),
 ])
 def test_training_is_bit_identical_with_sb3s_stream(algo, env_id, steps, kw):
+    threads = th.get_num_threads()
     th.set_num_threads(1)
-    native = _trained_weights(algo, env_id, None, steps, **kw)
-    conduit = _trained_weights(algo, env_id, ConduitReplayBuffer, steps, **kw)
+    try:
+        native = _trained_weights(algo, env_id, None, steps, **kw)
+        conduit = _trained_weights(algo, env_id, ConduitReplayBuffer, steps, **kw)
+    finally:
+        th.set_num_threads(threads)
     assert len(native) == len(conduit)
     assert all(th.equal(a, b) for a, b in zip(native, conduit))
 
 
 @pytest.mark.parametrize("sb3_stream", [False, True])
 def test_a_collected_buffer_releases_its_data_plane(sb3_stream):
-    """SB3 never closes a replay buffer: an overlapped schedule's worker thread must not outlive it
-    (nor may the data plane keep the buffer alive: the shared-stream draw holds it weakly)."""
+    """SB3 never closes a replay buffer: an overlapped schedule's worker thread must not outlive it,
+    nor may the data plane keep the buffer alive (the shared-stream draw holds it weakly)."""
     import gc
     import threading
 
     from conduit_core import Schedule
     before = set(threading.enumerate())
-    buf = ConduitReplayBuffer(16, BOX, ACTIONS["discrete"], device="cpu", schedule=Schedule.overlapped(staleness=1),
-                              sb3_stream=sb3_stream)
+    schedule = Schedule.sequential() if sb3_stream else Schedule.overlapped(staleness=1)
+    buf = ConduitReplayBuffer(16, BOX, ACTIONS["discrete"], device="cpu", schedule=schedule, sb3_stream=sb3_stream)
     rng = np.random.default_rng(0)
     for _ in range(5):
         buf.add(*_step(rng, BOX, ACTIONS["discrete"], 1))

@@ -1,5 +1,5 @@
 """Mutations of the SB3 adapter that the conformance suite must catch, each by a named check
-(the adapter's mutation table in docs/writing-an-adapter.md). A mutant is the real
+(the adapter's mutation table in docs/guides/sb3.md). A mutant is the real
 ConduitReplayBuffer with one promise broken where a real bug would sit: its ingestion
 transform, its ring's size, its draw, its saved state."""
 
@@ -68,6 +68,14 @@ class DrawsOneBatchAhead(ConduitReplayBuffer):
         return ahead
 
 
+class SampleWithoutFlush(ConduitReplayBuffer):
+    """A read path that forgets the staged steps: sample() delivers what reached the ring only."""
+
+    def _delivered(self, batch_size):
+        self.last_sampled = self.edp.deliver(int(batch_size))
+        return self.last_sampled
+
+
 class RingOneStepShort(ConduitReplayBuffer):
     def _open(self, spec, *, sb3_stream, schedule):
         self.buffer_size -= 1           # evicts one step before SB3 does
@@ -103,6 +111,7 @@ MUTATIONS = {
     "reward_in_half_precision": (RewardInHalfPrecision, "deliver/rows_intact"),
     "drops_every_tenth_add": (DropsEveryTenthAdd, "ingest/exactly_once"),
     "draws_one_batch_ahead": (DrawsOneBatchAhead, "deliver/sees_newest"),
+    "sample_without_flush": (SampleWithoutFlush, "deliver/sees_newest"),
     "ring_one_step_short": (RingOneStepShort, "equivalence/eviction_matches_native"),
     "slot_taken_for_position": (SlotTakenForPosition, "equivalence/exact_with_shared_rng"),
     "state_without_rows": (StateWithoutRows, "state/round_trip"),
@@ -112,7 +121,8 @@ CAUGHT_BY = {   # words of the check's own finding
     "time_limit_stored_as_terminal": ("terminated of the row",), "next_obs_is_obs": ("next_obs of the row",),
     "reward_of_the_previous_step": ("reward of the row",), "drops_every_tenth_add": ("were not stored",),
     "reward_in_half_precision": ("reward of the row",),
-    "draws_one_batch_ahead": ("no batch held a transition",), "ring_one_step_short": ("evicted more",),
+    "draws_one_batch_ahead": ("no batch held a transition",),
+    "sample_without_flush": ("no batch held a transition",), "ring_one_step_short": ("evicted more",),
     "slot_taken_for_position": ("from the same RNG stream",), "state_without_rows": ("differ after the round trip",),
 }
 

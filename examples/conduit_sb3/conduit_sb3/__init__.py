@@ -2,7 +2,8 @@
 
 Stage map (SB3 stage -> Conduit control point):
 
-    ReplayBuffer.add(obs, next_obs, action, reward, done, infos)  -> ingestion (one env step, n_envs rows)
+    ReplayBuffer.add(obs, next_obs, action, reward, done, infos)  -> ingestion (a step staged; a block of
+                                                                     up to 64 steps per ingestion)
     ReplayBuffer.sample(batch_size, env)                          -> delivery  (uniform selection + gather)
 
 Use it through SB3's own argument: ``DQN(..., replay_buffer_class=ConduitReplayBuffer)`` (or
@@ -12,6 +13,6 @@ Use it through SB3's own argument: ``DQN(..., replay_buffer_class=ConduitReplayB
 
 __version__ = "0.1.0"
 
-from .buffers import ConduitDictReplayBuffer, ConduitReplayBuffer  # noqa: E402  (after the version: the harness reads it)
+from .buffers import ConduitDictReplayBuffer, ConduitReplayBuffer  # noqa: E402
 
 __all__ = ["ConduitDictReplayBuffer", "ConduitReplayBuffer"]

@@ -4,8 +4,9 @@
 ``DictReplayBuffer`` and keep their calls: ``add(obs, next_obs, action, reward, done, infos)``
 once per vectorised env step, ``sample(batch_size, env)`` returning SB3's sample tuples of
 tensors. SB3's off-policy algorithms (DQN, SAC, TD3) take them through
-``replay_buffer_class=``. Each ``add`` is one ingestion (its ``n_envs`` rows, env order) and
-each ``sample`` one delivery; the rows live in Conduit's ring, not in SB3's arrays.
+``replay_buffer_class=``. Each ``add`` stages one step (its ``n_envs`` rows, env order), a block of
+steps is one ingestion, flushed before any read, and each ``sample`` is one delivery; the rows live
+in Conduit's ring, not in SB3's arrays.
 
 What a learner receives is SB3's, value for value: the same fields, dtypes and shapes, ``dones``
 as SB3 computes them (``done`` without the time-limit cut when ``handle_timeout_termination``),
@@ -50,8 +51,10 @@ def _column(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> n
         raise SpecError(name, f"{math.prod(shape)} values, shape {shape} (n_envs first)", f"shape {arr.shape}",
                         f"pass the vectorised env's {name} for one step (the space's shape, one row per env)")
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():   # (checked here: staged rows are stored later)
-        raise SpecError(name, "finite values", arr.ravel().tolist(),
-                        "find where the env or the policy produces NaN or inf; Conduit refuses them at ingestion")
+        bad = np.flatnonzero(~np.isfinite(arr.ravel()))
+        raise SpecError(name, "finite values (SB3 would store NaN and inf; Conduit refuses them)",
+                        f"{bad.size} non-finite of {arr.size}, the first at flat index {bad[0]}: {arr.ravel()[bad[0]]}",
+                        "find where the env or the policy produces NaN or inf (a VecCheckNan wrapper names the step)")
     return arr.reshape(shape)
 
 
@@ -76,23 +79,33 @@ class _ConduitStorage:
 
     edp: ExperienceDataPlane
 
-    def _open(self, spec: ExperienceSpec, *, sb3_stream: bool, schedule: Schedule | None) -> None:
+    def _open(self, spec: ExperienceSpec, *, sb3_stream: bool, schedule: Schedule | None,
+              seed: int | None = None) -> None:
+        """A fresh data plane. ``seed``: its selector's; None draws one from numpy's global stream,
+        as SB3's ``set_random_seed`` seeds it (at construction only: a reset or a load draws from
+        the buffer's own seed stream, so SB3's exploration stream moves as it does with SB3's buffer)."""
         self.sb3_stream = bool(sb3_stream)
         self._spec = spec
         self._schedule = schedule or Schedule.sequential()
+        if self.sb3_stream and not self._schedule.draws_at_once:
+            raise ConfigError("schedule", "Schedule.sequential() with delivery_granularity=1 when sb3_stream=True",
+                              self._schedule, "drop sb3_stream, or the schedule: a schedule that draws batches "
+                              "ahead would consume numpy's global stream out of SB3's order (and on a worker "
+                              "thread), so training would no longer be SB3's bit for bit")
         self.last_sampled = None   # the Conduit batch behind the latest sample(): its provenance (seqs, staleness)
         self._staged: dict[str, np.ndarray] | None = None
         self._staged_rows = 0
         self._stage_steps = min(STAGED_STEPS, self.buffer_size)   # (a block never exceeds the ring)
         # the ring holds what SB3's arrays hold: buffer_size steps of n_envs transitions
         self.capacity = self.buffer_size * self.n_envs
-        if self.sb3_stream:   # (weakly: the data plane outlives nothing, and closes when this buffer is collected)
+        if self.sb3_stream:   # (weakly: the data plane keeps no buffer alive, and closes when it is collected)
             draw = weakref.WeakMethod(self._draw_as_sb3)
             selector = Uniform(draw=lambda count, batch_size: draw()(count, batch_size))
         else:
             selector = Uniform()
-        # the selector's own stream follows SB3's seed (set_random_seed seeds numpy's global one first)
-        seed = int(np.random.randint(0, 2**31 - 1)) if not self.sb3_stream else 0
+        if seed is None:   # the selector's own stream follows SB3's seed (set_random_seed seeds numpy's first)
+            seed = int(np.random.randint(0, 2**31 - 1)) if not self.sb3_stream else 0
+        self._seeds = np.random.default_rng(seed)   # seeds of later planes (reset), SB3's stream untouched
         buf = ExperienceBuffer(spec=spec, capacity=self.capacity, selector=selector, seed=seed)
         self.edp = ExperienceDataPlane(buffer=buf, schedule=self._schedule)
         # SB3 never closes a replay buffer: the data plane is closed when the buffer is collected
@@ -103,8 +116,9 @@ class _ConduitStorage:
         index in ``_get_samples``), as positions among the ``count`` stored rows, oldest first."""
         upper = self.buffer_size if self.full else self.pos
         if count != upper * self.n_envs:
-            raise RuntimeError(f"sb3_stream: the ring holds {count} rows where SB3's bookkeeping counts "
-                               f"{upper * self.n_envs}; rows were stored past add() (a bug in this adapter)")
+            raise ConfigError("sb3_stream", f"the ring holding the {upper * self.n_envs} rows SB3's bookkeeping "
+                              "counts", f"{count} rows", "report it: rows reached the ring other than by add() "
+                              "and flush() (a bug in this adapter)")
         step = np.random.randint(0, upper, size=batch_size)
         env = np.random.randint(0, high=self.n_envs, size=(batch_size,))
         slot = step * self.n_envs + env
@@ -121,23 +135,27 @@ class _ConduitStorage:
         """(terminated, truncated) per env, as SB3's sampled ``dones`` read them: a time limit
         is a truncation only when ``handle_timeout_termination`` (else SB3 trains on it as terminal)."""
         done = _column("done", done, np.dtype(bool), (self.n_envs,))
+        if not self.handle_timeout_termination:   # (SB3 then reads no infos)
+            return done, np.zeros(self.n_envs, bool)
         if len(infos) != self.n_envs:
             raise ConfigError("infos", f"one dict per env ({self.n_envs})", len(infos),
                               "pass the infos of the vectorised step as SB3's collect_rollouts does")
-        if not self.handle_timeout_termination or not done.any():
+        if not done.any():
             return done, np.zeros(self.n_envs, bool)
         cut = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
         return done & ~cut, done & cut
 
     def _store(self, columns: dict[str, np.ndarray]) -> None:
         """Stage one step's rows; they are ingested as one rollout of up to ``STAGED_STEPS`` steps (at
-        most the ring's)
-        when the block fills or before anything reads the buffer (a sample, a save, ``flush``).
+        most the ring's) when the block fills or before anything reads the buffer (a sample, a save,
+        ``flush``).
         SB3 adds one step at a time, and one ingestion per step costs the data plane's per-call
         work each time: the block gives it once per block (ingestion granularity), with the same rows
         in the same order stored before any read, so no sample can tell. The columns were validated
         by ``add`` (shape, dtype, finite), so a block's ingestion has nothing left to refuse."""
         rows = self.n_envs
+        if self._staged_rows == 0:
+            self._staged_from = (self.pos, self.full)   # SB3's bookkeeping, to undo a block never stored
         if self._staged is None:
             cap = self._stage_steps * rows
             self._staged = {k: np.empty((cap, *v.shape[1:]), v.dtype) for k, v in columns.items()}
@@ -153,7 +171,12 @@ class _ConduitStorage:
         """Ingest the staged steps now (every read of the buffer does this first)."""
         n = self._staged_rows
         if n:
-            self.edp.ingest({k: v[:n] for k, v in self._staged.items()})
+            try:
+                self.edp.ingest({k: v[:n] for k, v in self._staged.items()})
+            except BaseException:   # nothing of the block was stored: SB3's count goes back with it
+                self.pos, self.full = self._staged_from
+                self._staged_rows = 0
+                raise
             if self._schedule.is_overlapped:   # queued for the worker, which reads it later: not reused
                 self._staged = None            # (sequential: stored before ingest returns, reused)
             self._staged_rows = 0
@@ -161,7 +184,7 @@ class _ConduitStorage:
     def _delivered(self, batch_size: int) -> Any:
         self.flush()
         if self.size() == 0:
-            raise ConfigError("sample", "a buffer holding at least one transition", "an empty buffer",
+            raise ConfigError("replay buffer", "at least one transition to sample", "an empty buffer",
                               "add() transitions before sampling (SB3's learning_starts)")
         self.last_sampled = self.edp.deliver(int(batch_size))
         return self.last_sampled
@@ -173,7 +196,8 @@ class _ConduitStorage:
         """Empty the buffer (SB3's reset): a fresh data plane in place of the old one."""
         super().reset()   # type: ignore[misc]
         self._release()   # (what was staged goes with it)
-        self._open(self._spec, sb3_stream=self.sb3_stream, schedule=self._schedule)
+        self._open(self._spec, sb3_stream=self.sb3_stream, schedule=self._schedule,
+                   seed=int(self._seeds.integers(2**31 - 1)))
 
     def close(self) -> None:
         """Store what is staged, then release the data plane (its worker thread, if the schedule
@@ -194,7 +218,9 @@ class _ConduitStorage:
         saved = state.pop("edp_state")
         self.__dict__.update(state)
         self._staged = None
-        self._open(self._spec, sb3_stream=self.sb3_stream, schedule=self._schedule)
+        seeds = self._seeds
+        self._open(self._spec, sb3_stream=self.sb3_stream, schedule=self._schedule, seed=0)   # (the load sets it)
+        self._seeds = seeds
         self.edp.load_state_dict(saved)
 
 

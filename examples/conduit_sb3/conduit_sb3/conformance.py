@@ -11,7 +11,7 @@ import stable_baselines3
 from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer
 
-from conduit_conformance import ConvergenceResult, Delivered, Harness, Session, SyntheticRollout
+from conduit_conformance import Delivered, Harness, Session, SyntheticRollout
 from conduit_conformance.edp_session import stored_ids as plane_ids
 from conduit_conformance.harness import OBS_DIM
 
@@ -84,7 +84,8 @@ class AdapterSession(Session):
                             [{"TimeLimit.truncated": bool(np.asarray(columns["truncated"])[i])}])
 
     def flush(self) -> None:
-        self.buffer.flush()
+        # the data plane's flush only: SB3 never calls the buffer's own flush(), so neither does the
+        # suite; sample() and a save must flush what add() staged by themselves
         self.buffer.edp.flush()
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
@@ -93,7 +94,7 @@ class AdapterSession(Session):
         return delivered(samples, self.buffer.last_sampled)
 
     def stored_ids(self):
-        self.buffer.flush()
+        self.buffer.flush()   # (what the buffer holds: the staged steps are SB3's stored ones)
         return plane_ids(self.buffer.edp)
 
     def state(self):

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from conduit_conformance import ConvergenceResult
-
 THRESHOLD = 150.0
 WINDOW = 20
 BUDGET = 40_000
@@ -19,10 +17,13 @@ ZOO = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_st
            exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]))
 
 
-def run_dqn_cartpole(path: str, seed: int, *, budget: int = BUDGET) -> ConvergenceResult:
-    """``path``: 'native' (SB3's ReplayBuffer) or 'conduit' (ConduitReplayBuffer, its own stream)."""
+def run_dqn_cartpole(path: str, seed: int, *, budget: int = BUDGET):
+    """``path``: 'native' (SB3's ReplayBuffer) or 'conduit' (ConduitReplayBuffer, its own stream);
+    returns the suite's ``ConvergenceResult``."""
     import torch
     from stable_baselines3 import DQN
+
+    from conduit_conformance import ConvergenceResult   # (the suite: the [test] extra, not needed to train)
     from stable_baselines3.common.callbacks import BaseCallback
 
     from .buffers import ConduitReplayBuffer
