@@ -11,6 +11,7 @@ A bed per concern; ``conduit bench WORKLOAD`` runs the workloads with an entry p
 - ``srl``: SRL's buffers vs Conduit's inside SRL's trainer worker, and SRL's PPO end to end.
 - ``verl``: GRPO's post-generation path and TransferQueue backends; verl's own trainers on CPU,
   synchronous and fully asynchronous.
+- ``sb3``: Stable-Baselines3's DQN with its own buffer vs the worked example adapter's.
 - ``plane``: the data plane's scheduling, placement, migration, remote shards, ingestion at the
   source and the auto-tuner.
 - ``suite``: the conformance suite's own statistics (the convergence check's false alarms and power).

@@ -1,4 +1,4 @@
-"""The SB3 bench at a tiny size: both arms run in turns, the report's ratios are the medians of
+"""The lab's SB3 bench (``conduit bench sb3-dqn``) at a tiny size: both arms run in turns, the report's ratios are the medians of
 the per-round ratios it prints (what docs/benchmarks.md section 19 quotes), and each arm's buffer
 was really used (adds and samples timed on both)."""
 
@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from conduit_sb3.bench import main
+from conduit_benchmarks.sb3.dqn import main
 
 
 def test_the_bench_reports_paired_ratios_of_both_arms(tmp_path):

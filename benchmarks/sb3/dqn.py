@@ -2,7 +2,9 @@
 end-to-end time of a fixed number of env steps and the experience path inside it (time in
 the buffer's ``add`` and ``sample``), as paired ratios Conduit / SB3 per round, medians.
 
-    python -m conduit_sb3.bench --steps 10000 --rounds 5 --out report.json
+    conduit bench sb3-dqn --steps 10000 --rounds 5 --out report.json    (python -m benchmarks.sb3.dqn ...)
+
+Needs the example adapter (``pip install -e examples/conduit_sb3``), imported when a run starts.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def run_once(arm: str, steps: int, seed: int) -> dict:
     from stable_baselines3 import DQN
     from stable_baselines3.common.buffers import ReplayBuffer
 
-    from .buffers import ConduitReplayBuffer
-    from .workloads import ZOO
+    from conduit_sb3 import ConduitReplayBuffer
+    from conduit_sb3.workloads import ZOO
 
     torch.set_num_threads(1)
     cls = _timed(ReplayBuffer if arm == "sb3" else ConduitReplayBuffer)
