@@ -283,3 +283,26 @@ def test_a_collected_buffer_releases_its_data_plane(sb3_stream):
     gc.collect()
     assert edp.closed
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+
+
+def test_reset_empties_and_a_dict_buffer_saves_and_loads():
+    """SB3's reset() empties the buffer (the next sample refuses); a dict buffer with two envs
+    pickled mid-block (steps staged) comes back with every row and SB3's count."""
+    space = spaces.Dict({"goal": spaces.Box(-1, 1, (2,), np.float32), "step": DISCRETE_OBS})
+    buf = ConduitDictReplayBuffer(30, space, ACTIONS["discrete"], device="cpu", n_envs=2)
+    rng = np.random.default_rng(1)
+    space.seed(1)
+    for _ in range(9):
+        buf.add(*_step(rng, space, ACTIONS["discrete"], 2))
+    loaded = pickle.loads(pickle.dumps(buf))
+    try:
+        assert (loaded.pos, loaded.full, len(loaded.edp.buffer)) == (buf.pos, buf.full, 18)
+        for field in ("obs.goal", "next_obs.step", "action", "reward", "terminated", "truncated"):
+            assert th.equal(buf.edp.read(np.arange(18))[field], loaded.edp.read(np.arange(18))[field]), field
+        buf.reset()
+        assert buf.size() == 0 and len(buf.edp.buffer) == 0
+        with pytest.raises(ConfigError, match="empty buffer"):
+            buf.sample(4)
+    finally:
+        buf.close()
+        loaded.close()
