@@ -306,3 +306,21 @@ def test_reset_empties_and_a_dict_buffer_saves_and_loads():
     finally:
         buf.close()
         loaded.close()
+
+
+def test_the_data_planes_metrics_reach_sb3s_logger(tmp_path):
+    import csv
+
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.logger import configure
+
+    from conduit_sb3 import ConduitMetricsCallback
+    model = DQN("MlpPolicy", "CartPole-v1", seed=0, device="cpu", learning_starts=100, train_freq=16,
+                policy_kwargs=dict(net_arch=[16]), replay_buffer_class=ConduitReplayBuffer)
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(600, callback=ConduitMetricsCallback(), log_interval=1)
+    model.replay_buffer.close()
+    rows = list(csv.DictReader(open(tmp_path / "progress.csv")))
+    assert rows and {"conduit/buffer_size", "conduit/inserted", "conduit/deliver_blocked_ms"} <= set(rows[0])
+    last = [r for r in rows if r["conduit/inserted"]][-1]
+    assert 0 < float(last["conduit/inserted"]) <= 600 and float(last["conduit/deliver_calls"]) > 0
