@@ -72,8 +72,8 @@ def wait_ready(actors: dict, nodes: dict, timeout: float = 600.0) -> None:
     (measured: the first write to a fresh remote shard waited 1.3 s), so a buffer waits for
     it once, when built, instead of its first insert or delivery. An actor that can never start
     is a node resource no node advertises: refused at once, naming it. Otherwise the wait is for a
-    process to start, which on a machine busy with other work took minutes (the migration test
-    under three busy loops on 2 cores waited past 120 s): ``timeout`` bounds only that."""
+    process to start, which on a machine whose cores are all busy takes minutes (docs/benchmarks.md
+    §11b): ``timeout`` bounds only that."""
     import ray
 
     wanted = sorted({str(n) for n in nodes.values() if n})
