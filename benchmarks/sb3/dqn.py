@@ -10,35 +10,28 @@ Needs the example adapter (``pip install -e examples/conduit_sb3``), imported wh
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 
 import numpy as np
 
+from ..common import machine, write_json
+
 
 def _timed(cls):
-    """``cls`` with its add() and sample() timed (seconds, summed on the instance)."""
+    """``cls`` with its add() and sample() timed (seconds, summed on the instance as ``add_s``, ``sample_s``)."""
+    def timed(name: str):
+        inner = getattr(cls, name)
 
-    class Timed(cls):
-        add_s = sample_s = 0.0
-
-        def add(self, *a, **kw):
+        def call(self, *a, **kw):
             t = time.perf_counter()
             try:
-                return super().add(*a, **kw)
+                return inner(self, *a, **kw)
             finally:
-                self.add_s += time.perf_counter() - t
+                setattr(self, f"{name}_s", getattr(self, f"{name}_s") + time.perf_counter() - t)
+        return call
 
-        def sample(self, *a, **kw):
-            t = time.perf_counter()
-            try:
-                return super().sample(*a, **kw)
-            finally:
-                self.sample_s += time.perf_counter() - t
-
-    Timed.__name__ = f"Timed{cls.__name__}"
-    return Timed
+    return type(f"Timed{cls.__name__}", (cls,), {"add_s": 0.0, "sample_s": 0.0,
+                                                  "add": timed("add"), "sample": timed("sample")})
 
 
 def run_once(arm: str, steps: int, seed: int) -> dict:
@@ -84,13 +77,12 @@ def main(argv=None) -> dict:
                                          for arm in ("sb3", "conduit")},
               "per_arm_median_path_s": {arm: float(np.median([x[arm]["path_s"] for x in rounds]))
                                         for arm in ("sb3", "conduit")},
-              "machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d")}
+              "machine": machine(), "date": time.strftime("%Y-%m-%d")}
     print(f"median of paired ratios, Conduit / SB3: end to end {report['iteration_ratio']:.3f}x, "
           f"experience path (add + sample) {report['path_ratio']:.3f}x (add {report['add_ratio']:.3f}x, sample "
           f"{report['sample_ratio']:.3f}x); each arm's medians are per-arm figures, not paired")
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(a.out, report)
     return report
 
 

@@ -5,6 +5,7 @@ DQN on CartPole both ways for the convergence level."""
 from __future__ import annotations
 
 import contextlib
+import pickle
 
 import numpy as np
 import stable_baselines3
@@ -98,11 +99,9 @@ class AdapterSession(Session):
         return plane_ids(self.buffer.edp)
 
     def state(self):
-        import pickle
         return pickle.dumps(self.buffer)   # SB3's save_replay_buffer pickles the buffer
 
     def load_state(self, state) -> None:
-        import pickle
         old, self.buffer = self.buffer, pickle.loads(state)
         old.close()
 
