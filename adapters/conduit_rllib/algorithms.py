@@ -2,13 +2,16 @@
 
 They are set as the config's ``algo_class`` by ``conduit_rllib.enable``; the training
 step, sampling, learner updates and weight syncs are RLlib's own (with ``source_ingest``,
-DQN's step first hands the env runners their writers).
+DQN's step first hands the env runners their writers). SAC and TQC are DQN subclasses in
+RLlib with DQN's training step, so they take the same replay hooks (``ConduitReplayAlgorithm``).
 """
 
 from __future__ import annotations
 
 from ray.rllib.algorithms.dqn import DQN
 from ray.rllib.algorithms.ppo import PPO
+from ray.rllib.algorithms.sac import SAC
+from ray.rllib.algorithms.tqc import TQC
 
 from conduit_core.errors import ConfigError
 
@@ -25,7 +28,10 @@ def check_learner_shards(algo) -> None:
                           "call conduit_rllib.enable(config) again after changing num_learners")
 
 
-class ConduitDQN(BufferCheckpointMixin, DQN):
+class ConduitReplayAlgorithm(BufferCheckpointMixin):
+    """Mixed in before RLlib's DQN (or its subclasses SAC, TQC): Conduit's buffer built with
+    the config's seed, source-ingest writers handed out, the buffer closed at cleanup."""
+
     def setup(self, config):
         super().setup(config)
         check_capacity(self)
@@ -39,14 +45,13 @@ class ConduitDQN(BufferCheckpointMixin, DQN):
         """RLlib's buffer build, with the config's seed for Conduit's buffer: RLlib passes its
         buffers none (they draw unseeded), and Conduit's draws follow ``ConduitOptions.seed``,
         else this seed (else 0), so runs on different seeds draw differently and a run repeats."""
-        from .opt_in import BUFFER_TYPE
-        rb = config.get("replay_buffer_config") or {}
-        if rb.get("type") != BUFFER_TYPE or "seed" in rb:
+        from .opt_in import conduit_buffer_kwargs
+        kwargs = conduit_buffer_kwargs(config.get("replay_buffer_config") or {})
+        if kwargs is None:
             return super()._create_local_replay_buffer_if_necessary(config)
         from .replay_buffer import ConduitEpisodeReplayBuffer
-        kwargs = {k: v for k, v in rb.items() if k != "type"}
-        seed = self.config.seed
-        if (rb.get("conduit") or {}).get("seed") is None and seed is not None \
+        seed = kwargs.pop("seed", self.config.seed)
+        if (kwargs.get("conduit") or {}).get("seed") is None and seed is not None \
                 and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ConfigError("config.seed", "None or an int >= 0 (Conduit's replay draws are seeded with it)",
                               repr(seed), "call config.debugging(seed=0) (any int >= 0), or pass "
@@ -80,6 +85,18 @@ class ConduitDQN(BufferCheckpointMixin, DQN):
         super().cleanup()
         if buf is not None and hasattr(buf, "close"):
             buf.close()
+
+
+class ConduitDQN(ConduitReplayAlgorithm, DQN):
+    pass
+
+
+class ConduitSAC(ConduitReplayAlgorithm, SAC):
+    pass
+
+
+class ConduitTQC(ConduitReplayAlgorithm, TQC):
+    pass
 
 
 class ConduitPPO(BufferCheckpointMixin, PPO):

@@ -1,17 +1,21 @@
 """Delivery's last step on the learner: a DeliveredBatch becomes the learner's tensors.
 
-``ConduitDQNTorchLearner`` is RLlib's ``DQNTorchLearner`` with one change made in
-``build()``: its learner connector pipeline is wrapped by ``ConduitLearnerConnector``,
-which turns a ``DeliveredBatch`` into ``{module_id: {column: tensor}}`` on the
-learner's device (a rename and, on GPU, one non-blocking copy per column) instead of
-re-batching B one-step episodes. Anything else (real episodes) still goes through
-RLlib's own pipeline, unchanged.
+``ConduitDQNTorchLearner``, ``ConduitSACTorchLearner`` and ``ConduitTQCTorchLearner`` are
+RLlib's DQN, SAC and TQC learners with one change made in ``build()`` (``ConduitReplayLearner``): the learner
+connector pipeline is wrapped by ``ConduitLearnerConnector``, which turns a
+``DeliveredBatch`` into ``{module_id: {column: tensor}}`` on the learner's device (a
+rename and, on GPU, one non-blocking copy per column) instead of re-batching B one-step
+episodes. Anything else (real episodes) still goes through RLlib's own pipeline,
+unchanged. The losses are RLlib's: SAC's learner is a DQN learner in RLlib, and both
+read the same train-batch columns.
 """
 
 from __future__ import annotations
 
 import torch
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
+from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
+from ray.rllib.algorithms.tqc.torch.tqc_torch_learner import TQCTorchLearner
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
@@ -97,10 +101,10 @@ class ConduitLearnerConnector(ConnectorV2):
         return self.inner.set_state(state)
 
 
-class ConduitDQNTorchLearner(DQNTorchLearner):
-    """RLlib's DQN learner whose connector hands a delivered batch over as it is, and whose
-    train batch for it is built as RLlib builds it, with copied ``SampleBatch`` es
-    (``learner_batch.SampleBatchMaker``)."""
+class ConduitReplayLearner:
+    """Mixed in before an RLlib replay learner (DQN's, SAC's): its connector hands a delivered
+    batch over as it is, and its train batch for it is built as RLlib builds it, with copied
+    ``SampleBatch`` es (``learner_batch.SampleBatchMaker``)."""
 
     def build(self) -> None:
         from .opt_in import check_learner_connector
@@ -126,3 +130,15 @@ class ConduitDQNTorchLearner(DQNTorchLearner):
         return MultiAgentBatch({module_id: SampleBatch(module_data, _zero_padded=True)
                                 if shared_data.get(f"_zero_padded_for_mid={module_id}") else make(module_data)
                                 for module_id, module_data in cols.items()}, env_steps=len(episodes[0]))
+
+
+class ConduitDQNTorchLearner(ConduitReplayLearner, DQNTorchLearner):
+    """RLlib's DQN learner with Conduit's delivered batches (``ConduitReplayLearner``)."""
+
+
+class ConduitSACTorchLearner(ConduitReplayLearner, SACTorchLearner):
+    """RLlib's SAC learner with Conduit's delivered batches (``ConduitReplayLearner``)."""
+
+
+class ConduitTQCTorchLearner(ConduitReplayLearner, TQCTorchLearner):
+    """RLlib's TQC learner with Conduit's delivered batches (``ConduitReplayLearner``)."""

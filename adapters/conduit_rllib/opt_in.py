@@ -15,40 +15,62 @@ def enable(config, **options):
     opts = ConduitOptions.from_kwargs(options)
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.algorithms.ppo import PPOConfig
-    if isinstance(config, DQNConfig):
-        return _enable_dqn(config, opts)
+    from ray.rllib.algorithms.sac import SACConfig
+    if isinstance(config, (DQNConfig, SACConfig)):
+        return _enable_replay(config, opts)
     if isinstance(config, PPOConfig):
         if opts.source_ingest:   # PPO's on-policy batches reach the learner connector, not a replay buffer
             raise ConfigError("source_ingest", "False for PPO (env runners write at the source for DQN only)",
                               True, "drop source_ingest=True for PPO, or use it with a DQNConfig")
         from .ppo import enable_ppo
         return enable_ppo(config, opts)
-    raise ConfigError("config", "a DQNConfig or PPOConfig (RLlib 2.60, new API stack)", type(config).__name__,
-                      "use conduit_rllib with DQN or PPO, or write an adapter (docs/writing-an-adapter.md)")
+    raise ConfigError("config", "a DQNConfig, SACConfig (TQCConfig too) or PPOConfig (RLlib 2.60, new API stack)",
+                      type(config).__name__, "use conduit_rllib with DQN, SAC, TQC or PPO, or write an adapter "
+                      "(docs/writing-an-adapter.md)")
 
 
-def _enable_dqn(config, opts: ConduitOptions):
-    from .algorithms import ConduitDQN
-    from .learner import ConduitDQNTorchLearner
+def _replay_family(config):
+    """(RLlib's algorithm, Conduit's, RLlib's torch learner, Conduit's) for a replay config.
+
+    TQC before SAC before DQN: each is a subclass of the next in RLlib, and the learner
+    and algorithm classes a config holds by default are its own algorithm's."""
+    from ray.rllib.algorithms.dqn import DQN
+    from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
+    from ray.rllib.algorithms.sac import SAC, SACConfig
+    from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
+    from ray.rllib.algorithms.tqc import TQC, TQCConfig
+    from ray.rllib.algorithms.tqc.torch.tqc_torch_learner import TQCTorchLearner
+
+    from .algorithms import ConduitDQN, ConduitSAC, ConduitTQC
+    from .learner import ConduitDQNTorchLearner, ConduitSACTorchLearner, ConduitTQCTorchLearner
+    if isinstance(config, TQCConfig):
+        return TQC, ConduitTQC, TQCTorchLearner, ConduitTQCTorchLearner
+    if isinstance(config, SACConfig):
+        return SAC, ConduitSAC, SACTorchLearner, ConduitSACTorchLearner
+    return DQN, ConduitDQN, DQNTorchLearner, ConduitDQNTorchLearner
+
+
+def _enable_replay(config, opts: ConduitOptions):
+    """DQN, SAC and TQC: one replay path (RLlib runs SAC and TQC with DQN's training step,
+    DQN's buffer calls and the same train-batch columns); only the classes differ."""
+    algo, conduit_algo, learner, conduit_learner = _replay_family(config)
+    what = algo.__name__
     if config.framework_str != "torch":
         raise ConfigError("framework", "'torch'", repr(config.framework_str), "call config.framework('torch')")
     if config.is_multi_agent:
-        raise ConfigError("config.multi_agent(policies=...)", "a single-agent DQN config (conduit_rllib's DQN buffer "
-                          "stands in for RLlib's single-agent episode buffers)",
+        raise ConfigError("config.multi_agent(policies=...)", f"a single-agent {what} config (conduit_rllib's "
+                          "replay buffer stands in for RLlib's single-agent episode buffers)",
                           f"policies {sorted(map(str, config.policies))}",
-                          "run multi-agent DQN on RLlib's MultiAgentEpisodeReplayBuffer without conduit_rllib.enable() "
-                          "(multi-agent PPO does run through Conduit)")
+                          f"run multi-agent {what} on RLlib's MultiAgentEpisodeReplayBuffer without "
+                          "conduit_rllib.enable() (multi-agent PPO does run through Conduit)")
     rb = dict(config.replay_buffer_config)
+    again = conduit_buffer_kwargs(rb)   # enable() called again: the buffer kind it chose stays
     rb_type = rb.pop("type", "PrioritizedEpisodeReplayBuffer")
-    if rb_type == BUFFER_TYPE:
-        prioritized = rb.pop("prioritized", False)
-    else:
-        prioritized = buffer_kind(rb_type)
-    from ray.rllib.algorithms.dqn import DQN
-    from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
-    learner_cls = own_class(config.learner_class, DQNTorchLearner, ConduitDQNTorchLearner, "learner_class",
+    prioritized = again["prioritized"] if again is not None else buffer_kind(rb_type)
+    rb.pop("prioritized", None)
+    learner_cls = own_class(config.learner_class, learner, conduit_learner, "learner_class",
                             "config.learners(learner_class=...)")
-    algo_cls = own_class(config.algo_class, DQN, ConduitDQN, "algo_class", "the config's algo_class")
+    algo_cls = own_class(config.algo_class, algo, conduit_algo, "algo_class", "the config's algo_class")
     custom = custom_learner_pieces(config)
     if custom and opts.delivery == "columns":
         raise ConfigError("conduit_rllib.enable(delivery=...)", "'episodes' or None with learner connector pieces "
@@ -62,8 +84,14 @@ def _enable_dqn(config, opts: ConduitOptions):
         raise ConfigError(f"replay_buffer_config[{extra[0]!r}]", "capacity, alpha, beta", repr(extra[0]),
                           "remove the key; Conduit's buffer has no equivalent")
     # Assigned, not merged through config.training(): a merge would keep the old type's keys.
-    config.replay_buffer_config = {"type": BUFFER_TYPE, **keep, "prioritized": prioritized,
-                                   "conduit": opts.to_dict(), "learner_shards": max(1, config.num_learners)}
+    # SACConfig.validate() accepts only RLlib's four episode buffer names as the type, so a SAC
+    # or TQC config keeps RLlib's name and the "conduit" key marks it (ConduitSAC builds it);
+    # a DQN config names Conduit's class, which RLlib's own build then constructs.
+    from ray.rllib.algorithms.dqn import DQNConfig
+    names = {v: k for k, v in RLLIB_BUFFERS.items()}
+    config.replay_buffer_config = {"type": BUFFER_TYPE if isinstance(config, DQNConfig) else names[prioritized],
+                                   **keep, "prioritized": prioritized, "conduit": opts.to_dict(),
+                                   "learner_shards": max(1, config.num_learners)}
     config.learners(learner_class=learner_cls)
     if opts.source_ingest:
         check_source_ingest(config)
@@ -75,6 +103,18 @@ def _enable_dqn(config, opts: ConduitOptions):
 
 #: RLlib's two single-agent episode buffers, by the names ``replay_buffer_config["type"]`` takes
 RLLIB_BUFFERS = {"EpisodeReplayBuffer": False, "PrioritizedEpisodeReplayBuffer": True}
+
+
+def conduit_buffer_kwargs(rb: dict) -> dict | None:
+    """The keyword arguments of ``ConduitEpisodeReplayBuffer`` a ``replay_buffer_config``
+    that ``enable()`` wrote asks for (``prioritized`` among them), or None where it is not one:
+    the type names Conduit's class (DQN), or RLlib's with the ``"conduit"`` key (SAC, TQC)."""
+    rb_type = rb.get("type")
+    if rb_type == BUFFER_TYPE:
+        return {"prioritized": False, **{k: v for k, v in rb.items() if k != "type"}}
+    if "conduit" in rb and isinstance(rb_type, str) and rb_type in RLLIB_BUFFERS:
+        return {**{k: v for k, v in rb.items() if k != "type"}, "prioritized": RLLIB_BUFFERS[rb_type]}
+    return None
 
 
 def buffer_kind(rb_type) -> bool:

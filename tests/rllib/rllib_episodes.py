@@ -38,18 +38,19 @@ def extras_of(e: int, t: int) -> dict:
 
 
 def make_chunks(seed: int, *, episodes: int = 40, lengths=(2, 14), open_last: int = 3, split_every: int = 4,
-                with_extras: bool = False):
+                with_extras: bool = False, action_dims: int | None = None):
     """RLlib ``SingleAgentEpisode`` chunks in the order an env runner hands them over, and the
     true episodes they make up. Episodes end terminated or truncated (alternating by
     number); the last ``open_last`` are still running (not done); every ``split_every``-th
     episode comes in two chunks with the same id, as RLlib's env runners send them.
-    ``with_extras``: infos and extra model outputs that name their (episode, step)."""
+    ``with_extras``: infos and extra model outputs that name their (episode, step).
+    ``action_dims``: continuous actions of that many float32 dimensions (SAC's), not Discrete(2)."""
     import gymnasium as gym
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
     rng = np.random.default_rng(seed)
     obs_space = gym.spaces.Box(-1e9, 1e9, (2,), np.float32)
-    act_space = gym.spaces.Discrete(2)
+    act_space = gym.spaces.Discrete(2) if action_dims is None else gym.spaces.Box(-2, 2, (action_dims,), np.float32)
     chunks, truth = [], []
     for e in range(episodes):
         n = int(rng.integers(*lengths))
@@ -59,7 +60,8 @@ def make_chunks(seed: int, *, episodes: int = 40, lengths=(2, 14), open_last: in
         trunc = (not is_open) and e % 2 == 1
         ep = TrueEpisode(e, rewards, term, trunc)
         truth.append(ep)
-        actions = rng.integers(0, 2, n)
+        actions = rng.integers(0, 2, n) if action_dims is None else \
+            rng.uniform(-2, 2, (n, action_dims)).astype(np.float32)
         cuts = [0, n // 2, n] if (e % split_every == 0 and n >= 2) else [0, n]
         ep_id = f"ep{e}"
         for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):

@@ -1,0 +1,107 @@
+"""SAC and TQC through Conduit with the real RLlib 2.60: RLlib runs both with DQN's training
+step and buffer calls, so they take DQN's replay path with continuous actions. The check
+is exact: on RLlib's uniform buffer and Conduit's sharing its RNG, the same seeds train to
+the same weights."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import conduit_rllib
+from conduit_core import ConfigError
+from conduit_rllib import workloads
+from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
+
+from .rllib_episodes import make_chunks
+
+
+def small_sac(*, tqc=False, uniform=False, n_step=3, seed=3):
+    cfg = workloads.sac_pendulum(seed=seed, capacity=2000, tqc=tqc, hidden=32, batch=32, n_step=n_step)
+    # iterations of a fixed number of env steps (RLlib's default also waits a second per iteration)
+    cfg.reporting(min_time_s_per_iteration=0, min_sample_timesteps_per_iteration=40)
+    if uniform:
+        cfg.training(replay_buffer_config={"type": "EpisodeReplayBuffer", "capacity": 2000})
+    return cfg
+
+
+def _train(cfg, iterations, *, share_seed=None):
+    algo = cfg.build_algo()
+    try:
+        buf = algo.local_replay_buffer
+        if share_seed is not None:   # both buffers draw from a generator seeded alike
+            if isinstance(buf, ConduitEpisodeReplayBuffer):
+                buf.share_rng(np.random.default_rng(share_seed))
+            else:
+                buf.rng = np.random.default_rng(share_seed)
+        results = [algo.train() for _ in range(iterations)]
+        weights = {k: v.detach().clone() for k, v in algo.learner_group._learner.module["default_policy"]
+                   .state_dict().items()}
+        return results, weights, buf
+    finally:
+        algo.stop()
+
+
+# TQC's own loss broadcasts its quantiles (RLlib's code; it warns natively too)
+@pytest.mark.filterwarnings("ignore:Using a target size:UserWarning")
+@pytest.mark.parametrize("tqc", [False, True], ids=["sac", "tqc"])
+def test_sac_trains_to_rllibs_weights_bit_for_bit(ray_session, tqc):
+    """Pendulum, 3-step returns, 40 env steps per iteration after 32 warm-up steps: every
+    learner update draws the same rows (continuous actions, n-step returns, flags) from
+    Conduit as from RLlib's buffer, so the actor, critics and temperature end equal."""
+    native_res, native_w, _ = _train(small_sac(tqc=tqc, uniform=True), 4, share_seed=11)
+    res, w, buf = _train(conduit_rllib.enable(small_sac(tqc=tqc, uniform=True)), 4, share_seed=11)
+    assert isinstance(buf, ConduitEpisodeReplayBuffer) and not buf.prioritized
+    trained = res[-1]["learners"]["default_policy"]["num_module_steps_trained_lifetime"]
+    assert trained == native_res[-1]["learners"]["default_policy"]["num_module_steps_trained_lifetime"] > 0
+    assert set(w) == set(native_w)
+    differ = [k for k in w if not torch.equal(w[k], native_w[k])]
+    assert not differ, f"{len(differ)} of {len(w)} tensors differ from RLlib's after the same updates: {differ[:4]}"
+
+
+def test_sac_on_the_prioritized_buffer_trains_and_updates_every_priority(ray_session):
+    cfg = conduit_rllib.enable(small_sac(n_step=(2, 5)))
+    assert cfg.replay_buffer_config["type"] == "PrioritizedEpisodeReplayBuffer"   # SACConfig.validate's names
+    res, _, buf = _train(cfg, 3)
+    assert isinstance(buf, ConduitEpisodeReplayBuffer) and buf.prioritized
+    m = buf.conduit_metrics()
+    assert m.deliver.calls >= 1 and m.priorities.calls == m.deliver.calls
+    assert m.ingest.items_in == buf.get_added_timesteps()
+    assert res[-1]["learners"]["default_policy"]["num_module_steps_trained"] > 0
+
+
+def test_continuous_actions_are_delivered_as_rllib_stores_them():
+    """Box(3) float32 actions: the same rows under a shared RNG, bit for bit, in RLlib's dtype."""
+    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+    chunks, _ = make_chunks(4, episodes=20, action_dims=3)
+    theirs = EpisodeReplayBuffer(capacity=400)
+    ours = ConduitEpisodeReplayBuffer(capacity=400, conduit={"reuse_outputs": 0})
+    ours.share_rng(copy.deepcopy(theirs.rng))
+    try:
+        ours.add(copy.deepcopy(chunks))
+        theirs.add(copy.deepcopy(chunks))
+        want = theirs.sample(num_items=64, n_step=2, gamma=0.9, sample_episodes=True)
+        got = ours.sample(num_items=64, n_step=2, gamma=0.9, sample_episodes=True)[0].batch
+        actions = np.stack([e.get_actions(0) for e in want])
+        assert got["action"].dtype == torch.float32 and tuple(got["action"].shape) == (64, 3)
+        np.testing.assert_array_equal(got["action"].numpy(), actions)
+        np.testing.assert_array_equal(got["reward"].numpy(), np.array([e.get_rewards(0) for e in want], np.float32))
+    finally:
+        ours.close()
+
+
+def test_multi_agent_sac_is_refused_by_name():
+    from ray.rllib.algorithms.sac import SACConfig
+    cfg = SACConfig().environment("Pendulum-v1").multi_agent(policies={"a", "b"},
+                                                             policy_mapping_fn=lambda aid, *a, **k: "a")
+    with pytest.raises(ConfigError, match="single-agent SAC config"):
+        conduit_rllib.enable(cfg)
+    assert cfg.replay_buffer_config["type"] == "PrioritizedEpisodeReplayBuffer"   # nothing of the config changed
+
+
+def test_enable_twice_keeps_the_buffer_kind_for_sac():
+    cfg = conduit_rllib.enable(small_sac(uniform=True))
+    again = conduit_rllib.enable(cfg)
+    assert again.replay_buffer_config["type"] == "EpisodeReplayBuffer"
+    assert again.replay_buffer_config["prioritized"] is False
