@@ -27,6 +27,11 @@ from .learner_batch import SampleBatchMaker
 from .replay_buffer import DeliveredBatch
 
 
+#: the floating dtypes RLlib's learner connector turns into float32 (``convert_to_torch_tensor``: every
+#: floating tensor but float16); a float64 observation (Meta-World's) is stored as it came and
+#: reaches the loss as RLlib hands it over
+WIDENED = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype) and d.is_floating_point) \
+    - {torch.float32, torch.float16}
 FIRST_SEQ_KEY = "conduit_first_seq"  # with several learners, each: seq of the first row of the part it trained on
 
 
@@ -81,9 +86,12 @@ class ConduitLearnerConnector(ConnectorV2):
                     if not stay and v.device != dev:
                         v = v.to(dev, non_blocking=True)
                     if name is None:
-                        extras.append((k[len(EXTRA):], v))
+                        extras.append((k[len(EXTRA):], v.float() if v.dtype in WIDENED else v))
                     else:
                         cols[name] = v
+            for name, v in cols.items():   # as RLlib's NumpyToTensor: float64 observations train as float32
+                if v.dtype in WIDENED:
+                    cols[name] = v.float()
             if extras:  # include_extra_model_outputs: each under its key, nesting rebuilt (AddColumnsFrom...)
                 cols.update({k: v for k, v in unflatten(extras).items() if k not in cols})
             if weights is not None:

@@ -52,6 +52,30 @@ def sac_pendulum(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 100
     )
 
 
+METAWORLD_ENV = "conduit-metaworld"
+
+
+def metaworld_env(config: dict):
+    """One Meta-World task as a gymnasium env (``Meta-World/MT1``: a single task, its goal varied
+    per episode; 39-dim float64 observations, 4-dim actions, 500-step episodes). Imported here,
+    in whichever process makes the env: the ``metaworld`` package registers its ids on import."""
+    import gymnasium as gym
+    try:
+        import metaworld  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("Meta-World workloads need the metaworld package (MuJoCo ships in its wheel). "
+                          "Fix: pip install 'conduit-rllib[metaworld]' (or pip install metaworld)") from exc
+    return gym.make("Meta-World/MT1", env_name=config.get("task", "reach-v3"), seed=config.get("seed", 0))
+
+
+def sac_metaworld(*, task: str = "reach-v3", seed: int = 0, **sizes):
+    """SAC on one Meta-World task with the Pendulum example's settings (``sac_pendulum``'s
+    ``sizes``): the paper's continuous-control workload, at a size this machine runs in minutes."""
+    from ray.tune.registry import register_env
+    register_env(METAWORLD_ENV, metaworld_env)
+    return sac_pendulum(seed=seed, **sizes).environment(METAWORLD_ENV, env_config={"task": task, "seed": seed})
+
+
 def ppo_multi_agent_cartpole(*, seed: int = 0, num_agents: int = 2, shared: bool = False,
                              num_env_runners: int = 0):
     """RLlib 2.60's multi-agent CartPole PPO example (``examples/multi_agent/multi_agent_cartpole.py``):

@@ -1,4 +1,4 @@
-"""RLlib unmodified vs RLlib with Conduit: ``bench`` (``conduit bench rllib-dqn | rllib-ppo |
+"""RLlib unmodified vs RLlib with Conduit: ``bench`` (``conduit bench rllib-dqn | rllib-ppo | rllib-sac |
 rllib-ppo-multi-agent | rllib-dqn-atari``), ``learners`` (``num_learners`` 0, 1, 2), with the same
 ``timing`` wrappers around both arms; ``conduit_path`` (Conduit's share of a DQN step, call by call),
 ``add`` (ingestion per env-runner hand-over), ``fidelity`` (what each buffer delivers on the same

@@ -1,4 +1,4 @@
-"""``conduit bench rllib-dqn | rllib-ppo | rllib-dqn-atari``: unmodified RLlib vs RLlib
+"""``conduit bench rllib-dqn | rllib-ppo | rllib-sac | rllib-dqn-atari``: unmodified RLlib vs RLlib
 with Conduit, same config and seeds, alternating blocks of iterations in one run.
 
 Per workload it prints the exposed experience-path latency per training step (see
@@ -38,6 +38,8 @@ def _build(workload: str, system: str, args) -> object:
         cfg = workloads.dqn_cartpole(seed=args.seed)
     elif workload == "ppo":
         cfg = workloads.ppo_cartpole(seed=args.seed)
+    elif workload == "sac":
+        cfg = workloads.sac_pendulum(seed=args.seed)
     elif workload == "ppo-multi-agent":
         cfg = workloads.ppo_multi_agent_cartpole(seed=args.seed, num_agents=2, shared=False)
     elif workload == "dqn-atari":
@@ -256,9 +258,16 @@ def render(report: dict) -> str:
     # One seed's return after a few iterations says nothing about learning speed (seed to
     # seed it varies more than any data-plane effect): learning is compared over seeds, both
     # directions, by the convergence check.
-    lines.append("  learning (steps to return 150 over seeds, both directions): CONDUIT_CONVERGENCE_SEEDS=0,1,2,3,4 "
-                 "conduit conformance rllib --level convergence -k 'convergence/*'")
+    goal, check = LEARNING.get(report["workload"], ("return 150", "convergence/*"))
+    lines.append(f"  learning (steps to {goal} over seeds, both directions): CONDUIT_CONVERGENCE_SEEDS=0,1,2,3,4 "
+                 f"conduit conformance rllib --level convergence -k '{check}'")
     return "\n".join(lines)
+
+
+#: what the convergence check asks of each bench's workload, and its check's id
+LEARNING = {"rllib-sac": ("return -250", "convergence/sac_pendulum"),
+            "rllib-dqn": ("return 150", "convergence/dqn_cartpole"),
+            "rllib-ppo": ("return 150", "convergence/ppo_cartpole")}
 
 
 def _plot(report: dict, path: str) -> str | None:
@@ -286,6 +295,10 @@ def _plot(report: dict, path: str) -> str | None:
 
 def main_dqn(argv=None):
     return run("dqn", argv)
+
+
+def main_sac(argv=None):
+    return run("sac", argv)
 
 
 def main_ppo(argv=None):

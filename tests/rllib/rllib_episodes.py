@@ -38,13 +38,14 @@ def extras_of(e: int, t: int) -> dict:
 
 
 def make_chunks(seed: int, *, episodes: int = 40, lengths=(2, 14), open_last: int = 3, split_every: int = 4,
-                with_extras: bool = False, action_dims: int | None = None):
+                with_extras: bool = False, action_dims: int | None = None, reward_dtype=np.float32):
     """RLlib ``SingleAgentEpisode`` chunks in the order an env runner hands them over, and the
     true episodes they make up. Episodes end terminated or truncated (alternating by
     number); the last ``open_last`` are still running (not done); every ``split_every``-th
     episode comes in two chunks with the same id, as RLlib's env runners send them.
     ``with_extras``: infos and extra model outputs that name their (episode, step).
-    ``action_dims``: continuous actions of that many float32 dimensions (SAC's), not Discrete(2)."""
+    ``action_dims``: continuous actions of that many float32 dimensions (SAC's), not Discrete(2).
+    ``reward_dtype``: float64 gives rewards no float32 holds (Meta-World's)."""
     import gymnasium as gym
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
@@ -54,7 +55,7 @@ def make_chunks(seed: int, *, episodes: int = 40, lengths=(2, 14), open_last: in
     chunks, truth = [], []
     for e in range(episodes):
         n = int(rng.integers(*lengths))
-        rewards = rng.normal(size=n).astype(np.float32)
+        rewards = rng.normal(size=n).astype(reward_dtype)
         is_open = e >= episodes - open_last
         term = (not is_open) and e % 2 == 0
         trunc = (not is_open) and e % 2 == 1

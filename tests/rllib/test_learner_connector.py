@@ -55,3 +55,20 @@ def test_a_cpu_learner_given_a_batch_partly_elsewhere_gets_it_all_on_the_host(of
     cols = run("cpu", b)
     for k, v in cols.items():
         assert all(x.device.type == "cpu" for x in (v.values() if k == "q" else (v,))), k
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_floating_columns_reach_the_learner_as_rllibs_connector_hands_them_over(device):
+    """RLlib's NumpyToTensor makes every floating tensor but float16 a float32 one (Meta-World's
+    float64 observations reach SAC's float32 networks that way); integers, bools and float16 stay."""
+    from ray.rllib.utils.torch_utils import convert_to_torch_tensor
+    b = delivered()
+    b["obs"] = b["obs"].double()
+    b["extra_model_outputs.q.a"] = b["extra_model_outputs.q.a"].to(torch.bfloat16)
+    b["reward"] = b["reward"].half()
+    cols = run(device, b)
+    assert cols["obs"].dtype == convert_to_torch_tensor(np.zeros(2, np.float64)).dtype == torch.float32
+    assert cols["q"]["a"].dtype == torch.float32 and cols["rewards"].dtype == torch.float16
+    assert cols["actions"].dtype == torch.int64
+    if device == "cpu":
+        assert torch.equal(cols["obs"], b["obs"].float())
