@@ -1,5 +1,6 @@
-"""``conduit bench rllib-dqn | rllib-ppo | rllib-sac | rllib-dqn-atari``: unmodified RLlib vs RLlib
-with Conduit, same config and seeds, alternating blocks of iterations in one run.
+"""``conduit bench rllib-dqn | rllib-ppo | rllib-sac | rllib-sac-metaworld | rllib-dqn-atari``:
+unmodified RLlib vs RLlib with Conduit, same config and seeds, alternating blocks of
+iterations in one run.
 
 Per workload it prints the exposed experience-path latency per training step (see
 ``timing.py``: the same wrappers around both), the end-to-end iteration time, their
@@ -40,6 +41,8 @@ def _build(workload: str, system: str, args) -> object:
         cfg = workloads.ppo_cartpole(seed=args.seed)
     elif workload == "sac":
         cfg = workloads.sac_pendulum(seed=args.seed)
+    elif workload == "sac-metaworld":
+        cfg = workloads.sac_metaworld(task=args.task, seed=args.seed)
     elif workload == "ppo-multi-agent":
         cfg = workloads.ppo_multi_agent_cartpole(seed=args.seed, num_agents=2, shared=False)
     elif workload == "dqn-atari":
@@ -83,6 +86,7 @@ def run(workload: str, argv: list[str] | None) -> dict:
     p.add_argument("--worker", default="thread", choices=["thread", "process"])
     p.add_argument("--staleness", type=int, default=0)
     p.add_argument("--game", default="ale_py:ALE/Qbert-v5", help="Atari game (dqn-atari)")
+    p.add_argument("--task", default="reach-v3", help="Meta-World task (sac-metaworld)")
     p.add_argument("--atari-learning-starts", type=int, default=500)
     p.add_argument("--atari-iteration-steps", type=int, default=100,
                    help="env steps per iteration (dqn-atari; ~25 training steps of ~0.6 s each on CPU)")
@@ -299,6 +303,10 @@ def main_dqn(argv=None):
 
 def main_sac(argv=None):
     return run("sac", argv)
+
+
+def main_sac_metaworld(argv=None):
+    return run("sac-metaworld", argv)
 
 
 def main_ppo(argv=None):
