@@ -119,6 +119,36 @@ def rows_intact(ctx) -> str:
     return _summary(counts, fields)
 
 
+@check("deliver/continuous_actions_intact", needs=("replay", "continuous"))
+def continuous_actions_intact(ctx) -> str:
+    """Continuous actions (3 float32 components, as SAC's or TD3's) reach the learner as
+    they were stored: every delivered row's action, in value, shape and precision, with the
+    row's other fields. An adapter written for discrete actions, or one that narrows them
+    (float16, integers), fails here."""
+    rolls = episodes_for(ctx.seed + 6, n=30, start=FIRST_ID)
+    for r in rolls:
+        r.action_dims = 3
+    truth = Truth.of(rolls)
+    counts, fields = {}, set()
+    for prioritized in [False] + (["prioritized"] if "prioritized" in ctx.harness.capabilities else []):
+        where = "prioritized replay" if prioritized else "uniform replay"
+        with _closing(ctx.session(prioritized=bool(prioritized))) as s:
+            for r in rolls:
+                s.ingest(r)
+            s.flush()
+            for _ in range(DRAWS):
+                d = s.deliver(BATCH)
+                got = truth.verify(d, where)
+                ensure(not len(d.ids) or "action" in got, f"{where}: Delivered.rows has no 'action', so the suite "
+                       "cannot see the actions the learner gets. Fix: return the action column in Delivered.rows, "
+                       "or do not declare the 'continuous' capability")
+                fields |= set(got)
+                counts[where] = counts.get(where, 0) + len(d.ids)
+                if prioritized:
+                    s.update_priorities(d, priority_of(d.ids))
+    return _summary(counts, fields)
+
+
 @check("onpolicy/rows_intact", needs=("onpolicy",))
 def onpolicy_rows_intact(ctx) -> str:
     """Every row an on-policy delivery hands the learner (two policy versions, one after the

@@ -31,10 +31,19 @@ from typing import Any, Callable
 import numpy as np
 
 CAPABILITIES = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
-                          "nstep", "sequences", "shared_rng", "async"})
+                          "nstep", "sequences", "shared_rng", "async", "continuous"})
 OBS_DIM = 4
 # the columns a SyntheticRollout has, and the keys of Delivered.rows (a harness maps its framework's names to these)
 ROW_FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
+
+
+def action_of(ids, dims: int) -> np.ndarray:
+    """A continuous action of ``dims`` float32 components per transition (SAC's, TD3's): varied
+    per id and component, and, like ``reward_of``, never a value float16, bfloat16 or an integer
+    holds, so an adapter that assumes discrete actions or narrows them shows in every row."""
+    ids = np.asarray(ids).astype(np.int64).reshape(-1, 1)
+    k = np.arange(dims, dtype=np.int64).reshape(1, -1)
+    return ((((ids * 7907 + k * 31) % 17).astype(np.float32) - np.float32(8.3)) / np.float32(4.0))
 
 
 def reward_of(ids) -> np.ndarray:
@@ -51,13 +60,15 @@ class SyntheticRollout:
     (or the stored part of one, if neither flag is set). The adapter must keep the id
     readable in what it delivers: it is ``obs[:, 0]``; ``next_obs[:, 0]`` is the next step's
     id inside the rollout and ``ids[-1] + 0.5`` after its last step (the observation an
-    episode's step sequence gives). ``reward`` is ``reward_of(ids)``."""
+    episode's step sequence gives). ``reward`` is ``reward_of(ids)``; ``action`` is ``ids % 2``
+    (int64), or, with ``action_dims`` > 0, ``action_of(ids, action_dims)`` (float32, continuous)."""
 
     ids: np.ndarray
     source: int = 0
     policy_version: int = 0
     terminated: bool = False
     truncated: bool = False
+    action_dims: int = 0
 
     def columns(self) -> dict[str, np.ndarray]:
         n = len(self.ids)
@@ -74,8 +85,10 @@ class SyntheticRollout:
             term[-1] = True
         elif n and self.truncated:
             trunc[-1] = True
-        return {"obs": obs, "next_obs": nxt, "action": (np.asarray(self.ids) % 2).astype(np.int64),
-                "reward": reward_of(self.ids), "terminated": term, "truncated": trunc}
+        action = action_of(self.ids, self.action_dims) if self.action_dims else \
+            (np.asarray(self.ids) % 2).astype(np.int64)
+        return {"obs": obs, "next_obs": nxt, "action": action, "reward": reward_of(self.ids), "terminated": term,
+                "truncated": trunc}
 
 
 @dataclass

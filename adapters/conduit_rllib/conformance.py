@@ -236,7 +236,7 @@ class RLlibHarness(Harness):
     version = "0.1.0"
     framework = "ray[rllib]"
     capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
-                              "nstep", "sequences", "shared_rng"})
+                              "nstep", "sequences", "shared_rng", "continuous"})
 
     #: every convergence workload; ``RLlibHarness(convergence=(...))`` runs some (CI: the CartPole two)
     WORKLOADS = ("dqn_cartpole", "ppo_cartpole", "sac_pendulum")

@@ -19,9 +19,10 @@ def failed(report):
     return {r.id for r in report.results if r.status == "fail"}
 
 
-# minirl has no n-step or sequence sampling and no prioritized buffer of its own; the RLlib and SRL
-# adapters' mutations show these can fail
-NSTEP = {cid for cid, c in REGISTRY.items() if c.needs & {"nstep", "sequences"}} | {
+# minirl has no n-step or sequence sampling, no prioritized buffer of its own and discrete actions
+# only (a bandit's arms); the RLlib and SRL adapters' mutations show these can fail
+# (tests/rllib/test_rllib_mutations.py: continuous actions narrowed or taken as discrete)
+NSTEP = {cid for cid, c in REGISTRY.items() if c.needs & {"nstep", "sequences", "continuous"}} | {
     "equivalence/prioritized_matches_native"}
 
 
@@ -190,7 +191,7 @@ def test_nothing_passes_silently_a_filter_that_selects_nothing_is_an_error(tmp_p
 def test_what_is_not_certified_is_listed_and_a_required_capability_cannot_be_skipped():
     report = check_adapter(example_harness())
     assert report.ok
-    assert set(report.not_certified) == {"nstep", "sequences"}
+    assert set(report.not_certified) == {"nstep", "sequences", "continuous"}
     assert "deliver/nstep_rows_true" in report.not_certified["nstep"]
     assert "not certified" in report.table() and json.loads(report.to_json())["not_certified"] == report.not_certified
     required = check_adapter(example_harness(), require=["nstep"])

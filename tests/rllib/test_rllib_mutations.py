@@ -39,6 +39,21 @@ def _action_of_the_next_step(ep):
     return c
 
 
+def _actions_as_float16(ep):
+    """Continuous actions narrowed to half precision (to save memory)."""
+    c = episode_columns(ep)
+    if np.issubdtype(c["action"].dtype, np.floating):
+        c["action"] = c["action"].astype(np.float16)
+    return c
+
+
+def _actions_taken_as_discrete(ep):
+    """An adapter written for DQN: every action stored as an integer index."""
+    c = episode_columns(ep)
+    c["action"] = c["action"].astype(np.int64)
+    return c
+
+
 class _DropEvery10th:
     def __init__(self):
         self.seen = 0
@@ -157,6 +172,9 @@ MUTATIONS = {
     "drop_every_10th_transition": (lambda: _with_columns(_DropEvery10th()), "ingest/exactly_once"),
     # n-step rows carry no action: only the rows the learner gets show it
     "action_of_the_next_step": (lambda: _with_columns(_action_of_the_next_step), "deliver/rows_intact"),
+    "continuous_actions_as_float16": (lambda: _with_columns(_actions_as_float16), "deliver/continuous_actions_intact"),
+    "continuous_actions_taken_as_discrete": (lambda: _with_columns(_actions_taken_as_discrete),
+                                             "deliver/continuous_actions_intact"),
     "unnormalised_weights": (lambda: UnnormalisedWeights, "deliver/importance_weights"),
     "priorities_on_wrong_rows": (lambda: PrioritiesOnWrongRows, "deliver/prioritized_distribution"),
     "beta_of_the_call_ignored": (lambda: BetaIgnored, "equivalence/priority_exponents_match_native"),
@@ -173,7 +191,9 @@ MUTATIONS = {
 
 CAUGHT_BY = {"stratified_draws": ("distinct items",), "beta_of_the_call_ignored": ("weights",),
              "default_beta_not_rllibs": ("weights",), "alpha_fixed": ("alpha",),
-             "action_of_the_next_step": ("action of the row with id", "expected")}
+             "action_of_the_next_step": ("action of the row with id", "expected"),
+             "continuous_actions_as_float16": ("action of the row with id", "float16"),
+             "continuous_actions_taken_as_discrete": ("action of the row with id", "int64")}
 
 
 class MutantHarness(RLlibHarness):
