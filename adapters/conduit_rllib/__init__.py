@@ -28,7 +28,7 @@ __all__ = ["ConduitOptions", "enable"]
 
 
 def enable(config, **options):
-    """Opt an RLlib ``AlgorithmConfig`` (DQN or PPO) into Conduit; returns the config.
+    """Opt an RLlib ``AlgorithmConfig`` (DQN, SAC, TQC or PPO) into Conduit; returns the config.
 
     Options (all keyword, validated now): see :class:`ConduitOptions`."""
     from .opt_in import enable as _enable
