@@ -20,8 +20,9 @@ def enable(config, **options):
         return _enable_replay(config, opts)
     if isinstance(config, PPOConfig):
         if opts.source_ingest:   # PPO's on-policy batches reach the learner connector, not a replay buffer
-            raise ConfigError("source_ingest", "False for PPO (env runners write at the source for DQN only)",
-                              True, "drop source_ingest=True for PPO, or use it with a DQNConfig")
+            raise ConfigError("source_ingest", "False for PPO (env runners write at the source for DQN, SAC and "
+                              "TQC only)", True, "drop source_ingest=True for PPO, or use it with a DQN, SAC or "
+                              "TQC config")
         from .ppo import enable_ppo
         return enable_ppo(config, opts)
     raise ConfigError("config", "a DQNConfig, SACConfig (TQCConfig too) or PPOConfig (RLlib 2.60, new API stack)",

@@ -204,3 +204,19 @@ def test_enable_twice_keeps_the_buffer_kind_for_sac():
     again = conduit_rllib.enable(cfg)
     assert again.replay_buffer_config["type"] == "EpisodeReplayBuffer"
     assert again.replay_buffer_config["prioritized"] is False
+
+
+def test_sac_with_ingestion_at_the_source(ray_session):
+    """``source_ingest=True``: SAC's remote env runner writes its steps where it runs (DQN's
+    writers, handed out by the same algorithm hook); the driver's buffer takes receipts."""
+    cfg = small_sac(n_step=(2, 5)).env_runners(num_env_runners=1)
+    algo = conduit_rllib.enable(cfg, source_ingest=True).build_algo()
+    try:
+        for _ in range(3):
+            res = algo.train()
+        buf = algo.local_replay_buffer
+        assert len(algo.conduit_writers) == 1 and buf.unwritten_adds == 0   # every add came as a receipt
+        assert len(buf) == buf.get_added_timesteps() > 0
+        assert res["learners"]["default_policy"]["num_module_steps_trained"] > 0
+    finally:
+        algo.stop()

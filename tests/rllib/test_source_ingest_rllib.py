@@ -151,11 +151,11 @@ def test_a_dropped_sample_is_abandoned_and_runners_whose_shard_is_lost_get_write
 
 
 def test_source_ingest_is_refused_for_ppo_not_ignored():
-    """Env runners write at the source for DQN only: PPO must say so, not accept and ignore it."""
+    """Env runners write at the source for the replay algorithms only: PPO must say so, not accept and ignore it."""
     from ray.rllib.algorithms.ppo import PPOConfig
 
     import conduit_rllib
     from conduit_core import ConfigError
     config = PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=1)
-    with pytest.raises(ConfigError, match="source_ingest.*DQN only"):
+    with pytest.raises(ConfigError, match="source_ingest.*DQN, SAC and TQC only"):
         conduit_rllib.enable(config, source_ingest=True)
