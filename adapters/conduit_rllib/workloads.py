@@ -24,6 +24,12 @@ def dqn_cartpole(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 50_
     )
 
 
+def dqn_mountaincar(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 50_000):
+    """The DQN CartPole settings on MountainCar-v0 (the paper's Figure 11 runs DQN there): the same
+    replay path, with 200-step episodes that mostly end truncated and a -1 reward every step."""
+    return dqn_cartpole(seed=seed, num_env_runners=num_env_runners, capacity=capacity).environment("MountainCar-v0")
+
+
 def sac_pendulum(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 100_000, tqc: bool = False,
                  hidden: int = 256, batch: int = 256, n_step=(2, 5)):
     """RLlib 2.60's tuned SAC Pendulum example (``tuned_examples/sac/pendulum_sac.py``: prioritized
