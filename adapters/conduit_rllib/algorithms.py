@@ -28,6 +28,10 @@ def check_learner_shards(algo) -> None:
                           "call conduit_rllib.enable(config) again after changing num_learners")
 
 
+#: the key of the data plane's metrics in ``algo.train()``'s result
+CONDUIT_RESULTS = "conduit"
+
+
 class ConduitReplayAlgorithm(BufferCheckpointMixin):
     """Mixed in before RLlib's DQN (or its subclasses SAC, TQC): Conduit's buffer built with
     the config's seed, source-ingest writers handed out, the buffer closed at cleanup."""
@@ -79,6 +83,16 @@ class ConduitReplayAlgorithm(BufferCheckpointMixin):
                 self.conduit_writers_for = ledger
                 self.conduit_unwritten_seen = buf.unwritten_adds
         return super().training_step()
+
+    def step(self):
+        """RLlib's iteration, its result with the data plane's counters under ``"conduit"``
+        (``MetricsSnapshot.scalars()``), where a user reads the rest of the run (TensorBoard,
+        W&B, Tune): once per iteration, not per training step (a step is milliseconds)."""
+        result = super().step()
+        metrics = getattr(getattr(self, "local_replay_buffer", None), "conduit_metrics", lambda: None)()
+        if metrics is not None and isinstance(result, dict):
+            result[CONDUIT_RESULTS] = metrics.scalars()
+        return result
 
     def cleanup(self):
         buf = getattr(self, "local_replay_buffer", None)

@@ -50,6 +50,22 @@ class MetricsSnapshot:
     def to_dict(self) -> dict:
         return asdict(self) | {"exposed_s": self.exposed_s}
 
+    def scalars(self) -> dict[str, float]:
+        """One flat name -> number per counter, for a framework's tracker (RLlib's result dict,
+        SB3's logger, verl's tracking): the buffer's size and rows inserted, the exposed time,
+        and per control point its calls and the time the caller was blocked in it and its
+        operator busy (milliseconds, cumulative); the prepared-batch and stale-drop counters."""
+        out: dict[str, float] = {"buffer_size": self.buffer_size, "inserted": self.inserted,
+                                 "exposed_ms": self.exposed_s * 1e3}
+        for name in ("ingest", "deliver", "priorities"):
+            point = getattr(self, name)
+            out[f"{name}_calls"] = point.calls
+            out[f"{name}_blocked_ms"] = point.blocked_s * 1e3
+            out[f"{name}_busy_ms"] = point.busy_s * 1e3
+        out.update(prefetch_hits=self.prefetch_hits, prefetch_discards=self.prefetch_discards,
+                   dropped_stale=self.dropped_stale)
+        return out
+
 
 class MetricsRecorder:
     """Thread-safe counters behind ``ExperienceDataPlane.metrics()``."""

@@ -33,6 +33,9 @@ def test_dqn_trains_through_conduit(ray_session, num_env_runners):
         assert m.deliver.calls >= 1 and m.priorities.calls == m.deliver.calls
         assert m.ingest.items_in == buf.get_added_timesteps()
         assert res["learners"]["default_policy"]["num_module_steps_trained"] > 0
+        conduit = res["conduit"]   # the data plane's counters in RLlib's result, where users read the run
+        assert conduit["deliver_calls"] == m.deliver.calls and conduit["inserted"] == m.inserted
+        assert conduit["buffer_size"] == len(buf) and conduit["exposed_ms"] > 0
         replay = res["replay_buffer"]   # DQN aggregates get_metrics() (it was {}: no entry)
         assert replay["num_env_steps_added_lifetime"] == buf.get_added_timesteps()
         assert replay["num_env_steps_sampled_lifetime"] == buf.get_sampled_timesteps()

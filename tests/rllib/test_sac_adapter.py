@@ -135,6 +135,7 @@ def test_sac_on_the_prioritized_buffer_trains_and_updates_every_priority(ray_ses
     assert m.deliver.calls >= 1 and m.priorities.calls == m.deliver.calls
     assert m.ingest.items_in == buf.get_added_timesteps()
     assert res[-1]["learners"]["default_policy"]["num_module_steps_trained"] > 0
+    assert res[-1]["conduit"]["priorities_calls"] == m.priorities.calls   # in RLlib's result, as for DQN
 
 
 def test_continuous_actions_are_delivered_as_rllib_stores_them():

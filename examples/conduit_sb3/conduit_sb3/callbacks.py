@@ -13,11 +13,11 @@ log = logging.getLogger(__name__)
 
 
 class ConduitMetricsCallback(BaseCallback):
-    """Records the replay buffer's data-plane metrics after each rollout collection:
-    ``conduit/buffer_size``, ``conduit/inserted`` (rows stored so far), per control point the calls and
-    the time the learner was blocked in it (``conduit/ingest_blocked_ms``, ``conduit/deliver_blocked_ms``,
-    cumulative), and the prepared-batch counters of an overlapped schedule. A model whose buffer is not
-    Conduit's records nothing and says so once."""
+    """Records the replay buffer's data-plane metrics after each rollout collection, under
+    ``conduit/``: the core's ``MetricsSnapshot.scalars()`` (``buffer_size``, ``inserted`` (rows stored so
+    far), per control point the calls and the time the learner was blocked in it, e.g.
+    ``conduit/deliver_blocked_ms``, cumulative, and the prepared-batch counters of an overlapped
+    schedule). A model whose buffer is not Conduit's records nothing and says so once."""
 
     def _on_training_start(self) -> None:
         self._on = isinstance(getattr(self.model, "replay_buffer", None), _ConduitStorage)
@@ -32,14 +32,5 @@ class ConduitMetricsCallback(BaseCallback):
     def _on_rollout_end(self) -> None:
         if not self._on:
             return
-        m = self.model.replay_buffer.edp.metrics()
-        record = self.logger.record
-        record("conduit/buffer_size", m.buffer_size)
-        record("conduit/inserted", m.inserted)
-        for point in ("ingest", "deliver"):
-            cp = getattr(m, point)
-            record(f"conduit/{point}_calls", cp.calls)
-            record(f"conduit/{point}_blocked_ms", cp.blocked_s * 1e3)
-        if m.prefetch_hits or m.prefetch_discards:
-            record("conduit/prefetch_hits", m.prefetch_hits)
-            record("conduit/prefetch_discards", m.prefetch_discards)
+        for name, value in self.model.replay_buffer.edp.metrics().scalars().items():
+            self.logger.record(f"conduit/{name}", value)

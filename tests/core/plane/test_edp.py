@@ -160,6 +160,19 @@ def test_metrics_snapshot_and_reset():
         assert edp.metrics().ingest.calls == 0
 
 
+def test_metrics_scalars_are_the_snapshot_flat_for_a_tracker():
+    with make(Schedule.sequential()) as edp:
+        edp.ingest(rollout(10))
+        edp.deliver(4)
+        m = edp.metrics()
+        flat = m.scalars()
+        assert all(isinstance(v, (int, float)) for v in flat.values())
+        assert flat["buffer_size"] == 10 and flat["ingest_calls"] == 1 and flat["deliver_calls"] == 1
+        assert flat["exposed_ms"] == pytest.approx(m.exposed_s * 1e3)
+        assert flat["deliver_blocked_ms"] == pytest.approx(m.deliver.blocked_s * 1e3)
+        assert {"priorities_calls", "prefetch_hits", "prefetch_discards", "dropped_stale", "inserted"} <= set(flat)
+
+
 def test_edp_state_round_trip_continues_identically(tmp_path):
     from conduit_core import state_io
     a = make(Schedule.overlapped(), Prioritized())
