@@ -97,37 +97,9 @@ def _summary(counts: dict[str, int], fields: set[str]) -> str:
             + (f" (not delivered: {', '.join(absent)})" if absent else ""))
 
 
-@check("deliver/rows_intact", needs=("replay",))
-def rows_intact(ctx) -> str:
-    """Every row replay delivers (uniform, and prioritized where declared) holds its own
-    transition's obs, next_obs, action, reward and flags, exactly, as the learner gets them."""
-    rolls = episodes_for(ctx.seed + 4, n=30, start=FIRST_ID)
-    truth = Truth.of(rolls)
-    counts, fields = {}, set()
-    for prioritized in [False] + (["prioritized"] if "prioritized" in ctx.harness.capabilities else []):
-        where = "prioritized replay" if prioritized else "uniform replay"
-        with _closing(ctx.session(prioritized=bool(prioritized))) as s:
-            for r in rolls:
-                s.ingest(r)
-            s.flush()
-            for _ in range(DRAWS):
-                d = s.deliver(BATCH)
-                fields |= set(truth.verify(d, where))
-                counts[where] = counts.get(where, 0) + len(d.ids)
-                if prioritized:   # unequal priorities: weighted draws, through the path's own update
-                    s.update_priorities(d, priority_of(d.ids))
-    return _summary(counts, fields)
-
-
-@check("deliver/continuous_actions_intact", needs=("replay", "continuous"))
-def continuous_actions_intact(ctx) -> str:
-    """Continuous actions (3 float32 components, as SAC's or TD3's) reach the learner as
-    they were stored: every delivered row's action, in value, shape and precision, with the
-    row's other fields. An adapter written for discrete actions, or one that narrows them
-    (float16, integers), fails here."""
-    rolls = episodes_for(ctx.seed + 6, n=30, start=FIRST_ID)
-    for r in rolls:
-        r.action_dims = 3
+def _replay_rows_intact(ctx, rolls: list[SyntheticRollout], *, need: tuple[str, ...] = ()) -> str:
+    """Ingest ``rolls`` into uniform (and, where declared, prioritized) replay, deliver, and compare
+    every delivered row with its id's columns; ``need``: fields the rows must include."""
     truth = Truth.of(rolls)
     counts, fields = {}, set()
     for prioritized in [False] + (["prioritized"] if "prioritized" in ctx.harness.capabilities else []):
@@ -139,14 +111,30 @@ def continuous_actions_intact(ctx) -> str:
             for _ in range(DRAWS):
                 d = s.deliver(BATCH)
                 got = truth.verify(d, where)
-                ensure(not len(d.ids) or "action" in got, f"{where}: Delivered.rows has no 'action', so the suite "
-                       "cannot see the actions the learner gets. Fix: return the action column in Delivered.rows, "
-                       "or do not declare the 'continuous' capability")
+                missing = [f for f in need if len(d.ids) and f not in got]
+                ensure(not missing, f"{where}: Delivered.rows has no {missing}, so the suite cannot see what the "
+                       "learner gets. Fix: return them in Delivered.rows, or do not declare the capability that "
+                       "needs them")
                 fields |= set(got)
                 counts[where] = counts.get(where, 0) + len(d.ids)
-                if prioritized:
+                if prioritized:   # unequal priorities: weighted draws, through the path's own update
                     s.update_priorities(d, priority_of(d.ids))
     return _summary(counts, fields)
+
+
+@check("deliver/rows_intact", needs=("replay",))
+def rows_intact(ctx) -> str:
+    """Every row replay delivers (uniform, and prioritized where declared) holds its own
+    transition's obs, next_obs, action, reward and flags, exactly, as the learner gets them."""
+    return _replay_rows_intact(ctx, episodes_for(ctx.seed + 4, n=30, start=FIRST_ID))
+
+
+@check("deliver/continuous_actions_intact", needs=("replay", "continuous"))
+def continuous_actions_intact(ctx) -> str:
+    """Continuous actions (3 float32 components, as SAC's or TD3's) reach the learner with the
+    values they were stored with, in every delivered row, with the row's other fields. An
+    adapter written for discrete actions, or one that narrows them (float16, integers), fails."""
+    return _replay_rows_intact(ctx, episodes_for(ctx.seed + 6, n=30, start=FIRST_ID, action_dims=3), need=("action",))
 
 
 @check("onpolicy/rows_intact", needs=("onpolicy",))

@@ -65,15 +65,16 @@ class Episodes:
         return list(zip(left.tolist(), k.tolist()))
 
 
-def episodes_for(seed: int, *, n: int = 40, start: int = 0) -> list[SyntheticRollout]:
-    """Episodes of 1-14 steps ending terminated (40%), truncated (30%) or still running."""
+def episodes_for(seed: int, *, n: int = 40, start: int = 0, action_dims: int = 0) -> list[SyntheticRollout]:
+    """Episodes of 1-14 steps ending terminated (40%), truncated (30%) or still running;
+    ``action_dims`` > 0: with continuous actions of that many components."""
     rng = np.random.default_rng(seed)
     out, nxt = [], start
     for i in range(n):
         k = int(rng.integers(1, 15))
         end = rng.random()
         out.append(SyntheticRollout(np.arange(nxt, nxt + k), source=i % 4, terminated=end < 0.4,
-                                    truncated=0.4 <= end < 0.7))
+                                    truncated=0.4 <= end < 0.7, action_dims=action_dims))
         nxt += k
     return out
 

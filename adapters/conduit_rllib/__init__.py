@@ -14,10 +14,15 @@ Stage map (RLlib stage -> Conduit control point):
     update_priorities(td_error) ---> delivery    (priority update of the delivered rows)
     Algorithm.save_to_path --------> state       (the buffer saved beside the checkpoint)
 
-Everything is reached through RLlib's own extension points: the dotted-string
-``replay_buffer_config["type"]``, ``.learners(learner_class=...)`` and the config's
-``algo_class`` (a subclass that only adds buffer checkpointing). RLlib is imported
-lazily: importing this package costs nothing until ``enable`` is called.
+Everything is reached through RLlib's own extension points: ``replay_buffer_config``
+(for DQN the dotted-string type; for SAC and TQC, whose validation takes only RLlib's
+buffer names, RLlib's name and a ``"conduit"`` key), ``.learners(learner_class=...)`` and
+the config's ``algo_class`` (a subclass that builds Conduit's buffer and adds buffer
+checkpointing, writers for ``source_ingest`` and the data plane's counters in the result).
+Build with ``config.build_algo()`` (or ``tune.Tuner(config.algo_class, ...)``): RLlib's
+own class ignores the ``"conduit"`` key, which the learner then refuses at its first
+update. RLlib is imported lazily: importing this package costs nothing until ``enable``
+is called.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Algorithm subclasses that add buffer checkpointing and build-time checks, nothing else.
+"""Algorithm subclasses: Conduit's buffer built with the config's seed, buffer checkpointing,
+build-time checks and the data plane's counters in each result; nothing of the algorithm.
 
 They are set as the config's ``algo_class`` by ``conduit_rllib.enable``; the training
 step, sampling, learner updates and weight syncs are RLlib's own (with ``source_ingest``,
@@ -54,10 +55,11 @@ class ConduitReplayAlgorithm(BufferCheckpointMixin):
         if kwargs is None:
             return super()._create_local_replay_buffer_if_necessary(config)
         from .replay_buffer import ConduitEpisodeReplayBuffer
+        field = "replay_buffer_config['seed']" if "seed" in kwargs else "config.seed"
         seed = kwargs.pop("seed", self.config.seed)
         if (kwargs.get("conduit") or {}).get("seed") is None and seed is not None \
                 and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ConfigError("config.seed", "None or an int >= 0 (Conduit's replay draws are seeded with it)",
+            raise ConfigError(field, "None or an int >= 0 (Conduit's replay draws are seeded with it)",
                               repr(seed), "call config.debugging(seed=0) (any int >= 0), or pass "
                               "conduit_rllib.enable(config, seed=...)")
         smoothing = self.config.metrics_num_episodes_for_smoothing
@@ -87,9 +89,12 @@ class ConduitReplayAlgorithm(BufferCheckpointMixin):
     def step(self):
         """RLlib's iteration, its result with the data plane's counters under ``"conduit"``
         (``MetricsSnapshot.scalars()``), where a user reads the rest of the run (TensorBoard,
-        W&B, Tune): once per iteration, not per training step (a step is milliseconds)."""
+        W&B, Tune): once per iteration, not per training step (a step is milliseconds). The
+        counters are this process's: a restored run keeps its rows (``buffer_size``,
+        ``inserted``), its call and time counters start again from zero."""
         result = super().step()
-        metrics = getattr(getattr(self, "local_replay_buffer", None), "conduit_metrics", lambda: None)()
+        buf = getattr(self, "local_replay_buffer", None)
+        metrics = buf.conduit_metrics() if hasattr(buf, "conduit_metrics") else None
         if metrics is not None and isinstance(result, dict):
             result[CONDUIT_RESULTS] = metrics.scalars()
         return result

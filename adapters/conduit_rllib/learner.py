@@ -20,6 +20,7 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
+from conduit_core.errors import ConfigError
 from conduit_core.schema.nested import unflatten
 
 from .columns import EXTRA, RLLIB_COLUMNS
@@ -30,8 +31,8 @@ from .replay_buffer import DeliveredBatch
 #: the floating dtypes RLlib's learner connector turns into float32 (``convert_to_torch_tensor``: every
 #: floating tensor but float16); a float64 observation (Meta-World's) is stored as it came and
 #: reaches the loss as RLlib hands it over
-WIDENED = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype) and d.is_floating_point) \
-    - {torch.float32, torch.float16}
+WIDENED = frozenset({torch.float64, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
+                     torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2})
 FIRST_SEQ_KEY = "conduit_first_seq"  # with several learners, each: seq of the first row of the part it trained on
 
 
@@ -130,6 +131,9 @@ class ConduitReplayLearner:
         connector = self._learner_connector
         if training_data.batch is not None or not episodes or len(episodes) != 1 \
                 or type(episodes[0]) is not DeliveredBatch or type(connector) is not ConduitLearnerConnector:
+            if episodes and not getattr(self, "_conduit_buffer_checked", False):
+                self._conduit_buffer_checked = True
+                self._check_conduit_buffer(episodes)
             return super()._make_batch_if_necessary(training_data)
         shared_data = {}
         cols = connector(rl_module=self.module, batch={}, episodes=episodes, shared_data=shared_data,
@@ -138,6 +142,24 @@ class ConduitReplayLearner:
         return MultiAgentBatch({module_id: SampleBatch(module_data, _zero_padded=True)
                                 if shared_data.get(f"_zero_padded_for_mid={module_id}") else make(module_data)
                                 for module_id, module_data in cols.items()}, env_steps=len(episodes[0]))
+
+
+    def _check_conduit_buffer(self, episodes) -> None:
+        """Once, at the first update that is not a delivered batch: with column delivery and a
+        stateless module Conduit's buffer hands over nothing else, so RLlib's episodes here mean
+        the algorithm was built by RLlib's own class (``tune.Tuner("SAC", ...)``, ``SAC(config)``),
+        which builds RLlib's buffer and ignores Conduit's options. Refused, not run half-way."""
+        opts = (getattr(self.config, "replay_buffer_config", None) or {}).get("conduit") or {}
+        module = self.module[DEFAULT_MODULE_ID] if DEFAULT_MODULE_ID in self.module else None
+        if opts.get("delivery") != "columns" or module is None or module.is_stateful():
+            return
+        algo = getattr(self.config, "algo_class", None)
+        shown = getattr(algo, "__name__", "Conduit's algorithm class")
+        raise ConfigError("the algorithm class", f"{shown} (conduit_rllib.enable() set it as the config's algo_class: "
+                          "it builds Conduit's buffer)", f"RLlib's own class: the learner got RLlib's "
+                          f"{type(episodes[0]).__name__}s, not Conduit's batches",
+                          "build with config.build_algo(), or pass the class to Tune: "
+                          "tune.Tuner(config.algo_class, param_space=config), not tune.Tuner(\"SAC\", ...)")
 
 
 class ConduitDQNTorchLearner(ConduitReplayLearner, DQNTorchLearner):

@@ -156,7 +156,7 @@ def run(workload: str, argv: list[str] | None) -> dict:
 
 
 # the replay memory by RSS: buffer.replay_rss's workload for each bench, and its largest fill
-RSS_KIND = {"dqn": "cartpole", "dqn-atari": "atari"}   # (MountainCar's rows are CartPole's size and kind)
+RSS_KIND = {"dqn": "cartpole", "dqn-atari": "atari"}
 RSS_FILL_LIMIT = {"cartpole": 1_000_000, "atari": 20_000}   # Atari: RLlib's float32 stacks take 115 KB each
 
 

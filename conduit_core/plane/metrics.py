@@ -52,7 +52,7 @@ class MetricsSnapshot:
 
     def scalars(self) -> dict[str, float]:
         """One flat name -> number per counter, for a framework's tracker (RLlib's result dict,
-        SB3's logger, verl's tracking): the buffer's size and rows inserted, the exposed time,
+        SB3's logger): the buffer's size and rows inserted, the exposed time,
         and per control point its calls and the time the caller was blocked in it and its
         operator busy (milliseconds, cumulative); the prepared-batch and stale-drop counters."""
         out: dict[str, float] = {"buffer_size": self.buffer_size, "inserted": self.inserted,

@@ -70,5 +70,8 @@ def test_floating_columns_reach_the_learner_as_rllibs_connector_hands_them_over(
     assert cols["obs"].dtype == convert_to_torch_tensor(np.zeros(2, np.float64)).dtype == torch.float32
     assert cols["q"]["a"].dtype == torch.float32 and cols["rewards"].dtype == torch.float16
     assert cols["actions"].dtype == torch.int64
+    b2 = delivered()
+    b2["terminated"] = torch.tensor([True, False, False, True])
+    assert run(device, b2)["terminateds"].dtype == torch.bool
     if device == "cpu":
         assert torch.equal(cols["obs"], b["obs"].float())

@@ -9,8 +9,17 @@ class TestRLlibConformance(ConformanceTests):
     level = "convergence"
 
     def make_harness(self):
-        from conduit_rllib.conformance import harness
         # the CartPole workloads at CI's 2 seeds (~5 min); SAC Pendulum (~10 min a run) is measured in
-        # the lab: docs/benchmarks.md, the RLlib SAC row
+        # the lab: docs/benchmarks.md §20
         from conduit_rllib.conformance import RLlibHarness
         return RLlibHarness(convergence=("dqn_cartpole", "ppo_cartpole"))
+
+
+def test_the_registered_harness_runs_every_workload_and_a_subset_is_checked_by_name():
+    import pytest
+
+    from conduit_core import ConfigError
+    from conduit_rllib.conformance import WORKLOADS, RLlibHarness, harness
+    assert set(harness().convergence_workloads()) == set(WORKLOADS) >= {"dqn_cartpole", "sac_pendulum"}
+    with pytest.raises(ConfigError, match="sac_pendullum"):
+        RLlibHarness(convergence=("sac_pendullum",))

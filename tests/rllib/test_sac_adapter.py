@@ -195,16 +195,77 @@ def test_multi_agent_sac_is_refused_by_name():
     from ray.rllib.algorithms.sac import SACConfig
     cfg = SACConfig().environment("Pendulum-v1").multi_agent(policies={"a", "b"},
                                                              policy_mapping_fn=lambda aid, *a, **k: "a")
+    before = copy.deepcopy(cfg.replay_buffer_config), cfg.learner_class, cfg.algo_class
     with pytest.raises(ConfigError, match="single-agent SAC config"):
         conduit_rllib.enable(cfg)
-    assert cfg.replay_buffer_config["type"] == "PrioritizedEpisodeReplayBuffer"   # nothing of the config changed
+    assert (cfg.replay_buffer_config, cfg.learner_class, cfg.algo_class) == before   # nothing of the config changed
 
 
-def test_enable_twice_keeps_the_buffer_kind_for_sac():
-    cfg = conduit_rllib.enable(small_sac(uniform=True))
+@pytest.mark.parametrize("tqc", [False, True], ids=["sac", "tqc"])
+@pytest.mark.parametrize("uniform", [False, True], ids=["prioritized", "uniform"])
+def test_enable_twice_changes_nothing_for_sac_and_tqc(tqc, uniform):
+    from conduit_rllib.algorithms import ConduitSAC, ConduitTQC
+    from conduit_rllib.learner import ConduitSACTorchLearner, ConduitTQCTorchLearner
+    cfg = conduit_rllib.enable(small_sac(tqc=tqc, uniform=uniform))
+    once = copy.deepcopy(cfg.replay_buffer_config), cfg.learner_class, cfg.algo_class
+    assert once[1] is (ConduitTQCTorchLearner if tqc else ConduitSACTorchLearner)
+    assert once[2] is (ConduitTQC if tqc else ConduitSAC)
+    assert once[0]["type"] == ("EpisodeReplayBuffer" if uniform else "PrioritizedEpisodeReplayBuffer")
+    assert once[0]["prioritized"] is (not uniform)
     again = conduit_rllib.enable(cfg)
-    assert again.replay_buffer_config["type"] == "EpisodeReplayBuffer"
-    assert again.replay_buffer_config["prioritized"] is False
+    assert (again.replay_buffer_config, again.learner_class, again.algo_class) == once
+
+
+def test_a_users_sac_learner_must_derive_from_conduits():
+    from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
+
+    from conduit_rllib.learner import ConduitSACTorchLearner
+
+    class Mine(SACTorchLearner):
+        pass
+
+    class MineOnConduit(ConduitSACTorchLearner):
+        pass
+
+    with pytest.raises(ConfigError, match="derive Mine from conduit_rllib.learner.ConduitSACTorchLearner"):
+        conduit_rllib.enable(small_sac().learners(learner_class=Mine))
+    assert conduit_rllib.enable(small_sac().learners(learner_class=MineOnConduit)).learner_class is MineOnConduit
+
+
+def test_rllibs_own_sac_class_is_refused_at_the_first_update_not_run_on_its_buffer(ray_session):
+    """``SAC(config)`` (or ``tune.Tuner("SAC", ...)``) builds RLlib's buffer, which takes Conduit's
+    options as unknown keywords and ignores them: the learner refuses the first update of
+    RLlib's episodes instead of training as if Conduit were there."""
+    from ray.rllib.algorithms.sac import SAC
+    algo = SAC(config=conduit_rllib.enable(small_sac()))
+    try:
+        assert not isinstance(algo.local_replay_buffer, ConduitEpisodeReplayBuffer)
+        with pytest.raises(ConfigError, match="config.build_algo"):
+            for _ in range(3):
+                algo.train()
+    finally:
+        algo.stop()
+
+
+def test_a_sac_checkpoint_restores_the_buffer_exactly(ray_session, tmp_path):
+    from ray.rllib.algorithms.algorithm import Algorithm
+    algo = conduit_rllib.enable(small_sac(n_step=(2, 5))).build_algo()
+    try:
+        algo.train()
+        algo.train()
+        path = algo.save_to_path(str(tmp_path / "ckpt"))
+        restored = Algorithm.from_checkpoint(path)
+        try:
+            assert type(restored.local_replay_buffer) is ConduitEpisodeReplayBuffer
+            assert len(restored.local_replay_buffer) == len(algo.local_replay_buffer) > 0
+            x = algo.local_replay_buffer.sample(32, sample_episodes=True, n_step=(2, 5), gamma=0.99)[0].batch
+            y = restored.local_replay_buffer.sample(32, sample_episodes=True, n_step=(2, 5), gamma=0.99)[0].batch
+            assert x.size == 32 and all(torch.equal(x[k], y[k]) for k in x)   # the same state, the same draw
+            restored.train()
+        finally:
+            restored.stop()
+    finally:
+        algo.stop()
 
 
 def test_sac_with_ingestion_at_the_source(ray_session):
