@@ -48,6 +48,15 @@ class RewardInHalfPrecision(_Columns):
         return c
 
 
+class ActionsInHalfPrecision(_Columns):
+    """Continuous actions stored in float16 to save memory (SAC's, TD3's): every action rounded."""
+
+    def broken(self, c):
+        if np.issubdtype(c["action"].dtype, np.floating):
+            c["action"] = c["action"].astype(np.float16).astype(c["action"].dtype)
+        return c
+
+
 class DropsEveryTenthAdd(ConduitReplayBuffer):
     def _store(self, columns):
         self.adds = getattr(self, "adds", 0) + 1
@@ -109,6 +118,7 @@ MUTATIONS = {
     "next_obs_is_obs": (NextObsIsObs, "deliver/rows_intact"),
     "reward_of_the_previous_step": (RewardOfThePreviousStep, "deliver/rows_intact"),
     "reward_in_half_precision": (RewardInHalfPrecision, "deliver/rows_intact"),
+    "continuous_actions_in_half_precision": (ActionsInHalfPrecision, "deliver/continuous_actions_intact"),
     "drops_every_tenth_add": (DropsEveryTenthAdd, "ingest/exactly_once"),
     "draws_one_batch_ahead": (DrawsOneBatchAhead, "deliver/sees_newest"),
     "sample_without_flush": (SampleWithoutFlush, "deliver/sees_newest"),
@@ -121,6 +131,7 @@ CAUGHT_BY = {   # words of the check's own finding
     "time_limit_stored_as_terminal": ("terminated of the row",), "next_obs_is_obs": ("next_obs of the row",),
     "reward_of_the_previous_step": ("reward of the row",), "drops_every_tenth_add": ("were not stored",),
     "reward_in_half_precision": ("reward of the row",),
+    "continuous_actions_in_half_precision": ("action of the row",),
     "draws_one_batch_ahead": ("no batch held a transition",),
     "sample_without_flush": ("no batch held a transition",), "ring_one_step_short": ("evicted more",),
     "slot_taken_for_position": ("from the same RNG stream",), "state_without_rows": ("differ after the round trip",),

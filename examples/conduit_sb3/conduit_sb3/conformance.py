@@ -25,6 +25,13 @@ OBS_SPACE = spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
 ACTION_SPACE = spaces.Discrete(2)
 
 
+def action_space_of(rollout: SyntheticRollout | None) -> spaces.Space:
+    """The action space an env producing ``rollout`` would declare: ``Discrete(2)``, or a float32
+    ``Box`` for the suite's continuous actions (``SyntheticRollout.action_dims``, SAC's and TD3's)."""
+    dims = getattr(rollout, "action_dims", 0)
+    return spaces.Box(-np.inf, np.inf, (dims,), np.float32) if dims else ACTION_SPACE
+
+
 def add_rollout(buffer: ReplayBuffer, rollout: SyntheticRollout) -> None:
     """A synthetic rollout as SB3's collect_rollouts stores it: one add() per step (one env), the
     last step's done set by either flag, a time limit reported as ``TimeLimit.truncated``."""
@@ -36,14 +43,15 @@ def add_rollout(buffer: ReplayBuffer, rollout: SyntheticRollout) -> None:
                    np.array([c["reward"][i]]), np.array([done]), infos)
 
 
-def delivered(samples, batch=None) -> Delivered:
-    """What SB3's DQN reads from a sample, under the suite's names (``dones`` are SB3's: terminated);
-    ``batch``: the Conduit batch behind it (its staleness stamp)."""
+def delivered(samples, batch=None, *, discrete: bool = True) -> Delivered:
+    """What SB3's DQN (SAC's, for continuous actions) reads from a sample, under the suite's names
+    (``dones`` are SB3's: terminated); ``batch``: the Conduit batch behind it (its staleness stamp)."""
     obs = samples.observations.numpy().copy()
+    actions = samples.actions.numpy()
     return Delivered(ids=obs[:, 0].astype(np.int64), handle=batch,
                      inserted_at_selection=None if batch is None else batch.inserted_at_selection,
                      rows={"obs": obs, "next_obs": samples.next_observations.numpy().copy(),
-                           "action": samples.actions.numpy()[:, 0].copy(),
+                           "action": (actions[:, 0] if discrete else actions).copy(),
                            "reward": samples.rewards.numpy()[:, 0].copy(),
                            "terminated": samples.dones.numpy()[:, 0] > 0})
 
@@ -69,12 +77,41 @@ class _OwnStream:
             np.random.set_state(saved)
 
 
-class AdapterSession(Session):
-    def __init__(self, buffer: ConduitReplayBuffer, seed: int):
-        self.buffer = buffer
+class _LazyBuffer:
+    """A session's buffer, built at its first rollout for that rollout's action space (an SB3
+    buffer is built for one), or for ``Discrete(2)`` where something else comes first."""
+
+    _buffer = None
+
+    def __init__(self, make):
+        self._make = make   # action space -> buffer
+
+    @property
+    def buffer(self):
+        if self._buffer is None:
+            self._buffer = self._make(ACTION_SPACE)
+        return self._buffer
+
+    @buffer.setter
+    def buffer(self, value) -> None:
+        self._buffer = value
+
+    def _first(self, rollout) -> None:
+        if self._buffer is None:
+            self._buffer = self._make(action_space_of(rollout))
+
+    @property
+    def _discrete(self) -> bool:
+        return isinstance(self.buffer.action_space, spaces.Discrete)
+
+
+class AdapterSession(_LazyBuffer, Session):
+    def __init__(self, make, seed: int):
+        super().__init__(make)
         self.stream = _OwnStream(seed)
 
     def ingest(self, rollout: SyntheticRollout) -> None:
+        self._first(rollout)
         add_rollout(self.buffer, rollout)
 
     def ingest_raw(self, columns, *, source: int = 0) -> None:
@@ -92,7 +129,7 @@ class AdapterSession(Session):
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
         with self.stream.active():
             samples = self.buffer.sample(batch_size)
-        return delivered(samples, self.buffer.last_sampled)
+        return delivered(samples, self.buffer.last_sampled, discrete=self._discrete)
 
     def stored_ids(self):
         self.buffer.flush()   # (what the buffer holds: the staged steps are SB3's stored ones)
@@ -106,22 +143,24 @@ class AdapterSession(Session):
         old.close()
 
     def close(self) -> None:
-        self.buffer.close()
+        if self._buffer is not None:
+            self._buffer.close()
 
 
-class NativeSession(Session):
+class NativeSession(_LazyBuffer, Session):
     """SB3's own ReplayBuffer, added to and sampled as DQN does: the oracle."""
 
     def __init__(self, capacity: int, seed: int):
-        self.buffer = ReplayBuffer(capacity, OBS_SPACE, ACTION_SPACE, device="cpu")
+        super().__init__(lambda space: ReplayBuffer(capacity, OBS_SPACE, space, device="cpu"))
         self.stream = _OwnStream(seed)
 
     def ingest(self, rollout: SyntheticRollout) -> None:
+        self._first(rollout)
         add_rollout(self.buffer, rollout)
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
         with self.stream.active():
-            return delivered(self.buffer.sample(batch_size))
+            return delivered(self.buffer.sample(batch_size), discrete=self._discrete)
 
     def stored_ids(self):
         b = self.buffer
@@ -134,7 +173,7 @@ class SB3Harness(Harness):
     version = __version__
     framework = "stable-baselines3"
     framework_version = stable_baselines3.__version__
-    capabilities = frozenset({"replay", "native", "shared_rng", "state", "overlap", "convergence"})
+    capabilities = frozenset({"replay", "native", "shared_rng", "state", "overlap", "convergence", "continuous"})
     buffer_class = ConduitReplayBuffer   # a subclass under test (the mutation table's mutants) goes here
 
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
@@ -142,9 +181,11 @@ class SB3Harness(Harness):
         from conduit_core import Schedule
         schedule = Schedule.overlapped(staleness=staleness) if mode == "overlapped" else Schedule.sequential()
         stream = _OwnStream(seed)
-        with stream.active():   # the selector's own seed is drawn from numpy's stream, as under SB3's set_random_seed
-            buf = self.buffer_class(capacity, OBS_SPACE, ACTION_SPACE, device="cpu", schedule=schedule)
-        session = AdapterSession(buf, seed)
+
+        def make(action_space):
+            with stream.active():   # the selector's seed drawn from numpy's stream, as under SB3's set_random_seed
+                return self.buffer_class(capacity, OBS_SPACE, action_space, device="cpu", schedule=schedule)
+        session = AdapterSession(make, seed)
         session.stream = stream
         return session
 
@@ -153,8 +194,8 @@ class SB3Harness(Harness):
 
     def shared_rng_sessions(self, *, seed, capacity=10_000):
         """Both draw from numpy's global stream seeded with ``seed``, each from its own copy of it."""
-        buf = self.buffer_class(capacity, OBS_SPACE, ACTION_SPACE, device="cpu", sb3_stream=True)
-        return AdapterSession(buf, seed), NativeSession(capacity, seed)
+        make = lambda action_space: self.buffer_class(capacity, OBS_SPACE, action_space, device="cpu", sb3_stream=True)
+        return AdapterSession(make, seed), NativeSession(capacity, seed)
 
     def convergence_workloads(self):
         return {"dqn_cartpole": run_dqn_cartpole}
