@@ -208,6 +208,9 @@ class ConduitPPOTorchLearner(PPOTorchLearner):
                 n, num_epochs=num_epochs, minibatch_size=int(minibatch_size),
                 shuffle=shuffle_batch_per_epoch and num_epochs > 1, rng=self._conduit_rng, count=count))
         self.conduit_minibatches = ({mid: n for mid, (_, n) in modules.items()}, count)   # (rows, minibatches) of the last update
+        for mid in modules:   # each module's plane's counters in RLlib's result: result["learners"][mid]["conduit"]
+            self.metrics.log_dict(self._path(mid).edp.metrics().scalars(), key=(mid, "conduit"), reduce="mean",
+                                  window=1)
         return ConduitMinibatches(parts, env_steps=batch.env_steps())
 
 

@@ -26,6 +26,8 @@ def test_ppo_trains_through_conduit(ray_session, num_env_runners):
         assert m.ingest.calls == 2 and m.deliver.calls == 2  # one train batch in, once out, per update
         assert m.dropped_stale == 0 and len(learner.conduit_paths['default_policy'].edp.buffer) == 0  # all consumed
         assert res["learners"]["default_policy"]["num_module_steps_trained"] > 0
+        conduit = res["learners"]["default_policy"]["conduit"]   # the plane's counters, in RLlib's result
+        assert conduit["ingest_calls"] == 2 and conduit["deliver_calls"] == 2 and conduit["buffer_size"] == 0
     finally:
         algo.stop()
 

@@ -227,7 +227,7 @@ def test_a_users_sac_learner_must_derive_from_conduits():
     class MineOnConduit(ConduitSACTorchLearner):
         pass
 
-    with pytest.raises(ConfigError, match="derive Mine from conduit_rllib.learner.ConduitSACTorchLearner"):
+    with pytest.raises(ConfigError, match=r"Mine from conduit_rllib.learner.ConduitSACTorchLearner .* instead of SACTorchLearner"):
         conduit_rllib.enable(small_sac().learners(learner_class=Mine))
     assert conduit_rllib.enable(small_sac().learners(learner_class=MineOnConduit)).learner_class is MineOnConduit
 
