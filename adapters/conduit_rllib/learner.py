@@ -1,13 +1,13 @@
 """Delivery's last step on the learner: a DeliveredBatch becomes the learner's tensors.
 
 ``ConduitDQNTorchLearner``, ``ConduitSACTorchLearner`` and ``ConduitTQCTorchLearner`` are
-RLlib's DQN, SAC and TQC learners with one change made in ``build()`` (``ConduitReplayLearner``): the learner
-connector pipeline is wrapped by ``ConduitLearnerConnector``, which turns a
-``DeliveredBatch`` into ``{module_id: {column: tensor}}`` on the learner's device (a
-rename and, on GPU, one non-blocking copy per column) instead of re-batching B one-step
-episodes. Anything else (real episodes) still goes through RLlib's own pipeline,
-unchanged. The losses are RLlib's: SAC's learner is a DQN learner in RLlib, and both
-read the same train-batch columns.
+RLlib's DQN, SAC and TQC learners with one change made in ``build()``
+(``ConduitReplayLearner``): the learner connector pipeline is wrapped by
+``ConduitLearnerConnector``, which turns a ``DeliveredBatch`` into ``{module_id: {column:
+tensor}}`` on the learner's device (a rename and, on GPU, one non-blocking copy per column)
+instead of re-batching B one-step episodes. Anything else (real episodes) still goes
+through RLlib's own pipeline, unchanged. The losses are RLlib's: SAC's learner is a DQN
+learner in RLlib, and both read the same train-batch columns.
 """
 
 from __future__ import annotations
@@ -142,7 +142,6 @@ class ConduitReplayLearner:
         return MultiAgentBatch({module_id: SampleBatch(module_data, _zero_padded=True)
                                 if shared_data.get(f"_zero_padded_for_mid={module_id}") else make(module_data)
                                 for module_id, module_data in cols.items()}, env_steps=len(episodes[0]))
-
 
     def _check_conduit_buffer(self, episodes) -> None:
         """Once, at the first update that is not a delivered batch: with column delivery and a
