@@ -109,7 +109,9 @@ RLLIB_BUFFERS = {"EpisodeReplayBuffer": False, "PrioritizedEpisodeReplayBuffer":
 def conduit_buffer_kwargs(rb: dict) -> dict | None:
     """The keyword arguments of ``ConduitEpisodeReplayBuffer`` a ``replay_buffer_config``
     that ``enable()`` wrote asks for (``prioritized`` among them), or None where it is not one:
-    the type names Conduit's class (DQN), or RLlib's with the ``"conduit"`` key (SAC, TQC)."""
+    the type names Conduit's class (DQN), or RLlib's with the ``"conduit"`` key (SAC, TQC). The
+    buffer kind is the type's where the type says it (RLlib's name, one a user set after
+    ``enable()`` included), else the ``prioritized`` that ``enable()`` wrote."""
     rb_type = rb.get("type")
     if rb_type == BUFFER_TYPE:
         return {"prioritized": False, **{k: v for k, v in rb.items() if k != "type"}}
