@@ -148,11 +148,14 @@ class ConduitReplayLearner:
         stateless module Conduit's buffer hands over nothing else, so RLlib's episodes here mean
         the algorithm was built by RLlib's own class (``tune.Tuner("SAC", ...)``, ``SAC(config)``),
         which builds RLlib's buffer and ignores Conduit's options. Refused, not run half-way."""
-        opts = (getattr(self.config, "replay_buffer_config", None) or {}).get("conduit") or {}
-        module = self.module[DEFAULT_MODULE_ID] if DEFAULT_MODULE_ID in self.module else None
-        if opts.get("delivery") != "columns" or module is None or module.is_stateful():
+        config = getattr(self, "config", None)   # (a learner built by hand in a test may have none)
+        opts = (getattr(config, "replay_buffer_config", None) or {}).get("conduit") or {}
+        if opts.get("delivery") != "columns":
             return
-        algo = getattr(self.config, "algo_class", None)
+        module = self.module[DEFAULT_MODULE_ID] if DEFAULT_MODULE_ID in self.module else None
+        if module is None or module.is_stateful():
+            return
+        algo = getattr(config, "algo_class", None)
         shown = getattr(algo, "__name__", "Conduit's algorithm class")
         raise ConfigError("the algorithm class", f"{shown} (conduit_rllib.enable() set it as the config's algo_class: "
                           "it builds Conduit's buffer)", f"RLlib's own class: the learner got RLlib's "
