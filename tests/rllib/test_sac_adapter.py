@@ -138,16 +138,22 @@ def test_sac_on_the_prioritized_buffer_trains_and_updates_every_priority(ray_ses
     assert res[-1]["conduit"]["priorities_calls"] == m.priorities.calls   # in RLlib's result, as for DQN
 
 
+def _filled_pair(chunks, *, capacity: int):
+    """Conduit's uniform buffer and RLlib's, drawing from generators in the same state, each
+    holding ``chunks`` (its own copy)."""
+    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+    theirs = EpisodeReplayBuffer(capacity=capacity)
+    ours = ConduitEpisodeReplayBuffer(capacity=capacity, conduit={"reuse_outputs": 0})
+    ours.share_rng(copy.deepcopy(theirs.rng))
+    ours.add(copy.deepcopy(chunks))
+    theirs.add(copy.deepcopy(chunks))
+    return ours, theirs
+
+
 def test_continuous_actions_are_delivered_as_rllib_stores_them():
     """Box(3) float32 actions: the same rows under a shared RNG, bit for bit, in RLlib's dtype."""
-    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
-    chunks, _ = make_chunks(4, episodes=20, action_dims=3)
-    theirs = EpisodeReplayBuffer(capacity=400)
-    ours = ConduitEpisodeReplayBuffer(capacity=400, conduit={"reuse_outputs": 0})
-    ours.share_rng(copy.deepcopy(theirs.rng))
+    ours, theirs = _filled_pair(make_chunks(4, episodes=20, action_dims=3)[0], capacity=400)
     try:
-        ours.add(copy.deepcopy(chunks))
-        theirs.add(copy.deepcopy(chunks))
         want = theirs.sample(num_items=64, n_step=2, gamma=0.9, sample_episodes=True)
         got = ours.sample(num_items=64, n_step=2, gamma=0.9, sample_episodes=True)[0].batch
         actions = np.stack([e.get_actions(0) for e in want])
@@ -164,14 +170,9 @@ def test_float64_rewards_are_stored_as_float32_and_that_is_the_only_departure():
     (Meta-World's) a 1-step reward is the same float32; an n-step return is RLlib's return of
     the float32-rounded rewards, which may differ from RLlib's in the last bits."""
     import scipy.signal
-    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
     chunks, _ = make_chunks(4, episodes=30, action_dims=2, reward_dtype=np.float64)
-    theirs = EpisodeReplayBuffer(capacity=600)
-    ours = ConduitEpisodeReplayBuffer(capacity=600, conduit={"reuse_outputs": 0})
-    ours.share_rng(copy.deepcopy(theirs.rng))
+    ours, theirs = _filled_pair(chunks, capacity=600)
     try:
-        ours.add(copy.deepcopy(chunks))
-        theirs.add(copy.deepcopy(chunks))
         rounded = {e.id_: e for e in theirs.episodes}
         for n_step in (1, 3):
             want = theirs.sample(num_items=256, n_step=n_step, gamma=0.99, sample_episodes=True)
