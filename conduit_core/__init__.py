@@ -21,6 +21,7 @@ each subpackage's ``__init__``; everything else is the subpackages' own business
 """
 
 import importlib
+from pathlib import Path as _Path
 from typing import TYPE_CHECKING
 
 from ._moved import install as _install_moved
@@ -30,7 +31,9 @@ from .errors import (CapacityError, ClosedError, CodecError, ConduitError, Confi
 
 _install_moved(__name__)
 
-__version__ = "0.1.0"
+# the project's one version: every distribution (the core, each adapter, the lab) is built at it and
+# each adapter pins the core to it (their setup.py files read this file)
+__version__ = _Path(__file__).with_name("VERSION").read_text(encoding="utf-8").strip()
 
 # name -> the module (under conduit_core) it is loaded from on first use
 _EXPORTS = {

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import conduit_core
 from conduit_conformance import (ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence, Harness, Session,
                          SyntheticRollout)
 from conduit_conformance.edp_session import delivered as edp_delivered
@@ -233,7 +234,7 @@ class OnPolicySession(Session):
 
 class RLlibHarness(Harness):
     name = "conduit_rllib"
-    version = "0.1.0"
+    version = conduit_core.__version__   # adapters are released at the core's version
     framework = "ray[rllib]"
     capabilities = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
                               "nstep", "sequences", "shared_rng", "continuous"})

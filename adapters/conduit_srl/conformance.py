@@ -14,6 +14,7 @@ import pickle
 
 import numpy as np
 
+import conduit_core
 from conduit_conformance import Delivered, Harness, Session, SyntheticRollout
 
 GET_SIZE = 8
@@ -162,7 +163,7 @@ KNOWN_DEPARTURES: dict[str, str] = {}
 
 class SRLHarness(Harness):
     name = "conduit_srl"
-    version = "0.1.0"
+    version = conduit_core.__version__   # adapters are released at the core's version
     framework = "srl"
     capabilities = frozenset({"replay", "prioritized", "native", "state"})
     known_departures = KNOWN_DEPARTURES

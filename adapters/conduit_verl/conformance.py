@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import conduit_core
 from conduit_conformance import AsyncQueue, Delivered, Harness, Session, SyntheticRollout
 
 
@@ -125,7 +126,7 @@ class FullyAsyncQueue(AsyncQueue):
 
 class VerlHarness(Harness):
     name = "conduit_verl"
-    version = "0.1.0"
+    version = conduit_core.__version__   # adapters are released at the core's version
     framework = "verl"
     capabilities = frozenset({"onpolicy", "async"})
 

@@ -1,0 +1,35 @@
+"""The version and the pin on the core, from the project's one version file (``conduit_core/VERSION``
+in the checkout), so that no version is written by hand here: this distribution is built at the
+core's version and requires the core at exactly it. Built from an sdist (no checkout around it),
+the version is the one the sdist recorded in its PKG-INFO."""
+
+from email.parser import Parser
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+# no framework: SRL is on no registry and is run from the user's own copy of its source
+REQUIRES = [
+    "pyzmq>=25",
+]
+
+
+def project_version() -> str:
+    source = HERE.parents[1] / "conduit_core" / "VERSION"
+    if source.is_file():
+        return source.read_text(encoding="utf-8").strip()
+    return Parser().parsestr((HERE / "PKG-INFO").read_text(encoding="utf-8"))["Version"]
+
+
+class BuildPyWithoutThisScript(build_py):
+    """The package is this very folder (package-dir "."): keep this build script out of the wheel."""
+
+    def find_package_modules(self, package, package_dir):
+        return [m for m in super().find_package_modules(package, package_dir) if m[1] != "setup"]
+
+
+VERSION = project_version()
+setup(version=VERSION, install_requires=[f"conduit-edp=={VERSION}", *REQUIRES],
+      cmdclass={"build_py": BuildPyWithoutThisScript})
