@@ -12,8 +12,8 @@ real delivery path hands the learner, plus, where it has one, the framework's na
 as the oracle.
 """
 
-from .harness import (AsyncQueue, ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence, Harness, Session,
-                      SyntheticRollout)
+from .harness import (AsyncQueue, ConvergenceResult, Delivered, DeliveredRows, DeliveredSequence,
+                      DeliveredTimeMajor, Harness, Session, SyntheticRollout)
 from .registry import REGISTRY, Check, CheckFailed, CheckSkipped, NotApplicable
 from .report import Report
 from .runner import check_adapter, load_harness
@@ -27,6 +27,8 @@ from . import checks_rows as _rows  # noqa: E402,F401
 from . import checks_freshness as _freshness  # noqa: E402,F401
 from . import checks_convergence as _convergence  # noqa: E402,F401
 from . import checks_async as _async  # noqa: E402,F401
+from . import checks_time_major as _time_major  # noqa: E402,F401
 
-__all__ = ["AsyncQueue", "Check", "CheckFailed", "CheckSkipped", "NotApplicable", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "DeliveredSequence", "Harness",
+__all__ = ["AsyncQueue", "Check", "CheckFailed", "CheckSkipped", "NotApplicable", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "DeliveredSequence",
+           "DeliveredTimeMajor", "Harness",
            "REGISTRY", "Report", "Session", "SyntheticRollout", "check_adapter", "load_harness"]

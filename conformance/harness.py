@@ -20,6 +20,8 @@ itself has no such path: ``NotApplicable``, a skip):
                                                                    (Harness.shared_rng_sessions)
     async        an asynchronous trainer's queue: staleness bounded by admission, oldest first,
                  nothing dropped (Harness.async_queue, checks_async.py)
+    time_major   batches of [T, B]: B chunks of T steps, each as its actor sent it, batched along
+                 axis 1 (SRL's queues; Harness.time_major_sessions, checks_time_major.py)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 CAPABILITIES = frozenset({"replay", "prioritized", "onpolicy", "state", "native", "overlap", "convergence",
-                          "nstep", "sequences", "shared_rng", "async", "continuous"})
+                          "nstep", "sequences", "shared_rng", "async", "continuous", "time_major"})
 OBS_DIM = 4
 # the columns a SyntheticRollout has, and the keys of Delivered.rows (a harness maps its framework's names to these)
 ROW_FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
@@ -141,6 +143,18 @@ class DeliveredSequence:
 
 
 @dataclass
+class DeliveredTimeMajor:
+    """One time-major batch as the learner gets it (capability 'time_major'): ``ids[t, b]`` is
+    ``obs[..., 0]`` at step ``t`` of the batch's chunk ``b``; ``rows``: fields by ``ROW_FIELDS`` key,
+    each ``[T, B, ...]`` at the same positions (what the learner does not get is left out);
+    ``versions``: the policy version at each position, where the framework records one."""
+
+    ids: np.ndarray
+    rows: dict[str, np.ndarray]
+    versions: np.ndarray | None = None
+
+
+@dataclass
 class ConvergenceResult:
     reached: bool
     env_steps: int
@@ -178,6 +192,12 @@ class Session(ABC):
         stateful learner asking for ``batch_size`` (the framework's unit: RLlib counts each
         slice's steps plus one), slices of at most ``length`` steps, ``lookback`` steps
         before each, and only starts with more than ``min_length`` steps left (burn-in)."""
+        raise NotImplementedError
+
+    def deliver_time_major(self) -> list[DeliveredTimeMajor]:
+        """Capability 'time_major': every batch the framework's trainer could take now, in the order
+        it takes them, each copied out of the adapter's memory (a later put may reuse it). Each
+        ingested rollout is one chunk of T steps (an actor's ``sample_steps``)."""
         raise NotImplementedError
 
     def update_priorities(self, delivered: Delivered | DeliveredRows, priorities: np.ndarray) -> None:
@@ -231,6 +251,14 @@ class Harness(ABC):
         consume the same RNG stream (each seeded with ``seed``) the way the framework's
         sampler consumes it, e.g. through ``conduit_core.Uniform(draw=...)``. The suite then
         requires the same rows in the same order, not only the same distribution."""
+        return None
+
+    def time_major_sessions(self, *, seed: int, batch_size: int,
+                            max_batches: int) -> tuple[Session, Session | None] | None:
+        """Capability 'time_major': an adapter session and the framework's own (None if it has none),
+        each batching ``batch_size`` chunks per batch along axis 1 and holding at most ``max_batches``
+        batches (past it, what the framework drops, it drops), built as the framework's trainer builds
+        its on-policy buffer. ``Session.deliver_time_major`` hands the batches over."""
         return None
 
     def convergence_workloads(self) -> dict[str, Callable[[str, int], ConvergenceResult]]:

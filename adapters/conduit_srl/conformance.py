@@ -15,7 +15,7 @@ import pickle
 import numpy as np
 
 import conduit_core
-from conduit_conformance import Delivered, Harness, Session, SyntheticRollout
+from conduit_conformance import Delivered, DeliveredTimeMajor, Harness, NotApplicable, Session, SyntheticRollout
 
 GET_SIZE = 8
 # SRL's prioritized buffer never draws the chunk in its last filled slot (below, KNOWN_DEPARTURES'
@@ -24,8 +24,9 @@ GET_SIZE = 8
 SENTINEL_ID = (1 << 24) - 1   # exact in float32; never one of the suite's ids
 
 
-def transitions(columns: dict) -> list:
-    """One SRL ``SampleBatch`` of T=1 per row of the suite's columns."""
+def sample_of(columns: dict, rows: slice, policy_version: int = 0):
+    """One SRL ``SampleBatch`` of the suite's ``rows`` (time-major ``[T, ...]``, T = the rows' count), as
+    an actor's chunk of ``sample_steps`` steps, every step tagged with ``policy_version``."""
     from rlsrl.api.trainer import SampleBatch
     from rlsrl.base.namedarray import NamedArray
 
@@ -37,18 +38,17 @@ def transitions(columns: dict) -> list:
         def __init__(self, ret, value):
             super().__init__(ret=ret, value=value)
 
-    n = columns["obs"].shape[0]
-    out = []
-    for i in range(n):
-        out.append(SampleBatch(
-            obs=Obs(obs=np.asarray(columns["obs"][i:i + 1])),
-            action=np.asarray(columns["action"][i:i + 1]).reshape(1, 1),
-            reward=np.asarray(columns["reward"][i:i + 1], dtype=np.float32).reshape(1, 1),
-            done=np.asarray(columns["terminated"][i:i + 1]).reshape(1, 1),
-            truncated=np.asarray(columns["truncated"][i:i + 1]).reshape(1, 1),
-            analyzed_result=Analyzed(ret=None, value=np.zeros((1, 1), np.float32)),
-            policy_version_steps=np.zeros((1, 1), np.int64)))
-    return out
+    n = len(range(*rows.indices(columns["obs"].shape[0])))
+    col = lambda key, dtype=None: np.asarray(columns[key][rows], dtype=dtype).reshape(n, 1)  # noqa: E731
+    return SampleBatch(obs=Obs(obs=np.asarray(columns["obs"][rows])), action=col("action"),
+                       reward=col("reward", np.float32), done=col("terminated"), truncated=col("truncated"),
+                       analyzed_result=Analyzed(ret=None, value=np.zeros((n, 1), np.float32)),
+                       policy_version_steps=np.full((n, 1), policy_version, np.int64))
+
+
+def transitions(columns: dict, policy_version: int = 0) -> list:
+    """One SRL ``SampleBatch`` of T=1 per row of the suite's columns."""
+    return [sample_of(columns, slice(i, i + 1), policy_version) for i in range(columns["obs"].shape[0])]
 
 
 def rows_of_sample(sample) -> dict[str, np.ndarray]:
@@ -134,6 +134,73 @@ class ReplaySession(Session):
         self.buffer = pickle.loads(state)
 
 
+class QueueSession(Session):
+    """One of SRL's on-policy queues (Conduit's or SRL's own ``priority_queue``, the kind and defaults
+    SRL's PPO trainer worker uses: each batch served once, the freshest first, the oldest dropped past
+    ``max_size``), driven as that worker drives it: a put per actor chunk, a get per batch.
+
+    ``per_step``: the suite's flat on-policy checks put one T=1 sample per transition, batched one
+    per get (SRL's default ``batch_size=1``), so every row can be delivered; the time-major checks put
+    each rollout as one chunk of T steps, batched B per get along axis 1."""
+
+    def __init__(self, buffer, *, per_step: bool):
+        self.buffer = buffer
+        self._per_step = per_step
+        self._undelivered_versions: set[int] = set()
+
+    def ingest(self, rollout: SyntheticRollout) -> None:
+        columns, version = rollout.columns(), int(rollout.policy_version)
+        samples = transitions(columns, version) if self._per_step else [sample_of(columns, slice(None), version)]
+        for sample in samples:
+            self.buffer.put(sample)
+        self._undelivered_versions.add(version)
+
+    def _take(self):
+        """Every batch queued now, each copied out (a served entry's memory is reused ``lease_depth``
+        gets later), in the order SRL's trainer would get them."""
+        out = []
+        while not self.buffer.empty():
+            sample = self.buffer.get().sample
+            ids = np.array(np.asarray(sample.obs.obs)[..., 0]).astype(np.int64)
+            t, b = ids.shape
+            flat = lambda x: np.array(np.asarray(x)).reshape(t, b)  # noqa: E731 - [T, B, 1] -> [T, B]
+            rows = {"obs": np.array(np.asarray(sample.obs.obs)), "action": flat(sample.action),
+                    "reward": flat(sample.reward), "terminated": flat(sample.done),
+                    "truncated": flat(sample.truncated)}
+            out.append(DeliveredTimeMajor(ids=ids, rows=rows, versions=flat(sample.policy_version_steps)))
+        self._undelivered_versions.clear()
+        return out
+
+    def deliver_time_major(self) -> list[DeliveredTimeMajor]:
+        return self._take()
+
+    def deliver(self, batch_size, *, policy_version=None) -> Delivered:
+        """Every queued row, batch after batch (``batch_size`` must be None: a queue hands out what it
+        holds). Where rows of another policy version are queued than the one asked for, SRL has no
+        path that tells them apart: its trainer takes every sample its queue holds (its PPO records
+        each step's version in ``policy_version_steps``)."""
+        if batch_size is not None:
+            raise ValueError(f"the SRL harness's queue sessions deliver whole queues: batch_size None, got {batch_size}")
+        others = self._undelivered_versions - {policy_version} if policy_version is not None else set()
+        if others:
+            raise NotApplicable(f"SRL's trainer takes every sample its queue holds, whatever policy version produced "
+                                f"it (versions {sorted(self._undelivered_versions)} queued, version {policy_version} "
+                                "asked for); the version of each step travels in policy_version_steps")
+        batches = self._take()
+        if not batches:
+            return Delivered(ids=np.zeros(0, np.int64), versions=np.zeros(0, np.int64), rows={})
+        by_row = lambda a: np.concatenate([np.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]) for x in a])  # noqa: E731
+        return Delivered(ids=by_row([x.ids for x in batches]), versions=by_row([x.versions for x in batches]),
+                         rows={k: by_row([x.rows[k] for x in batches]) for k in batches[0].rows})
+
+    def stored_ids(self) -> np.ndarray:
+        """The ids of the queued batches, read from a copy of the queue drained in serving order."""
+        copy = QueueSession(pickle.loads(pickle.dumps(self.buffer)), per_step=self._per_step)
+        batches = copy._take()
+        return np.concatenate([np.swapaxes(x.ids, 0, 1).reshape(-1) for x in batches]) if batches else \
+            np.zeros(0, np.int64)
+
+
 def conduit_stored_ids(buffer) -> np.ndarray:
     core = buffer.experience_buffer
     if core is None:
@@ -165,7 +232,8 @@ class SRLHarness(Harness):
     name = "conduit_srl"
     version = conduit_core.__version__   # adapters are released at the core's version
     framework = "srl"
-    capabilities = frozenset({"replay", "prioritized", "native", "state"})
+    # onpolicy and time_major: SRL's PPO queue (priority_queue); replay, prioritized: its replay buffers
+    capabilities = frozenset({"replay", "prioritized", "native", "state", "onpolicy", "time_major"})
     known_departures = KNOWN_DEPARTURES
 
     def __init__(self):
@@ -184,6 +252,9 @@ class SRLHarness(Harness):
     def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
                 mode="sequential", staleness=0) -> Session:
         from .buffers import make_buffer
+        if onpolicy:
+            return QueueSession(make_buffer("priority_queue", max_size=capacity, reuses=1, batch_size=1),
+                                per_step=True)
         kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"
         return ReplaySession(make_buffer(kind, **self._args(kind, capacity, seed, alpha)),
                              stored_ids=conduit_stored_ids)
@@ -191,13 +262,26 @@ class SRLHarness(Harness):
     def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False):
         import random
 
-        from rlsrl.base.buffer import PrioritizedReplayBuffer, SimpleReplayBuffer
+        from rlsrl.base.buffer import PrioritizedReplayBuffer, PriorityQueueBuffer, SimpleReplayBuffer
+        if onpolicy:
+            return QueueSession(PriorityQueueBuffer(max_size=capacity, reuses=1, batch_size=1), per_step=True)
         _cpu_pinning()
         random.seed(seed)   # SRL's prioritized buffer draws from Python's global random, which SRL never seeds
         kind = "prioritized_replay_buffer" if prioritized else "simple_replay_buffer"
         cls = PrioritizedReplayBuffer if prioritized else SimpleReplayBuffer  # SRL's own, even while enabled
         return ReplaySession(cls(**self._args(kind, capacity, seed, alpha)), stored_ids=srl_stored_ids,
                              sentinel=prioritized)
+
+
+    def time_major_sessions(self, *, seed, batch_size, max_batches):
+        """SRL's PPO queue as its trainer worker builds it (``priority_queue``, ``reuses=1``; SRL's Atari
+        PPO passes ``max_size``, ``reuses=1``, ``batch_size=32``), Conduit's and SRL's own."""
+        from rlsrl.base.buffer import PriorityQueueBuffer
+
+        from .buffers import make_buffer
+        args = dict(max_size=max_batches, reuses=1, batch_size=batch_size)
+        return (QueueSession(make_buffer("priority_queue", **args), per_step=False),
+                QueueSession(PriorityQueueBuffer(**args), per_step=False))
 
 
 def _cpu_pinning() -> None:
