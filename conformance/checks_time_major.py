@@ -26,15 +26,16 @@ SCHEDULE = (18, 9)
 
 
 def chunks_for(seed: int) -> list[SyntheticRollout]:
-    """The actors' chunks: T consecutive steps each, ids apart per chunk (an odd stride, so that
-    neighbouring columns differ in every field, ``ids % 2`` actions included), three policy
-    versions, and done flags at a chunk's last step on some (terminated, truncated, neither)."""
+    """The actors' chunks: T consecutive steps each, ids apart per chunk by a stride that is odd and
+    not a multiple of 13, so that neighbouring columns differ in every field (``ids % 2`` actions,
+    ``reward_of``'s period of 13), three policy versions, and done flags at a chunk's last step on
+    some (terminated, truncated, neither)."""
     rng = np.random.default_rng(seed)
     n = sum(SCHEDULE)
     out = []
     for k in range(n):
         kind = int(rng.integers(3))
-        out.append(SyntheticRollout(ids=FIRST_ID + 1001 * k + np.arange(T), source=k % 3, policy_version=k // 12,
+        out.append(SyntheticRollout(ids=FIRST_ID + 1003 * k + np.arange(T), source=k % 3, policy_version=k // 12,
                                     terminated=kind == 1, truncated=kind == 2))
     return out
 

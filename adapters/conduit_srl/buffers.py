@@ -18,6 +18,8 @@ SRL's trainer recognises, built on first use so that nothing of SRL is imported 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from conduit_core.errors import ConfigError
@@ -28,6 +30,8 @@ from .replay_buffer import REPLAY_KINDS, ConduitReplayBuffer
 
 # imported from here (conduit_srl, tests, benchmarks); ConduitPrioritizedReplayBuffer is left out on
 # purpose: naming it in a star import would build it, importing SRL
+log = logging.getLogger("conduit_srl")
+
 __all__ = ["QUEUE_KINDS", "REPLAY_KINDS", "ConduitQueueBuffer", "ConduitReplayBuffer", "check_delivery", "make_buffer"]
 
 
@@ -77,14 +81,20 @@ def make_buffer(name: str, *, lease_depth: int = 2, seed_offset: int = 0, delive
     check_srl_arguments(name, buffer_args)
     check_options(lease_depth, seed_offset)
     if name in QUEUE_KINDS:
-        return ConduitQueueBuffer(name, lease_depth=int(lease_depth), empty_wait_s=empty_wait_s, **buffer_args)
-    if name == "simple_replay_buffer":
+        buffer = ConduitQueueBuffer(name, lease_depth=int(lease_depth), empty_wait_s=empty_wait_s, **buffer_args)
+        how = f"empty_wait_s {empty_wait_s:g}, lease_depth {int(lease_depth)}"
+    else:
         args = dict(buffer_args)
         args["seed"] = args.get("seed", 0) + int(seed_offset)
-        return ConduitReplayBuffer(name, delivery=delivery, **args)
-    args = dict(buffer_args)   # prioritized_replay_buffer
-    args["seed"] = args.get("seed", 0) + int(seed_offset)
-    return _prioritized_class()(name, delivery=delivery, priority_lag=priority_lag, **args)
+        if name == "simple_replay_buffer":
+            buffer = ConduitReplayBuffer(name, delivery=delivery, **args)
+        else:
+            buffer = _prioritized_class()(name, delivery=delivery, priority_lag=priority_lag, **args)
+        how = f"delivery {'sequential' if delivery is None else delivery}"
+    # what a user reads in SRL's worker log to know the trainer runs on Conduit (SRL's launcher logs INFO)
+    log.info("conduit_srl: SRL's %s built on Conduit (%s; %s)", name,
+             ", ".join(f"{k}={v!r}" for k, v in sorted(buffer_args.items())) or "SRL's defaults", how)
+    return buffer
 
 
 _PRIORITIZED_CLASS = None

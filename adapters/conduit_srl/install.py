@@ -7,6 +7,7 @@ when the trainer's ``sample_stream`` is one). Nothing in SRL's tree changes; ``d
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from conduit_core.errors import ConfigError
@@ -68,6 +69,10 @@ def enable(*, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priorit
 
     conduit_make_buffer.__conduit__ = True
     srl_buffer.make_buffer = conduit_make_buffer
+    logging.getLogger("conduit_srl").info(
+        "conduit_srl: enabled: SRL's make_buffer builds Conduit's buffers in every trainer worker forked from "
+        "here (lease_depth %d, empty_wait_s %g, delivery %s, priority_lag %d)", lease_depth, empty_wait_s,
+        "sequential" if delivery is None else delivery, priority_lag)
 
 
 def disable() -> None:
