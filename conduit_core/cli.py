@@ -24,17 +24,34 @@ import sys
 def _cmd_info(args: list[str]) -> int:
     argparse.ArgumentParser(prog="conduit info", description="What this machine offers Conduit: tiers, the C "
                             "helpers, versions.").parse_args(args)
+    from importlib.metadata import PackageNotFoundError, version
+
     import numpy as np
-    import torch
 
     from . import __version__
-    from .memory.tiers import Tier, cuda_available
-    from .selection.sumtree import HAVE_C
-    tiers = [t.value for t in Tier if not t.needs_cuda or cuda_available()]
-    print(f"conduit {__version__}  torch {torch.__version__}  numpy {np.__version__}")
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed (pip install torch==2.13.0, the CPU wheel, first)"
+    try:
+        from ._native import _sumtree  # noqa: F401 - the C helpers are built, or none is
+        helpers = "C helper"
+    except ImportError:
+        helpers = "numpy fallback (no C compiler at install)"
+    # the pinned and device tiers need a CUDA device, which only a CUDA build of torch can reach: a
+    # CPU build ("+cpu") answers without importing torch (2 s of a 0.2 s command otherwise)
+    cuda = "+cpu" not in torch_version and not torch_version.startswith("not") and _torch_sees_cuda()
+    # memory.tiers.Tier's names in its order (that module imports torch; tests/core/test_cli.py holds them equal)
+    tiers = [t for t in ("pageable", "shared", "pinned", "device", "remote") if cuda or t not in ("pinned", "device")]
+    print(f"conduit {__version__}  torch {torch_version}  numpy {np.__version__}")
     print(f"tiers available: {', '.join(tiers)}")
-    print(f"prioritized index: {'C helper' if HAVE_C else 'numpy fallback (no C compiler at install)'}")
+    print(f"prioritized index: {helpers}")
     return 0
+
+
+def _torch_sees_cuda() -> bool:
+    from .memory.tiers import cuda_available
+    return cuda_available()
 
 
 # Workloads, tuning campaigns and extra commands are contributed by the packages that own them

@@ -77,6 +77,8 @@ HOOKS = {REGISTRY_MODULE: _register_trainer, STORAGE_MODULE: _register_storage,
 
 def _register(module: str) -> None:
     try:
+        from .logs import show_in_verl
+        show_in_verl()   # verl configures no logging for others: Conduit's INFO lines would be dropped
         HOOKS[module]()
     except Exception:
         log.exception("conduit_verl: registering with %s failed; verl will not know Conduit's part there", module)

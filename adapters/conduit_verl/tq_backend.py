@@ -103,6 +103,10 @@ def initialize_conduit_storage(conf) -> dict[str, Any]:
         names.append(name)
     ray.get([h.stats.remote() for h in handles.values()])  # up before the first client needs them
     _STARTED_HERE.extend(names)
+    logging.getLogger(__name__).info(
+        "conduit_verl: TransferQueue storage on Conduit: %d storage unit(s) (%s), %d rows each to start (they grow), "
+        "%s", units, ", ".join(names), slots,
+        "shared memory for clients on a unit's node" if shared else "Ray objects (no shared memory)")
     if BACKEND not in conf.backend:
         conf.backend[BACKEND] = {}
     conf.backend[BACKEND].unit_names = names

@@ -144,9 +144,16 @@ def register() -> None:
         prompt-group chunks (``+trainer.v1.conduit.groups_per_chunk``)."""
 
         _conduit_fallback_logged = False
+        _conduit_mode_logged = False
 
         def _compute_advantage(self, batch, metrics):
             opts = V1Options.from_config(self.config)
+            if not type(self)._conduit_mode_logged:
+                type(self)._conduit_mode_logged = True
+                log.info("conduit_verl: verl's V1 trainer in Conduit's mode (trainer.v1.trainer_mode=conduit): the "
+                         "advantage stage %s", "whole-batch, verl's own (+trainer.v1.conduit.groups_per_chunk=N "
+                         "pipelines it)" if opts.groups_per_chunk is None else
+                         f"over chunks of {opts.groups_per_chunk} prompt groups, {opts.depth} in flight")
             if opts.groups_per_chunk is None:
                 return super()._compute_advantage(batch, metrics)
             reason = chunkable(self.config, batch)

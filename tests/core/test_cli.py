@@ -26,6 +26,25 @@ def test_help_and_import_do_not_import_torch():
     assert rc == "0" and torch_loaded == "False"
 
 
+def test_info_answers_without_torch_and_lists_the_tiers_this_machine_has():
+    code = ("import sys, contextlib, io, conduit_core.cli as cli\n"
+            "out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n"
+            "    rc = cli.main(['info'])\n"
+            "print(rc, 'torch' in sys.modules)\n"
+            "print(out.getvalue())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    first, *printed = r.stdout.splitlines()
+    import torch
+
+    from conduit_core.memory.tiers import Tier, cuda_available
+    assert first == f"0 {'+cpu' not in torch.__version__}"   # imported only to ask a CUDA build for a device
+    tiers = next(line for line in printed if line.startswith("tiers available: "))
+    assert tiers.split(": ")[1].split(", ") == [t.value for t in Tier if not t.needs_cuda or cuda_available()]
+    assert f"torch {torch.__version__}" in printed[0]
+
+
 def test_help_info_and_an_unknown_workload_answer():
     assert run("--help").returncode == 0
     assert "tiers available" in run("info").stdout
