@@ -9,7 +9,9 @@ before the fork, ``system/api/worker_control.py``). This subclass runs SRL's ``_
 then binds and opens the consumer: ``bind(worker_info=cfg.worker_info, ctrl=self.ctrl.spl_ctrls[index])``.
 Every other trainer worker behaves exactly as SRL's (a stream that is not Conduit's is left alone).
 On ``exit``, after SRL's own (which saves the buffer and stops the training thread), the buffer's
-``close`` joins any thread of its own (a replay kind that prepares deliveries ahead).
+``close`` joins any thread of its own (a replay kind that prepares deliveries ahead). Each poll that
+logs a training step adds the buffer's counters to the step's stats (:func:`buffer_stats_into`),
+so they reach SRL's terminal log and wandb with SRL's own.
 
 :func:`install` puts this class in SRL's worker table (``rlsrl.system.RL_WORKERS["trainer"]``) in the
 launching process; SRL's ``run_worker`` loads the class from the table in each forked worker. The
@@ -57,6 +59,19 @@ def close_buffer(worker: Any) -> None:
         close()
 
 
+def buffer_stats_into(worker: Any, poll_result: Any) -> None:
+    """Conduit's counters in SRL's own tracker: where a poll carries the training step's stats (which
+    SRL's worker logs to its terminal log and to wandb), the buffer's ``stats()`` join them as
+    ``conduit/<name>`` (a queue's formed, served, dropped entries; a replay buffer's chunks put and
+    stored, batches prepared ahead taken or discarded). SRL's own buffers have no ``stats``: nothing."""
+    entry = getattr(poll_result, "log_entry", None)
+    buffer = getattr(worker, "_TrainerWorker__buffer", None)  # SRL's TrainerWorker keeps it name-mangled
+    stats = getattr(buffer, "stats", None)
+    if entry is None or not callable(stats):
+        return
+    entry.stats.update({f"conduit/{k}": v for k, v in stats().items() if isinstance(v, (int, float))})
+
+
 def worker_class():
     global _CLASS
     if _CLASS is None:
@@ -65,6 +80,11 @@ def worker_class():
         def _configure(self, cfg):
             r = TrainerWorker._configure(self, cfg)
             bind_consumer(self, cfg)
+            return r
+
+        def _poll(self):
+            r = TrainerWorker._poll(self)
+            buffer_stats_into(self, r)
             return r
 
         def exit(self):
@@ -77,7 +97,8 @@ def worker_class():
                 close_buffer(self)
 
         _CLASS = type(CLASS_NAME, (TrainerWorker,), {"__module__": __name__, "__qualname__": CLASS_NAME,
-                                                     "_configure": _configure, "exit": exit, "__doc__": __doc__})
+                                                     "_configure": _configure, "_poll": _poll, "exit": exit,
+                                                     "__doc__": __doc__})
     return _CLASS
 
 
