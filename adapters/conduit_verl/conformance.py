@@ -81,6 +81,7 @@ class FullyAsyncQueue(AsyncQueue):
             "async_training": {"require_batches": 1, "trigger_parameter_sync_step": 1,
                                "staleness_threshold": staleness},
             "trainer": {"resume_mode": "disable"}})
+        self.config = config
         self.queue = ConduitMessageQueue(config, first_index=1)
         self.next_index = 1
 
