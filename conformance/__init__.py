@@ -28,6 +28,7 @@ from . import checks_freshness as _freshness  # noqa: E402,F401
 from . import checks_convergence as _convergence  # noqa: E402,F401
 from . import checks_async as _async  # noqa: E402,F401
 from . import checks_time_major as _time_major  # noqa: E402,F401
+from . import checks_declared as _declared  # noqa: E402,F401
 
 __all__ = ["AsyncQueue", "Check", "CheckFailed", "CheckSkipped", "NotApplicable", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "DeliveredSequence",
            "DeliveredTimeMajor", "Harness",

@@ -21,6 +21,7 @@ import pytest
 # checks were not either, until the time-major checks were added and found missing too)
 from . import checks_async as _async  # noqa: F401  (fills the registry)
 from . import checks_convergence as _convergence  # noqa: F401
+from . import checks_declared as _declared  # noqa: F401
 from . import checks_freshness as _freshness  # noqa: F401
 from . import checks_rows as _rows  # noqa: F401
 from . import checks_semantic as _semantic  # noqa: F401

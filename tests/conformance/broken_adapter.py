@@ -68,6 +68,8 @@ FAULTS = {
                    "equivalence/exact_with_shared_rng"},
     # bad obs refused with an error that names another field ("reward") and no unmet expectation
     "wrong_field_error": {"ingest/rejects_bad_input"},
+    # n-step rows offered (the session has deliver_rows) and 'nstep' not declared: never certified
+    "offers_undeclared_nstep": {"harness/declares_what_it_offers"},
     # asynchronous training (checks_async): verl's fully-async MessageQueue (no admission, the oldest
     # dropped when full); a queue that discards samples over the staleness bound; one that serves the
     # newest ready samples first (within the admission window). Each serves what finished, not what
@@ -199,6 +201,13 @@ def _pick_of_three(store, fault: str) -> None:
     store.sample = picked
 
 
+class NStepSession(BrokenSession):
+    """Offers n-step rows the harness does not declare: windows of one step whatever n asks for."""
+
+    def deliver_rows(self, batch_size, *, n_step, gamma, beta=None):
+        return self.deliver(batch_size)
+
+
 class BrokenHarness(example.AdapterHarness):
     name = "broken"
 
@@ -231,7 +240,8 @@ class BrokenHarness(example.AdapterHarness):
             _shift_rewards(store)
         if not (onpolicy or prioritized):
             _pick_of_three(store, self.fault)
-        return BrokenSession(store, self.fault, mode, prioritized=prioritized)
+        cls = NStepSession if self.fault == "offers_undeclared_nstep" else BrokenSession
+        return cls(store, self.fault, mode, prioritized=prioritized)
 
     def shared_rng_sessions(self, *, seed, capacity=10_000):
         import random

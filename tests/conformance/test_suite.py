@@ -149,7 +149,7 @@ def test_scaffolded_adapter_passes_the_suite_out_of_the_box(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     # the semantic checks of its capabilities (the async ones included: they ran from pytest only once
     # conformance.testing imported checks_async, found with the time-major checks)
-    assert "21 passed" in r.stdout
+    assert "22 passed" in r.stdout
 
 
 def test_the_pytest_base_class_runs_every_registered_check():
