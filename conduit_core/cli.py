@@ -30,23 +30,29 @@ def _cmd_info(args: list[str]) -> int:
 
     from . import __version__
     try:
-        torch_version = version("torch")
+        torch_version: str | None = version("torch")
     except PackageNotFoundError:
-        torch_version = "not installed (pip install torch==2.13.0, the CPU wheel, first)"
+        torch_version = None
     try:
         from ._native import _sumtree  # noqa: F401 - the C helpers are built, or none is
         helpers = "C helper"
     except ImportError:
         helpers = "numpy fallback (no C compiler at install)"
-    # the pinned and device tiers need a CUDA device, which only a CUDA build of torch can reach: a
-    # CPU build ("+cpu") answers without importing torch (2 s of a 0.2 s command otherwise)
-    cuda = "+cpu" not in torch_version and not torch_version.startswith("not") and _torch_sees_cuda()
-    # memory.tiers.Tier's names in its order (that module imports torch; tests/core/test_cli.py holds them equal)
-    tiers = [t for t in ("pageable", "shared", "pinned", "device", "remote") if cuda or t not in ("pinned", "device")]
-    print(f"conduit {__version__}  torch {torch_version}  numpy {np.__version__}")
+    # the CUDA tiers need a device only a CUDA build of torch reaches: a CPU build ("+cpu") is answered
+    # without importing torch, which is most of this command's time otherwise
+    cuda = torch_version is not None and "+cpu" not in torch_version and _torch_sees_cuda()
+    tiers = [t for t in TIER_NAMES if cuda or t not in CUDA_TIERS]
+    shown = torch_version or "not installed (pip install torch==2.13.0, the CPU wheel, first)"
+    print(f"conduit {__version__}  torch {shown}  numpy {np.__version__}")
     print(f"tiers available: {', '.join(tiers)}")
     print(f"prioritized index: {helpers}")
     return 0
+
+
+# memory.tiers.Tier's names in its order, and those that need CUDA (that module imports torch, which
+# `info` avoids; tests/core/test_cli.py holds these equal to Tier)
+TIER_NAMES = ("pageable", "shared", "pinned", "device", "remote")
+CUDA_TIERS = ("pinned", "device")
 
 
 def _torch_sees_cuda() -> bool:

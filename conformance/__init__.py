@@ -19,16 +19,8 @@ from .report import Report
 from .runner import check_adapter, load_harness
 from .testing import ConformanceTests
 
-# Importing the check modules fills the registry.
-from . import checks_semantic as _semantic  # noqa: E402,F401
-from . import checks_windows as _windows  # noqa: E402,F401
-from . import checks_sequences as _sequences  # noqa: E402,F401
-from . import checks_rows as _rows  # noqa: E402,F401
-from . import checks_freshness as _freshness  # noqa: E402,F401
-from . import checks_convergence as _convergence  # noqa: E402,F401
-from . import checks_async as _async  # noqa: E402,F401
-from . import checks_time_major as _time_major  # noqa: E402,F401
-from . import checks_declared as _declared  # noqa: E402,F401
+# Importing the check modules fills the registry (one list: catalog.py).
+from . import catalog as _catalog  # noqa: E402,F401
 
 __all__ = ["AsyncQueue", "Check", "CheckFailed", "CheckSkipped", "NotApplicable", "ConformanceTests", "ConvergenceResult", "Delivered", "DeliveredRows", "DeliveredSequence",
            "DeliveredTimeMajor", "Harness",

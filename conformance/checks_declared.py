@@ -33,9 +33,10 @@ def declares_what_it_offers(ctx) -> str:
     with ``deliver_rows`` declares ``nstep``, a harness with ``async_queue`` declares ``async``, ..."""
     caps = set(ctx.harness.capabilities)
     found = {f"Harness.{m}": c for m, c in offered(ctx.harness, Harness, HARNESS_OFFERS).items()}
-    for kind in (("replay", {}), ("onpolicy", {"onpolicy": True})):
-        if kind[0] in caps:
-            with _closing(ctx.session(**kind[1])) as s:
+    # every kind of session the suite asks for (a harness may build another class for each)
+    for need, kw in (("replay", {}), ("prioritized", {"prioritized": True}), ("onpolicy", {"onpolicy": True})):
+        if need in caps:
+            with _closing(ctx.session(**kw)) as s:
                 found |= {f"{type(s).__name__}.{m}": c for m, c in offered(s, Session, SESSION_OFFERS).items()}
     missing = {where: cap for where, cap in found.items() if cap not in caps}
     ensure(not missing, "the adapter offers " + "; ".join(f"{w} but does not declare {c!r}" for w, c in

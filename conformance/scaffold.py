@@ -27,7 +27,7 @@ name = "{dist}"
 version = "0.1.0"
 description = "Conduit adapter for {name}"
 requires-python = ">=3.11"
-dependencies = ["conduit-edp[test]>=0.1"]   # add your framework here
+dependencies = ["conduit-edp[test]>=0.1,<1"]   # add your framework here
 
 # `conduit conformance {name}` finds the harness through this entry point
 [project.entry-points."conduit.harnesses"]

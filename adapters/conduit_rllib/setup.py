@@ -29,7 +29,8 @@ class BuildPyWithoutThisScript(build_py):
     """The package is this very folder (package-dir "."): keep this build script out of the wheel."""
 
     def find_package_modules(self, package, package_dir):
-        return [m for m in super().find_package_modules(package, package_dir) if m[1] != "setup"]
+        return [m for m in super().find_package_modules(package, package_dir)
+                if Path(m[2]).resolve() != Path(__file__).resolve()]
 
 
 VERSION = project_version()

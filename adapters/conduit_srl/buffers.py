@@ -28,10 +28,10 @@ from .delivery_plan import check_delivery
 from .queue_buffer import QUEUE_KINDS, ConduitQueueBuffer
 from .replay_buffer import REPLAY_KINDS, ConduitReplayBuffer
 
-# imported from here (conduit_srl, tests, benchmarks); ConduitPrioritizedReplayBuffer is left out on
-# purpose: naming it in a star import would build it, importing SRL
 log = logging.getLogger("conduit_srl")
 
+# imported from here (conduit_srl, tests, benchmarks); ConduitPrioritizedReplayBuffer is left out on
+# purpose: naming it in a star import would build it, importing SRL
 __all__ = ["QUEUE_KINDS", "REPLAY_KINDS", "ConduitQueueBuffer", "ConduitReplayBuffer", "check_delivery", "make_buffer"]
 
 

@@ -1,12 +1,15 @@
-"""The SRL adapter's conformance harness, with SRL's own replay buffers as the native oracle.
+"""The SRL adapter's conformance harness, with SRL's own buffers as the native oracle.
 
-Runs where SRL imports (its venv: ``tests/srl_venv/test_srl_conformance.py``). Each synthetic
-transition becomes one SRL sample of one step (a ``SampleBatch`` with a nested ``obs.obs``), put
-through the buffer SRL's trainer worker would use; a delivery is a sequence of SRL ``get``s of
-``GET_SIZE`` chunks (SRL's buffers draw a fixed batch size), and the ids are read back from the
-rebuilt, time-major sample. Priority updates go back per get through ``sampling_indices``, as
-SRL's trainer thread sends them. The queue kinds are checked against SRL's queues schedule by
-schedule in ``tests/srl_venv/test_buffers_vs_srl.py`` (their semantics are deterministic)."""
+Runs where SRL imports (its venv: ``tests/srl_venv/test_srl_conformance.py``). Replay
+(``ReplaySession``): each synthetic transition becomes one SRL sample of one step (a ``SampleBatch``
+with a nested ``obs.obs``), put through the replay buffer SRL's trainer worker would use; a delivery
+is a sequence of SRL ``get``s of ``GET_SIZE`` chunks (SRL's buffers draw a fixed batch size), the ids
+read back from the rebuilt, time-major sample; priority updates go back per get through
+``sampling_indices``, as SRL's trainer thread sends them. On-policy and time-major (``QueueSession``):
+SRL's PPO queue (``priority_queue``, ``reuses=1``), a put per transition for the flat on-policy
+checks, a put per chunk of T steps batched B per get for the time-major ones, against SRL's own
+queue. Every schedule of both queue kinds is also compared with SRL's in
+``tests/srl_venv/test_buffers_vs_srl.py`` (their semantics are deterministic)."""
 
 from __future__ import annotations
 
@@ -155,7 +158,7 @@ class QueueSession(Session):
             self.buffer.put(sample)
         self._undelivered_versions.add(version)
 
-    def _take(self):
+    def take_all(self) -> list[DeliveredTimeMajor]:
         """Every batch queued now, each copied out (a served entry's memory is reused ``lease_depth``
         gets later), in the order SRL's trainer would get them."""
         out = []
@@ -172,7 +175,7 @@ class QueueSession(Session):
         return out
 
     def deliver_time_major(self) -> list[DeliveredTimeMajor]:
-        return self._take()
+        return self.take_all()
 
     def deliver(self, batch_size, *, policy_version=None) -> Delivered:
         """Every queued row, batch after batch (``batch_size`` must be None: a queue hands out what it
@@ -180,13 +183,14 @@ class QueueSession(Session):
         path that tells them apart: its trainer takes every sample its queue holds (its PPO records
         each step's version in ``policy_version_steps``)."""
         if batch_size is not None:
-            raise ValueError(f"the SRL harness's queue sessions deliver whole queues: batch_size None, got {batch_size}")
+            raise ValueError(f"batch_size: expected None (the SRL harness's queue sessions deliver whole queues, as "
+                             f"SRL's trainer takes what its queue holds), got {batch_size}. Fix: deliver(None)")
         others = self._undelivered_versions - {policy_version} if policy_version is not None else set()
         if others:
             raise NotApplicable(f"SRL's trainer takes every sample its queue holds, whatever policy version produced "
                                 f"it (versions {sorted(self._undelivered_versions)} queued, version {policy_version} "
                                 "asked for); the version of each step travels in policy_version_steps")
-        batches = self._take()
+        batches = self.take_all()
         if not batches:
             return Delivered(ids=np.zeros(0, np.int64), versions=np.zeros(0, np.int64), rows={})
         by_row = lambda a: np.concatenate([np.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]) for x in a])  # noqa: E731
@@ -196,7 +200,7 @@ class QueueSession(Session):
     def stored_ids(self) -> np.ndarray:
         """The ids of the queued batches, read from a copy of the queue drained in serving order."""
         copy = QueueSession(pickle.loads(pickle.dumps(self.buffer)), per_step=self._per_step)
-        batches = copy._take()
+        batches = copy.take_all()
         return np.concatenate([np.swapaxes(x.ids, 0, 1).reshape(-1) for x in batches]) if batches else \
             np.zeros(0, np.int64)
 
@@ -271,7 +275,6 @@ class SRLHarness(Harness):
         cls = PrioritizedReplayBuffer if prioritized else SimpleReplayBuffer  # SRL's own, even while enabled
         return ReplaySession(cls(**self._args(kind, capacity, seed, alpha)), stored_ids=srl_stored_ids,
                              sentinel=prioritized)
-
 
     def time_major_sessions(self, *, seed, batch_size, max_batches):
         """SRL's PPO queue as its trainer worker builds it (``priority_queue``, ``reuses=1``; SRL's Atari

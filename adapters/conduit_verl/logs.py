@@ -7,7 +7,8 @@ last-resort handler. Conduit's INFO lines (a storage backend or trainer mode bui
 shut down) would be dropped. :func:`show_in_verl` gives the ``conduit`` and ``conduit_verl`` loggers
 the same treatment: a level, ``CONDUIT_LOGGING_LEVEL`` (default INFO), unless one was set for them,
 and a stream handler only where nothing would print them: where the root logger has handlers (a
-user's ``basicConfig``, verl's TaskRunner) the lines go there.
+user's ``basicConfig``, verl's TaskRunner) the lines go there. A bad level raises ``ConfigError``
+where verl imports its trainer or TransferQueue, before anything is registered.
 """
 
 from __future__ import annotations
@@ -43,5 +44,4 @@ def show_in_verl() -> None:
             continue
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(FORMAT))
-        logger.addHandler(handler)
-        logger.propagate = False   # (a root handler added later would print each line twice)
+        logger.addHandler(handler)   # (propagation stays: a root handler added later gets them too)

@@ -76,9 +76,9 @@ HOOKS = {REGISTRY_MODULE: _register_trainer, STORAGE_MODULE: _register_storage,
 
 
 def _register(module: str) -> None:
+    from .logs import show_in_verl
+    show_in_verl()   # verl configures no logging for others (a bad CONDUIT_LOGGING_LEVEL raises here, naming it)
     try:
-        from .logs import show_in_verl
-        show_in_verl()   # verl configures no logging for others: Conduit's INFO lines would be dropped
         HOOKS[module]()
     except Exception:
         log.exception("conduit_verl: registering with %s failed; verl will not know Conduit's part there", module)

@@ -61,7 +61,16 @@ class EntryQueueSession(Session):
         self.fault = fault
 
     def ingest(self, rollout):
-        self.q.put(_sample(rollout))
+        if self.fault != "drop_newest":
+            self.q.put(_sample(rollout))
+            return
+        # the newest batch dropped when the queue is full (SRL drops the oldest): held until it forms
+        self.held = getattr(self, "held", []) + [_sample(rollout)]
+        if len(self.held) == self.q.batch_size:
+            if self.q.qsize() < self.q.max_entries:
+                for sample in self.held:
+                    self.q.put(sample)
+            self.held = []
 
     def deliver(self, batch_size, *, policy_version=None):
         raise NotImplementedError
@@ -121,6 +130,7 @@ def test_a_queue_with_srls_rule_passes_both_checks():
     ({"reuses": 2}, "deliver/time_major_batches"),                     # each batch served twice
     ({"serve": "oldest"}, "equivalence/time_major_matches_native"),     # FIFO for SRL's freshest-first
     ({"overflow": "drop_oldest", "serve": "oldest"}, "equivalence/time_major_matches_native"),
+    ({"fault": "drop_newest"}, "equivalence/time_major_matches_native"),   # the serve order right, the overflow not
 ])
 def test_each_broken_queue_fails_the_check_named_for_it(variant, caught_by):
     assert caught_by in _failed(QueueHarness(**variant)), variant

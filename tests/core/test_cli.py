@@ -40,6 +40,9 @@ def test_info_answers_without_torch_and_lists_the_tiers_this_machine_has():
 
     from conduit_core.memory.tiers import Tier, cuda_available
     assert first == f"0 {'+cpu' not in torch.__version__}"   # imported only to ask a CUDA build for a device
+    import conduit_core.cli as cli
+    assert cli.TIER_NAMES == tuple(t.value for t in Tier)
+    assert set(cli.CUDA_TIERS) == {t.value for t in Tier if t.needs_cuda}
     tiers = next(line for line in printed if line.startswith("tiers available: "))
     assert tiers.split(": ")[1].split(", ") == [t.value for t in Tier if not t.needs_cuda or cuda_available()]
     assert f"torch {torch.__version__}" in printed[0]

@@ -30,6 +30,8 @@ ALLOWED_IN_ADAPTERS = {
     ("conduit_srl/conformance.py", "buffer._min_tree"),   # the oracle's sentinel leaves SRL's min tree
     # a trainer worker subclass runs SRL's own configure step first
     ("conduit_srl/trainer_worker.py", "TrainerWorker._configure"),
+    # ... and SRL's own poll, whose logged step the subclass adds its buffer's counters to
+    ("conduit_srl/trainer_worker.py", "TrainerWorker._poll"),
     # verl's trainers: the parent's own advantage stage, called for the fallback path
     ("conduit_verl/separated.py", "SeparateRayPPOTrainer._fit_compute_advantage"),
     ("conduit_verl/v1_trainer.py", "PPOTrainerSync._compute_advantage"),
@@ -40,6 +42,7 @@ ALLOWED_IN_ADAPTERS = {
     # a flag on the adapter's own class (type(self) is the class itself)
     ("conduit_verl/separated.py", "type(self)._conduit_fallback_logged"),
     ("conduit_verl/v1_trainer.py", "type(self)._conduit_fallback_logged"),
+    ("conduit_verl/v1_trainer.py", "type(self)._conduit_mode_logged"),
 }
 
 

@@ -377,7 +377,7 @@ def test_empty_hands_over_a_batch_as_it_forms():
     assert buf.get().reuses == 1
     t0 = time.perf_counter()
     assert buf.empty() is True
-    assert time.perf_counter() - t0 >= 0.99
+    assert time.perf_counter() - t0 >= 0.95   # (the wait's end; a condition's wait never ends early)
 
 
 def test_a_sub_structure_none_in_a_later_sample_is_zero_filled_as_srl_batches_it():

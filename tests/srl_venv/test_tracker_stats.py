@@ -40,6 +40,11 @@ def test_a_poll_without_a_step_and_srls_own_buffer_are_left_alone():
     assert r.log_entry.stats == {"loss": 0.5}
 
 
-def test_conduits_trainer_worker_polls_through_it():
+def test_conduits_trainer_worker_polls_through_it_and_srl_keeps_the_buffer_where_it_reads_it():
+    import inspect
+
     from rlsrl.system.impl.trainer_worker import TrainerWorker
     assert worker_class()._poll is not TrainerWorker._poll   # (SRL's own poll, then the counters)
+    # SRL's worker stores its buffer as self.__buffer (name-mangled _TrainerWorker__buffer): a rename in
+    # SRL would make the counters vanish silently, so the source is read
+    assert "self.__buffer = buffer_api.make_buffer(" in inspect.getsource(TrainerWorker)
