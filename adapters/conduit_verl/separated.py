@@ -132,6 +132,7 @@ class AdvantageStageMixin:
     """``_fit_compute_advantage`` over chunks of whole prompt groups (see the module docstring)."""
 
     _conduit_fallback_logged = False
+    _conduit_mode_logged = False
 
     def _fit_compute_advantage(self, batch):
         from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
@@ -146,6 +147,10 @@ class AdvantageStageMixin:
                 log.warning("conduit: advantage stage runs whole-batch (verl's path): %s", reason)
                 type(self)._conduit_fallback_logged = True
             return super()._fit_compute_advantage(batch)
+        if not type(self)._conduit_mode_logged:
+            type(self)._conduit_mode_logged = True
+            log.info("conduit_verl: %s's advantage stage over chunks of %d prompt groups, %d in flight",
+                     type(self).__name__, opts.groups_per_chunk, opts.depth)
         with marked_timer("adv", self.timing_raw, color="brown"):
             return chunked_advantage(self, batch, verl_stage, opts)
 

@@ -41,6 +41,7 @@ ALLOWED_IN_ADAPTERS = {
     ("conduit_rllib/replay_metrics.py", "s._lifetime_sum"),
     # a flag on the adapter's own class (type(self) is the class itself)
     ("conduit_verl/separated.py", "type(self)._conduit_fallback_logged"),
+    ("conduit_verl/separated.py", "type(self)._conduit_mode_logged"),
     ("conduit_verl/v1_trainer.py", "type(self)._conduit_fallback_logged"),
     ("conduit_verl/v1_trainer.py", "type(self)._conduit_mode_logged"),
 }
