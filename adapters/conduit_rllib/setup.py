@@ -19,9 +19,10 @@ REQUIRES = [
 
 
 def project_version() -> str:
-    source = HERE.parents[1] / "conduit_core" / "VERSION"
-    if source.is_file():
-        return source.read_text(encoding="utf-8").strip()
+    for checkout in HERE.parents[:2]:   # the lab sits one folder down the checkout, an adapter two
+        source = checkout / "conduit_core" / "VERSION"
+        if source.is_file():
+            return source.read_text(encoding="utf-8").strip()
     return Parser().parsestr((HERE / "PKG-INFO").read_text(encoding="utf-8"))["Version"]
 
 

@@ -10,36 +10,40 @@ def run(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-def test_help_and_import_do_not_import_torch():
-    code = ("import sys, conduit_core.cli as cli\n"
-            "import contextlib, io\n"
-            "try:\n"
-            "    with contextlib.redirect_stdout(io.StringIO()):\n"
-            "        rc = cli.main(['--help'])\n"
-            "except SystemExit as exc:\n"
-            "    rc = exc.code\n"
-            "import conduit_core\n"
-            "print(rc, conduit_core.__version__, 'torch' in sys.modules)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+PROBE = """
+import sys, contextlib, io, conduit_core, conduit_core.cli as cli
+out = io.StringIO()
+try:
+    with contextlib.redirect_stdout(out):
+        rc = cli.main(sys.argv[1:])
+except SystemExit as exc:   # (argparse's --help)
+    rc = exc.code
+print(rc, conduit_core.__version__, 'torch' in sys.modules)
+print(out.getvalue())
+"""
+
+
+def in_a_fresh_interpreter(*args: str) -> tuple[str, str, list[str]]:
+    """``conduit ARGS`` run by ``cli.main`` in a new interpreter: (exit code, whether torch was imported
+    by then, the lines it printed)."""
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    rc, _, torch_loaded = r.stdout.split()
+    first, *printed = r.stdout.splitlines()
+    rc, _, torch_loaded = first.split()
+    return rc, torch_loaded, printed
+
+
+def test_help_and_import_do_not_import_torch():
+    rc, torch_loaded, _ = in_a_fresh_interpreter("--help")
     assert rc == "0" and torch_loaded == "False"
 
 
 def test_info_answers_without_torch_and_lists_the_tiers_this_machine_has():
-    code = ("import sys, contextlib, io, conduit_core.cli as cli\n"
-            "out = io.StringIO()\n"
-            "with contextlib.redirect_stdout(out):\n"
-            "    rc = cli.main(['info'])\n"
-            "print(rc, 'torch' in sys.modules)\n"
-            "print(out.getvalue())\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    first, *printed = r.stdout.splitlines()
+    rc, torch_loaded, printed = in_a_fresh_interpreter("info")
     import torch
 
     from conduit_core.memory.tiers import Tier, cuda_available
-    assert first == f"0 {'+cpu' not in torch.__version__}"   # imported only to ask a CUDA build for a device
+    assert f"{rc} {torch_loaded}" == f"0 {'+cpu' not in torch.__version__}"   # only a CUDA build asks a device
     import conduit_core.cli as cli
     assert cli.TIER_NAMES == tuple(t.value for t in Tier)
     assert set(cli.CUDA_TIERS) == {t.value for t in Tier if t.needs_cuda}

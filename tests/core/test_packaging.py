@@ -56,6 +56,17 @@ def test_the_version_is_written_once():
     assert not written, f"the version {version} is written by hand in {written}: read conduit_core.__version__"
 
 
+def test_the_build_scripts_are_one_script_but_for_what_each_requires():
+    """Each distribution's setup.py must stand alone (its sdist has no checkout around it), so the script
+    is copied; the copies may differ only in REQUIRES."""
+    def without_requires(folder: pathlib.Path) -> str:
+        body = [n for n in ast.parse((folder / "setup.py").read_text()).body
+                if not (isinstance(n, ast.Assign) and [t.id for t in n.targets] == ["REQUIRES"])]
+        return ast.dump(ast.Module(body=body, type_ignores=[]))
+    scripts = {f: without_requires(ROOT / f) for f in [f"adapters/{p}" for p in ADAPTERS] + ["benchmarks"]}
+    assert len(set(scripts.values())) == 1, "the setup.py copies differ beyond REQUIRES: " + ", ".join(scripts)
+
+
 def test_each_adapter_depends_on_the_core_at_its_version_and_on_its_framework_only():
     for pkg, framework in ADAPTERS.items():
         meta = project(ROOT / "adapters" / pkg / "pyproject.toml")

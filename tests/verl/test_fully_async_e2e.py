@@ -19,21 +19,16 @@ too (docs/benchmarks.md). The two runs go side by side
 
 import json
 import math
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from .cpu_runs import wait_for_run
+from .cpu_runs import start_run, wait_for_run
 
 pytest.importorskip("verl", reason="needs verl[verl-core] (verl 0.9.1)")
 pytest.importorskip("conduit_verl", reason="needs the conduit-verl adapter installed (its verl.plugins entry point)")
 
-REPO = Path(__file__).resolve().parents[2]
-RUN = REPO / "integrations" / "verl_cpu" / "run.py"
 STEPS = 3
 RUN_TIMEOUT_S = 400
 
@@ -43,12 +38,10 @@ MAIN_PPO_AS_ASYNC = ("trainer.use_v1=False", "data.train_batch_size=2", "algorit
 
 def _start(tmp_path: Path, name: str, *args: str):
     files = {kind: tmp_path / f"{name}-{kind}.jsonl" for kind in ("metrics", "generated", "trained")}
-    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, str(RUN), "--steps", str(STEPS), "--metrics-out", str(files["metrics"]),
-           "--generation-trace", str(files["generated"]), "--log", str(tmp_path / f"{name}.log"),
-           "--timeout", str(RUN_TIMEOUT_S), *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return name, proc, files, tmp_path / f"{name}.log"
+    log = tmp_path / f"{name}.log"
+    proc = start_run(log, RUN_TIMEOUT_S, "--steps", str(STEPS), "--metrics-out", str(files["metrics"]),
+                     "--generation-trace", str(files["generated"]), *args)
+    return name, proc, files, log
 
 
 def _finish(run) -> dict:

@@ -19,20 +19,15 @@ About 2 minutes on 2 cores.
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .cpu_runs import wait_for_run
+from .cpu_runs import start_run, wait_for_run
 
 pytest.importorskip("verl", reason="needs verl[verl-core] (verl 0.9.1)")
 pytest.importorskip("conduit_verl", reason="needs the conduit-verl adapter installed (its verl.plugins entry point)")
 
-REPO = Path(__file__).resolve().parents[2]
-RUN = REPO / "integrations" / "verl_cpu" / "run.py"
 STEPS = 2
 RUN_TIMEOUT_S = 400
 EXACT = ("reward_mean", "score_mean", "response_length_mean")
@@ -42,10 +37,8 @@ ONE_MINI_BATCH = ("data.train_batch_size=2",)
 
 def _start(tmp_path: Path, name: str, *args: str):
     out, log = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, str(RUN), "--trainer", "one_step_off", "--steps", str(STEPS), "--seed", "0",
-           "--metrics-out", str(out), "--log", str(log), "--timeout", str(RUN_TIMEOUT_S), *args, *ONE_MINI_BATCH]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_run(log, RUN_TIMEOUT_S, "--trainer", "one_step_off", "--steps", str(STEPS), "--seed", "0",
+                     "--metrics-out", str(out), *args, *ONE_MINI_BATCH)
     return name, proc, out, log
 
 

@@ -16,18 +16,14 @@ run that agrees bit for bit already implies it. Run it when this test fails. The
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .cpu_runs import wait_for_run
+from .cpu_runs import start_run, wait_for_run
 
 pytest.importorskip("verl", reason="needs verl[verl-core] (verl 0.9.1 with transferqueue)")
 
-REPO = Path(__file__).resolve().parents[2]
-RUN = REPO / "integrations" / "verl_cpu" / "run.py"
 STEPS = 2
 RUN_TIMEOUT_S = 300  # one run; a hang must not eat the CI budget
 PER_RUN_FIELDS = {"uid", "session_id", "metrics"}  # uuid4 ids and timings: new values in every run
@@ -35,16 +31,11 @@ COMPARED = ("reward_mean", "score_mean", "actor_loss", "pg_loss", "grad_norm", "
 
 
 def _start(tmp_path: Path, name: str, seed: int, *overrides: str):
-    """A run of run.py started (it runs beside the others: each is its own process tree, seeded, so
-    running them at once changes nothing they compute, and on 2 cores it saves most of a run's Ray
-    and TransferQueue start-up); ``_finish`` waits for it."""
+    """A run of run.py started beside the others (``cpu_runs.start_run``); ``_finish`` waits for it."""
     out = tmp_path / f"{name}.jsonl"
     log = tmp_path / f"{name}.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1",
-               VERL_CPU_GET_TRACE=str(tmp_path / f"{name}.gets.jsonl"))
-    cmd = [sys.executable, str(RUN), "--steps", str(STEPS), "--seed", str(seed), "--metrics-out", str(out),
-           "--log", str(log), "--timeout", str(RUN_TIMEOUT_S), *overrides]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_run(log, RUN_TIMEOUT_S, "--steps", str(STEPS), "--seed", str(seed), "--metrics-out", str(out),
+                     *overrides, VERL_CPU_GET_TRACE=str(tmp_path / f"{name}.gets.jsonl"))
     return name, proc, out, log
 
 
