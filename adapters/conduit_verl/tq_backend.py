@@ -145,6 +145,29 @@ def shutdown_units(names: list[str] | None = None) -> None:
             ray.kill(unit)
 
 
+def storage_metrics(names: list[str] | None = None, *, timeout_s: float = 30.0) -> dict[str, float]:
+    """What the storage units hold now, for verl's tracker (``conduit/storage/*``): the units, their
+    rows, MiB, the most fields a unit holds, puts in flight (reserved, not yet committed) and shared
+    segments. ``names``: the units to ask, by default those this process started (``tq.init`` ran
+    here, as in verl's TaskRunner); empty when there are none (another storage backend). A unit
+    that does not answer in ``timeout_s`` raises, naming it: the step's puts and gets need it too."""
+    names = list(_STARTED_HERE) if names is None else list(names)
+    if not names:
+        return {}
+    units = [ray.get_actor(name, namespace=NAMESPACE) for name in names]
+    try:
+        stats = ray.get([u.stats.remote() for u in units], timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as e:
+        raise TimeoutError(f"conduit_verl: the storage units {names} did not report their stats in {timeout_s} s; "
+                           "a unit is busy or lost (its actor's log says which)") from e
+    return {"conduit/storage/units": float(len(stats)),
+            "conduit/storage/rows": float(sum(s["rows"] for s in stats)),
+            "conduit/storage/mib": sum(s["nbytes"] for s in stats) / 2 ** 20,
+            "conduit/storage/fields": float(max(len(s["fields"]) for s in stats)),
+            "conduit/storage/puts_in_flight": float(sum(s["tickets"] for s in stats)),
+            "conduit/storage/shared_segments": float(sum(len(s["segments"]) for s in stats))}
+
+
 def _node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 

@@ -165,6 +165,13 @@ def register() -> None:
             return pipelined_advantage(lambda chunk, m: PPOTrainerSync._compute_advantage(self, chunk, m),
                                        batch, metrics, opts)
 
+        def _compute_metrics(self, batch, metrics, *args, **kwargs):
+            # verl's step metrics, then what Conduit's storage units hold at the step's end (before verl
+            # clears the step's rows), into the same dict verl's tracker logs: conduit/storage/*
+            super()._compute_metrics(batch, metrics, *args, **kwargs)
+            from .tq_backend import storage_metrics
+            metrics.update(storage_metrics())
+
     ConduitV1Trainer.__module__, ConduitV1Trainer.__qualname__ = __name__, "ConduitV1Trainer"
     globals()["ConduitV1Trainer"] = ConduitV1Trainer
 

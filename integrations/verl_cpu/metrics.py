@@ -2,8 +2,8 @@
 
 verl's `FileLogger` (utils/tracking.py:529) writes `{"step": n, "data": {...}}` per step to
 `VERL_FILE_LOGGER_PATH` when `trainer.logger` includes "file". `summarize` keeps the training steps and
-picks the reward mean, the actor's loss and grad norm, the per-stage timings and what Conduit's queue
-reports to the fully-async trainer's tracker, under stable names.
+picks the reward mean, the actor's loss and grad norm, the per-stage timings and what Conduit reports to
+verl's tracker (its queue in the fully-async trainer, its storage units in the V1 trainer), under stable names.
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ def summarize(records: Iterable[dict]) -> list[dict]:
         for name, keys in PICK.items():
             row[name] = next((data[key] for key in keys if key in data), None)
         row["timing_s"] = {key[len("timing_s/") :]: value for key, value in data.items() if key.startswith("timing_s/")}
-        # Conduit's queue in the fully-async trainer (conduit_verl.async_queue: fully_async/conduit/*)
-        row["conduit"] = {key[len("fully_async/conduit/") :]: value for key, value in data.items()
-                          if key.startswith("fully_async/conduit/")}
+        # Conduit's queue in the fully-async trainer (conduit_verl.async_queue: fully_async/conduit/*) and
+        # its TransferQueue storage units under trainer_mode=conduit (conduit_verl.tq_backend: conduit/storage/*)
+        row["conduit"] = {key.split("conduit/", 1)[1]: value for key, value in data.items()
+                          if key.startswith(("fully_async/conduit/", "conduit/"))}
         rows.append(row)
     return rows
 

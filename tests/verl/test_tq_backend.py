@@ -151,10 +151,17 @@ def test_tq_close_shuts_down_the_units_its_init_started():
         assert len(started) == 2
         tq.kv_batch_put(keys=["a", "b"], partition_id="train", fields=TensorDict({"x": torch.arange(2)}, batch_size=[2]))
         assert not tq_backend._tq_is_closing()   # a client's close now would leave the units serving
+        # what trainer_mode=conduit adds to verl's tracker each step (conduit_verl.v1_trainer)
+        got = tq_backend.storage_metrics()
+        assert sorted(got) == [f"conduit/storage/{k}" for k in ("fields", "mib", "puts_in_flight", "rows",
+                                                                 "shared_segments", "units")]
+        assert [got[f"conduit/storage/{k}"] for k in ("units", "rows", "fields", "puts_in_flight")] == [2, 2, 1, 0]
+        assert 0 < got["conduit/storage/mib"] < 1
     finally:
         tq.close()
     assert units() == [], "storage units outlived tq.close()"
     assert tq_backend._STARTED_HERE == []
+    assert tq_backend.storage_metrics() == {}   # no units of this process's: nothing to report
 
 
 def test_a_missing_row_is_key_not_found_as_on_simple_storage():

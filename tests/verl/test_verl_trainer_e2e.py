@@ -73,6 +73,14 @@ def test_grpo_same_seed_runs_match_iteration_by_iteration_on_both_backends(tmp_p
         assert row["grad_norm"] > 0, f"step {row['step']}: zero gradient, the actor was not updated"
         assert set(row["timing_s"]) >= {"gen", "old_log_prob", "adv", "update_actor", "step"}, row["timing_s"]
 
+    # Conduit's storage units reach verl's own tracker (the file logger here) every step, and only its run
+    for row in first:
+        assert not any(k.startswith("storage/") for k in row["conduit"]), row["conduit"]
+    for row in conduit:
+        got = row["conduit"]
+        assert got.get("storage/units", 0) >= 1 and got["storage/rows"] > 0 and got["storage/mib"] > 0, got
+        assert got["storage/fields"] >= 4 and got["storage/puts_in_flight"] == 0, got
+
     pairs = ((second, "same-seed SimpleStorage runs"),) if control else ()
     for other, what in (*pairs, (conduit, "SimpleStorage and the Conduit backend")):
         for a, b in zip(first, other, strict=True):
