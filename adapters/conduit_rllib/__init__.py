@@ -27,14 +27,42 @@ is called.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .options import ConduitOptions
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 __all__ = ["ConduitOptions", "enable"]
 
 
-def enable(config, **options):
+def enable(config: AlgorithmConfig, *, mode: str = "sequential", worker: str = "thread", staleness: int = 0,
+           depth: int = 2, obs_codec: str | None = "auto", tier: str = "pageable", reuse_outputs: int = 2,
+           seed: int | None = None, delivery_granularity: int = 1, ingest_granularity: int = 16,
+           autotune_settle: tuple[int, int] = (40, 2000), autotune_steps_per_phase: int = 40,
+           restore_missing_buffer: bool = False, ring_slack: float = 0.25, delivery: str | None = None,
+           store_infos: bool = True, source_ingest: bool = False, source_nodes: tuple[str, ...] = (),
+           **misspelt: Any) -> AlgorithmConfig:
     """Opt an RLlib ``AlgorithmConfig`` (DQN, SAC, TQC or PPO) into Conduit; returns the config.
 
-    Options (all keyword, validated now): see :class:`ConduitOptions`."""
+    Every option is :class:`ConduitOptions`' field of the same name and default (a test holds
+    them equal), validated now. The ones most runs set:
+
+    - ``mode``: 'sequential' (RLlib's exact semantics, inline), 'overlapped' (a worker ingests and
+      prepares the next batch) or 'auto' (profile, then the cost model decides);
+    - ``staleness``: inserts a prepared batch may miss (0: RLlib's semantics);
+    - ``tier``: where the buffer lives ('pageable', 'pinned', 'device', ...; ``conduit info`` lists them);
+    - ``delivery``: 'columns' (the learner's tensors), 'episodes' (RLlib's whole learner connector
+      pipeline runs) or None (episodes only where the config has connector pieces of its own);
+    - ``source_ingest``: remote env runners write their chunks into the buffer at the source (DQN,
+      SAC, TQC).
+
+    ``misspelt``: an unknown name is refused naming the known ones (ConfigError), and the old
+    ``schedule=`` is taken as ``mode=`` with a DeprecationWarning."""
+    given = dict(locals())
+    options = {name: value for name, value in given.items() if name not in ("config", "misspelt")}
+    if "schedule" in misspelt and mode == "sequential":
+        del options["mode"]   # (ConduitOptions.from_kwargs maps the old name, warning)
     from .opt_in import enable as _enable
-    return _enable(config, **options)
+    return _enable(config, **options, **misspelt)
