@@ -8,6 +8,8 @@ builtin (``ValueError``, ``TimeoutError``, ...) so generic handlers keep working
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -91,7 +93,7 @@ class ShardLost(ConduitError, RuntimeError):
     handles it (its rows leave, a new empty shard takes its place, the loss is recorded in
     ``ExperienceBuffer.losses``); it reaches a caller only where that is not possible."""
 
-    def __init__(self, shard: int, node: str | None, cause: BaseException, *, part=None):
+    def __init__(self, shard: int, node: str | None, cause: BaseException, *, part: int | None = None) -> None:
         # part: the shard object that found the loss; a handle kept from before the shard was
         # replaced reports a loss the buffer already recovered from (ShardLossRecovery checks)
         self.shard, self.node, self.cause, self.part = shard, node, cause, part
@@ -110,7 +112,7 @@ class StagedRowsLost(ConduitError, RuntimeError):
 INT64_MAX = (1 << 63) - 1
 
 
-def require_int(name: str, value, *, low: int = 0, high: int = INT64_MAX, fix: str | None = None) -> int:
+def require_int(name: str, value: Any, *, low: int = 0, high: int = INT64_MAX, fix: str | None = None) -> int:
     """``value`` as an int in ``[low, high]``, else a ConfigError naming ``name``: an id, a
     version, a seq or a slot is never a float (``int(2.7)`` would silently be 2), a bool, a
     string, or outside what the buffer's int64 metadata holds."""
@@ -122,7 +124,7 @@ def require_int(name: str, value, *, low: int = 0, high: int = INT64_MAX, fix: s
     return v
 
 
-def require_ids(source, policy_version) -> tuple[int, int]:
+def require_ids(source: Any, policy_version: Any) -> tuple[int, int]:
     """A rollout's producer id and policy version, as ints in ``[0, 2^63)``: the one check every
     ingest route makes before a ticket is taken or a row stored (plain ints pass in two comparisons)."""
     if type(source) is int and type(policy_version) is int and 0 <= source <= INT64_MAX \
@@ -133,7 +135,7 @@ def require_ids(source, policy_version) -> tuple[int, int]:
                         fix="pass the version of the policy that produced the rows, an int >= 0"))
 
 
-def require_int_array(name: str, values, *, fix: str) -> np.ndarray:
+def require_int_array(name: str, values: Any, *, fix: str) -> np.ndarray:
     """``values`` as a 1-D int64 array: ints only (a float 3.7 is not slot 3), named otherwise."""
     arr = values if isinstance(values, np.ndarray) else np.asarray(values)
     if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):

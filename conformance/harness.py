@@ -39,7 +39,7 @@ OBS_DIM = 4
 ROW_FIELDS = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
 
 
-def action_of(ids, dims: int) -> np.ndarray:
+def action_of(ids: np.ndarray, dims: int) -> np.ndarray:
     """A continuous action of ``dims`` float32 components per transition (SAC's, TD3's): varied
     per id and component, and, like ``reward_of``, never a value float16, bfloat16 or an integer
     holds, so an adapter that assumes discrete actions or narrows them shows in every row."""
@@ -48,7 +48,7 @@ def action_of(ids, dims: int) -> np.ndarray:
     return ((((ids * 7907 + k * 31) % 17).astype(np.float32) - np.float32(8.3)) / np.float32(4.0))
 
 
-def reward_of(ids) -> np.ndarray:
+def reward_of(ids: np.ndarray) -> np.ndarray:
     """The reward of transition ``id``: varied (so a wrong window sums to a wrong return), a
     float32 value, and never one float16 or bfloat16 holds (k - 6.3 has a repeating binary
     fraction), so a lossy cast on the way to the learner shows in every row."""

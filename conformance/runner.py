@@ -5,11 +5,14 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import time
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from .harness import CAPABILITIES, Harness
 from .registry import REGISTRY, CheckFailed, CheckSkipped, NotApplicable
 from .report import CheckResult, Report
+
+if TYPE_CHECKING:
+    from .registry import Check
 
 KNOWN_ADAPTERS = {
     "rllib": "conduit_rllib.conformance:harness",
@@ -115,7 +118,7 @@ def expand(harness: Harness, level: str) -> list[tuple[str, object, tuple]]:
     return out
 
 
-def run_one(harness: Harness, chk, args: tuple, *, seed: int) -> tuple[str, str]:
+def run_one(harness: Harness, chk: Check, args: tuple, *, seed: int) -> tuple[str, str]:
     from .checks_semantic import Ctx
     missing = sorted(chk.needs - set(harness.capabilities))
     if missing:

@@ -11,6 +11,8 @@ with Conduit on the same seeds and env-step budget.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -251,8 +253,8 @@ class RLlibHarness(Harness):
                               "pass workload names the harness defines, or None for all")
         self._convergence = tuple(WORKLOADS) if convergence is None else tuple(convergence)
 
-    def session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False,
-                mode="sequential", staleness=0) -> Session:
+    def session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False, alpha: float | None = None,
+                onpolicy: bool = False, mode: str = "sequential", staleness: int = 0) -> Session:
         if onpolicy:
             return OnPolicySession(mode)
         from .replay_buffer import ConduitEpisodeReplayBuffer
@@ -261,10 +263,11 @@ class RLlibHarness(Harness):
                                                   "reuse_outputs": 0})
         return ReplaySession(buf)
 
-    def native_session(self, *, seed, capacity=10_000, prioritized=False, alpha=None, onpolicy=False):
+    def native_session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False,
+                       alpha: float | None = None, onpolicy: bool = False) -> Session:
         return None if onpolicy else NativeReplaySession(capacity, seed, prioritized, alpha)
 
-    def shared_rng_sessions(self, *, seed, capacity=10_000):
+    def shared_rng_sessions(self, *, seed: int, capacity: int = 10_000) -> tuple[Session, Session]:
         """RLlib's uniform EpisodeReplayBuffer and Conduit's, both drawing from a Generator
         seeded with ``seed`` (``ConduitEpisodeReplayBuffer.share_rng``)."""
         from .replay_buffer import ConduitEpisodeReplayBuffer
@@ -272,10 +275,10 @@ class RLlibHarness(Harness):
         buf.share_rng(np.random.default_rng(seed))
         return ReplaySession(buf), NativeReplaySession(capacity, seed, False, 0.6)
 
-    def convergence_workloads(self):
+    def convergence_workloads(self) -> dict[str, Callable[[str, int], ConvergenceResult]]:
         return {name: WORKLOADS[name] for name in self._convergence}
 
-    def convergence_spread(self):
+    def convergence_spread(self) -> dict[str, float]:
         # sd of log(env steps to the threshold) over seeds of RLlib's own path, as measured for the
         # convergence check's first bounds (docs/benchmarks-history.md, section 10); the check's
         # bound at 2 seeds is then 3.5x for DQN and 1.7x for PPO, at a 0.1% false-alarm rate. Re-measured

@@ -15,7 +15,10 @@ slices, the ``[B, T]`` batch form); the fast path's delivery is here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+from numpy.typing import ArrayLike
 from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import PrioritizedEpisodeReplayBuffer
 
 from conduit_core import Batch, CapacityError, ConfigError, ExperienceBuffer, ExperienceDataPlane, Prioritized, Uniform
@@ -31,6 +34,10 @@ from .replay_state import ReplayStateMixin
 from .sample_forms import batch_form, check_infos_stored, check_rllib_n_step, episodes_of, sequence_slices
 from .sequences import SequenceRules
 from .source_ingest import abandon_gaps
+
+if TYPE_CHECKING:
+    from ray.rllib.utils.typing import EpisodeType
+    from conduit_core.plane.metrics import MetricsSnapshot
 
 
 RLLIB_MIN_PRIORITY = 1e-12  # PrioritizedEpisodeReplayBuffer.update_priorities: max(priority, 1e-12)
@@ -157,7 +164,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         return [ShardSpec("remote", per + (i < extra), node=n) for i, n in enumerate(nodes)]
 
     # -------------------------------------------------------------- ingestion
-    def add(self, episodes, weight=None) -> None:
+    def add(self, episodes: EpisodeType | list[EpisodeType], weight: float | None = None) -> None:
         """Ingest RLlib episodes (chunks of them: RLlib hands over each episode's new steps),
         ``ingest_granularity`` episodes per ingestion operator call, in the order given, with
         the eviction rule of the RLlib buffer this one stands in for: whole oldest episodes
@@ -254,7 +261,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                batch_length_T: int | None = None, n_step: int | tuple | None = None, beta: float = 0.0,
                gamma: float = 0.99, include_infos: bool = False, include_extra_model_outputs: bool = False,
                sample_episodes: bool | None = None, to_numpy: bool = False, lookback: int = 0,
-               min_batch_length_T: int = 0, **kwargs) -> list:
+               min_batch_length_T: int = 0, **kwargs: Any) -> list:
         """What RLlib's buffer of this kind returns for these arguments (the same
         distribution; see the module docstring for the form): a one-item list with a
         ``DeliveredBatch`` on the fast path, else RLlib's ``SingleAgentEpisode`` list.
@@ -346,7 +353,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         self.last_sampled = None
         return out
 
-    def update_priorities(self, priorities, module_id=None) -> None:
+    def update_priorities(self, priorities: ArrayLike, module_id: str | None = None) -> None:
         """RLlib's call: priorities for the rows of the last sample."""
         if self.prioritized:
             if self.last_sampled is None:   # (RLlib's buffer asserts: its sampled indices were cleared)
@@ -356,7 +363,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
             self.edp.update_priorities(self.last_sampled, np.asarray(priorities), abs_floor=RLLIB_MIN_PRIORITY)
             self.last_sampled = None
 
-    def update_priorities_of(self, batch, priorities) -> None:
+    def update_priorities_of(self, batch: Any, priorities: ArrayLike) -> None:
         """Priorities for the rows of a delivered core ``Batch`` (any earlier one; rows
         overwritten since are skipped). RLlib floors each priority at 1e-12 (never 0: a zero
         would never be drawn again) and adds no epsilon; the selector is built with eps=0 to match."""
@@ -369,27 +376,27 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         """RLlib's replay metrics since the last call, every key its buffers report (``replay_metrics``)."""
         return self.replay_metrics.result()
 
-    def conduit_metrics(self):
+    def conduit_metrics(self) -> MetricsSnapshot | None:
         """The data plane's metrics snapshot (per control point: blocked and busy time)."""
         return None if self.edp is None else self.edp.metrics()
 
     def __len__(self) -> int:
         return 0 if self.edp is None else len(self.edp.buffer)
 
-    def get_num_timesteps(self, module_id=None) -> int:
+    def get_num_timesteps(self, module_id: str | None = None) -> int:
         return len(self)
 
-    def get_added_timesteps(self, module_id=None) -> int:
+    def get_added_timesteps(self, module_id: str | None = None) -> int:
         return self.ingest.added
 
-    def get_sampled_timesteps(self, module_id=None) -> int:
+    def get_sampled_timesteps(self, module_id: str | None = None) -> int:
         return self._sampled
 
-    def get_num_episodes(self, module_id=None) -> int:
+    def get_num_episodes(self, module_id: str | None = None) -> int:
         """Episodes stored (done or running), as RLlib counts them."""
         return len(self.ledger.episodes)
 
-    def get_num_episodes_evicted(self, module_id=None) -> int:
+    def get_num_episodes_evicted(self, module_id: str | None = None) -> int:
         return self.ledger.evicted_episodes
 
     def eviction_report(self) -> dict:

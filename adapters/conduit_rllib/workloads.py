@@ -3,8 +3,16 @@ integrations, the benchmark and the tests)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def dqn_cartpole(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 50_000):
+if TYPE_CHECKING:
+    import gymnasium as gym
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.algorithms.sac import SACConfig
+
+
+def dqn_cartpole(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 50_000) -> DQNConfig:
     """RLlib 2.60's tuned DQN CartPole example (prioritized, n-step (2,5), double, dueling)."""
     from ray.rllib.algorithms.dqn import DQNConfig
     return (
@@ -24,14 +32,14 @@ def dqn_cartpole(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 50_
     )
 
 
-def dqn_mountaincar(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 50_000):
+def dqn_mountaincar(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 50_000) -> DQNConfig:
     """The DQN CartPole settings on MountainCar-v0 (the paper's Figure 11 runs DQN there): the same
     replay path, with 200-step episodes that mostly end truncated and a -1 reward every step."""
     return dqn_cartpole(seed=seed, num_env_runners=num_env_runners, capacity=capacity).environment("MountainCar-v0")
 
 
 def sac_pendulum(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 100_000, tqc: bool = False,
-                 hidden: int = 256, batch: int = 256, n_step=(2, 5)):
+                 hidden: int = 256, batch: int = 256, n_step: int | tuple[int, int] = (2, 5)) -> SACConfig:
     """RLlib 2.60's tuned SAC Pendulum example (``tuned_examples/sac/pendulum_sac.py``: prioritized
     replay with alpha 1 and beta 0, n-step (2, 5), two 256-unit layers, return -250 within 20,000
     steps); ``tqc=True``: the same settings on TQC, which RLlib builds on SAC. ``hidden``, ``batch``
@@ -61,7 +69,7 @@ def sac_pendulum(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 100
 METAWORLD_ENV = "conduit-metaworld"
 
 
-def metaworld_env(config: dict):
+def metaworld_env(config: dict) -> gym.Env:
     """One Meta-World task as a gymnasium env (``Meta-World/MT1``: a single task, its goal varied
     per episode; 39-dim float64 observations, 4-dim actions, 500-step episodes). Imported here,
     in whichever process makes the env: the ``metaworld`` package registers its ids on import."""
@@ -74,7 +82,7 @@ def metaworld_env(config: dict):
     return gym.make("Meta-World/MT1", env_name=config.get("task", "reach-v3"), seed=config.get("seed", 0))
 
 
-def sac_metaworld(*, task: str = "reach-v3", seed: int = 0, **sizes):
+def sac_metaworld(*, task: str = "reach-v3", seed: int = 0, **sizes: int) -> SACConfig:
     """SAC on one Meta-World task with the Pendulum example's settings (``sac_pendulum``'s
     ``sizes``): the paper's continuous-control workload, at a size this machine runs in minutes."""
     from ray.tune.registry import register_env
@@ -83,7 +91,7 @@ def sac_metaworld(*, task: str = "reach-v3", seed: int = 0, **sizes):
 
 
 def ppo_multi_agent_cartpole(*, seed: int = 0, num_agents: int = 2, shared: bool = False,
-                             num_env_runners: int = 0):
+                             num_env_runners: int = 0) -> PPOConfig:
     """RLlib 2.60's multi-agent CartPole PPO example (``examples/multi_agent/multi_agent_cartpole.py``):
     ``num_agents`` CartPoles in one env, each agent on a policy of its own (``shared=False``: one
     module per agent, trained on its agent's rows) or all on one (``shared=True``: one module
@@ -116,7 +124,7 @@ def _shared_policy(agent_id, episode, **kwargs):
     return "shared"
 
 
-def ppo_cartpole(*, seed: int = 0, num_env_runners: int = 0):
+def ppo_cartpole(*, seed: int = 0, num_env_runners: int = 0) -> PPOConfig:
     """RLlib 2.60's tuned PPO CartPole example."""
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig

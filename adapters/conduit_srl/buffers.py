@@ -18,6 +18,8 @@ SRL's trainer recognises, built on first use so that nothing of SRL is imported 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import logging
 
 import numpy as np
@@ -27,6 +29,9 @@ from conduit_core.errors import ConfigError
 from .delivery_plan import check_delivery
 from .queue_buffer import QUEUE_KINDS, ConduitQueueBuffer
 from .replay_buffer import REPLAY_KINDS, ConduitReplayBuffer
+
+if TYPE_CHECKING:
+    from conduit_core.planning.schedule import Schedule
 
 log = logging.getLogger("conduit_srl")
 
@@ -67,8 +72,9 @@ def check_options(lease_depth, seed_offset) -> None:
         raise ConfigError("seed_offset", "an integer", repr(seed_offset), "pass an int added to each buffer's seed")
 
 
-def make_buffer(name: str, *, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priority_lag: int = 0,
-                empty_wait_s: float = 0.0, **buffer_args):
+def make_buffer(name: str, *, lease_depth: int = 2, seed_offset: int = 0, delivery: Schedule | None = None,
+                priority_lag: int = 0, empty_wait_s: float = 0.0,
+                **buffer_args: Any) -> ConduitQueueBuffer | ConduitReplayBuffer:
     """SRL's ``make_buffer`` names and arguments, Conduit's buffers. A prioritized replay buffer is
     also an instance of SRL's ``PrioritizedReplayBuffer`` (SRL's trainer thread sends priorities only
     to those), built as a subclass whose every method is Conduit's. ``delivery`` (a ``Schedule``) and

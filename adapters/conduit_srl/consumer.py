@@ -242,7 +242,7 @@ def consumer_class():
     return _CLASS
 
 
-def sample_consumer(stream: Any, **options) -> Any:
+def sample_consumer(stream: Any, **options: Any) -> Any:
     """A ``ConduitSampleConsumer`` over ``stream`` (see :class:`ConsumerBase` for the options)."""
     return consumer_class()(stream, **options)
 

@@ -7,16 +7,20 @@ when the trainer's ``sample_stream`` is one). Nothing in SRL's tree changes; ``d
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import logging
-from typing import Any
 
 from conduit_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from conduit_core.planning.schedule import Schedule
 
 _original = None
 _options: dict[str, Any] = {}
 
 
-def enable(*, lease_depth: int = 2, seed_offset: int = 0, delivery=None, priority_lag: int = 0,
+def enable(*, lease_depth: int = 2, seed_offset: int = 0, delivery: Schedule | None = None, priority_lag: int = 0,
            empty_wait_s: float = 0.05) -> None:
     """Make SRL's ``make_buffer`` build Conduit's buffers (all four kinds), and register Conduit's
     trainer worker (for a Conduit ``SampleConsumer``; :func:`enable_consumer` does only that).

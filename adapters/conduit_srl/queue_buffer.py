@@ -22,10 +22,11 @@ further gets. An unbatched entry keeps the put's arrays but comes back in a plai
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Sequence
+
 import math
 import queue as queue_module
 import time
-from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,10 @@ from conduit_core.queues.entry_queue import EntryQueue
 from conduit_core.errors import CapacityError, ClosedError, ConfigError, SpecError
 
 from . import samples
+
+if TYPE_CHECKING:
+    from rlsrl.api.trainer import SampleBatch
+    from rlsrl.base.buffer import ReplayEntry
 
 _DEFAULT = object()  # SRL's defaults differ per kind; an explicit None means "no batching"
 QUEUE_KINDS = ("simple_queue", "priority_queue")
@@ -82,7 +87,7 @@ class ConduitQueueBuffer:
         self.batch_size, self.reuses = batch_size, reuses
         self._codec: samples.SampleCodec | None = None
 
-    def put(self, x) -> bool | None:
+    def put(self, x: SampleBatch) -> bool | None:
         """Returns what SRL's buffer of this kind returns: the priority queue True when the put formed
         a batch (False without batching), the simple queue None."""
         # SRL's staleness rule runs on its trainer thread (preemption_steps), not in its buffers
@@ -91,7 +96,7 @@ class ConduitQueueBuffer:
             return None
         return formed and bool(self.batch_size)
 
-    def put_batch(self, xs) -> int:
+    def put_batch(self, xs: Sequence[SampleBatch]) -> int:
         """Several samples in one call (a consumer's group of ``g_ing``), stored as that many ``put``
         calls in order would store them, with one copy per field per batch the group writes into
         (``EntryQueue.put_many``); all or none: a bad sample raises naming it, nothing stored.
@@ -129,7 +134,7 @@ class ConduitQueueBuffer:
                 codec.restore(before)
             raise
 
-    def get(self):
+    def get(self) -> ReplayEntry:
         entry = self._queue.get()
         if entry is None:
             if self.kind == "simple_queue":

@@ -40,11 +40,13 @@ Deliberate differences from SRL's replay buffers, each for correctness (and each
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Sequence
+
 import contextlib
 import threading
-from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 import torch
 
 from conduit_core.buffer.experience_buffer import ExperienceBuffer
@@ -58,6 +60,10 @@ from conduit_core.schema.spec import ExperienceSpec, FieldSpec
 from . import left_out, samples
 from .delivery_plan import check_delivery
 
+if TYPE_CHECKING:
+    from rlsrl.api.trainer import SampleBatch
+    from rlsrl.base.buffer import ReplayEntry
+
 REPLAY_KINDS = ("simple_replay_buffer", "prioritized_replay_buffer")
 
 
@@ -68,7 +74,7 @@ class ConduitReplayBuffer:
     def __init__(self, kind: str = "simple_replay_buffer", *, max_size: int, batch_size: int,
                  warmup_transitions: int, seed: int = 0, sample_length: int | None = None,
                  batch_length: int | None = None, burn_in_steps: int = 0, alpha: float = 0.6, beta: float = 0.4,
-                 beta_scheduler=None, max_priority: float = 1.0, priority_interpolation_eta: float | None = None,
+                 beta_scheduler: Any = None, max_priority: float = 1.0, priority_interpolation_eta: float | None = None,
                  delivery: Schedule | None = None, priority_lag: int = 0):
         if kind not in REPLAY_KINDS:
             raise ConfigError("kind", f"one of {REPLAY_KINDS}", repr(kind), "use ConduitQueueBuffer for queue kinds")
@@ -124,10 +130,10 @@ class ConduitReplayBuffer:
         self._unstored = left_out.UnstoredFields(kind)
 
     # ---------------------------------------------------------------- SRL's interface
-    def put(self, x) -> None:
+    def put(self, x: SampleBatch) -> None:
         self.put_batch([x])
 
-    def put_batch(self, xs) -> None:
+    def put_batch(self, xs: Sequence[SampleBatch]) -> None:
         """Several samples in one call (a consumer's group of ``g_ing``): every sample checked and
         encoded first, then stored in order (one ``add`` per ring-sized piece, under one lock); all or
         none."""
@@ -200,7 +206,7 @@ class ConduitReplayBuffer:
             row[name] = arr
         return row, missing, sorted(extra)
 
-    def get(self, batch_size: int | None = None):
+    def get(self, batch_size: int | None = None) -> ReplayEntry:
         """SRL's ``get``. ``batch_size`` (an extension; default: the configured one) lets a harness
         draw other sizes. ``sampling_indices`` are the chunks' insertion numbers (seqs): SRL passes
         them back to ``update_priorities`` untouched, and a seq names one chunk for ever, so a
@@ -243,7 +249,7 @@ class ConduitReplayBuffer:
         sample.register_metadata(sampling_weight=batch.weights.numpy().astype(np.float32))
         return sample, np.asarray(batch.seqs, dtype=np.int64)
 
-    def update_priorities(self, idxes, priorities) -> int:
+    def update_priorities(self, idxes: ArrayLike, priorities: ArrayLike) -> int:
         """Priorities for delivered chunks, by their ``sampling_indices``; a chunk overwritten since is
         skipped. Returns how many were updated."""
         if not self.prioritized:

@@ -10,6 +10,8 @@ of that in a background thread so the learner's request finds it ready.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -19,6 +21,9 @@ import torch
 
 from conduit_core import (ConfigError, ExperienceBuffer, ExperienceDataPlane, ExperienceSpec, FieldSpec, Fifo,
                           ShardSpec, Tier)
+
+if TYPE_CHECKING:
+    from verl import DataProto
 
 ROW_ID = "conduit_row"
 
@@ -47,7 +52,7 @@ class UpdateBatchDelivery:
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
 
-    def ingest(self, batch, *, version: int, source: int = 0) -> None:
+    def ingest(self, batch: DataProto, *, version: int, source: int = 0) -> None:
         """Write (part of) an iteration's batch once, its rows tagged with ``version``. Several
         calls may add to one version; a batch with other columns than the pending data is
         refused (nothing already accepted is dropped)."""
@@ -127,7 +132,7 @@ class UpdateBatchDelivery:
             if version not in self._pending:
                 self._pending[version] = self._pool.submit(self._build, version)
 
-    def deliver(self, version: int, timeout: float = 60.0):
+    def deliver(self, version: int, timeout: float = 60.0) -> tuple[list[DataProto], int]:
         """The per-rank update batches and the padding added (verl drops it after the update).
         A prepared build that is not done within ``timeout`` raises ``TimeoutError`` and stays
         pending: the next ``deliver`` of the version gets its batches (its rows are taken)."""

@@ -17,12 +17,16 @@ concurrently with each other and with the (Python) reward manager and balancing.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable
+
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from verl import DataProto
 
 
 @dataclass
@@ -87,7 +91,7 @@ def _balance_order(data, dp_size: int) -> torch.Tensor:
     return torch.tensor([j for part in parts for j in part])
 
 
-def sequential_grpo_path(batch, st: GRPOStages):
+def sequential_grpo_path(batch: DataProto, st: GRPOStages) -> DataProto:
     """verl's order on the whole batch (the reference the adapter must equal):
     response mask -> balance -> reward -> old/ref log-prob -> apply_kl_penalty -> compute_advantage."""
     from verl.trainer.ppo.ray_trainer import compute_response_mask

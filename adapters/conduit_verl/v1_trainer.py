@@ -36,11 +36,16 @@ needs cores to spare for TransferQueue's actors.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping
+
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from conduit_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +56,12 @@ class V1Options:
     depth: int = 2
 
     @classmethod
-    def from_config(cls, config) -> "V1Options":
+    def from_config(cls, config: DictConfig) -> "V1Options":
         return cls.from_section(config.trainer.v1.get("conduit", None) or {}, "trainer.v1.conduit",
                                 "conduit_verl.v1_trainer")
 
     @classmethod
-    def from_section(cls, section, prefix: str, where: str) -> "V1Options":
+    def from_section(cls, section: Mapping[str, Any], prefix: str, where: str) -> "V1Options":
         """Options from a Hydra section (``prefix`` names it in errors; ``where`` documents it)."""
         known = {"groups_per_chunk", "depth"}
         for k in section:

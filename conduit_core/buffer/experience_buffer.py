@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 import torch
 
 from ..errors import CapacityError, ClosedError, ConfigError, require_int, require_int_array
@@ -195,7 +196,7 @@ class ExperienceBuffer:
             return list(self.recovery.losses)
 
     # -------------------------------------------------------------- eviction
-    def evict(self, seqs) -> int:
+    def evict(self, seqs: ArrayLike) -> int:
         """Remove stored rows before the ring would overwrite them: a framework's own
         eviction rule (RLlib's is whole oldest episodes) on top of the ring's. Rows already
         gone are skipped. Removed rows are never delivered again (uniform selection redraws
@@ -351,18 +352,18 @@ class ExperienceBuffer:
             self._cond.notify_all()
 
 
-def replay(*, spec: ExperienceSpec, capacity: int, seed: int = 0, **kw) -> ExperienceBuffer:
+def replay(*, spec: ExperienceSpec, capacity: int, seed: int = 0, **kw: Any) -> ExperienceBuffer:
     """Preset: uniform replay (RLlib's EpisodeReplayBuffer semantics)."""
     return ExperienceBuffer(spec=spec, capacity=capacity, selector=Uniform(), seed=seed, **kw)
 
 
 def prioritized_replay(*, spec: ExperienceSpec, capacity: int, alpha: float = 0.6, beta: float = 0.4,
-                       seed: int = 0, **kw) -> ExperienceBuffer:
+                       seed: int = 0, **kw: Any) -> ExperienceBuffer:
     """Preset: proportional prioritized replay (RLlib's PrioritizedEpisodeReplayBuffer semantics)."""
     return ExperienceBuffer(spec=spec, capacity=capacity, selector=Prioritized(alpha=alpha, beta=beta),
                             seed=seed, **kw)
 
 
-def queue(*, spec: ExperienceSpec, capacity: int, **kw) -> ExperienceBuffer:
+def queue(*, spec: ExperienceSpec, capacity: int, **kw: Any) -> ExperienceBuffer:
     """Preset: FIFO consume-once queue for on-policy data."""
     return ExperienceBuffer(spec=spec, capacity=capacity, selector=Fifo(), **kw)

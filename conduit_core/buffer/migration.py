@@ -34,10 +34,11 @@ deadline on the copy can shorten (the handle reports it apart, ``layout_s``).
 
 from __future__ import annotations
 
+from typing import Any, Mapping, Sequence
+
 import logging
 import threading
 import time
-from typing import Sequence
 
 import numpy as np
 
@@ -65,7 +66,7 @@ def next_chunk_rows(rows: int, held_s: float, *, target_s: float, most: int) -> 
 class Migration:
     """Created by ``begin_migration``; drive it with ``step()`` or ``run()``, end with ``finish()``."""
 
-    def __init__(self, buffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,
+    def __init__(self, buffer: ExperienceBuffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,
                  chunk_bytes: int | None = None, max_hold_s: float = 0.002, start: bool = True):
         if not isinstance(buffer, ExperienceBuffer):
             raise ConfigError("buffer", "an ExperienceBuffer", type(buffer).__name__, "migrate a buffer")
@@ -120,7 +121,7 @@ class Migration:
             raise
 
     # ------------------------------------------------------------ copying
-    def on_insert(self, first: int, enc, n: int, source: int, version: int, prev_tail: int | None) -> None:
+    def on_insert(self, first: int, enc: Mapping[str, Any], n: int, source: int, version: int, prev_tail: int | None) -> None:
         """Dual write (called by the buffer under its lock, after the rows are in the old
         layout). The old layout holds what the buffer accepted; the new one is a copy in
         progress. So a dual write that fails (a new remote shard lost) fails the migration, not
@@ -205,14 +206,14 @@ class Migration:
             self.storage.close()
 
 
-def begin_migration(buffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,
+def begin_migration(buffer: ExperienceBuffer, *, shards: Sequence[ShardSpec], capacity: int | None = None,
                     chunk_bytes: int | None = None, max_hold_s: float = 0.002, start: bool = True) -> Migration:
     """A checked migration; started (new layout allocated, dual writes on) unless ``start=False``."""
     return Migration(buffer, shards=shards, capacity=capacity, chunk_bytes=chunk_bytes, max_hold_s=max_hold_s,
                      start=start)
 
 
-def check_deadline(deadline_s) -> None:
+def check_deadline(deadline_s: float) -> None:
     if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not 0 < deadline_s < float("inf"):
         raise ConfigError("deadline_s", "a finite number of seconds > 0", repr(deadline_s),
                           "give how long the copy may share the buffer with the learner, e.g. 30.0")

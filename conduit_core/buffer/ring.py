@@ -22,7 +22,8 @@ nothing, and a never-written slot holds 0, which no check takes for a row.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
+
 
 import numpy as np
 import torch
@@ -40,8 +41,8 @@ except ImportError:  # pragma: no cover - no C compiler where it was installed: 
     _c_insert_rows = _c_take_rows = _c_write_meta = None
 
 
-def write_meta_rows(meta: dict, cap: int, first: int, n: int, enc: Mapping[str, Any], done_fields, source: int,
-                    version: int, prev_tail: int | None) -> np.ndarray | None:
+def write_meta_rows(meta: dict, cap: int, first: int, n: int, enc: Mapping[str, Any],
+                    done_fields: Sequence[str], source: int, version: int, prev_tail: int | None) -> np.ndarray | None:
     """Write the per-row metadata of seqs ``first .. first+n`` into ring ``meta`` of
     ``cap`` slots, linking the source's previous open row ``prev_tail`` to ``first``.
     Returns the rows' done flags (None without done fields). A pure function of its
@@ -227,7 +228,8 @@ class Ring:
         return n
 
     # ---------------------------------------------------------------- change
-    def write(self, first: int, n: int, enc: Mapping[str, Any], done_fields, source: int, version: int) -> int | None:
+    def write(self, first: int, n: int, enc: Mapping[str, Any], done_fields: Sequence[str], source: int,
+              version: int) -> int | None:
         """The metadata of rows ``first .. first+n`` of ``source`` (not yet counted in
         ``inserted``: ``advance`` does that once every part took the rows). Returns the seq
         of the source's previous open row, which the new rows continue (or None)."""
@@ -330,7 +332,8 @@ class Ring:
         self.segments = []
 
 
-def stored_successors(seq: np.ndarray, next_seq: np.ndarray, capacity: int):
+def stored_successors(seq: np.ndarray, next_seq: np.ndarray,
+                      capacity: int) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """The episode link rule over seq and next_seq columns (``Ring.successors``'s, and a walk
     source's own): the slot of each row's successor and whether it is still stored (one
     overwritten or removed ends the walk). One rule for every walk that follows the links."""

@@ -34,6 +34,8 @@ insert dispatcher of each entry point) runs the reference.
 
 from __future__ import annotations
 
+from typing import Any, Callable, Sequence
+
 POOLED_ROWS, POOLED_WINDOWS, REFERENCE = "pooled_rows", "pooled_windows", "reference"
 NATIVE, TOGETHER = "native", "together"
 DRAW_ROUTES = (POOLED_ROWS, POOLED_WINDOWS, REFERENCE)
@@ -52,7 +54,8 @@ class _Declined:
 DECLINED = _Declined()
 
 
-def choose_draw(fits: tuple[bool, bool], waits: bool, n_step, device, fields, episode_end: str,
+def choose_draw(fits: tuple[bool, bool], waits: bool, n_step: int | tuple[int, int] | None, device: Any,
+                fields: Sequence[str] | None, episode_end: str,
                 in_slot_order: bool) -> str:
     """The route of one replay draw, its arguments already checked. ``fits``: whether the
     storage suits the pooled 1-step and window routes (``Routes.draw_fits``); ``waits``: the
@@ -87,7 +90,8 @@ class Routes:
     call to the reference (differential tests, benchmarks of a route, and isolating a suspected
     bug in a faster route)."""
 
-    def __init__(self, rows, windows, inline_insert, row_fits, window_fits):
+    def __init__(self, rows: Callable[..., Any], windows: Callable[..., Any], inline_insert: Callable[..., Any],
+                 row_fits: Callable[[Any], bool], window_fits: Callable[[Any], bool]) -> None:
         self.rows, self.windows, self.inline_insert = rows, windows, inline_insert
         self._row_fits, self._window_fits = row_fits, window_fits
         self.fast = True
@@ -95,7 +99,7 @@ class Routes:
         self.inserts = dict.fromkeys(INSERT_ROUTES, 0)  # route -> insert calls it carried out
         self._fits = (None, (False, False))   # (storage, its draw_fits): one tuple, replaced whole
 
-    def draw_fits(self, storage) -> tuple[bool, bool]:
+    def draw_fits(self, storage: Any) -> tuple[bool, bool]:
         known = self._fits
         if known[0] is storage:
             return known[1] if self.fast else (False, False)

@@ -25,11 +25,17 @@ their bytes at the next compaction, not before.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import ConfigError
 from .byte_segments import copy_segments, gather_segments  # noqa: F401 - copy_segments: re-exported
 from .ragged_column import Column, HeapArenas, Located  # noqa: F401 - re-exported: the store's vocabulary
+
+if TYPE_CHECKING:
+    from .shared_arena import SharedArenas
 
 
 class _TensorField:
@@ -122,7 +128,7 @@ class RaggedStore:
     first write; a later write that differs is refused with the field named.
     """
 
-    def __init__(self, slots: int = 1024, *, arenas=None):
+    def __init__(self, slots: int = 1024, *, arenas: HeapArenas | SharedArenas | None = None) -> None:
         self._arenas = arenas if arenas is not None else HeapArenas()
         self._slot_of = np.full(slots, -1, dtype=np.int64)   # key -> slot (-1: absent); keys are dense ints
         self._free = np.arange(slots - 1, -1, -1, dtype=np.int64)  # a stack: the top is _free[_nfree - 1]
@@ -190,7 +196,7 @@ class RaggedStore:
         return slots
 
     # ------------------------------------------------------------ operations
-    def check_put(self, keys, columns: dict[str, Column]) -> np.ndarray:
+    def check_put(self, keys: ArrayLike, columns: dict[str, Column]) -> np.ndarray:
         """Every check ``put`` makes, writing nothing; returns the keys as an array."""
         keys = self._check_keys(keys)
         for name, col in columns.items():
@@ -206,7 +212,7 @@ class RaggedStore:
                 raise ConfigError(f"field {name!r}", "tensor rows", "objects", "use a new field name")
         return keys
 
-    def put(self, keys, columns: dict[str, Column]) -> None:
+    def put(self, keys: ArrayLike, columns: dict[str, Column]) -> None:
         keys = self.check_put(keys, columns)   # every check before any write: a refused put changes nothing
         slots = self._slots_for_write(keys)
         for name, col in columns.items():
@@ -222,7 +228,7 @@ class RaggedStore:
                 self._objects[name][slots] = col.data
                 self._object_set[name][slots] = True
 
-    def reserve(self, keys, columns: dict[str, Column]) -> tuple[dict[str, tuple[np.ndarray, int]], list[str]]:
+    def reserve(self, keys: ArrayLike, columns: dict[str, Column]) -> tuple[dict[str, tuple[np.ndarray, int]], list[str]]:
         """Room in the arenas for a put's tensor columns, checked as ``put`` checks them (their
         ``data`` need only have the right size, e.g. ``np.broadcast_to(np.uint8(0), n)``): returns
         per tensor field (arena, offset) and the fields this call created. The caller writes each
@@ -242,7 +248,7 @@ class RaggedStore:
             room[name] = (f.arena, at)
         return room, created
 
-    def locate(self, keys, fields) -> dict[str, Located | Column]:
+    def locate(self, keys: ArrayLike, fields: Sequence[str]) -> dict[str, Located | Column]:
         """Like ``get``, with tensor fields located (arena, starts) rather than copied out."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         if keys.size and keys.min() < 0:
@@ -265,7 +271,7 @@ class RaggedStore:
             out[name] = col
         return out
 
-    def get(self, keys, fields) -> dict[str, Column]:
+    def get(self, keys: ArrayLike, fields: Sequence[str]) -> dict[str, Column]:
         """Rows of ``fields`` for ``keys``, in that order, copied out (``KeyNotStored`` names the first missing)."""
         out = self.locate(keys, fields)
         for name, at in out.items():
@@ -283,7 +289,7 @@ class RaggedStore:
             self._arenas.release(f.arena)
         self._tensors = {}
 
-    def held(self, keys, field: str | None = None) -> np.ndarray:
+    def held(self, keys: ArrayLike, field: str | None = None) -> np.ndarray:
         """Which of ``keys`` are stored (and, with ``field``, hold a value for it)."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         slots = np.full(keys.size, -1, dtype=np.int64)
@@ -306,7 +312,7 @@ class RaggedStore:
             self._arenas.release(f.arena)
         self._objects.pop(name, None), self._object_set.pop(name, None)
 
-    def unset(self, keys, fields) -> None:
+    def unset(self, keys: ArrayLike, fields: Sequence[str]) -> None:
         """Forget ``fields`` of the stored rows of ``keys`` (the rows themselves stay)."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         slots = self._slot_of[keys[self.held(keys)]]
@@ -317,7 +323,7 @@ class RaggedStore:
                 self._objects[name][slots] = None
                 self._object_set[name][slots] = False
 
-    def clear(self, keys) -> int:
+    def clear(self, keys: ArrayLike) -> int:
         """Forget the rows of ``keys`` (absent keys are ignored); returns how many were stored."""
         keys = np.unique(np.asarray(keys, dtype=np.int64).reshape(-1))   # a key named twice is freed once
         keys = keys[(keys >= 0) & (keys < self._slot_of.size)]
@@ -351,7 +357,7 @@ class RaggedStore:
         return {"keys": keys, "tensors": tensors, "objects": objects}
 
     @classmethod
-    def from_state(cls, state: dict, *, arenas=None) -> "RaggedStore":
+    def from_state(cls, state: dict, *, arenas: HeapArenas | SharedArenas | None = None) -> "RaggedStore":
         """A store holding what ``state()`` saved (the caller swaps it in: a failed load changes nothing)."""
         keys = np.asarray(state["keys"], dtype=np.int64)
         if keys.size and (keys.min() < 0 or np.unique(keys).size != keys.size):

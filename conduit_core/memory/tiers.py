@@ -12,6 +12,8 @@ has been written.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import math
 import mmap
 import secrets
@@ -19,7 +21,6 @@ import sys
 import weakref
 from enum import Enum
 from multiprocessing import resource_tracker, shared_memory
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -144,7 +145,7 @@ class LazyHostSegment:
             pass  # a view escaped; the mapping goes when the last view dies
 
 
-def lazy_huge_map(nbytes: int):
+def lazy_huge_map(nbytes: int) -> mmap.mmap:
     """An anonymous private mapping of ``nbytes``, committed on first write (MAP_NORESERVE),
     with transparent huge pages asked for (the kernel may decline)."""
     # Python < 3.13 lacks the constant; 0x4000 is MAP_NORESERVE on Linux.
@@ -158,7 +159,7 @@ def lazy_huge_map(nbytes: int):
     return mm
 
 
-def host_zeros(count: int, dtype) -> np.ndarray:
+def host_zeros(count: int, dtype: Any) -> np.ndarray:
     """Zeros for a large host index read at random rows (priority trees, ring metadata): from
     LAZY_THRESHOLD up, a lazy huge-page mapping (numpy's zeros gets 4 KB pages here), so a
     tree walk or a per-row lookup misses the TLB far less; below it, np.zeros. The array

@@ -30,9 +30,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
+from numpy.typing import ArrayLike
 
 from ..buffer.episodes import EPISODE_END_RULES
 from ..buffer.delivery import reserve_prepared_outputs
@@ -53,6 +54,12 @@ from .ingestion import IngestionPoint
 from .metrics import MetricsRecorder, MetricsSnapshot
 from .prepared_deliveries import DeliveryRequest, PreparedBatch, PreparedDeliveries
 from .workers import make_transformer
+
+if TYPE_CHECKING:
+    from ..buffer.migration import Migration
+    from ..planning.placement import Plan
+    from ..planning.topology import Topology
+    from ..storage.shards import ShardSpec
 
 log = logging.getLogger("conduit")
 
@@ -162,7 +169,7 @@ class ExperienceDataPlane:
     def deliver(self, batch_size: int | None = None, *, policy_version: int | None = None,
                 n_step: int | tuple[int, int] | None = None, gamma: float = 0.99, beta: float | None = None,
                 sequence_length: int | None = None, timeout: float | None = None,
-                episode_end: str = "shorten", fields=None) -> Batch:
+                episode_end: str = "shorten", fields: Sequence[str] | None = None) -> Batch:
         """A training-ready batch on the learner's device.
 
         Replay (uniform/prioritized): ``batch_size`` items, optionally as n-step returns
@@ -296,7 +303,7 @@ class ExperienceDataPlane:
     # ------------------------------------------------------- rows and losses
     losses = property(lambda self: self.buffer.losses, doc="Remote shards lost so far (``ExperienceBuffer.losses``).")
 
-    def evict(self, seqs) -> int:
+    def evict(self, seqs: ArrayLike) -> int:
         """Remove stored rows by seq (``ExperienceBuffer.evict``), after storing what was
         accepted; batches prepared ahead are discarded, so none can deliver a removed row."""
         self._check_usable()
@@ -305,7 +312,7 @@ class ExperienceDataPlane:
             self._prepared.drop_locked()
             return self.buffer.evict(seqs)
 
-    def read(self, seqs, *, fields=None, device=None):
+    def read(self, seqs: ArrayLike, *, fields: Sequence[str] | None = None, device: Any = None) -> Batch:
         """Stored rows by seq (``ExperienceBuffer.read``), after storing what was accepted:
         no selection, no draw, nothing counted as delivered."""
         self._check_usable()
@@ -321,8 +328,9 @@ class ExperienceDataPlane:
 
     # -- placement: move the buffer to other shards while ingestion and delivery go on --
 
-    def migrate(self, *, shards, capacity: int | None = None, background: bool = True,
-                max_hold_s: float = 0.002, chunk_bytes: int | None = None, deadline_s: float = DEFAULT_DEADLINE_S):
+    def migrate(self, *, shards: Sequence[ShardSpec], capacity: int | None = None, background: bool = True,
+                max_hold_s: float = 0.002, chunk_bytes: int | None = None,
+                deadline_s: float = DEFAULT_DEADLINE_S) -> Migration | None:
         """Move the buffer to ``shards`` (optionally growing ``capacity``) while ingestion and
         delivery go on. Returns a handle whose ``wait()`` joins the copy (background), or
         None after a blocking migration. Prepared deliveries are dropped (their rows may move).
@@ -348,8 +356,8 @@ class ExperienceDataPlane:
             raise
         return None
 
-    def replan(self, plan, topology, *, background: bool = True, max_hold_s: float = 0.002,
-               chunk_bytes: int | None = None, deadline_s: float = DEFAULT_DEADLINE_S):
+    def replan(self, plan: Plan, topology: Topology, *, background: bool = True, max_hold_s: float = 0.002,
+               chunk_bytes: int | None = None, deadline_s: float = DEFAULT_DEADLINE_S) -> Migration | None:
         """Carry out a placement ``Plan`` (see placement.plan) on ``topology``: one shard per
         assigned tier (a 'remote' tier's name is the Ray custom resource of its node)."""
         return self.migrate(shards=shard_specs(plan, topology), capacity=sum(a.slots for a in plan.assignments),

@@ -8,6 +8,8 @@ wherever it ran (inline or in a background worker). Overlap shows up as
 
 from __future__ import annotations
 
+from typing import Any
+
 import functools
 import threading
 import time
@@ -123,7 +125,7 @@ class MetricsRecorder:
         with self._lock:
             setattr(self, name, getattr(self, name) + k)
 
-    def snapshot(self, **kw) -> MetricsSnapshot:
+    def snapshot(self, **kw: Any) -> MetricsSnapshot:
         with self._lock:
             return MetricsSnapshot(ingest=self._points["ingest"].copy(), deliver=self._points["deliver"].copy(),
                                    priorities=self._points["priorities"].copy(), prefetch_hits=self.prefetch_hits,

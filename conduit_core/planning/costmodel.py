@@ -25,6 +25,8 @@ different granularities (``fit_operator``). Placement enters through the topolog
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Sequence
+
 import itertools
 from dataclasses import asdict, dataclass, field
 
@@ -32,6 +34,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from .schedule import MODES, WORKERS
+
+if TYPE_CHECKING:
+    from .topology import Topology
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,7 @@ class Prediction:
     breakdown: dict = field(default_factory=dict)
 
 
-def operator_times(config: Config, p: Profile, *, topology=None, learner: str = "host",
+def operator_times(config: Config, p: Profile, *, topology: Topology | None = None, learner: str = "host",
                    actors: str = "host") -> tuple[float, float]:
     """Ingestion and delivery operator time per step for this placement and granularity."""
     b = p.transition_bytes
@@ -142,7 +147,7 @@ def operator_times(config: Config, p: Profile, *, topology=None, learner: str = 
     return max(ing, 0.0), max(dlv, 0.0)
 
 
-def predict(config: Config, p: Profile, *, cores: int, topology=None, learner: str = "host",
+def predict(config: Config, p: Profile, *, cores: int, topology: Topology | None = None, learner: str = "host",
             actors: str = "host") -> Prediction:
     ing, dlv = operator_times(config, p, topology=topology, learner=learner, actors=actors)
     base = p.base_s
@@ -162,14 +167,15 @@ def predict(config: Config, p: Profile, *, cores: int, topology=None, learner: s
     return Prediction(config, step, exposed, {"ingest_s": ing, "deliver_s": dlv, "base_s": base})
 
 
-def enumerate_configs(*, placements=("host", "shm"), executions=EXECUTIONS, ingest_granularities=(1, 4),
-                      delivery_granularities=(1, 2, 4, 8)) -> list[Config]:
+def enumerate_configs(*, placements: Sequence[str] = ("host", "shm"), executions: Sequence[str] = EXECUTIONS,
+                      ingest_granularities: Sequence[int] = (1, 4),
+                      delivery_granularities: Sequence[int] = (1, 2, 4, 8)) -> list[Config]:
     """The search space: placement x overlap x ingestion and delivery granularity (>= 32 points)."""
     return [Config.of(pl, ex, gi, gd) for pl, ex, gi, gd in
             itertools.product(placements, executions, ingest_granularities, delivery_granularities)]
 
 
-def rank(configs: list[Config], p: Profile, **kw) -> list[Prediction]:
+def rank(configs: list[Config], p: Profile, **kw: Any) -> list[Prediction]:
     return sorted((predict(c, p, **kw) for c in configs), key=lambda x: x.step_s)
 
 

@@ -25,11 +25,16 @@ Baselines are the fixed placements of existing systems (``fixed_plan``): pageabl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass, field
 
 from ..errors import CapacityError, ConfigError
 from ..storage.shards import ShardSpec
 from .topology import MAPPED_PREFIX, Topology
+
+if TYPE_CHECKING:
+    from .topology import Link
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ def _host_to_device(topology: Topology, tier: str, reader: str) -> bool:
     return topology.tier(tier).kind in HOST_KINDS and topology.tier(reader).kind == "device"
 
 
-def mapped_link(topology: Topology, tier: str, reader: str):
+def mapped_link(topology: Topology, tier: str, reader: str) -> Link:
     """The link a device uses to gather from ``tier``'s pinned memory in place: the probed
     ``mapped:<tier>`` link, else (presets, files without it) the tier's DMA link, i.e. the
     assumption that in-place reads of whole rows reach the copy engine's bandwidth."""

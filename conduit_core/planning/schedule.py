@@ -14,6 +14,8 @@ accepted inserts an off-policy delivery may miss (0 = exactly sequential semanti
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError
@@ -65,11 +67,11 @@ class Schedule:
             raise ConfigError("Schedule.timeout", "> 0 seconds", self.timeout, "every wait needs a timeout")
 
     @classmethod
-    def sequential(cls, **kw) -> "Schedule":
+    def sequential(cls, **kw: Any) -> "Schedule":
         return cls(mode="sequential", **kw)
 
     @classmethod
-    def overlapped(cls, *, worker: str = "thread", **kw) -> "Schedule":
+    def overlapped(cls, *, worker: str = "thread", **kw: Any) -> "Schedule":
         return cls(mode="overlapped", worker=worker, **kw)
 
     @property

@@ -11,10 +11,12 @@ network namespace) where that matters. Joining a real cluster is ``ray.init(addr
 
 from __future__ import annotations
 
+from typing import Any
+
 LOOPBACK = "127.0.0.1"
 
 
-def init_local(**kwargs):
+def init_local(**kwargs: Any) -> Any:
     """``ray.init(**kwargs)`` announced on loopback, without the dashboard (both overridable),
     always a new local instance (``address="local"``): without it ``ray.init`` joins a cluster
     it finds running on the machine (another run's, a test's ``ray.cluster_utils.Cluster``) and

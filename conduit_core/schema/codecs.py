@@ -123,26 +123,26 @@ class ColumnDecoder(StoredDecoder):
     def __init__(self, codec: Codec):
         self.codec = codec
 
-    def decode(self, stored, dtype, device=None):
+    def decode(self, stored: torch.Tensor, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
         return self.codec.decode(stored, dtype)
 
 
 class IdentityCodec(Codec):
     name = "identity"
 
-    def stored_shape(self, shape):
+    def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return shape
 
-    def stored_dtype(self, dtype):
+    def stored_dtype(self, dtype: Any) -> Any:
         return dtype
 
-    def encode(self, field, x):
+    def encode(self, field: FieldSpec, x: np.ndarray) -> np.ndarray:
         return x
 
-    def decode(self, stored, dtype):
+    def decode(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return stored
 
-    def to_config(self):
+    def to_config(self) -> dict[str, Any]:
         return {"name": self.name}
 
     @property
@@ -196,18 +196,18 @@ class AffineCodec(Codec):
     def rowwise_encode(self) -> bool:
         return True   # elementwise
 
-    def check_compatible(self, field):
+    def check_compatible(self, field: FieldSpec) -> None:
         if not field.dtype.is_floating_point:
             raise SpecError(f"{field.name}.codec", "a floating-point field for AffineCodec",
                             field.dtype, "drop the codec; integer fields can be declared uint8 directly")
 
-    def stored_shape(self, shape):
+    def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return shape
 
-    def stored_dtype(self, dtype):
+    def stored_dtype(self, dtype: Any) -> Any:
         return self.stored
 
-    def encode(self, field, x):
+    def encode(self, field: FieldSpec, x: np.ndarray) -> np.ndarray:
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             return self._encode_torch(field, x)
         xn = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
@@ -343,7 +343,7 @@ class AffineCodec(Codec):
             return lut.take(q)
         return lut.take(q.astype(np.int32) - _INT_RANGES[self.stored][0])
 
-    def decode(self, stored, dtype):
+    def decode(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if stored.device.type == "cpu" and dtype in (torch.float32, torch.float64):
             return torch.from_numpy(self._decode_numpy(stored.numpy(), torch.empty(0, dtype=dtype).numpy().dtype))
         return self._decode_arith(stored, dtype)
@@ -352,7 +352,7 @@ class AffineCodec(Codec):
         core = f"q / {self.divisor:g}" if self.divisor is not None else f"q * {self.scale:g}"
         return f"x = {core} + {self.offset:g}, q in {dtype_str(self.stored)}"
 
-    def to_config(self):
+    def to_config(self) -> dict[str, Any]:
         return {"name": self.name, "scale": self.scale, "offset": self.offset,
                 "divisor": self.divisor, "stored": dtype_str(self.stored), "verify": self.verify}
 

@@ -22,8 +22,9 @@ still use, the buffer evicts the oldest rows early (counted as ``evicted_early``
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping
+
 import math
-from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +33,9 @@ from ..errors import CapacityError, SpecError
 from ..memory.output_pool import aligned_empty
 from ..memory.tiers import Tier, allocate
 from .codecs import AffineCodec, Codec, IdentityCodec, StoredDecoder, codec_from_config, register_codec
+
+if TYPE_CHECKING:
+    from .spec import FieldSpec
 
 try:
     from .._native._frames import copy_frames_klast as _c_copy_frames_klast
@@ -71,10 +75,10 @@ class FrameStackCodec(Codec):
     def frame_pool(self) -> str:
         return self.pool
 
-    def storage_decoder(self, pools) -> "PooledDecoder":
+    def storage_decoder(self, pools: Any) -> "PooledDecoder":
         return PooledDecoder(pools[self.pool], self)
 
-    def check_compatible(self, field) -> None:
+    def check_compatible(self, field: FieldSpec) -> None:
         if not field.shape:
             raise SpecError(f"{field.name}.codec", "a field with a stacking axis", "a scalar field",
                             "FrameStackCodec applies to stacked observations such as (84, 84, 4)")
@@ -88,13 +92,13 @@ class FrameStackCodec(Codec):
         del s[self.axis]
         return tuple(s)
 
-    def stored_shape(self, shape):
+    def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return ()
 
-    def stored_dtype(self, dtype):
+    def stored_dtype(self, dtype: Any) -> Any:
         return torch.int64
 
-    def frame_dtype(self, dtype):
+    def frame_dtype(self, dtype: Any) -> Any:
         return self.inner.stored_dtype(dtype)
 
     @property
@@ -105,11 +109,11 @@ class FrameStackCodec(Codec):
     def rowwise_encode(self) -> bool:
         return not self.inner.is_identity and self.inner.rowwise_encode   # (identity: nothing to share)
 
-    def encode(self, field, x):
+    def encode(self, field: FieldSpec, x: np.ndarray) -> np.ndarray:
         # Per-frame encoding only; the pool interns frames when the rows are written.
         return self.inner.encode(field, x) if not self.inner.is_identity else x
 
-    def decode(self, stored, dtype):  # pragma: no cover - the storage's PooledDecoder decodes
+    def decode(self, stored: Any, dtype: Any) -> Any:  # pragma: no cover - the storage's PooledDecoder decodes
         raise RuntimeError("a FrameStackCodec field is decoded by its storage's frame pool")
 
     def to_config(self) -> dict:
@@ -117,7 +121,7 @@ class FrameStackCodec(Codec):
                 "pool": self.pool, "frame_budget": self.frame_budget}
 
     @classmethod
-    def from_config(cls, cfg) -> "FrameStackCodec":
+    def from_config(cls, cfg: Mapping[str, Any]) -> "FrameStackCodec":
         return cls(k=cfg["k"], axis=cfg["axis"], inner=codec_from_config(cfg["inner"]), pool=cfg["pool"],
                    frame_budget=cfg["frame_budget"])
 
@@ -383,7 +387,7 @@ def pool_frames(capacity: int, codec: FrameStackCodec, fields_in_pool: int) -> i
     return int(math.ceil(capacity * codec.frame_budget)) + codec.k * 4 * max(1, fields_in_pool)
 
 
-def first_surviving_seq(pending: list, frame_ids, lo: int, hi: int, capacity: int) -> int:
+def first_surviving_seq(pending: list, frame_ids: np.ndarray, lo: int, hi: int, capacity: int) -> int:
     """The first seq in ``[lo, hi)`` whose frames the pending pool writes (``plan_frames``)
     leave intact: rows before it must be evicted before the frames are written.
     ``frame_ids(field)``: the stored last-frame ids of a pooled field, by slot."""

@@ -12,12 +12,14 @@ Presets over the same primitive (cf. Reverb's ``Table.queue``) live in ``buffer/
 
 from __future__ import annotations
 
+from typing import Any, Callable, Mapping
+
 import inspect
 import math
-from typing import Any
 from abc import ABC, abstractmethod
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import ConfigError, SpecError, StateError, require_int_array
 from ..memory.budget import PRIORITY_BYTES_PER_SLOT
@@ -174,7 +176,7 @@ class Selector(ABC):
         raise ConfigError("selector", "a prioritized selector for update_priorities", self.name,
                           "build the buffer with selector=Prioritized(...) or stop updating priorities")
 
-    def check_initial_priorities(self, n: int, priorities) -> np.ndarray:
+    def check_initial_priorities(self, n: int, priorities: ArrayLike | None) -> np.ndarray:
         """Validate priorities given with an insert of ``n`` items (instead of the running max);
         returns them as float64. Changes nothing."""
         raise ConfigError("priorities", "no priorities at insert for a non-prioritized selector", self.name,
@@ -204,7 +206,7 @@ class Uniform(Selector):
 
     name = "uniform"
 
-    def __init__(self, *, replace: bool = True, draw=None):
+    def __init__(self, *, replace: bool = True, draw: Callable[..., np.ndarray] | None = None) -> None:
         """``draw``: the hook for exact equivalence with a framework's own buffer. A callable
         ``draw(count, batch_size)`` returning ``batch_size`` ints in ``[0, count)``, each the
         position of an item among the ``count`` stored ones, oldest first; it consumes the
@@ -235,7 +237,7 @@ class Uniform(Selector):
     def independent_items(self) -> bool:
         return self.draw is None and self.replace   # an external draw may couple a batch's items
 
-    def select(self, batch_size, size, rng):
+    def select(self, batch_size: int, size: int, rng: np.random.Generator) -> tuple[np.ndarray, None]:
         if self.draw is not None:
             return self._external(batch_size, size), None
         if self.replace:
@@ -254,7 +256,7 @@ class Uniform(Selector):
                               "return one position per item, oldest stored item = 0")
         return got.astype(np.int64, copy=False)
 
-    def to_config(self):
+    def to_config(self) -> dict[str, Any]:
         return {"name": self.name, "replace": self.replace}
 
 
@@ -296,23 +298,24 @@ class Prioritized(Selector):
         m = (u + np.arange(batch_size)) * (total / batch_size) if self.stratified else u * total
         return np.minimum(m, np.nextafter(total, 0))  # rounding must not reach past the last item
 
-    def bind(self, capacity):
+    def bind(self, capacity: int) -> None:
         super().bind(capacity)
         self.index = PriorityIndex(capacity)
         self.trees = self.index.trees()   # (sum, min, leaf offset): fixed for the index's life; read-only
 
-    def rebind(self, capacity, old_slots, new_slots):
+    def rebind(self, capacity: int, old_slots: np.ndarray, new_slots: np.ndarray) -> None:
         priorities = self.index.get(old_slots).copy()
         self.bind(capacity)
         self.index.set(new_slots, priorities)
 
-    def on_insert(self, start, n, size):
+    def on_insert(self, start: int, n: int, size: int) -> None:
         self.index.set_range(start, n, self.max_priority ** self.alpha)
 
-    def on_evict(self, slots):
+    def on_evict(self, slots: np.ndarray) -> None:
         self.index.set(slots, 0.0)
 
-    def select(self, batch_size, size, rng, *, beta: float | None = None, weights_out: np.ndarray | None = None):
+    def select(self, batch_size: int, size: int, rng: np.random.Generator, *, beta: float | None = None,
+               weights_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """(slots, float32 importance weights); the weights go into ``weights_out`` if given."""
         beta = self.beta if beta is None else beta
         if self.index.use_c:  # draws, search and weights in one C pass (the numpy route's values)
@@ -336,7 +339,8 @@ class Prioritized(Selector):
         weights_out[:] = weights
         return slots, weights_out
 
-    def update_delivered(self, slots, seqs, priorities, stored_seqs, *, abs_floor=None):
+    def update_delivered(self, slots: np.ndarray, seqs: np.ndarray, priorities: ArrayLike, stored_seqs: np.ndarray,
+                         *, abs_floor: float | None = None) -> int:
         """One native pass where the C helper is built: check every kept row, then set them
         all. It refuses what the reference would refuse (a slot out of range, a priority that
         is not finite and >= 0, or 0 with eps = 0) with nothing changed, and the reference then
@@ -352,7 +356,7 @@ class Prioritized(Selector):
             self.max_priority = max(self.max_priority, mx)
         return count
 
-    def update_priorities(self, slots, priorities):
+    def update_priorities(self, slots: np.ndarray, priorities: ArrayLike) -> None:
         pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
         if self.index.use_c and pr.shape[0] == np.asarray(slots).reshape(-1).shape[0]:
             idx = np.ascontiguousarray(slots, dtype=np.int64).reshape(-1)
@@ -379,7 +383,7 @@ class Prioritized(Selector):
         self.max_priority = max(self.max_priority, float(pr.max()))
         self.index.set(slots, libm_powers(pr, self.alpha))
 
-    def check_initial_priorities(self, n, priorities):
+    def check_initial_priorities(self, n: int, priorities: ArrayLike | None) -> np.ndarray | None:
         pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
         if pr.shape[0] != n:
             raise SpecError("priorities", f"{n} values (one per inserted item)", pr.shape[0],
@@ -399,20 +403,20 @@ class Prioritized(Selector):
         # a zero (with eps=0) is stored as SRL stores it: the item is not drawn until its priority is raised
         return pr
 
-    def set_initial_priorities(self, slots, priorities):
+    def set_initial_priorities(self, slots: np.ndarray, priorities: np.ndarray | None) -> None:
         """Priorities given at insert replace the running max for those items; they do not raise
         the running max (only updates do, as in SRL's buffer, which computes them from TD errors)."""
         pr = priorities + self.eps
         self.index.set(np.asarray(slots, dtype=np.int64), pr ** self.alpha if self.alpha != 1.0 else pr)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"leaves": self.index.leaves().copy(), "max_priority": self.max_priority}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.index.rebuild(np.asarray(state["leaves"], dtype=np.float64))
         self.max_priority = float(state["max_priority"])
 
-    def check_state(self, state):
+    def check_state(self, state: Mapping[str, Any]) -> None:
         leaves = np.asarray(state.get("leaves")) if isinstance(state, dict) and "leaves" in state else None
         if leaves is None or leaves.shape != (self.capacity,) or leaves.dtype.kind != "f" \
                 or not (np.isfinite(leaves).all() and (leaves >= 0).all()):
@@ -424,7 +428,7 @@ class Prioritized(Selector):
             raise StateError(f"selector_state.max_priority: expected a finite number > 0, got {mp!r}. Fix: the "
                              "state is damaged; nothing was loaded")
 
-    def to_config(self):
+    def to_config(self) -> dict[str, Any]:
         return {"name": self.name, "alpha": self.alpha, "beta": self.beta, "eps": self.eps,
                 "stratified": self.stratified}
 
@@ -438,7 +442,7 @@ class Fifo(Selector):
     name = "fifo"
     consumes = True
 
-    def select(self, batch_size, size, rng):
+    def select(self, batch_size: int, size: int, rng: np.random.Generator) -> tuple[np.ndarray, None]:
         return np.arange(batch_size, dtype=np.int64), None   # the oldest queued rows, in order
 
 

@@ -68,8 +68,8 @@ class SourceWriter:
     copy is its own writer: unpickling gives a fresh id and ticket counter, so two copies
     never stage under the same key."""
 
-    def __init__(self, *, spec_config: list, capacity: int, done_fields: tuple[str, ...], actor, shard: int,
-                 source: int, buffer: str):
+    def __init__(self, *, spec_config: list, capacity: int, done_fields: tuple[str, ...], actor: Any, shard: int,
+                 source: int, buffer: str) -> None:
         _check_int("source", source)
         self.config = dict(spec_config=spec_config, capacity=int(capacity), done_fields=tuple(done_fields),
                            actor=actor, shard=int(shard), source=int(source), buffer=buffer)

@@ -21,6 +21,8 @@ check instead of a RAM check, and a close that removes the files.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 import os
 import shutil
@@ -35,6 +37,9 @@ from ..memory.tiers import Tier
 from .local_shard import LocalShard
 from .shards import ShardSpec, register_shard_kind
 
+if TYPE_CHECKING:
+    from ..schema.spec import ExperienceSpec
+
 
 @register_shard_kind
 class DiskShard(LocalShard):
@@ -43,7 +48,7 @@ class DiskShard(LocalShard):
     kind = "disk"
     default_tier = Tier.PAGEABLE   # read through the page cache, into host memory
 
-    def __init__(self, spec, layout: ShardSpec):
+    def __init__(self, spec: ExperienceSpec, layout: ShardSpec) -> None:
         if layout.tier is not Tier.PAGEABLE:
             raise ConfigError("ShardSpec.tier", "'pageable' for a disk shard (its rows are read through host "
                               "memory)", repr(layout.tier.value), "use ShardSpec('disk', n, path=...)")
@@ -65,7 +70,7 @@ class DiskShard(LocalShard):
                                 "a larger disk or lower the shard's capacity.")
         return {}   # no RAM is reserved: the page cache gives back what it holds under pressure
 
-    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype):
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A file of the column's size with its blocks reserved, mapped, then unlinked; bfloat16
         (which numpy lacks) is stored as int16 bits."""
         np_dtype = np.int16 if dtype == torch.bfloat16 else torch.empty((), dtype=dtype).numpy().dtype

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from ..errors import CapacityError, ConfigError
 from ..memory.budget import available_bytes, fmt, needed_bytes
 from ..memory.staging import check_access
 from ..memory.tiers import Tier
+
+if TYPE_CHECKING:
+    from ..schema.spec import ExperienceSpec
 
 # Modules that register the kinds the core ships, imported on first lookup (not at import
 # time: a shard module imports this one).
@@ -137,7 +140,7 @@ class Shard:
     can_be_lost: ClassVar[bool] = True
     default_tier: ClassVar[Tier] = Tier.PAGEABLE
 
-    def __init__(self, spec, layout: ShardSpec):
+    def __init__(self, spec: ExperienceSpec, layout: ShardSpec) -> None:
         self.spec = spec
         self.layout = layout
         self.capacity = int(layout.capacity)
@@ -145,7 +148,7 @@ class Shard:
 
     # ------------------------------------------------------------ before building
     @classmethod
-    def check_spec(cls, spec, layout: ShardSpec) -> None:
+    def check_spec(cls, spec: ExperienceSpec, layout: ShardSpec) -> None:
         """Refuse (ConfigError) an experience spec this kind cannot store, before anything is built."""
 
     @classmethod
@@ -203,7 +206,8 @@ class Shard:
         raise NotImplementedError
 
 
-def check_layout_fits(capacity: int, spec, shards, selector_bytes_per_slot: int) -> None:
+def check_layout_fits(capacity: int, spec: ExperienceSpec, shards: Sequence[ShardSpec],
+                      selector_bytes_per_slot: int) -> None:
     """Refuse a capacity the tiers cannot hold, before anything is allocated: each shard's
     columns on the tiers its kind takes memory from (``Shard.memory_needed``), plus the
     per-slot metadata (and the selector's per-slot state, e.g. priority trees) in host or
