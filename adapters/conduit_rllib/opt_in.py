@@ -13,9 +13,13 @@ BUFFER_TYPE = "conduit_rllib.replay_buffer.ConduitEpisodeReplayBuffer"
 
 def enable(config, **options):
     opts = ConduitOptions.from_kwargs(options)
+    from ray.rllib.algorithms.cql import CQLConfig
     from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.algorithms.marwil import MARWILConfig
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.algorithms.sac import SACConfig
+    if isinstance(config, (MARWILConfig, CQLConfig)):   # BC is a MARWIL, CQL a SAC: offline first
+        return _enable_offline(config, opts)
     if isinstance(config, (DQNConfig, SACConfig)):
         return _enable_replay(config, opts)
     if isinstance(config, PPOConfig):
@@ -25,8 +29,9 @@ def enable(config, **options):
                               "TQC config")
         from .ppo import enable_ppo
         return enable_ppo(config, opts)
-    raise ConfigError("config", "a DQNConfig, SACConfig (TQCConfig too) or PPOConfig (RLlib 2.60, new API stack)",
-                      type(config).__name__, "use conduit_rllib with DQN, SAC, TQC or PPO, or write an adapter "
+    raise ConfigError("config", "a DQNConfig, SACConfig (TQCConfig too), PPOConfig, or an offline BCConfig, "
+                      "MARWILConfig or CQLConfig (RLlib 2.60, new API stack)", type(config).__name__,
+                      "use conduit_rllib with DQN, SAC, TQC, PPO, BC, MARWIL or CQL, or write an adapter "
                       "(docs/writing-an-adapter.md)")
 
 
@@ -99,6 +104,46 @@ def _enable_replay(config, opts: ConduitOptions):
         from .source_ingest import ConduitEnvRunner
         config.env_runners(env_runner_cls=ConduitEnvRunner)
     config.algo_class = algo_cls
+    return config
+
+
+#: what RLlib's offline pre-learner passes its buffer (``OfflinePreLearner.__init__``), and the keys of
+#: ``prelearner_buffer_kwargs`` Conduit's buffer takes as RLlib's uniform buffer does
+PRELEARNER_KWARGS = ("capacity", "batch_size_B", "batch_length_T", "metrics_num_episodes_for_smoothing")
+
+
+def _enable_offline(config, opts: ConduitOptions):
+    """BC, MARWIL and CQL: Conduit's buffer as the offline pre-learner's (``prelearner_buffer_class``),
+    the buffer RLlib's ``OfflinePreLearner`` adds the episodes it reads to and samples each training
+    batch from, uniformly, as RLlib's ``EpisodeReplayBuffer`` does (its default there). RLlib uses that
+    buffer only when it reads episodes or sample batches (``input_read_episodes`` or
+    ``input_read_sample_batches``); columns read as transitions go to the learner without one."""
+    what = type(config).__name__
+    if config.framework_str != "torch":
+        raise ConfigError("framework", "'torch'", repr(config.framework_str), "call config.framework('torch')")
+    if config.is_multi_agent:
+        raise ConfigError("config.multi_agent(policies=...)", f"a single-agent {what}", f"policies "
+                          f"{sorted(map(str, config.policies))}", f"run multi-agent {what} without conduit_rllib.enable()")
+    if not (config.input_read_episodes or config.input_read_sample_batches):
+        raise ConfigError("config.offline_data(input_read_episodes=...)", "True (or input_read_sample_batches=True): "
+                          "RLlib's pre-learner uses a buffer only for episodes", "False",
+                          "read episodes (config.offline_data(input_read_episodes=True)); without them RLlib "
+                          "feeds the learner without a buffer, and Conduit would not be in the path")
+    if opts.mode != "sequential" or opts.source_ingest or opts.delivery not in (None, "episodes"):
+        raise ConfigError("conduit_rllib.enable(mode=..., source_ingest=..., delivery=...)",
+                          "mode='sequential', source_ingest=False, delivery=None for an offline config",
+                          f"mode={opts.mode!r}, source_ingest={opts.source_ingest}, delivery={opts.delivery!r}",
+                          "drop them: the pre-learner adds and samples in one call, with RLlib's connector pipeline")
+    kwargs = dict(config.prelearner_buffer_kwargs or {})
+    kwargs.pop("conduit", None)   # enable() called again: its options are replaced
+    extra = sorted(set(kwargs) - set(PRELEARNER_KWARGS))
+    if extra:
+        raise ConfigError(f"prelearner_buffer_kwargs[{extra[0]!r}]", f"one of {list(PRELEARNER_KWARGS)}",
+                          repr(extra[0]), "remove the key; Conduit's buffer has no equivalent")
+    from .replay_buffer import ConduitEpisodeReplayBuffer
+    opts = dataclasses.replace(opts, delivery="episodes")   # the pre-learner runs RLlib's connectors on episodes
+    config.offline_data(prelearner_buffer_class=ConduitEpisodeReplayBuffer,
+                        prelearner_buffer_kwargs={**kwargs, "conduit": opts.to_dict()})
     return config
 
 

@@ -15,6 +15,7 @@ slices, the ``[B, T]`` batch form); the fast path's delivery is here.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -107,6 +108,13 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
                                             window=metrics_num_episodes_for_smoothing)
 
     @property
+    def episode_id_to_index(self) -> dict[str, int]:
+        """RLlib's index of the stored episodes by id: each stored episode's id, with its position
+        among them, oldest first. RLlib's offline pre-learner reads it to skip an episode it added
+        before (``OfflinePreLearner._validate_episodes``); a new dict on each read."""
+        return {rec.id_: i for i, rec in enumerate(self.ledger.episodes.values()) if rec.id_ is not None}
+
+    @property
     def seed(self) -> int:
         """The seed the buffer's draws start from: ``ConduitOptions.seed``, else the algorithm
         config's seed (``ConduitDQN`` passes it), else 0."""
@@ -175,7 +183,9 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
             raise ConfigError("add(weight=...)", "None (new steps start at the running max priority)", repr(weight),
                               "add without weight (RLlib's DQN passes none); Conduit does not take a starting "
                               "priority through add()")
-        if not isinstance(episodes, (list, tuple)):
+        if type(episodes) in (set, deque):   # RLlib's force_list: its offline pre-learner adds a set
+            episodes = list(episodes)
+        elif not isinstance(episodes, (list, tuple)):
             episodes = [episodes]
         for ep in episodes:   # (a loop, not a comprehension: every env step's add comes here)
             if type(ep).__name__ == "MultiAgentEpisode":   # (multi_agent() set after enable(): checked per call)

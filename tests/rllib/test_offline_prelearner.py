@@ -1,0 +1,174 @@
+"""Offline RL (BC, MARWIL, CQL) with Conduit's buffer as RLlib's offline pre-learner's
+(``prelearner_buffer_class``, set by ``conduit_rllib.enable``): on the same recorded episodes, the batch
+RLlib's ``OfflinePreLearner`` hands its learner is RLlib's own, array for array, call after call,
+through evictions and episodes sent again; then BC trains on recorded episodes read by Ray Data.
+
+The differential runs RLlib's pre-learner twice in this process, once with RLlib's default
+``EpisodeReplayBuffer`` and once with Conduit's, each draw from a generator seeded alike
+(``ConduitEpisodeReplayBuffer.share_rng``). RLlib hands the buffer the episodes of a call as a set
+(``_validate_episodes``), so their order is the objects' hash order, which differs between two
+decodings of the same bytes; the differential orders both by episode id, the one change to RLlib's path
+(the other tests hand the buffer RLlib's set)."""
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("msgpack_numpy", reason="RLlib reads recorded episodes with msgpack-numpy: "
+                    "pip install 'adapters/conduit_rllib[offline]'")
+
+import gymnasium as gym  # noqa: E402
+import msgpack_numpy  # noqa: E402
+from ray.rllib.algorithms.bc import BCConfig  # noqa: E402
+from ray.rllib.algorithms.cql import CQLConfig  # noqa: E402
+from ray.rllib.algorithms.marwil import MARWILConfig  # noqa: E402
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode  # noqa: E402
+from ray.rllib.offline import offline_prelearner  # noqa: E402
+from ray.rllib.offline.offline_prelearner import OfflinePreLearner  # noqa: E402
+from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer  # noqa: E402
+
+import conduit_rllib  # noqa: E402
+from conduit_core import ConfigError  # noqa: E402
+from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer  # noqa: E402
+
+
+def record(env_id: str, episodes: int, seed: int) -> list[bytes]:
+    """Episodes as RLlib's offline env runner records them (``output_write_episodes``): each one's
+    state packed with msgpack-numpy. CartPole: a balancing rule with half the actions random (lengths
+    from a few steps to a few hundred); Pendulum: random actions (200 steps each)."""
+    env = gym.make(env_id)
+    rng = np.random.default_rng(seed)
+    out = []
+    for e in range(episodes):
+        ep = SingleAgentEpisode(observation_space=env.observation_space, action_space=env.action_space)
+        obs, info = env.reset(seed=seed * 1000 + e)
+        ep.add_env_reset(obs, info)
+        done = False
+        while not done:
+            if env_id == "CartPole-v1":
+                action = int(obs[2] + 0.3 * obs[3] > 0) if rng.random() < 0.5 else int(rng.integers(2))
+            else:
+                action = rng.uniform(-2.0, 2.0, size=(1,)).astype(np.float32)
+            obs, reward, terminated, truncated, info = env.step(action)
+            ep.add_env_step(obs, action, reward, info, terminated=terminated, truncated=truncated)
+            done = terminated or truncated
+        out.append(msgpack.packb(ep.get_state(), default=msgpack_numpy.encode))
+    return out
+
+
+def offline_config(algo: str, *, capacity: int, lookback: int = 1):
+    env = gym.make("Pendulum-v1" if algo == "CQL" else "CartPole-v1")
+    config = {"BC": BCConfig, "MARWIL": MARWILConfig, "CQL": CQLConfig}[algo]()
+    config.environment(observation_space=env.observation_space, action_space=env.action_space)
+    config.env_runners(episode_lookback_horizon=lookback)
+    config.training(train_batch_size_per_learner=32)
+    return config.offline_data(input_=["unused: the test calls the pre-learner itself"], input_read_episodes=True,
+                               prelearner_buffer_kwargs={"capacity": capacity})
+
+
+def pre_learner(config) -> OfflinePreLearner:
+    """RLlib's pre-learner as ``OfflineData`` builds it in each Ray Data worker (same module weights)."""
+    spaces = (config.observation_space, config.action_space)
+    torch.manual_seed(0)
+    spec = config.get_multi_rl_module_spec(spaces={"__env__": spaces, "default_policy": spaces}, inference_only=False)
+    return OfflinePreLearner(config=config, spaces=spaces, module_spec=spec)
+
+
+@pytest.fixture
+def episodes_in_id_order(monkeypatch):
+    validate = OfflinePreLearner._validate_episodes
+    monkeypatch.setattr(offline_prelearner.OfflinePreLearner, "_validate_episodes",
+                        lambda self, eps: sorted(validate(self, eps), key=lambda e: e.id_))
+
+
+def as_array(x) -> np.ndarray:
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+@pytest.mark.parametrize("algo, capacity, lookback", [("BC", 600, 1), ("BC", 5000, 3), ("MARWIL", 600, 1),
+                                                      ("CQL", 500, 1)])
+def test_the_learner_gets_rllibs_batches_from_the_same_episodes(episodes_in_id_order, algo, capacity, lookback):
+    items = record("Pendulum-v1" if algo == "CQL" else "CartPole-v1", 12, seed=0)
+    native = pre_learner(offline_config(algo, capacity=capacity, lookback=lookback))
+    ours = pre_learner(conduit_rllib.enable(offline_config(algo, capacity=capacity, lookback=lookback)))
+    assert type(native.episode_buffer) is EpisodeReplayBuffer
+    assert isinstance(ours.episode_buffer, ConduitEpisodeReplayBuffer)
+    native.episode_buffer.rng = np.random.default_rng(7)
+    ours.episode_buffer.share_rng(np.random.default_rng(7))
+    # calls as Ray Data hands them over: overlapping, an episode sent again, evictions past capacity
+    for call in (items[:5], items[3:9], items[8:12], items[:2]):
+        want = native({"item": np.array(call, dtype=object)})
+        got = ours({"item": np.array(call, dtype=object)})
+        assert sorted(got) == sorted(want) and len(want) >= 6
+        for key in want:
+            a, b = as_array(want[key]), as_array(got[key])
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), key
+        assert ours.episode_buffer.get_num_timesteps() == native.episode_buffer.get_num_timesteps()
+        assert sorted(ours.episode_buffer.episode_id_to_index) == sorted(native.episode_buffer.episode_id_to_index)
+
+
+def test_an_episode_sent_again_is_not_stored_twice():
+    """RLlib's own path, unpatched: the pre-learner hands the buffer a set."""
+    items = record("CartPole-v1", 4, seed=1)
+    ours = pre_learner(conduit_rllib.enable(offline_config("BC", capacity=10_000)))
+    ours({"item": np.array(items, dtype=object)})
+    stored = ours.episode_buffer.get_num_timesteps()
+    assert len(ours.episode_buffer.episode_id_to_index) == 4
+    ours({"item": np.array(items[1:3], dtype=object)})   # RLlib's pre-learner skips ids its buffer holds
+    assert ours.episode_buffer.get_num_timesteps() == stored
+
+
+def test_enable_refuses_an_offline_config_that_would_bypass_the_buffer():
+    config = offline_config("BC", capacity=600).offline_data(input_read_episodes=False)
+    with pytest.raises(ConfigError, match="input_read_episodes"):
+        conduit_rllib.enable(config)
+    with pytest.raises(ConfigError, match="delivery"):
+        conduit_rllib.enable(offline_config("BC", capacity=600), delivery="columns")
+    odd = offline_config("BC", capacity=600).offline_data(prelearner_buffer_kwargs={"alpha": 0.6})
+    with pytest.raises(ConfigError, match="alpha"):
+        conduit_rllib.enable(odd)
+    assert odd.prelearner_buffer_class is None   # a refused enable() changes nothing
+
+
+BC_RUN = """
+import json, sys
+import gymnasium as gym, numpy as np
+from ray.rllib.algorithms.bc import BCConfig
+import conduit_rllib
+from conduit_core.remote.ray_local import init_local
+from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
+init_local(num_cpus=3, object_store_memory=256 << 20, log_to_driver=False)
+env = gym.make("CartPole-v1")
+config = conduit_rllib.enable(
+    BCConfig().environment(observation_space=env.observation_space, action_space=env.action_space)
+    .learners(num_learners=0).training(train_batch_size_per_learner=32)
+    .offline_data(input_=[sys.argv[1]], input_read_episodes=True, dataset_num_iters_per_learner=2,
+                  prelearner_buffer_kwargs={"capacity": 2000}))
+algo = config.build_algo()
+results = [algo.train()["learners"]["default_policy"] for _ in range(2)]
+print(json.dumps({"ours": algo.offline_data.config.prelearner_buffer_class is ConduitEpisodeReplayBuffer,
+                  "trained": [int(r["num_module_steps_trained"]) for r in results],
+                  "loss": [float(r["policy_loss"]) for r in results]}))
+algo.stop()
+"""
+
+
+def test_bc_trains_on_recorded_episodes_read_by_ray_data(tmp_path):
+    """The whole route: a parquet of recorded episodes, Ray Data's workers each running RLlib's
+    pre-learner over Conduit's buffer (RLlib's set of episodes, unpatched), BC's learner. In a process
+    of its own: Ray Data's executor threads outlive ``algo.stop()`` and must not outlive pytest's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+    data = tmp_path / "episodes.parquet"
+    pd.DataFrame({"item": record("CartPole-v1", 24, seed=2)}).to_parquet(data)
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled")
+    proc = subprocess.run([sys.executable, "-c", BC_RUN, str(data)], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["ours"] and all(n > 0 for n in got["trained"]) and all(np.isfinite(got["loss"])), got
