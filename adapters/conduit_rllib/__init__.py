@@ -44,7 +44,8 @@ def enable(config: AlgorithmConfig, *, mode: str = "sequential", worker: str = "
            restore_missing_buffer: bool = False, ring_slack: float = 0.25, delivery: str | None = None,
            store_infos: bool = True, source_ingest: bool = False, source_nodes: tuple[str, ...] = (),
            **misspelt: Any) -> AlgorithmConfig:
-    """Opt an RLlib ``AlgorithmConfig`` (DQN, SAC, TQC or PPO) into Conduit; returns the config.
+    """Opt an RLlib ``AlgorithmConfig`` (DQN, SAC, TQC, PPO, or offline BC, MARWIL or CQL reading
+    recorded episodes) into Conduit; returns the config.
 
     Every option is :class:`ConduitOptions`' field of the same name and default (a test holds
     them equal), validated now. The ones most runs set:

@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import gymnasium as gym
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.algorithms.sac import SACConfig
+    from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
 
 def dqn_cartpole(*, seed: int = 0, num_env_runners: int = 0, capacity: int = 50_000) -> DQNConfig:
@@ -137,3 +139,71 @@ def ppo_cartpole(*, seed: int = 0, num_env_runners: int = 0) -> PPOConfig:
                                                    vf_share_layers=True))
         .debugging(seed=seed)
     )
+
+
+def recorded_episodes(env_id: str = "CartPole-v1", *, episodes: int, seed: int = 0) -> list[bytes]:
+    """Episodes as RLlib's offline env runner records them (``output_write_episodes``: each one's state
+    packed with msgpack-numpy), the rows of a parquet ``item`` column that RLlib's offline pre-learner
+    reads with ``input_read_episodes=True``. Generated here (no dataset is downloaded): CartPole with a
+    balancing rule and half the actions random (a few to a few hundred steps), any other env with
+    random actions."""
+    import gymnasium as gym
+    import msgpack
+    import numpy as np
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+    try:
+        import msgpack_numpy
+    except ImportError as exc:
+        raise ImportError("recorded episodes are packed with msgpack-numpy, as RLlib reads them. "
+                          "Fix: pip install 'conduit-rllib[offline]'") from exc
+    env = gym.make(env_id)
+    env.action_space.seed(seed)
+    rng = np.random.default_rng(seed)
+    out = []
+    for e in range(episodes):
+        ep = SingleAgentEpisode(observation_space=env.observation_space, action_space=env.action_space)
+        obs, info = env.reset(seed=seed * 1000 + e)
+        ep.add_env_reset(obs, info)
+        done = False
+        while not done:
+            if env_id != "CartPole-v1":
+                action = env.action_space.sample()
+            elif rng.random() < 0.5:
+                action = int(obs[2] + 0.3 * obs[3] > 0)
+            else:
+                action = int(rng.integers(2))
+            obs, reward, terminated, truncated, info = env.step(action)
+            ep.add_env_step(obs, action, reward, info, terminated=terminated, truncated=truncated)
+            done = terminated or truncated
+        out.append(msgpack.packb(ep.get_state(), default=msgpack_numpy.encode))
+    return out
+
+
+def offline_config(algo: str = "BC", *, env_id: str = "CartPole-v1", capacity: int = 2000, batch: int = 32,
+                   lookback: int = 1, input_: list[str] | None = None) -> AlgorithmConfig:
+    """BC, MARWIL or CQL reading recorded episodes of ``env_id`` (``input_read_episodes``), its
+    pre-learner's buffer at ``capacity`` steps. ``input_``: the parquet files (None: a placeholder,
+    for a pre-learner called in-process)."""
+    import gymnasium as gym
+    from ray.rllib.algorithms.bc import BCConfig
+    from ray.rllib.algorithms.cql import CQLConfig
+    from ray.rllib.algorithms.marwil import MARWILConfig
+    env = gym.make(env_id)
+    config = {"BC": BCConfig, "MARWIL": MARWILConfig, "CQL": CQLConfig}[algo]()
+    config.environment(observation_space=env.observation_space, action_space=env.action_space)
+    config.env_runners(episode_lookback_horizon=lookback)
+    config.training(train_batch_size_per_learner=batch)
+    return config.offline_data(input_=input_ or ["(read by the caller)"], input_read_episodes=True,
+                               prelearner_buffer_kwargs={"capacity": capacity})
+
+
+def pre_learner(config: AlgorithmConfig) -> OfflinePreLearner:
+    """RLlib's offline pre-learner for ``config``, as ``OfflineData`` builds one in each Ray Data worker
+    (its module built from the config's spec, weights from ``torch.manual_seed(0)``: two built alike
+    compute alike)."""
+    import torch
+    from ray.rllib.offline.offline_prelearner import OfflinePreLearner
+    spaces = (config.observation_space, config.action_space)
+    torch.manual_seed(0)
+    spec = config.get_multi_rl_module_spec(spaces={"__env__": spaces, "default_policy": spaces}, inference_only=False)
+    return OfflinePreLearner(config=config, spaces=spaces, module_spec=spec)

@@ -10,7 +10,6 @@ The differential runs RLlib's pre-learner twice in this process, once with RLlib
 decodings of the same bytes; the differential orders both by episode id, the one change to RLlib's path
 (the other tests hand the buffer RLlib's set)."""
 
-import msgpack
 import numpy as np
 import pytest
 import torch
@@ -18,61 +17,26 @@ import torch
 pytest.importorskip("msgpack_numpy", reason="RLlib reads recorded episodes with msgpack-numpy: "
                     "pip install 'adapters/conduit_rllib[offline]'")
 
-import gymnasium as gym  # noqa: E402
-import msgpack_numpy  # noqa: E402
-from ray.rllib.algorithms.bc import BCConfig  # noqa: E402
-from ray.rllib.algorithms.cql import CQLConfig  # noqa: E402
-from ray.rllib.algorithms.marwil import MARWILConfig  # noqa: E402
-from ray.rllib.env.single_agent_episode import SingleAgentEpisode  # noqa: E402
 from ray.rllib.offline import offline_prelearner  # noqa: E402
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner  # noqa: E402
 from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer  # noqa: E402
 
 import conduit_rllib  # noqa: E402
 from conduit_core import ConfigError  # noqa: E402
+from conduit_rllib import workloads  # noqa: E402
 from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer  # noqa: E402
 
 
 def record(env_id: str, episodes: int, seed: int) -> list[bytes]:
-    """Episodes as RLlib's offline env runner records them (``output_write_episodes``): each one's
-    state packed with msgpack-numpy. CartPole: a balancing rule with half the actions random (lengths
-    from a few steps to a few hundred); Pendulum: random actions (200 steps each)."""
-    env = gym.make(env_id)
-    rng = np.random.default_rng(seed)
-    out = []
-    for e in range(episodes):
-        ep = SingleAgentEpisode(observation_space=env.observation_space, action_space=env.action_space)
-        obs, info = env.reset(seed=seed * 1000 + e)
-        ep.add_env_reset(obs, info)
-        done = False
-        while not done:
-            if env_id == "CartPole-v1":
-                action = int(obs[2] + 0.3 * obs[3] > 0) if rng.random() < 0.5 else int(rng.integers(2))
-            else:
-                action = rng.uniform(-2.0, 2.0, size=(1,)).astype(np.float32)
-            obs, reward, terminated, truncated, info = env.step(action)
-            ep.add_env_step(obs, action, reward, info, terminated=terminated, truncated=truncated)
-            done = terminated or truncated
-        out.append(msgpack.packb(ep.get_state(), default=msgpack_numpy.encode))
-    return out
+    return workloads.recorded_episodes(env_id, episodes=episodes, seed=seed)
 
 
 def offline_config(algo: str, *, capacity: int, lookback: int = 1):
-    env = gym.make("Pendulum-v1" if algo == "CQL" else "CartPole-v1")
-    config = {"BC": BCConfig, "MARWIL": MARWILConfig, "CQL": CQLConfig}[algo]()
-    config.environment(observation_space=env.observation_space, action_space=env.action_space)
-    config.env_runners(episode_lookback_horizon=lookback)
-    config.training(train_batch_size_per_learner=32)
-    return config.offline_data(input_=["unused: the test calls the pre-learner itself"], input_read_episodes=True,
-                               prelearner_buffer_kwargs={"capacity": capacity})
+    return workloads.offline_config(algo, env_id="Pendulum-v1" if algo == "CQL" else "CartPole-v1",
+                                    capacity=capacity, lookback=lookback)
 
 
-def pre_learner(config) -> OfflinePreLearner:
-    """RLlib's pre-learner as ``OfflineData`` builds it in each Ray Data worker (same module weights)."""
-    spaces = (config.observation_space, config.action_space)
-    torch.manual_seed(0)
-    spec = config.get_multi_rl_module_spec(spaces={"__env__": spaces, "default_policy": spaces}, inference_only=False)
-    return OfflinePreLearner(config=config, spaces=spaces, module_spec=spec)
+pre_learner = workloads.pre_learner
 
 
 @pytest.fixture
@@ -133,18 +97,13 @@ def test_enable_refuses_an_offline_config_that_would_bypass_the_buffer():
 
 BC_RUN = """
 import json, sys
-import gymnasium as gym, numpy as np
-from ray.rllib.algorithms.bc import BCConfig
 import conduit_rllib
 from conduit_core.remote.ray_local import init_local
+from conduit_rllib import workloads
 from conduit_rllib.replay_buffer import ConduitEpisodeReplayBuffer
 init_local(num_cpus=3, object_store_memory=256 << 20, log_to_driver=False)
-env = gym.make("CartPole-v1")
-config = conduit_rllib.enable(
-    BCConfig().environment(observation_space=env.observation_space, action_space=env.action_space)
-    .learners(num_learners=0).training(train_batch_size_per_learner=32)
-    .offline_data(input_=[sys.argv[1]], input_read_episodes=True, dataset_num_iters_per_learner=2,
-                  prelearner_buffer_kwargs={"capacity": 2000}))
+config = conduit_rllib.enable(workloads.offline_config("BC", capacity=2000, input_=[sys.argv[1]])
+                              .offline_data(dataset_num_iters_per_learner=2))
 algo = config.build_algo()
 results = [algo.train()["learners"]["default_policy"] for _ in range(2)]
 print(json.dumps({"ours": algo.offline_data.config.prelearner_buffer_class is ConduitEpisodeReplayBuffer,
@@ -172,3 +131,19 @@ def test_bc_trains_on_recorded_episodes_read_by_ray_data(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["ours"] and all(n > 0 for n in got["trained"]) and all(np.isfinite(got["loss"])), got
+
+
+def test_the_bench_times_both_arms_on_the_same_episodes(tmp_path):
+    """``conduit bench rllib-bc`` at a tiny size: each arm's pre-learner stored the same steps from the
+    same calls, both buffers were timed, and the report's ratios are the medians of the per-round ones."""
+    import json
+    bench = pytest.importorskip("conduit_benchmarks.rllib.offline", reason="the lab: pip install -e benchmarks")
+    out = tmp_path / "r.json"
+    report = bench.main(["--episodes", "12", "--per-call", "4", "--batch", "32", "--rounds", "2", "--warmup", "0",
+                         "--out", str(out)])
+    assert json.loads(out.read_text())["buffer_ratio"] == report["buffer_ratio"]
+    for r in report["rounds"]:
+        assert r["rllib"]["stored_steps"] == r["conduit"]["stored_steps"] > 0
+        assert all(r[arm][k] > 0 for arm in ("rllib", "conduit") for k in ("add_ms", "sample_ms"))
+    for key, field in (("buffer_ratio", "buffer_ms"), ("call_ratio", "call_ms")):
+        assert report[key] == np.median([r["conduit"][field] / r["rllib"][field] for r in report["rounds"]])
