@@ -61,8 +61,12 @@ def enable(config: AlgorithmConfig, *, mode: str = "sequential", worker: str = "
 
     ``misspelt``: an unknown name is refused naming the known ones (ConfigError), and the old
     ``schedule=`` is taken as ``mode=`` with a DeprecationWarning."""
-    given = dict(locals())
-    options = {name: value for name, value in given.items() if name not in ("config", "misspelt")}
+    options = dict(mode=mode, worker=worker, staleness=staleness, depth=depth, obs_codec=obs_codec, tier=tier,
+                   reuse_outputs=reuse_outputs, seed=seed, delivery_granularity=delivery_granularity,
+                   ingest_granularity=ingest_granularity, autotune_settle=autotune_settle,
+                   autotune_steps_per_phase=autotune_steps_per_phase, restore_missing_buffer=restore_missing_buffer,
+                   ring_slack=ring_slack, delivery=delivery, store_infos=store_infos, source_ingest=source_ingest,
+                   source_nodes=source_nodes)
     if "schedule" in misspelt and mode == "sequential":
         del options["mode"]   # (ConduitOptions.from_kwargs maps the old name, warning)
     from .opt_in import enable as _enable

@@ -264,7 +264,7 @@ class RLlibHarness(Harness):
         return ReplaySession(buf)
 
     def native_session(self, *, seed: int, capacity: int = 10_000, prioritized: bool = False,
-                       alpha: float | None = None, onpolicy: bool = False) -> Session:
+                       alpha: float | None = None, onpolicy: bool = False) -> Session | None:
         return None if onpolicy else NativeReplaySession(capacity, seed, prioritized, alpha)
 
     def shared_rng_sessions(self, *, seed: int, capacity: int = 10_000) -> tuple[Session, Session]:

@@ -96,6 +96,7 @@ class EpisodeLedger:
         self.lost_rows = 0                           # steps lost shards took (drop_steps)
         self._by_seq: deque[tuple[int, int, int]] = deque()  # (first seq, steps, source), in seq order
         self._index: EpisodeIndex | None = None      # built on demand, dropped on every change
+        self._ids: dict[str, int] | None = None      # the same for stored_ids()
 
     # ------------------------------------------------------------- decisions (pure)
     def plan(self, new: list[tuple[int, int]], capacity: int) -> tuple[list[int], set[int]]:
@@ -154,13 +155,23 @@ class EpisodeLedger:
         return out
 
     # ------------------------------------------------------------- bookkeeping
+    def _changed(self) -> None:
+        self._index = self._ids = None
+
+    def stored_ids(self) -> dict[str, int]:
+        """RLlib's ids of the stored episodes, each with its position among them (oldest first):
+        built once after each change (RLlib's offline pre-learner asks once per episode it reads)."""
+        if self._ids is None:
+            self._ids = {rec.id_: i for i, rec in enumerate(self.episodes.values()) if rec.id_ is not None}
+        return self._ids
+
     def index(self) -> EpisodeIndex:
         if self._index is None:
             self._index = EpisodeIndex(self.episodes)
         return self._index
 
     def record(self, source: int, first: int, n: int, *, id_: str | None = None, t_started: int = 0) -> None:
-        self._index = None
+        self._changed()
         rec = self.episodes.get(source)
         if rec is None:
             rec = self.episodes[source] = EpisodeRecord(id_=id_, t_started=int(t_started))
@@ -171,7 +182,7 @@ class EpisodeLedger:
 
     def remove(self, source: int, *, early: bool = False) -> list[range]:
         """Forget an episode; returns the seq ranges of its steps (for ``evict``)."""
-        self._index = None
+        self._changed()
         rec = self.episodes.pop(source)
         self.rows -= rec.rows
         self.evicted_episodes += 1
@@ -199,7 +210,7 @@ class EpisodeLedger:
         order, each a new source (``new_source()``) but the last, which keeps ``source`` if it
         reaches the episode's stored end (its next chunk continues it). Counted in ``lost_rows``
         (and ``lost_episodes`` if no step is left). Returns whether ``source`` is still stored."""
-        self._index = None
+        self._changed()
         rec = self.episodes[source]
         seqs = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in rec.chunks])
         gone = np.zeros(seqs.size, bool)
@@ -234,7 +245,7 @@ class EpisodeLedger:
         """The stored steps of ``source`` become the episode part ``new_source``, in the same place
         of the arrival order (``source``'s later steps start a new part: steps in between are
         missing)."""
-        self._index = None
+        self._changed()
         self.episodes = OrderedDict((new_source if s == source else s, r) for s, r in self.episodes.items())
         self._by_seq = deque((a, n, new_source if s == source else s) for a, n, s in self._by_seq)
 
@@ -258,7 +269,7 @@ class EpisodeLedger:
                 "lost": [self.lost_episodes, self.lost_rows]}
 
     def load(self, state: dict) -> None:
-        self._index = None
+        self._changed()
         self.episodes = OrderedDict(
             (int(e[0]), EpisodeRecord(int(e[1]), [(int(a), int(b)) for a, b in e[2]],
                                       *((e[3], int(e[4])) if len(e) > 3 else ())))  # ids: since 2026-11-30

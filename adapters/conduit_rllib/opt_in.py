@@ -115,35 +115,46 @@ PRELEARNER_KWARGS = ("capacity", "batch_size_B", "batch_length_T", "metrics_num_
 def _enable_offline(config, opts: ConduitOptions):
     """BC, MARWIL and CQL: Conduit's buffer as the offline pre-learner's (``prelearner_buffer_class``),
     the buffer RLlib's ``OfflinePreLearner`` adds the episodes it reads to and samples each training
-    batch from, uniformly, as RLlib's ``EpisodeReplayBuffer`` does (its default there). RLlib uses that
-    buffer only when it reads episodes or sample batches (``input_read_episodes`` or
-    ``input_read_sample_batches``); columns read as transitions go to the learner without one."""
+    batch from, uniformly, as RLlib's ``EpisodeReplayBuffer`` does (its default there). Only for recorded
+    episodes (``input_read_episodes``, the route the tests hold equal to RLlib's): columns read as
+    transitions go to the learner without a buffer, and sample batches are not certified here."""
     what = type(config).__name__
     if config.framework_str != "torch":
         raise ConfigError("framework", "'torch'", repr(config.framework_str), "call config.framework('torch')")
     if config.is_multi_agent:
         raise ConfigError("config.multi_agent(policies=...)", f"a single-agent {what}", f"policies "
                           f"{sorted(map(str, config.policies))}", f"run multi-agent {what} without conduit_rllib.enable()")
-    if not (config.input_read_episodes or config.input_read_sample_batches):
-        raise ConfigError("config.offline_data(input_read_episodes=...)", "True (or input_read_sample_batches=True): "
-                          "RLlib's pre-learner uses a buffer only for episodes", "False",
-                          "read episodes (config.offline_data(input_read_episodes=True)); without them RLlib "
-                          "feeds the learner without a buffer, and Conduit would not be in the path")
+    if not config.input_read_episodes:
+        raise ConfigError("config.offline_data(input_read_episodes=...)", "True: RLlib's pre-learner uses a buffer "
+                          "for recorded episodes (sample batches are not certified here)", "False",
+                          "record and read episodes (config.offline_data(input_read_episodes=True)); read as "
+                          "transitions, RLlib feeds the learner without a buffer and Conduit is not in the path")
     if opts.mode != "sequential" or opts.source_ingest or opts.delivery not in (None, "episodes"):
         raise ConfigError("conduit_rllib.enable(mode=..., source_ingest=..., delivery=...)",
-                          "mode='sequential', source_ingest=False, delivery=None for an offline config",
+                          "mode='sequential', source_ingest=False, delivery None or 'episodes' for an offline config",
                           f"mode={opts.mode!r}, source_ingest={opts.source_ingest}, delivery={opts.delivery!r}",
                           "drop them: the pre-learner adds and samples in one call, with RLlib's connector pipeline")
+    if getattr(config, "burnin_len", 0):
+        raise ConfigError("burnin_len", "0 (RLlib's pre-learner then asks one-step episodes)",
+                          repr(config.burnin_len), "run burn-in offline configs without conduit_rllib.enable(): "
+                          "Conduit's buffer draws no burn-in windows")
+    from .replay_buffer import ConduitEpisodeReplayBuffer
+    if config.prelearner_buffer_class not in (None, ConduitEpisodeReplayBuffer):
+        raise ConfigError("config.offline_data(prelearner_buffer_class=...)", "None (RLlib's EpisodeReplayBuffer) "
+                          "for enable() to replace", config.prelearner_buffer_class.__name__,
+                          "drop your buffer class, or run without conduit_rllib.enable() to keep it")
     kwargs = dict(config.prelearner_buffer_kwargs or {})
     kwargs.pop("conduit", None)   # enable() called again: its options are replaced
+    kwargs.pop("fresh_seed", None)
     extra = sorted(set(kwargs) - set(PRELEARNER_KWARGS))
     if extra:
         raise ConfigError(f"prelearner_buffer_kwargs[{extra[0]!r}]", f"one of {list(PRELEARNER_KWARGS)}",
                           repr(extra[0]), "remove the key; Conduit's buffer has no equivalent")
-    from .replay_buffer import ConduitEpisodeReplayBuffer
     opts = dataclasses.replace(opts, delivery="episodes")   # the pre-learner runs RLlib's connectors on episodes
+    # each Ray Data worker's pre-learner draws from its own fresh seed, as RLlib's unseeded buffer does,
+    # unless the seed option fixes it
     config.offline_data(prelearner_buffer_class=ConduitEpisodeReplayBuffer,
-                        prelearner_buffer_kwargs={**kwargs, "conduit": opts.to_dict()})
+                        prelearner_buffer_kwargs={**kwargs, "conduit": opts.to_dict(), "fresh_seed": True})
     return config
 
 

@@ -16,7 +16,7 @@ slices, the ``[B, T]`` batch form); the fast path's delivery is here.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -68,7 +68,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
     def __init__(self, capacity: int = 10000, *, prioritized: bool = False, alpha: float = 1.0,
                  beta: float = 0.4, conduit: dict | None = None, batch_size_B: int = 16,
                  batch_length_T: int | None = None, metrics_num_episodes_for_smoothing: int = 100,
-                 seed: int | None = None, learner_shards: int = 1, **unused):
+                 seed: int | None = None, learner_shards: int = 1, fresh_seed: bool = False, **unused):
         # RLlib passes its own buffer kwargs; those that would change semantics are refused.
         for key in unused:
             if key not in ("type", "storage_unit", "replay_sequence_length", "replay_mode", "worker_side_prioritization"):
@@ -77,7 +77,10 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         self.capacity, self.prioritized = int(capacity), bool(prioritized)
         self.alpha, self.beta = float(alpha), float(beta)   # alpha's default: RLlib's; beta: each sample() passes its own
         self.options = ConduitOptions.from_kwargs(dict(conduit or {}))
-        self._seed = self.options.seed if self.options.seed is not None else (seed or 0)
+        # the seed: the option's, else the algorithm's; fresh_seed (RLlib's offline pre-learners: one per Ray
+        # Data worker, each drawing from an unseeded generator in RLlib) draws one from fresh entropy
+        self._seed = self.options.seed if self.options.seed is not None else (
+            int(np.random.SeedSequence().generate_state(1)[0]) if fresh_seed else (seed or 0))
         self.batch_size_B = batch_size_B
         # sample_episodes=False's default T, as the RLlib buffer of this kind keeps it (uniform: 64)
         self.batch_length_T = batch_length_T if batch_length_T is not None else (1 if self.prioritized else 64)
@@ -111,8 +114,8 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
     def episode_id_to_index(self) -> dict[str, int]:
         """RLlib's index of the stored episodes by id: each stored episode's id, with its position
         among them, oldest first. RLlib's offline pre-learner reads it to skip an episode it added
-        before (``OfflinePreLearner._validate_episodes``); a new dict on each read."""
-        return {rec.id_: i for i, rec in enumerate(self.ledger.episodes.values()) if rec.id_ is not None}
+        before (``OfflinePreLearner._validate_episodes``). Read only: the ledger rebuilds it after a change."""
+        return self.ledger.stored_ids()
 
     @property
     def seed(self) -> int:
@@ -172,7 +175,7 @@ class ConduitEpisodeReplayBuffer(ReplayStateMixin, PrioritizedEpisodeReplayBuffe
         return [ShardSpec("remote", per + (i < extra), node=n) for i, n in enumerate(nodes)]
 
     # -------------------------------------------------------------- ingestion
-    def add(self, episodes: EpisodeType | list[EpisodeType], weight: float | None = None) -> None:
+    def add(self, episodes: EpisodeType | Iterable[EpisodeType], weight: float | None = None) -> None:
         """Ingest RLlib episodes (chunks of them: RLlib hands over each episode's new steps),
         ``ingest_granularity`` episodes per ingestion operator call, in the order given, with
         the eviction rule of the RLlib buffer this one stands in for: whole oldest episodes

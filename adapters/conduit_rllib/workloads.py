@@ -146,7 +146,7 @@ def recorded_episodes(env_id: str = "CartPole-v1", *, episodes: int, seed: int =
     packed with msgpack-numpy), the rows of a parquet ``item`` column that RLlib's offline pre-learner
     reads with ``input_read_episodes=True``. Generated here (no dataset is downloaded): CartPole with a
     balancing rule and half the actions random (a few to a few hundred steps), any other env with
-    random actions."""
+    random actions; ids ``recorded-<seed>-<i>``, so the same call records the same episodes."""
     import gymnasium as gym
     import msgpack
     import numpy as np
@@ -161,7 +161,8 @@ def recorded_episodes(env_id: str = "CartPole-v1", *, episodes: int, seed: int =
     rng = np.random.default_rng(seed)
     out = []
     for e in range(episodes):
-        ep = SingleAgentEpisode(observation_space=env.observation_space, action_space=env.action_space)
+        ep = SingleAgentEpisode(id_=f"recorded-{seed}-{e}", observation_space=env.observation_space,
+                                action_space=env.action_space)
         obs, info = env.reset(seed=seed * 1000 + e)
         ep.add_env_reset(obs, info)
         done = False

@@ -146,7 +146,7 @@ class ConduitMessageQueue:
                          per_version=self.per_version)
 
     # ---- the trainer's side ----
-    def get_sample(self) -> tuple[Any, int] | None:
+    def get_sample(self) -> tuple[Any | None, int]:
         """The oldest sample by feed order, waiting for it: ``(sample, queue size)``; ``(None, 0)`` once the
         rollouter's end signal is reached (as verl's queue hands it over)."""
         with self._take_lock:

@@ -10,7 +10,10 @@ Episodes are generated (``conduit_rllib.workloads.recorded_episodes``: CartPole,
 and packed as RLlib records them; each round builds a fresh pre-learner per arm (RLlib's
 ``OfflinePreLearner``, as a Ray Data worker builds it, in this process) and hands it the same calls of
 ``--per-call`` packed episodes, as Ray Data hands each worker a batch (after ``--warmup`` rounds not
-counted: the first calls pay imports and set-up). Reported per arm: the median per
+counted: the first calls pay imports and set-up), both buffers seeded alike (RLlib's own is unseeded)
+and evicting whole episodes past ``--capacity``, each handed a call's episodes in id order (RLlib hands a
+set, whose order differs between two decodings: the arms would store different episodes). Each round builds each arm's buffer anew, so Conduit's
+arm pays its data plane's build every round. Reported per arm: the median per
 call of the whole pre-learner call and of its buffer part; ratios are medians over rounds of the
 per-round ratio Conduit / RLlib (paired, as the other benches).
 """
@@ -18,6 +21,7 @@ per-round ratio Conduit / RLlib (paired, as the other benches).
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import numpy as np
@@ -49,21 +53,28 @@ class TimedBuffer:
         return getattr(self.inner, name)
 
 
-def run_arm(arm: str, calls: list[np.ndarray], *, capacity: int, batch: int) -> dict:
+def run_arm(arm: str, calls: list[np.ndarray], *, capacity: int, batch: int, seed: int) -> dict:
     import conduit_rllib
     from conduit_rllib import workloads
     config = workloads.offline_config("BC", capacity=capacity, batch=batch)
     if arm == "conduit":
-        config = conduit_rllib.enable(config)
+        config = conduit_rllib.enable(config, seed=seed)
     pre = workloads.pre_learner(config)
+    if arm == "rllib":
+        pre.episode_buffer.rng = np.random.default_rng(seed)   # (RLlib's is unseeded: both arms seeded alike)
+    # RLlib hands its buffer a set of episodes, whose order differs between two decodings of the same bytes;
+    # in id order both arms store and evict the same episodes, so they do the same work
+    validate = pre._validate_episodes
+    pre._validate_episodes = lambda episodes: sorted(validate(episodes), key=lambda e: e.id_)
     pre.episode_buffer = timed = TimedBuffer(pre.episode_buffer)
+    gc.collect()   # the other arm's garbage (RLlib's buffer deep-copies every episode) is not this arm's time
     t0 = time.perf_counter()
     for items in calls:
         pre({"item": items})
     total = time.perf_counter() - t0
     return {"call_ms": total / len(calls) * 1e3, "buffer_ms": (timed.add_s + timed.sample_s) / len(calls) * 1e3,
             "add_ms": timed.add_s / len(calls) * 1e3, "sample_ms": timed.sample_s / len(calls) * 1e3,
-            "stored_steps": int(timed.get_num_timesteps())}
+            "stored_steps": int(timed.get_num_timesteps()), "evicted_episodes": int(timed.get_num_episodes_evicted())}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -71,7 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--episodes", type=int, default=64, help="recorded CartPole episodes (generated)")
     ap.add_argument("--per-call", type=int, default=8, help="episodes per pre-learner call (a Ray Data batch)")
     ap.add_argument("--batch", type=int, default=256, help="train_batch_size_per_learner (the learner's batch)")
-    ap.add_argument("--capacity", type=int, default=20_000, help="the pre-learner buffer's capacity in steps")
+    ap.add_argument("--capacity", type=int, default=2000, help="the pre-learner buffer's capacity in steps (64 "
+                    "episodes hold about 4,000: the buffer evicts, as a long offline run's does)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of both arms in turns")
     ap.add_argument("--warmup", type=int, default=1, help="rounds of both arms first, not counted (imports, "
                     "first-call set-up)")
@@ -83,11 +95,11 @@ def main(argv: list[str] | None = None) -> dict:
     calls = [np.array(items[i:i + a.per_call], dtype=object) for i in range(0, len(items), a.per_call)]
     for _ in range(a.warmup):
         for arm in ("rllib", "conduit"):
-            run_arm(arm, calls, capacity=a.capacity, batch=a.batch)
+            run_arm(arm, calls, capacity=a.capacity, batch=a.batch, seed=a.seed)
     rounds = []
     for r in range(a.rounds):
         order = ("rllib", "conduit") if r % 2 == 0 else ("conduit", "rllib")
-        rounds.append({arm: run_arm(arm, calls, capacity=a.capacity, batch=a.batch) for arm in order})
+        rounds.append({arm: run_arm(arm, calls, capacity=a.capacity, batch=a.batch, seed=a.seed) for arm in order})
         row = rounds[-1]
         print(f"round {r + 1}: call {row['rllib']['call_ms']:.2f} / {row['conduit']['call_ms']:.2f} ms, "
               f"buffer {row['rllib']['buffer_ms']:.2f} / {row['conduit']['buffer_ms']:.2f} ms (RLlib / Conduit)",

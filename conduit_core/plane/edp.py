@@ -56,7 +56,6 @@ from .prepared_deliveries import DeliveryRequest, PreparedBatch, PreparedDeliver
 from .workers import make_transformer
 
 if TYPE_CHECKING:
-    from ..buffer.migration import Migration
     from ..planning.placement import Plan
     from ..planning.topology import Topology
     from ..storage.shards import ShardSpec
@@ -330,7 +329,7 @@ class ExperienceDataPlane:
 
     def migrate(self, *, shards: Sequence[ShardSpec], capacity: int | None = None, background: bool = True,
                 max_hold_s: float = 0.002, chunk_bytes: int | None = None,
-                deadline_s: float = DEFAULT_DEADLINE_S) -> Migration | None:
+                deadline_s: float = DEFAULT_DEADLINE_S) -> BackgroundMigration | None:
         """Move the buffer to ``shards`` (optionally growing ``capacity``) while ingestion and
         delivery go on. Returns a handle whose ``wait()`` joins the copy (background), or
         None after a blocking migration. Prepared deliveries are dropped (their rows may move).
@@ -357,7 +356,7 @@ class ExperienceDataPlane:
         return None
 
     def replan(self, plan: Plan, topology: Topology, *, background: bool = True, max_hold_s: float = 0.002,
-               chunk_bytes: int | None = None, deadline_s: float = DEFAULT_DEADLINE_S) -> Migration | None:
+               chunk_bytes: int | None = None, deadline_s: float = DEFAULT_DEADLINE_S) -> BackgroundMigration | None:
         """Carry out a placement ``Plan`` (see placement.plan) on ``topology``: one shard per
         assigned tier (a 'remote' tier's name is the Ray custom resource of its node)."""
         return self.migrate(shards=shard_specs(plan, topology), capacity=sum(a.slots for a in plan.assignments),

@@ -133,10 +133,10 @@ class IdentityCodec(Codec):
     def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return shape
 
-    def stored_dtype(self, dtype: Any) -> Any:
+    def stored_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return dtype
 
-    def encode(self, field: FieldSpec, x: np.ndarray) -> np.ndarray:
+    def encode(self, field: str, x: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         return x
 
     def decode(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -204,10 +204,10 @@ class AffineCodec(Codec):
     def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return shape
 
-    def stored_dtype(self, dtype: Any) -> Any:
+    def stored_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return self.stored
 
-    def encode(self, field: FieldSpec, x: np.ndarray) -> np.ndarray:
+    def encode(self, field: str, x: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             return self._encode_torch(field, x)
         xn = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)

@@ -95,10 +95,10 @@ class FrameStackCodec(Codec):
     def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return ()
 
-    def stored_dtype(self, dtype: Any) -> Any:
+    def stored_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.int64
 
-    def frame_dtype(self, dtype: Any) -> Any:
+    def frame_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return self.inner.stored_dtype(dtype)
 
     @property
@@ -109,7 +109,7 @@ class FrameStackCodec(Codec):
     def rowwise_encode(self) -> bool:
         return not self.inner.is_identity and self.inner.rowwise_encode   # (identity: nothing to share)
 
-    def encode(self, field: FieldSpec, x: np.ndarray) -> np.ndarray:
+    def encode(self, field: str, x: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         # Per-frame encoding only; the pool interns frames when the rows are written.
         return self.inner.encode(field, x) if not self.inner.is_identity else x
 

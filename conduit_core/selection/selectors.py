@@ -176,7 +176,7 @@ class Selector(ABC):
         raise ConfigError("selector", "a prioritized selector for update_priorities", self.name,
                           "build the buffer with selector=Prioritized(...) or stop updating priorities")
 
-    def check_initial_priorities(self, n: int, priorities: ArrayLike | None) -> np.ndarray:
+    def check_initial_priorities(self, n: int, priorities: ArrayLike) -> np.ndarray:
         """Validate priorities given with an insert of ``n`` items (instead of the running max);
         returns them as float64. Changes nothing."""
         raise ConfigError("priorities", "no priorities at insert for a non-prioritized selector", self.name,
@@ -383,7 +383,7 @@ class Prioritized(Selector):
         self.max_priority = max(self.max_priority, float(pr.max()))
         self.index.set(slots, libm_powers(pr, self.alpha))
 
-    def check_initial_priorities(self, n: int, priorities: ArrayLike | None) -> np.ndarray | None:
+    def check_initial_priorities(self, n: int, priorities: ArrayLike) -> np.ndarray:
         pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
         if pr.shape[0] != n:
             raise SpecError("priorities", f"{n} values (one per inserted item)", pr.shape[0],
@@ -403,7 +403,7 @@ class Prioritized(Selector):
         # a zero (with eps=0) is stored as SRL stores it: the item is not drawn until its priority is raised
         return pr
 
-    def set_initial_priorities(self, slots: np.ndarray, priorities: np.ndarray | None) -> None:
+    def set_initial_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Priorities given at insert replace the running max for those items; they do not raise
         the running max (only updates do, as in SRL's buffer, which computes them from TD errors)."""
         pr = priorities + self.eps

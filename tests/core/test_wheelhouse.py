@@ -37,14 +37,16 @@ print(json.dumps({"core": conduit_core.__file__, "adapter": conduit_rllib.__file
 
 
 VERL_WORKLOAD = """
-import importlib.metadata, json
+import importlib.metadata, json, os
 import numpy as np, torch
 import conduit_core, conduit_verl
 from verl import DataProto
 from verl.trainer.ppo import core_algos
 from conduit_verl.pipeline import GRPOIngestion, GRPOStages, sequential_grpo_path
-# verl loads its plugins on import: the wheel's entry point must be the one that registered the backend
-(plugin,) = {e.value for e in importlib.metadata.entry_points(group="verl.plugins") if e.name == "conduit"}
+# verl loads its plugins on import; the entry point is read from the unpacked wheel's own metadata (this
+# environment's editable install declares the same one)
+(dist,) = [d for d in importlib.metadata.distributions(path=[os.environ["PYTHONPATH"]]) if d.name == "conduit-verl"]
+(plugin,) = [e.value for e in dist.entry_points if e.group == "verl.plugins" and e.name == "conduit"]
 import transfer_queue
 from transfer_queue.storage.managers.base import StorageManagerFactory
 import sys
@@ -81,9 +83,10 @@ print(json.dumps({"core": conduit_core.__file__, "adapter": conduit_verl.__file_
 """
 
 SRL_WORKLOAD_WITHOUT_SRL = """
-import importlib.metadata, json
+import importlib.metadata, json, os
 import conduit_core, conduit_srl
-(harness,) = {e.value for e in importlib.metadata.entry_points(group="conduit.harnesses") if e.name == "srl"}
+(dist,) = [d for d in importlib.metadata.distributions(path=[os.environ["PYTHONPATH"]]) if d.name == "conduit-srl"]
+(harness,) = [e.value for e in dist.entry_points if e.group == "conduit.harnesses" and e.name == "srl"]
 built = sorted(type(conduit_srl.make_buffer(kind, batch_size=2, **more)).__name__ for kind, more in (
     ("simple_queue", {}), ("priority_queue", {}), ("simple_replay_buffer", {"max_size": 8, "warmup_transitions": 4})))
 try:

@@ -37,3 +37,15 @@ def test_the_old_schedule_name_still_sets_the_mode():
     with pytest.warns(DeprecationWarning, match="'schedule' is now 'mode'"):
         config = conduit_rllib.enable(DQNConfig().environment("CartPole-v1"), schedule="overlapped")
     assert config.replay_buffer_config["conduit"]["mode"] == "overlapped"
+
+
+def test_the_options_given_are_the_options_stored():
+    """Each keyword reaches ConduitOptions under its own name (the dict enable() builds is written out)."""
+    fields_ = [f.name for f in fields(ConduitOptions)]
+    given = {"worker": "process", "staleness": 2, "depth": 3, "obs_codec": None, "reuse_outputs": 1, "seed": 5,
+             "delivery_granularity": 2, "ingest_granularity": 4, "autotune_settle": (1, 2),
+             "autotune_steps_per_phase": 7, "restore_missing_buffer": True, "ring_slack": 0.5,
+             "store_infos": False, "mode": "overlapped"}
+    got = conduit_rllib.enable(DQNConfig().environment("CartPole-v1"), **given).replay_buffer_config["conduit"]
+    assert set(got) == set(fields_)
+    assert {k: (tuple(got[k]) if isinstance(got[k], list) else got[k]) for k in given} == given

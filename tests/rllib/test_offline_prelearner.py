@@ -50,9 +50,10 @@ def as_array(x) -> np.ndarray:
     return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
-@pytest.mark.parametrize("algo, capacity, lookback", [("BC", 600, 1), ("BC", 5000, 3), ("MARWIL", 600, 1),
-                                                      ("CQL", 500, 1)])
-def test_the_learner_gets_rllibs_batches_from_the_same_episodes(episodes_in_id_order, algo, capacity, lookback):
+@pytest.mark.parametrize("algo, capacity, lookback, evicts", [("BC", 600, 1, True), ("BC", 5000, 3, False),
+                                                              ("MARWIL", 600, 1, True), ("CQL", 500, 1, True)])
+def test_the_learner_gets_rllibs_batches_from_the_same_episodes(episodes_in_id_order, algo, capacity, lookback,
+                                                                evicts):
     items = record("Pendulum-v1" if algo == "CQL" else "CartPole-v1", 12, seed=0)
     native = pre_learner(offline_config(algo, capacity=capacity, lookback=lookback))
     ours = pre_learner(conduit_rllib.enable(offline_config(algo, capacity=capacity, lookback=lookback)))
@@ -70,6 +71,8 @@ def test_the_learner_gets_rllibs_batches_from_the_same_episodes(episodes_in_id_o
             assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), key
         assert ours.episode_buffer.get_num_timesteps() == native.episode_buffer.get_num_timesteps()
         assert sorted(ours.episode_buffer.episode_id_to_index) == sorted(native.episode_buffer.episode_id_to_index)
+    assert (native.episode_buffer.get_num_episodes_evicted() > 0) is evicts   # the case this parameter set is
+    assert ours.episode_buffer.get_num_episodes_evicted() == native.episode_buffer.get_num_episodes_evicted()
 
 
 def test_an_episode_sent_again_is_not_stored_twice():
@@ -93,6 +96,11 @@ def test_enable_refuses_an_offline_config_that_would_bypass_the_buffer():
     with pytest.raises(ConfigError, match="alpha"):
         conduit_rllib.enable(odd)
     assert odd.prelearner_buffer_class is None   # a refused enable() changes nothing
+    own = offline_config("BC", capacity=600).offline_data(prelearner_buffer_class=EpisodeReplayBuffer)
+    with pytest.raises(ConfigError, match="prelearner_buffer_class"):
+        conduit_rllib.enable(own)
+    with pytest.raises(ConfigError, match="burnin_len"):
+        conduit_rllib.enable(offline_config("MARWIL", capacity=600).training(burnin_len=4))
 
 
 BC_RUN = """

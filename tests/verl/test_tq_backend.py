@@ -138,7 +138,7 @@ def test_every_get_equals_simple_storage_row_for_row(units, path):
         assert_same(a, b, f"get {i}")
 
 
-def test_tq_close_shuts_down_the_units_its_init_started():
+def test_tq_close_shuts_down_the_units_its_init_started(caplog):
     """verl's main_ppo ends with tq.close(): Conduit's units go with it (TQ's own close shuts down
     only its own backends' units)."""
     def units():
@@ -162,6 +162,9 @@ def test_tq_close_shuts_down_the_units_its_init_started():
     assert units() == [], "storage units outlived tq.close()"
     assert tq_backend._STARTED_HERE == []
     assert tq_backend.storage_metrics() == {}   # no units of this process's: nothing to report
+    with caplog.at_level("WARNING", logger="conduit_verl.tq_backend"):   # a unit gone: a warning, not a crash
+        assert tq_backend.storage_metrics(started) == {}
+    assert any("gave no stats" in r.getMessage() and started[0] in r.getMessage() for r in caplog.records)
 
 
 def test_a_missing_row_is_key_not_found_as_on_simple_storage():
